@@ -1,0 +1,68 @@
+//! The admin listener: `/healthz` (the process runs), `/readyz` (the store
+//! answers), `/metrics` (Prometheus text).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use http::{Response, StatusCode};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+
+use crate::metrics::Metrics;
+use crate::store::ClaimStore;
+
+/// `/readyz` waits no longer than this for the store.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct Admin {
+    pub store: Arc<dyn ClaimStore>,
+    pub metrics: Metrics,
+}
+
+fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, content_type)
+        .header(http::header::CONTENT_LENGTH, body.len())
+        .body(body)
+        .expect("static response parts are valid")
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let plain = "text/plain; charset=utf-8";
+        match session.req_header().uri.path() {
+            "/healthz" => text(StatusCode::OK, plain, b"ok\n".to_vec()),
+            "/readyz" => {
+                let t = std::time::Instant::now();
+                let ping = tokio::time::timeout(READY_TIMEOUT, self.store.ping()).await;
+                self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+                match ping {
+                    Ok(Ok(())) => text(StatusCode::OK, plain, b"ready\n".to_vec()),
+                    Ok(Err(e)) => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        plain,
+                        format!("store: {e}\n").into_bytes(),
+                    ),
+                    Err(_) => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        plain,
+                        b"store: no answer in time\n".to_vec(),
+                    ),
+                }
+            }
+            "/metrics" => text(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                self.metrics.render(),
+            ),
+            _ => text(
+                StatusCode::NOT_FOUND,
+                plain,
+                b"not found: try /healthz, /readyz or /metrics\n".to_vec(),
+            ),
+        }
+    }
+}

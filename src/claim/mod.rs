@@ -1,0 +1,295 @@
+//! The claim protocol as data: record states, the pure `decide` step that an
+//! incoming delivery goes through, and the pure `settle` step that closes an
+//! attempt. The stores implement these same rules as single atomic SQL
+//! statements; the store contract tests check that both agree.
+
+pub mod digest;
+pub mod event_id;
+pub mod json_pointer;
+
+use std::fmt;
+
+/// Milliseconds since the Unix epoch: the one time unit of records and stores.
+pub type Millis = i64;
+
+/// Where a record stands. Stored as its lower-case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Claimed by one attempt; its lease says how long the claim is live.
+    Processing,
+    /// The upstream answered with a settling status: final.
+    Delivered,
+    /// The last attempt failed or was released: the next delivery reclaims it.
+    Failed,
+}
+
+impl State {
+    pub const ALL: [State; 3] = [State::Processing, State::Delivered, State::Failed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Processing => "processing",
+            State::Delivered => "delivered",
+            State::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        match s {
+            "processing" => Some(State::Processing),
+            "delivered" => Some(State::Delivered),
+            "failed" => Some(State::Failed),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a delivery got to forward: the `kind` label of `idemgate_claims_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimKind {
+    New,
+    RetryFailed,
+    RetryExpired,
+}
+
+impl ClaimKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimKind::New => "new",
+            ClaimKind::RetryFailed => "retry_failed",
+            ClaimKind::RetryExpired => "retry_expired",
+        }
+    }
+}
+
+/// The facts about an existing record that `decide` needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Existing {
+    pub state: State,
+    pub lease_until: Option<Millis>,
+    /// Whether the stored digest equals the incoming one.
+    pub same_digest: bool,
+}
+
+/// What to do with an incoming delivery (SPEC §3, the table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Take the claim and forward.
+    Claim(ClaimKind),
+    /// Answer with the recorded outcome; the upstream is not contacted.
+    Replay,
+    /// Another attempt holds a live lease; `retry_after_ms` is what is left of it.
+    InFlight { retry_after_ms: Millis },
+    /// The event ID was already used with another payload.
+    Mismatch,
+}
+
+/// The claim table of SPEC §3. A digest mismatch wins in every state; a lease
+/// that ends exactly at `now` is expired.
+pub fn decide(existing: Option<Existing>, now: Millis) -> Decision {
+    let Some(rec) = existing else {
+        return Decision::Claim(ClaimKind::New);
+    };
+    if !rec.same_digest {
+        return Decision::Mismatch;
+    }
+    match rec.state {
+        State::Delivered => Decision::Replay,
+        State::Failed => Decision::Claim(ClaimKind::RetryFailed),
+        State::Processing => match rec.lease_until {
+            Some(until) if until > now => Decision::InFlight {
+                retry_after_ms: until - now,
+            },
+            _ => Decision::Claim(ClaimKind::RetryExpired),
+        },
+    }
+}
+
+/// Whole seconds left on a lease, rounded up, at least 1: the `Retry-After` value.
+pub fn retry_after_secs(retry_after_ms: Millis) -> u64 {
+    let ms = retry_after_ms.max(1) as u64;
+    ms.div_ceil(1000)
+}
+
+/// How an attempt ended, as far as the claim is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// The upstream answered with a status in `settle_on`.
+    Settled,
+    /// Any other status, a connect error or a timeout.
+    Failed,
+}
+
+/// The facts about the current record that `settle` needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Current {
+    pub state: State,
+    pub attempts: i64,
+}
+
+/// What a settle did: the `result` label of `idemgate_settles_total` (with
+/// `error` counted by the caller when the store fails).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleResult {
+    Delivered,
+    Released,
+    /// Nothing changed: the record moved on (delivered already, or a newer
+    /// attempt owns it, or it is gone).
+    Stale,
+}
+
+impl SettleResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SettleResult::Delivered => "delivered",
+            SettleResult::Released => "released",
+            SettleResult::Stale => "stale",
+        }
+    }
+}
+
+/// The settle rules of SPEC §3: delivered is final and may come from any
+/// attempt; a release is fenced by the attempt number and only undoes a live
+/// `processing` claim of that very attempt.
+pub fn settle(current: Option<Current>, attempt: i64, end: AttemptEnd) -> SettleResult {
+    let Some(cur) = current else {
+        return SettleResult::Stale;
+    };
+    match (end, cur.state) {
+        (AttemptEnd::Settled, State::Delivered) => SettleResult::Stale,
+        (AttemptEnd::Settled, State::Processing | State::Failed) => SettleResult::Delivered,
+        (AttemptEnd::Failed, State::Processing) if cur.attempts == attempt => {
+            SettleResult::Released
+        }
+        (AttemptEnd::Failed, _) => SettleResult::Stale,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: Millis = 1_000_000;
+
+    fn ex(state: State, lease_until: Option<Millis>, same_digest: bool) -> Option<Existing> {
+        Some(Existing {
+            state,
+            lease_until,
+            same_digest,
+        })
+    }
+
+    #[test]
+    fn decide_full_table() {
+        use Decision::*;
+        let live = Some(NOW + 2_500);
+        let expired = Some(NOW - 1);
+        let cases = [
+            (None, Claim(ClaimKind::New)),
+            (
+                ex(State::Processing, live, true),
+                InFlight {
+                    retry_after_ms: 2_500,
+                },
+            ),
+            (ex(State::Processing, live, false), Mismatch),
+            (
+                ex(State::Processing, expired, true),
+                Claim(ClaimKind::RetryExpired),
+            ),
+            (ex(State::Processing, expired, false), Mismatch),
+            (
+                ex(State::Processing, Some(NOW), true),
+                Claim(ClaimKind::RetryExpired),
+            ),
+            (
+                ex(State::Processing, None, true),
+                Claim(ClaimKind::RetryExpired),
+            ),
+            (ex(State::Failed, None, true), Claim(ClaimKind::RetryFailed)),
+            (ex(State::Failed, live, true), Claim(ClaimKind::RetryFailed)),
+            (ex(State::Failed, None, false), Mismatch),
+            (ex(State::Delivered, None, true), Replay),
+            (ex(State::Delivered, live, true), Replay),
+            (ex(State::Delivered, None, false), Mismatch),
+        ];
+        for (input, want) in cases {
+            assert_eq!(decide(input, NOW), want, "decide({input:?})");
+        }
+    }
+
+    #[test]
+    fn settle_full_table() {
+        use SettleResult::*;
+        let mine = 3;
+        for state in State::ALL {
+            for attempts in [mine - 1, mine, mine + 1] {
+                let cur = Some(Current { state, attempts });
+                let delivered = settle(cur, mine, AttemptEnd::Settled);
+                let failed = settle(cur, mine, AttemptEnd::Failed);
+                let want_delivered = if state == State::Delivered {
+                    Stale
+                } else {
+                    Delivered
+                };
+                let want_failed = if state == State::Processing && attempts == mine {
+                    Released
+                } else {
+                    Stale
+                };
+                assert_eq!(
+                    delivered, want_delivered,
+                    "{state} attempts={attempts} settled"
+                );
+                assert_eq!(failed, want_failed, "{state} attempts={attempts} failed");
+            }
+        }
+        assert_eq!(settle(None, 1, AttemptEnd::Settled), Stale);
+        assert_eq!(settle(None, 1, AttemptEnd::Failed), Stale);
+    }
+
+    #[test]
+    fn retry_after_rounds_up_and_is_at_least_one() {
+        assert_eq!(retry_after_secs(1), 1);
+        assert_eq!(retry_after_secs(0), 1);
+        assert_eq!(retry_after_secs(-5), 1);
+        assert_eq!(retry_after_secs(1000), 1);
+        assert_eq!(retry_after_secs(1001), 2);
+        assert_eq!(retry_after_secs(5999), 6);
+    }
+
+    #[test]
+    fn lease_arithmetic_is_consistent_for_every_offset() {
+        // The live/expired boundary and Retry-After agree for any lease end.
+        for offset in -3_000i64..3_000 {
+            let d = decide(ex(State::Processing, Some(NOW + offset), true), NOW);
+            if offset > 0 {
+                let Decision::InFlight { retry_after_ms } = d else {
+                    panic!("{offset}: {d:?}")
+                };
+                assert_eq!(retry_after_ms, offset);
+                let secs = retry_after_secs(retry_after_ms) as i64;
+                assert!(
+                    secs * 1000 >= offset && (secs - 1) * 1000 < offset,
+                    "{offset} -> {secs}"
+                );
+            } else {
+                assert_eq!(d, Decision::Claim(ClaimKind::RetryExpired), "{offset}");
+            }
+        }
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for s in State::ALL {
+            assert_eq!(State::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(State::parse("PROCESSING"), None);
+    }
+}

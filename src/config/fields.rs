@@ -1,0 +1,161 @@
+//! Parsers for single values with their own grammar. Each returns a message
+//! fit for `file:line:col: path: message`.
+
+use super::model::UpstreamUrl;
+
+/// `[a-z0-9_-]{1,64}`.
+pub fn route_name(name: &str) -> Result<(), String> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if name.is_empty() || name.len() > 64 || !ok_chars {
+        return Err(format!(
+            "invalid route name `{name}`: use 1 to 64 characters from a-z, 0-9, `_` and `-`"
+        ));
+    }
+    Ok(())
+}
+
+/// Must start with `/`; one trailing `/` is removed except for `/` itself.
+pub fn path_prefix(prefix: &str) -> Result<String, String> {
+    if !prefix.starts_with('/') {
+        return Err(format!("path_prefix `{prefix}` must start with `/`"));
+    }
+    if prefix.contains(['?', '#']) || prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "path_prefix `{prefix}` must be a plain path (no query, fragment or whitespace)"
+        ));
+    }
+    let normalised = match prefix.strip_suffix('/') {
+        Some(p) if !p.is_empty() => p,
+        _ => prefix,
+    };
+    Ok(normalised.to_string())
+}
+
+/// A host to match against the `Host` header: lowercased, optional `:port`.
+pub fn match_host(host: &str) -> Result<String, String> {
+    let h = host.trim();
+    let ok = !h.is_empty()
+        && h.chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".-_:[]".contains(c));
+    if !ok {
+        return Err(format!(
+            "invalid host `{host}`: expected a host name such as hooks.example.com (no scheme or path)"
+        ));
+    }
+    Ok(h.to_ascii_lowercase())
+}
+
+/// A header name (stored in canonical lowercase).
+pub fn header_name(name: &str) -> Result<http::HeaderName, String> {
+    http::HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("`{name}` is not a valid HTTP header name"))
+}
+
+/// An RFC 6901 JSON pointer: `""` or `/…`, where `~` is followed by `0` or `1`.
+pub fn json_pointer(p: &str) -> Result<(), String> {
+    if !p.is_empty() && !p.starts_with('/') {
+        return Err(format!(
+            "invalid JSON pointer `{p}`: must be empty or start with `/` (e.g. /id)"
+        ));
+    }
+    let mut chars = p.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+            return Err(format!(
+                "invalid JSON pointer `{p}`: `~` must be followed by 0 or 1 (~0 is `~`, ~1 is `/`)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An HTTP method token, uppercased.
+pub fn method(m: &str) -> Result<http::Method, String> {
+    let upper = m.trim().to_ascii_uppercase();
+    if upper.is_empty() {
+        return Err("empty method name".to_string());
+    }
+    http::Method::from_bytes(upper.as_bytes())
+        .map_err(|_| format!("`{m}` is not a valid HTTP method"))
+}
+
+/// `http(s)://host[:port][/path]`; no userinfo, query or fragment.
+pub fn upstream(text: &str) -> Result<UpstreamUrl, String> {
+    let original = text.trim().to_string();
+    let bad = |why: &str| Err(format!("malformed upstream URL `{original}`: {why}"));
+    let Some((scheme, rest)) = original.split_once("://") else {
+        return bad("must start with http:// or https://");
+    };
+    let tls = match scheme.to_ascii_lowercase().as_str() {
+        "http" => false,
+        "https" => true,
+        _ => return bad("must start with http:// or https://"),
+    };
+    if rest.contains('?') || rest.contains('#') {
+        return bad("a query or fragment is not allowed");
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if authority.contains('@') {
+        return bad("user info is not allowed (put credentials elsewhere)");
+    }
+    if authority.is_empty() {
+        return bad("the host is missing");
+    }
+    // IPv6 literals lose their brackets here: callers resolve `(host, port)`.
+    let (host, port, ipv6) = if let Some(v6) = authority.strip_prefix('[') {
+        let Some((addr, after)) = v6.split_once(']') else {
+            return bad("unterminated IPv6 address");
+        };
+        if addr.parse::<std::net::Ipv6Addr>().is_err() {
+            return bad("invalid IPv6 address");
+        }
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p.to_string()),
+            None if after.is_empty() => None,
+            None => return bad("only `:port` may follow an IPv6 address"),
+        };
+        (addr.to_string(), port, true)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p.to_string()), false),
+            None => (authority.to_string(), None, false),
+        }
+    };
+    let host_ok = ipv6
+        || !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_');
+    if !host_ok {
+        return bad("invalid or missing host");
+    }
+    let port = match port {
+        None => {
+            if tls {
+                443
+            } else {
+                80
+            }
+        }
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return bad("the port must be a number from 1 to 65535"),
+        },
+    };
+    if path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return bad("the path may not contain whitespace");
+    }
+    let base_path = path.trim_end_matches('/').to_string();
+    Ok(UpstreamUrl {
+        tls,
+        host: host.to_ascii_lowercase(),
+        port,
+        base_path,
+        original,
+    })
+}

@@ -1,0 +1,307 @@
+//! The route fields shared by `defaults` and a route, parsed one level at a
+//! time. Each parsed value remembers the path that set it, so cross-field
+//! errors and warnings can point at a line that set it.
+
+use std::time::Duration;
+
+use super::fields;
+use super::model::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, SettleOn};
+use super::raw::{
+    RawDefaults, RawDigest, RawEventId, RawInFlight, RawOnMissingId, RawOnStoreError, Text,
+};
+use super::validate::Ctx;
+
+/// A value and the path that set it.
+#[derive(Debug, Clone)]
+pub struct Set<T> {
+    pub value: T,
+    pub path: String,
+}
+
+/// The shared route fields of one level (`defaults` or a route), parsed.
+/// A field that failed to parse is `None` (its error is already recorded).
+#[derive(Debug, Default)]
+pub struct Layer {
+    pub strip_prefix: Option<Set<bool>>,
+    pub event_id: Option<Set<EventIdSource>>,
+    /// `event_id` was written but is invalid (its error is recorded), so a
+    /// "missing event_id" error would only repeat it.
+    pub event_id_invalid: bool,
+    pub digest: Option<Set<DigestMode>>,
+    pub digest_ignore: Option<Set<Vec<String>>>,
+    pub guard_methods: Option<Set<Vec<http::Method>>>,
+    pub on_missing_id: Option<Set<OnMissingId>>,
+    pub on_store_error: Option<Set<OnStoreError>>,
+    pub in_flight: Option<Set<InFlight>>,
+    pub max_waiters: Option<Set<usize>>,
+    pub settle_on: Option<Set<SettleOn>>,
+    pub replay_body: Option<Set<bool>>,
+    pub replay_body_limit: Option<Set<u64>>,
+    pub idempotency_key_header: Option<Set<Option<http::HeaderName>>>,
+    pub lease: Option<Set<Duration>>,
+    pub retention: Option<Set<Duration>>,
+    pub max_body: Option<Set<u64>>,
+    pub upstream_timeout: Option<Set<Duration>>,
+}
+
+/// Parses `defaults`.
+pub fn parse_defaults(ctx: &mut Ctx, raw: RawDefaults) -> Layer {
+    let RawDefaults {
+        strip_prefix,
+        event_id,
+        digest,
+        digest_ignore,
+        guard_methods,
+        on_missing_id,
+        on_store_error,
+        in_flight,
+        max_waiters,
+        settle_on,
+        replay_body,
+        replay_body_limit,
+        idempotency_key_header,
+        lease,
+        retention,
+        max_body,
+        upstream_timeout,
+    } = raw;
+    let shared = Shared {
+        strip_prefix,
+        event_id,
+        digest,
+        digest_ignore,
+        guard_methods,
+        on_missing_id,
+        on_store_error,
+        in_flight,
+        max_waiters,
+        settle_on,
+        replay_body,
+        replay_body_limit,
+        idempotency_key_header,
+        lease,
+        retention,
+        max_body,
+        upstream_timeout,
+    };
+    parse_layer(ctx, "defaults", shared)
+}
+
+/// The raw shared fields, moved out of either `RawDefaults` or `RawRoute`.
+pub struct Shared {
+    pub strip_prefix: Option<bool>,
+    pub event_id: Option<RawEventId>,
+    pub digest: Option<RawDigest>,
+    pub digest_ignore: Option<Vec<String>>,
+    pub guard_methods: Option<Vec<String>>,
+    pub on_missing_id: Option<RawOnMissingId>,
+    pub on_store_error: Option<RawOnStoreError>,
+    pub in_flight: Option<RawInFlight>,
+    pub max_waiters: Option<u64>,
+    pub settle_on: Option<Vec<Text>>,
+    pub replay_body: Option<bool>,
+    pub replay_body_limit: Option<Text>,
+    pub idempotency_key_header: Option<Option<String>>,
+    pub lease: Option<Text>,
+    pub retention: Option<Text>,
+    pub max_body: Option<Text>,
+    pub upstream_timeout: Option<Text>,
+}
+
+pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: Shared) -> Layer {
+    let Shared {
+        strip_prefix,
+        event_id,
+        digest,
+        digest_ignore,
+        guard_methods,
+        on_missing_id,
+        on_store_error,
+        in_flight,
+        max_waiters,
+        settle_on,
+        replay_body,
+        replay_body_limit,
+        idempotency_key_header,
+        lease,
+        retention,
+        max_body,
+        upstream_timeout,
+    } = raw;
+    let p = |key: &str| format!("{base}.{key}");
+    fn at<T>(base: &str, key: &str, value: T) -> Set<T> {
+        Set {
+            value,
+            path: format!("{base}.{key}"),
+        }
+    }
+    let mut layer = Layer {
+        strip_prefix: strip_prefix.map(|v| at(base, "strip_prefix", v)),
+        digest: digest.map(|d| {
+            at(
+                base,
+                "digest",
+                match d {
+                    RawDigest::Raw => DigestMode::Raw,
+                    RawDigest::Json => DigestMode::Json,
+                },
+            )
+        }),
+        on_missing_id: on_missing_id.map(|v| {
+            at(
+                base,
+                "on_missing_id",
+                match v {
+                    RawOnMissingId::Reject => OnMissingId::Reject,
+                    RawOnMissingId::Forward => OnMissingId::Forward,
+                    RawOnMissingId::BodyDigest => OnMissingId::BodyDigest,
+                },
+            )
+        }),
+        on_store_error: on_store_error.map(|v| {
+            at(
+                base,
+                "on_store_error",
+                match v {
+                    RawOnStoreError::Reject => OnStoreError::Reject,
+                    RawOnStoreError::Forward => OnStoreError::Forward,
+                },
+            )
+        }),
+        in_flight: in_flight.map(|v| {
+            at(
+                base,
+                "in_flight",
+                match v {
+                    RawInFlight::Conflict => InFlight::Conflict,
+                    RawInFlight::Wait => InFlight::Wait,
+                },
+            )
+        }),
+        replay_body: replay_body.map(|v| at(base, "replay_body", v)),
+        ..Layer::default()
+    };
+    if let Some(e) = event_id {
+        layer.event_id = event_id_source(ctx, &p("event_id"), e).map(|v| at(base, "event_id", v));
+        layer.event_id_invalid = layer.event_id.is_none();
+    }
+    if let Some(list) = digest_ignore {
+        let mut ok = true;
+        for (i, ptr) in list.iter().enumerate() {
+            if let Err(e) = fields::json_pointer(ptr) {
+                ctx.at_value(&format!("{base}.digest_ignore[{i}]"), e);
+                ok = false;
+            }
+        }
+        layer.digest_ignore = ok.then(|| at(base, "digest_ignore", list));
+    }
+    if let Some(list) = guard_methods {
+        let mut methods: Vec<http::Method> = Vec::new();
+        let mut ok = true;
+        for (i, m) in list.iter().enumerate() {
+            match fields::method(m) {
+                Ok(m) if !methods.contains(&m) => methods.push(m),
+                Ok(_) => {}
+                Err(e) => {
+                    ctx.at_value(&format!("{base}.guard_methods[{i}]"), e);
+                    ok = false;
+                }
+            }
+        }
+        layer.guard_methods = ok.then(|| at(base, "guard_methods", methods));
+    }
+    if let Some(n) = max_waiters {
+        match usize::try_from(n) {
+            Ok(n) => layer.max_waiters = Some(at(base, "max_waiters", n)),
+            Err(_) => ctx.at_value(&p("max_waiters"), "max_waiters is too large"),
+        }
+    }
+    if let Some(items) = settle_on {
+        let mut s = SettleOn {
+            classes: Vec::new(),
+            codes: Vec::new(),
+        };
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            if let Err(e) = s.parse_item(&item.0) {
+                ctx.at_value(&format!("{base}.settle_on[{i}]"), e);
+                ok = false;
+            }
+        }
+        if items.is_empty() {
+            ctx.at_value(
+                &p("settle_on"),
+                "settle_on needs at least one status (e.g. [\"2xx\"])",
+            );
+            ok = false;
+        }
+        layer.settle_on = ok.then(|| at(base, "settle_on", s));
+    }
+    layer.replay_body_limit = ctx
+        .size(&p("replay_body_limit"), replay_body_limit.as_ref())
+        .map(|v| at(base, "replay_body_limit", v));
+    if let Some(h) = idempotency_key_header {
+        match h.map(|h| fields::header_name(&h)).transpose() {
+            Ok(v) => layer.idempotency_key_header = Some(at(base, "idempotency_key_header", v)),
+            Err(e) => ctx.at_value(&p("idempotency_key_header"), e),
+        }
+    }
+    layer.lease = ctx
+        .duration(&p("lease"), lease.as_ref())
+        .map(|v| at(base, "lease", v));
+    layer.retention = ctx
+        .duration(&p("retention"), retention.as_ref())
+        .map(|v| at(base, "retention", v));
+    layer.max_body = ctx
+        .size(&p("max_body"), max_body.as_ref())
+        .map(|v| at(base, "max_body", v));
+    layer.upstream_timeout = ctx
+        .duration(&p("upstream_timeout"), upstream_timeout.as_ref())
+        .map(|v| at(base, "upstream_timeout", v));
+    layer
+}
+
+/// Exactly one of `header` / `json_pointer`.
+fn event_id_source(ctx: &mut Ctx, path: &str, raw: RawEventId) -> Option<EventIdSource> {
+    let RawEventId {
+        header,
+        json_pointer,
+    } = raw;
+    match (header, json_pointer) {
+        (Some(h), None) => fields::header_name(&h)
+            .map(EventIdSource::Header)
+            .map_err(|e| ctx.at_value(&format!("{path}.header"), e))
+            .ok(),
+        (None, Some(p)) => fields::json_pointer(&p)
+            .map(|()| EventIdSource::JsonPointer(p))
+            .map_err(|e| ctx.at_value(&format!("{path}.json_pointer"), e))
+            .ok(),
+        (None, None) => {
+            ctx.at_key(
+                path,
+                "event_id needs exactly one source: `header` or `json_pointer` (found none)",
+            );
+            None
+        }
+        (Some(_), Some(_)) => {
+            ctx.at_key(
+                path,
+                "event_id needs exactly one source: `header` or `json_pointer` (found both)",
+            );
+            None
+        }
+    }
+}
+
+/// The route value, else the `defaults` value, else `builtin`; with the path
+/// that set it (`None` for a built-in default).
+pub fn pick<T: Clone>(
+    route: &Option<Set<T>>,
+    defaults: &Option<Set<T>>,
+    builtin: T,
+) -> (T, Option<String>) {
+    match route.as_ref().or(defaults.as_ref()) {
+        Some(s) => (s.value.clone(), Some(s.path.clone())),
+        None => (builtin, None),
+    }
+}

@@ -1,0 +1,376 @@
+//! Step 3: the internal model. Only the runtime sees these types; every field
+//! is fully resolved (route value > `defaults` value > built-in default), so
+//! nothing downstream needs to know about `defaults` or provider presets.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::units::{format_duration, format_size};
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Proxy listener.
+    pub listen: SocketAddr,
+    /// Admin listener: /metrics, /healthz, /readyz.
+    pub admin_listen: SocketAddr,
+    /// Where claims are recorded.
+    pub store: StoreConfig,
+    /// At least one route; order as in the file (matching is by longest prefix).
+    pub routes: Vec<Route>,
+    /// How long a graceful stop waits for in-flight requests (`shutdown_grace`, default 30s).
+    pub shutdown_grace: Duration,
+    /// Background deletion of expired records.
+    pub sweeper: SweeperConfig,
+    /// Worker threads for the proxy; `None` lets the runtime decide.
+    pub threads: Option<usize>,
+}
+
+/// The claim store. `Debug` hides the URL's password.
+#[derive(Clone)]
+pub struct StoreConfig {
+    /// Connection URL with `${VAR}` already expanded (the only key that expands
+    /// variables). May hold a password: never log it.
+    pub url: String,
+    /// Backend, from the URL scheme.
+    pub kind: StoreKind,
+    /// Connection pool size (default 16).
+    pub max_connections: u32,
+}
+
+impl StoreConfig {
+    /// The URL with any password replaced by `***`, safe for logs and output.
+    pub fn redacted_url(&self) -> String {
+        let Some((scheme, rest)) = self.url.split_once("://") else {
+            return self.url.clone();
+        };
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        match rest[..authority_end].rfind('@') {
+            Some(at) => match rest[..at].split_once(':') {
+                Some((user, _password)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+                None => self.url.clone(),
+            },
+            None => self.url.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("url", &self.redacted_url())
+            .field("kind", &self.kind)
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// `sqlite://PATH`
+    Sqlite,
+    /// `postgres://…` or `postgresql://…`
+    Postgres,
+}
+
+/// The sweeper that deletes records past their retention.
+#[derive(Debug, Clone)]
+pub struct SweeperConfig {
+    /// Pause between sweeps (default 60s).
+    pub interval: Duration,
+    /// Rows deleted per statement, so a sweep never holds a long lock (default 1000).
+    pub batch_size: u32,
+}
+
+/// One guarded (or pass-through) route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Unique; the scope of event IDs in the store.
+    pub name: String,
+    /// Lowercased `Host` to match, without port unless the file gave one; `None` matches any host.
+    pub host: Option<String>,
+    /// Starts with `/`, no trailing `/` except for `/` itself; matches whole segments.
+    pub path_prefix: String,
+    /// Where requests go.
+    pub upstream: UpstreamUrl,
+    /// Remove `path_prefix` from the forwarded path.
+    pub strip_prefix: bool,
+    /// Where the event ID comes from (explicit, else the provider's preset,
+    /// else `defaults`). A pass-through route (no `guard_methods`) that names
+    /// no source gets an `idempotency-key` header placeholder that is never read.
+    pub event_id: EventIdSource,
+    /// How the payload digest is computed.
+    pub digest: DigestMode,
+    /// JSON pointers removed before hashing (`digest: json` only).
+    pub digest_ignore: Vec<String>,
+    /// Methods that are guarded; others pass through. Empty: a pass-through route.
+    pub guard_methods: Vec<http::Method>,
+    /// What to do with a guarded request that has no event ID.
+    pub on_missing_id: OnMissingId,
+    /// What to do when the store cannot be reached.
+    pub on_store_error: OnStoreError,
+    /// What a duplicate gets while the first delivery is in flight.
+    pub in_flight: InFlight,
+    /// Most requests held at once per event with `in_flight: wait` (default 64).
+    pub max_waiters: usize,
+    /// Upstream statuses that settle a claim as delivered.
+    pub settle_on: SettleOn,
+    /// Store the settled response body and replay it to duplicates.
+    pub replay_body: bool,
+    /// Largest response body stored for replay.
+    pub replay_body_limit: u64,
+    /// Header carrying the event ID to the upstream; `None` when disabled.
+    pub idempotency_key_header: Option<http::HeaderName>,
+    /// How long a claim is held while the upstream works.
+    pub lease: Duration,
+    /// How long a record is kept after its last transition.
+    pub retention: Duration,
+    /// Largest request body accepted.
+    pub max_body: u64,
+    /// Deadline for the upstream's answer; always shorter than `lease`.
+    pub upstream_timeout: Duration,
+    /// The provider preset the route named, if any.
+    pub provider: Option<Provider>,
+    /// Signature verification, when configured.
+    pub verify: Option<Verify>,
+}
+
+/// A parsed `http://` or `https://` upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    /// `https://`
+    pub tls: bool,
+    /// Lowercased host name or IP literal, without brackets (`::1`), ready
+    /// for `(host, port).to_socket_addrs()` and SNI.
+    pub host: String,
+    /// Explicit port, else 80 / 443.
+    pub port: u16,
+    /// `""` or `/x` (no trailing slash); prepended to the forwarded path.
+    pub base_path: String,
+    /// The URL as written, for messages.
+    pub original: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventIdSource {
+    /// Event ID is this request header's value.
+    Header(http::HeaderName),
+    /// Event ID is the JSON body value at this RFC 6901 pointer.
+    JsonPointer(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DigestMode {
+    /// SHA-256 of the body bytes.
+    Raw,
+    /// SHA-256 of the RFC 8785 canonical JSON.
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMissingId {
+    /// 400.
+    Reject,
+    /// Forward unguarded.
+    Forward,
+    /// The body digest is the event ID.
+    BodyDigest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// 503, fail closed.
+    Reject,
+    /// Forward unguarded (counted).
+    Forward,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlight {
+    /// 409 at once.
+    Conflict,
+    /// Hold the duplicate until the first settles, up to the lease.
+    Wait,
+}
+
+/// Statuses that settle a claim as delivered: whole classes and single codes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettleOn {
+    /// Status classes as their first digit (`2` for `2xx`), 1..=5.
+    pub classes: Vec<u16>,
+    /// Single codes, 100..=599.
+    pub codes: Vec<u16>,
+}
+
+impl SettleOn {
+    /// Parses one item: a class `"1xx"`..`"5xx"` or a code `100`..=`599`.
+    pub fn parse_item(&mut self, item: &str) -> Result<(), String> {
+        let item = item.trim();
+        let bytes = item.as_bytes();
+        if bytes.len() == 3
+            && bytes[1..].eq_ignore_ascii_case(b"xx")
+            && (b'1'..=b'5').contains(&bytes[0])
+        {
+            let class = u16::from(bytes[0] - b'0');
+            if !self.classes.contains(&class) {
+                self.classes.push(class);
+            }
+            return Ok(());
+        }
+        match item.parse::<u16>() {
+            Ok(code) if (100..=599).contains(&code) => {
+                if !self.codes.contains(&code) {
+                    self.codes.push(code);
+                }
+                Ok(())
+            }
+            _ => Err(format!(
+                "invalid status `{item}`: expected a class \"1xx\"..\"5xx\" or a code 100..599"
+            )),
+        }
+    }
+
+    /// Builds from items such as `["2xx", "409"]`.
+    pub fn parse(items: &[&str]) -> Result<SettleOn, String> {
+        let mut s = SettleOn {
+            classes: Vec::new(),
+            codes: Vec::new(),
+        };
+        for item in items {
+            s.parse_item(item)?;
+        }
+        Ok(s)
+    }
+
+    /// True when `status` settles the claim as delivered.
+    pub fn matches(&self, status: u16) -> bool {
+        self.codes.contains(&status) || self.classes.contains(&(status / 100))
+    }
+}
+
+impl Default for SettleOn {
+    /// `["2xx"]`.
+    fn default() -> SettleOn {
+        SettleOn {
+            classes: vec![2],
+            codes: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Display for SettleOn {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let items: Vec<String> = self
+            .classes
+            .iter()
+            .map(|c| format!("{c}xx"))
+            .chain(self.codes.iter().map(u16::to_string))
+            .collect();
+        write!(f, "[{}]", items.join(","))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    Stripe,
+    Github,
+    Shopify,
+    Slack,
+    StandardWebhooks,
+    Svix,
+}
+
+impl Provider {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Stripe => "stripe",
+            Provider::Github => "github",
+            Provider::Shopify => "shopify",
+            Provider::Slack => "slack",
+            Provider::StandardWebhooks => "standard-webhooks",
+            Provider::Svix => "svix",
+        }
+    }
+}
+
+/// Signature verification for a route. `Debug` never shows secrets.
+#[derive(Clone)]
+pub struct Verify {
+    /// How the signature is computed and carried.
+    pub scheme: Scheme,
+    /// Resolved key bytes, in the order written (several allow rotation).
+    pub secrets: Vec<Vec<u8>>,
+    /// Timestamped schemes reject deliveries older or newer than this (default 5m).
+    pub tolerance: Duration,
+    /// hmac-sha256 only: the header holding the hex digest.
+    pub header: Option<http::HeaderName>,
+}
+
+impl fmt::Debug for Verify {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("Verify")
+            .field("scheme", &self.scheme)
+            .field(
+                "secrets",
+                &format_args!("[{} redacted]", self.secrets.len()),
+            )
+            .field("tolerance", &self.tolerance)
+            .field("header", &self.header)
+            .finish()
+    }
+}
+
+/// Signature schemes are the verifier's own type.
+pub use crate::verify::Scheme;
+
+impl Route {
+    /// `header x-event-id` or `json_pointer /id`, for `idemgate check`.
+    /// Header names print in their canonical lowercase form.
+    pub fn event_id_source_text(&self) -> String {
+        match &self.event_id {
+            EventIdSource::Header(h) => format!("header {h}"),
+            EventIdSource::JsonPointer(p) => format!("json_pointer {p}"),
+        }
+    }
+}
+
+impl Config {
+    /// One line per route for `idemgate check`: name, match, upstream,
+    /// event-id source and the main limits. Never includes secrets.
+    pub fn describe_routes(&self) -> Vec<String> {
+        let width = self.routes.iter().map(|r| r.name.len()).max().unwrap_or(0);
+        self.routes
+            .iter()
+            .map(|r| {
+                let event_id = if r.guard_methods.is_empty() {
+                    "none (pass-through)".to_string()
+                } else {
+                    r.event_id_source_text()
+                };
+                let mut line = format!(
+                    "{:width$}  {}{} -> {}  event_id={event_id}  digest={} lease={} retention={} max_body={}",
+                    r.name,
+                    r.host.as_deref().unwrap_or(""),
+                    r.path_prefix,
+                    r.upstream.original,
+                    match r.digest {
+                        DigestMode::Raw => "raw",
+                        DigestMode::Json => "json",
+                    },
+                    format_duration(r.lease),
+                    format_duration(r.retention),
+                    format_size(r.max_body),
+                );
+                if let Some(p) = r.provider {
+                    line.push_str(&format!("  provider={}", p.as_str()));
+                }
+                if let Some(v) = &r.verify {
+                    line.push_str(&format!("  verify={} ({} secret(s))", v.scheme.as_str(), v.secrets.len()));
+                }
+                line
+            })
+            .collect()
+    }
+}

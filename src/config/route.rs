@@ -1,0 +1,223 @@
+//! One route: its identity (name, match, upstream) and the resolution of its
+//! shared fields: route > provider preset (event_id only) > `defaults` >
+//! built-in default.
+
+use std::time::Duration;
+
+use super::fields;
+use super::layer::{parse_layer, pick, Layer, Shared};
+use super::model::{
+    DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, Route, SettleOn,
+};
+use super::raw::RawRoute;
+use super::validate::Ctx;
+use super::verify;
+
+/// `", from defaults"` / `", built-in default"` / `""` (set on the route).
+fn origin(set_at: Option<&str>) -> &'static str {
+    match set_at {
+        Some(p) if p.starts_with("defaults.") => ", from defaults",
+        Some(_) => "",
+        None => ", built-in default",
+    }
+}
+
+/// Parses and resolves one route. `None` when it has errors (recorded).
+pub fn parse_route(ctx: &mut Ctx, path: &str, raw: RawRoute, defaults: &Layer) -> Option<Route> {
+    let RawRoute {
+        name,
+        match_,
+        upstream,
+        provider,
+        verify,
+        strip_prefix,
+        event_id,
+        digest,
+        digest_ignore,
+        guard_methods,
+        on_missing_id,
+        on_store_error,
+        in_flight,
+        max_waiters,
+        settle_on,
+        replay_body,
+        replay_body_limit,
+        idempotency_key_header,
+        lease,
+        retention,
+        max_body,
+        upstream_timeout,
+    } = raw;
+    let errors_before = ctx.error_count();
+    let at = |key: &str| format!("{path}.{key}");
+
+    let name = match name {
+        Some(n) => fields::route_name(&n)
+            .map_err(|e| ctx.at_value(&at("name"), e))
+            .ok()
+            .map(|()| n),
+        None => {
+            ctx.at_value(path, "required field `name` is missing");
+            None
+        }
+    };
+    let (host, path_prefix) = match match_ {
+        None => {
+            ctx.at_value(
+                path,
+                "required field `match` is missing (match: {path_prefix: /hooks/x})",
+            );
+            (None, None)
+        }
+        Some(m) => {
+            let host = m.host.and_then(|h| {
+                fields::match_host(&h)
+                    .map_err(|e| ctx.at_value(&at("match.host"), e))
+                    .ok()
+            });
+            let prefix = match m.path_prefix {
+                Some(p) => fields::path_prefix(&p)
+                    .map_err(|e| ctx.at_value(&at("match.path_prefix"), e))
+                    .ok(),
+                None => {
+                    ctx.at_key(&at("match"), "required field `path_prefix` is missing");
+                    None
+                }
+            };
+            (host, prefix)
+        }
+    };
+    let upstream = match upstream {
+        Some(u) => fields::upstream(&u)
+            .map_err(|e| ctx.at_value(&at("upstream"), e))
+            .ok(),
+        None => {
+            ctx.at_value(
+                path,
+                "required field `upstream` is missing (e.g. \"http://127.0.0.1:3000\")",
+            );
+            None
+        }
+    };
+    let provider = provider.map(verify::provider);
+
+    let shared = Shared {
+        strip_prefix,
+        event_id,
+        digest,
+        digest_ignore,
+        guard_methods,
+        on_missing_id,
+        on_store_error,
+        in_flight,
+        max_waiters,
+        settle_on,
+        replay_body,
+        replay_body_limit,
+        idempotency_key_header,
+        lease,
+        retention,
+        max_body,
+        upstream_timeout,
+    };
+    let own = parse_layer(ctx, path, shared);
+    let d = defaults;
+
+    let (guard_methods, _) = pick(
+        &own.guard_methods,
+        &d.guard_methods,
+        vec![http::Method::POST],
+    );
+    // Event ID: route > provider preset > defaults. A pass-through route
+    // (no guarded methods) never extracts one, so none is required there.
+    let event_id = match (&own.event_id, provider, &d.event_id) {
+        (Some(s), _, _) => Some(s.value.clone()),
+        _ if own.event_id_invalid => None,
+        (None, Some(p), _) => Some(verify::preset_event_id(p)),
+        (None, None, Some(s)) => Some(s.value.clone()),
+        _ if d.event_id_invalid => None,
+        // Never read: the route guards no method, so no ID is extracted.
+        (None, None, None) if guard_methods.is_empty() => Some(EventIdSource::Header(
+            http::HeaderName::from_static("idempotency-key"),
+        )),
+        (None, None, None) => {
+            ctx.at_value(
+                path,
+                "required field `event_id` is missing: set event_id.header or event_id.json_pointer, or a provider",
+            );
+            None
+        }
+    };
+    let (digest, _) = pick(&own.digest, &d.digest, DigestMode::Raw);
+    let (digest_ignore, ignore_path) = pick(&own.digest_ignore, &d.digest_ignore, Vec::new());
+    if !digest_ignore.is_empty() && digest != DigestMode::Json {
+        let at_path = ignore_path.unwrap_or_else(|| path.to_string());
+        ctx.at_key(&at_path, "digest_ignore requires `digest: json`");
+    }
+    let (lease, lease_path) = pick(&own.lease, &d.lease, Duration::from_secs(60));
+    let (upstream_timeout, timeout_path) = pick(
+        &own.upstream_timeout,
+        &d.upstream_timeout,
+        Duration::from_secs(30),
+    );
+    if lease <= upstream_timeout {
+        // Point at a line this route wrote: its lease, else its timeout, else the route.
+        let at_path = match (&own.lease, &own.upstream_timeout) {
+            (Some(s), _) | (None, Some(s)) => s.path.clone(),
+            (None, None) => path.to_string(),
+        };
+        ctx.at_key(
+            &at_path,
+            format!(
+                "lease ({}{}) must be longer than upstream_timeout ({}{}), or a claim could expire while the upstream still works",
+                super::format_duration(lease),
+                origin(lease_path.as_deref()),
+                super::format_duration(upstream_timeout),
+                origin(timeout_path.as_deref()),
+            ),
+        );
+    }
+    let (retention, retention_path) = pick(
+        &own.retention,
+        &d.retention,
+        Duration::from_secs(7 * 86_400),
+    );
+    if let Some(p) = provider {
+        verify::retention_warning(ctx, p, retention, retention_path.as_deref().unwrap_or(path));
+    }
+    let verify = verify.and_then(|v| verify::verify(ctx, &at("verify"), v, provider));
+
+    if ctx.error_count() != errors_before {
+        return None;
+    }
+    Some(Route {
+        name: name?,
+        host,
+        path_prefix: path_prefix?,
+        upstream: upstream?,
+        strip_prefix: pick(&own.strip_prefix, &d.strip_prefix, false).0,
+        event_id: event_id?,
+        digest,
+        digest_ignore,
+        guard_methods,
+        on_missing_id: pick(&own.on_missing_id, &d.on_missing_id, OnMissingId::Reject).0,
+        on_store_error: pick(&own.on_store_error, &d.on_store_error, OnStoreError::Reject).0,
+        in_flight: pick(&own.in_flight, &d.in_flight, InFlight::Conflict).0,
+        max_waiters: pick(&own.max_waiters, &d.max_waiters, 64).0,
+        settle_on: pick(&own.settle_on, &d.settle_on, SettleOn::default()).0,
+        replay_body: pick(&own.replay_body, &d.replay_body, false).0,
+        replay_body_limit: pick(&own.replay_body_limit, &d.replay_body_limit, 64 * 1024).0,
+        idempotency_key_header: pick(
+            &own.idempotency_key_header,
+            &d.idempotency_key_header,
+            Some(http::HeaderName::from_static("idempotency-key")),
+        )
+        .0,
+        lease,
+        retention,
+        max_body: pick(&own.max_body, &d.max_body, 1024 * 1024).0,
+        upstream_timeout,
+        provider,
+        verify,
+    })
+}

@@ -1,0 +1,275 @@
+//! Resolution: route > provider preset (event_id) > defaults > built-in.
+
+use std::time::Duration;
+
+use super::{ok, one_error, route, HEAD};
+use crate::config::{
+    DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, Provider, Scheme, SettleOn,
+};
+
+fn days(n: u64) -> Duration {
+    Duration::from_secs(n * 86_400)
+}
+
+#[test]
+fn built_in_defaults() {
+    let l = ok(&route(""));
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    let c = &l.config;
+    assert_eq!(c.listen.to_string(), "127.0.0.1:1");
+    assert_eq!(c.admin_listen.to_string(), "127.0.0.1:2");
+    assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+    assert_eq!(
+        (c.sweeper.interval, c.sweeper.batch_size),
+        (Duration::from_secs(60), 1000)
+    );
+    assert_eq!(c.threads, None);
+    let r = &c.routes[0];
+    assert_eq!(r.host, None);
+    assert!(!r.strip_prefix);
+    assert_eq!(
+        r.event_id,
+        EventIdSource::Header(http::HeaderName::from_static("x-event-id"))
+    );
+    assert_eq!(r.digest, DigestMode::Raw);
+    assert!(r.digest_ignore.is_empty());
+    assert_eq!(r.guard_methods, vec![http::Method::POST]);
+    assert_eq!(r.on_missing_id, OnMissingId::Reject);
+    assert_eq!(r.on_store_error, OnStoreError::Reject);
+    assert_eq!(r.in_flight, InFlight::Conflict);
+    assert_eq!(r.max_waiters, 64);
+    assert_eq!(r.settle_on, SettleOn::default());
+    assert!(!r.replay_body);
+    assert_eq!(r.replay_body_limit, 64 * 1024);
+    assert_eq!(
+        r.idempotency_key_header,
+        Some(http::HeaderName::from_static("idempotency-key"))
+    );
+    assert_eq!(r.lease, Duration::from_secs(60));
+    assert_eq!(r.retention, days(7));
+    assert_eq!(r.max_body, 1 << 20);
+    assert_eq!(r.upstream_timeout, Duration::from_secs(30));
+    assert_eq!((r.provider, r.verify.is_none()), (None, true));
+}
+
+#[test]
+fn route_beats_defaults_beats_built_in() {
+    let text = format!(
+        "defaults:
+  lease: 2m
+  retention: 30d
+  max_body: 256KiB
+  digest: json
+  on_missing_id: body_digest
+  on_store_error: forward
+  in_flight: wait
+  max_waiters: 8
+  settle_on: [\"2xx\", 409]
+  replay_body: true
+  replay_body_limit: 4KiB
+  idempotency_key_header: null
+  strip_prefix: true
+  guard_methods: [POST, PUT]
+  event_id: {{json_pointer: /id}}
+{}    lease: 90s
+    digest: raw
+    idempotency_key_header: X-Key
+  - name: beta
+    match: {{path_prefix: /hooks/beta, host: Hooks.Example.COM}}
+    upstream: \"https://consumer:8443/in\"
+",
+        route("")
+    );
+    let l = ok(&text);
+    let (a, b) = (&l.config.routes[0], &l.config.routes[1]);
+    // Route values.
+    assert_eq!(a.lease, Duration::from_secs(90));
+    assert_eq!(a.digest, DigestMode::Raw);
+    assert_eq!(
+        a.event_id,
+        EventIdSource::Header(http::HeaderName::from_static("x-event-id"))
+    );
+    assert_eq!(
+        a.idempotency_key_header,
+        Some(http::HeaderName::from_static("x-key"))
+    );
+    // Defaults.
+    assert_eq!(b.lease, Duration::from_secs(120));
+    assert_eq!(b.digest, DigestMode::Json);
+    assert_eq!(b.event_id, EventIdSource::JsonPointer("/id".into()));
+    assert_eq!(b.idempotency_key_header, None);
+    for r in [a, b] {
+        assert_eq!(r.retention, days(30));
+        assert_eq!(r.max_body, 256 * 1024);
+        assert_eq!(r.on_missing_id, OnMissingId::BodyDigest);
+        assert_eq!(r.on_store_error, OnStoreError::Forward);
+        assert_eq!(r.in_flight, InFlight::Wait);
+        assert_eq!(r.max_waiters, 8);
+        assert!(r.settle_on.matches(409) && r.settle_on.matches(200) && !r.settle_on.matches(500));
+        assert!(r.replay_body && r.strip_prefix);
+        assert_eq!(r.replay_body_limit, 4096);
+        assert_eq!(r.guard_methods, vec![http::Method::POST, http::Method::PUT]);
+        // Built-in, since neither sets it.
+        assert_eq!(r.upstream_timeout, Duration::from_secs(30));
+    }
+    assert_eq!(b.host.as_deref(), Some("hooks.example.com"));
+    assert_eq!(
+        (
+            b.upstream.tls,
+            b.upstream.port,
+            b.upstream.base_path.as_str()
+        ),
+        (true, 8443, "/in")
+    );
+}
+
+#[test]
+fn defaults_errors_are_reported_once_at_defaults() {
+    let text = format!("defaults:\n  lease: forever\n{}", route(""));
+    let e = one_error(&text, 2, 10, "invalid duration `forever`");
+    assert_eq!(e.path, "defaults.lease");
+}
+
+/// A route with `provider` and no explicit event_id, starting at line 6.
+fn provider_route(provider: &str, extra: &str) -> String {
+    format!(
+        "{HEAD}  - name: p
+    match: {{path_prefix: /p}}
+    upstream: \"http://127.0.0.1:3001\"
+    provider: {provider}
+    retention: 30d
+{extra}"
+    )
+}
+
+#[test]
+fn provider_presets_fill_event_id_and_scheme() {
+    let header = |h: &'static str| EventIdSource::Header(http::HeaderName::from_static(h));
+    let cases = [
+        (
+            "stripe",
+            EventIdSource::JsonPointer("/id".into()),
+            Scheme::Stripe,
+            Provider::Stripe,
+        ),
+        (
+            "github",
+            header("x-github-delivery"),
+            Scheme::Github,
+            Provider::Github,
+        ),
+        (
+            "shopify",
+            header("x-shopify-event-id"),
+            Scheme::Shopify,
+            Provider::Shopify,
+        ),
+        (
+            "slack",
+            EventIdSource::JsonPointer("/event_id".into()),
+            Scheme::Slack,
+            Provider::Slack,
+        ),
+        (
+            "standard-webhooks",
+            header("webhook-id"),
+            Scheme::StandardWebhooks,
+            Provider::StandardWebhooks,
+        ),
+        (
+            "svix",
+            header("svix-id"),
+            Scheme::StandardWebhooks,
+            Provider::Svix,
+        ),
+    ];
+    for (name, event_id, scheme, provider) in cases {
+        let secret = if scheme == Scheme::StandardWebhooks {
+            "env:WH_SECRET"
+        } else {
+            "env:PLAIN"
+        };
+        let l = ok(&provider_route(
+            name,
+            &format!("    verify: {{secrets: [{secret}]}}\n"),
+        ));
+        let r = &l.config.routes[0];
+        assert_eq!(r.provider, Some(provider), "{name}");
+        assert_eq!(r.event_id, event_id, "{name}");
+        let v = r.verify.as_ref().unwrap();
+        assert_eq!(v.scheme, scheme, "{name}");
+        assert_eq!(v.tolerance, Duration::from_secs(300));
+        // Without verify the provider still fills event_id.
+        let l = ok(&provider_route(name, ""));
+        assert_eq!(l.config.routes[0].event_id, event_id, "{name}");
+        assert!(l.config.routes[0].verify.is_none());
+    }
+}
+
+#[test]
+fn explicit_route_fields_beat_the_preset() {
+    let l = ok(&provider_route(
+        "stripe",
+        "    event_id: {header: X-Custom-Id}\n    verify: {scheme: hmac-sha256, header: X-Sig, secrets: [env:PLAIN], tolerance: 1m}\n",
+    ));
+    let r = &l.config.routes[0];
+    assert_eq!(
+        r.event_id,
+        EventIdSource::Header(http::HeaderName::from_static("x-custom-id"))
+    );
+    let v = r.verify.as_ref().unwrap();
+    assert_eq!(v.scheme, Scheme::HmacSha256);
+    assert_eq!(v.header, Some(http::HeaderName::from_static("x-sig")));
+    assert_eq!(v.tolerance, Duration::from_secs(60));
+    // The preset also beats an event_id from defaults.
+    let text = format!(
+        "defaults:\n  event_id: {{header: X-Event-ID}}\n{}",
+        provider_route("github", "")
+    );
+    let r = &ok(&text).config.routes[0];
+    assert_eq!(
+        r.event_id,
+        EventIdSource::Header(http::HeaderName::from_static("x-github-delivery"))
+    );
+}
+
+#[test]
+fn check_output_lines() {
+    let l = ok(&format!(
+        "{}  - name: gh\n    match: {{host: hooks.example.com, path_prefix: /gh}}\n    upstream: \"https://h/x\"\n    provider: github\n    retention: 30d\n    verify: {{secrets: [env:PLAIN]}}\n    lease: 45s\n",
+        route("")
+    ));
+    let r = &l.config.routes[0];
+    assert_eq!(r.event_id_source_text(), "header x-event-id");
+    assert_eq!(
+        l.config.routes[1].event_id_source_text(),
+        "header x-github-delivery"
+    );
+    let lines = l.config.describe_routes();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(
+        lines[0],
+        "alpha  /hooks/alpha -> http://127.0.0.1:3001  event_id=header x-event-id  digest=raw lease=1m retention=7d max_body=1MiB"
+    );
+    assert_eq!(
+        lines[1],
+        "gh     hooks.example.com/gh -> https://h/x  event_id=header x-github-delivery  digest=raw lease=45s retention=30d max_body=1MiB  provider=github  verify=github (1 secret(s))"
+    );
+    assert!(
+        !format!("{:?}", l.config).contains("plain-secret"),
+        "Debug must not show secrets"
+    );
+    let pass =
+        ok(&route("    guard_methods: []\n")
+            .replace("    event_id:\n      header: X-Event-ID\n", ""));
+    assert!(
+        pass.config.describe_routes()[0].contains("event_id=none (pass-through)"),
+        "{:?}",
+        pass.config.describe_routes()
+    );
+    let json = ok(&route("").replace("header: X-Event-ID", "json_pointer: /data/id"));
+    assert_eq!(
+        json.config.routes[0].event_id_source_text(),
+        "json_pointer /data/id"
+    );
+}

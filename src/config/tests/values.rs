@@ -1,0 +1,230 @@
+//! Value grammars inside the file: durations, sizes, URLs, addresses,
+//! methods and statuses, each with its reported position.
+
+use super::{ok, one_error, route, HEAD};
+
+#[test]
+fn zero_or_unparseable_durations_and_sizes() {
+    one_error(
+        &route("    lease: 0s\n"),
+        12,
+        12,
+        "must be greater than zero",
+    );
+    one_error(
+        &route("    retention: 7days\n"),
+        12,
+        16,
+        "unknown unit `days`",
+    );
+    one_error(&route("    max_body: 1MB\n"), 12, 15, "unknown unit `MB`");
+    one_error(
+        &route("    max_body: 0B\n"),
+        12,
+        15,
+        "must be greater than zero",
+    );
+    one_error(
+        &route("    replay_body_limit: 4096\n"),
+        12,
+        24,
+        "missing unit",
+    );
+    one_error(
+        &route("    upstream_timeout: \"\"\n"),
+        12,
+        23,
+        "empty duration",
+    );
+    one_error(
+        &format!("shutdown_grace: 0s\n{}", route("")),
+        1,
+        17,
+        "greater than zero",
+    );
+    one_error(
+        &format!("sweeper:\n  interval: 1x\n{}", route("")),
+        2,
+        13,
+        "unknown unit `x`",
+    );
+}
+
+#[test]
+fn upstream_urls() {
+    let up = |u: &str| route("").replace("\"http://127.0.0.1:3001\"", &format!("\"{u}\""));
+    for (bad, why) in [
+        ("ftp://x", "http:// or https://"),
+        ("127.0.0.1:3000", "http:// or https://"),
+        ("http://", "host is missing"),
+        ("http:///x", "host is missing"),
+        ("http://h/x?a=1", "query or fragment"),
+        ("http://h/x#f", "query or fragment"),
+        ("http://u:p@h", "user info"),
+        ("http://h:0", "port"),
+        ("http://h:99999", "port"),
+        ("http://h:", "port"),
+        ("http://[::1", "IPv6"),
+        ("http://[::1]x", "IPv6"),
+        ("http://::1:80", "host"),
+        ("http://h o", "host"),
+    ] {
+        let e = one_error(&up(bad), 9, 15, why);
+        assert!(e.message.starts_with("malformed upstream URL"), "{e}");
+    }
+    let u = |s: &str| ok(&up(s)).config.routes[0].upstream.clone();
+    let a = u("http://127.0.0.1:3001");
+    assert_eq!(
+        (a.tls, a.host.as_str(), a.port, a.base_path.as_str()),
+        (false, "127.0.0.1", 3001, "")
+    );
+    let b = u("https://Consumer.Internal/base/");
+    assert_eq!(
+        (b.tls, b.host.as_str(), b.port, b.base_path.as_str()),
+        (true, "consumer.internal", 443, "/base")
+    );
+    assert_eq!(b.original, "https://Consumer.Internal/base/");
+    let c = u("http://[::1]:8080/x");
+    assert_eq!(
+        (c.host.as_str(), c.port, c.base_path.as_str()),
+        ("::1", 8080, "/x")
+    );
+    assert_eq!(u("http://h/").port, 80);
+}
+
+#[test]
+fn store_scheme_and_env_expansion() {
+    let store = |url: &str| route("").replace("sqlite:///tmp/t.db", url);
+    one_error(
+        &store("mysql://u@h/db"),
+        4,
+        8,
+        "unsupported store scheme `mysql`",
+    );
+    one_error(&store("/tmp/x.db"), 4, 8, "unsupported store scheme");
+    one_error(
+        &store("postgres://u:${NOPE}@h/db"),
+        4,
+        8,
+        "environment variable `NOPE` is not set",
+    );
+    one_error(&store("postgres://u:${DB_PASS@h/db"), 4, 8, "unterminated");
+    let l = ok(&store("postgres://u:${DB_PASS}@h:5432/db"));
+    assert_eq!(l.config.store.url, "postgres://u:s3cr$t@h:5432/db");
+    assert_eq!(l.config.store.kind, crate::config::StoreKind::Postgres);
+    assert_eq!(l.config.store.redacted_url(), "postgres://u:***@h:5432/db");
+    let no_password = ok(&store("postgres://u@h/db"));
+    assert_eq!(no_password.config.store.redacted_url(), "postgres://u@h/db");
+    assert!(
+        !format!("{:?}", l.config).contains("s3cr"),
+        "Debug must hide the password"
+    );
+    assert_eq!(
+        ok(&store("postgresql://h/db")).config.store.kind,
+        crate::config::StoreKind::Postgres
+    );
+    // A lone `$` stays as written.
+    assert_eq!(
+        ok(&store("postgres://u:pa$s@h/db")).config.store.url,
+        "postgres://u:pa$s@h/db"
+    );
+    let l = ok(&route(""));
+    assert_eq!(l.config.store.kind, crate::config::StoreKind::Sqlite);
+    assert_eq!(l.config.store.max_connections, 16);
+    let zero = route("").replace("  url:", "  max_connections: 0\n  url:");
+    one_error(&zero, 4, 20, "max_connections must be at least 1");
+}
+
+#[test]
+fn listeners_and_top_level_fields() {
+    one_error(
+        &route("").replace("127.0.0.1:1", "localhost:80"),
+        1,
+        9,
+        "not a socket address",
+    );
+    one_error(
+        &route("").replace("listen: \"127.0.0.1:1\"\n", ""),
+        1,
+        1,
+        "required field `listen` is missing",
+    );
+    let no_routes = HEAD.replace("routes:\n", "routes: []\n");
+    one_error(&no_routes, 5, 9, "at least one route is required");
+    let missing_routes = HEAD.replace("routes:\n", "");
+    one_error(&missing_routes, 1, 1, "required field `routes` is missing");
+    one_error(
+        &format!("threads: 0\n{}", route("")),
+        1,
+        10,
+        "threads must be at least 1",
+    );
+    one_error(
+        &format!("sweeper: {{batch_size: 0}}\n{}", route("")),
+        1,
+        23,
+        "batch_size must be at least 1",
+    );
+    let l = ok(&format!(
+        "threads: 4\nshutdown_grace: 5s\nsweeper: {{interval: 10s}}\n{}",
+        route("")
+    ));
+    assert_eq!(l.config.threads, Some(4));
+    assert_eq!(l.config.shutdown_grace, std::time::Duration::from_secs(5));
+    assert_eq!(
+        l.config.sweeper.interval,
+        std::time::Duration::from_secs(10)
+    );
+    assert_eq!(l.config.sweeper.batch_size, 1000);
+}
+
+#[test]
+fn methods_statuses_and_idempotency_header() {
+    let l = ok(&route(
+        "    guard_methods: [post, Put, POST]\n    settle_on: [\"2xx\", 409, \"3xx\", \"409\"]\n",
+    ));
+    let r = &l.config.routes[0];
+    assert_eq!(r.guard_methods, vec![http::Method::POST, http::Method::PUT]);
+    assert!(r.settle_on.matches(204) && r.settle_on.matches(301) && r.settle_on.matches(409));
+    assert!(!r.settle_on.matches(404) && !r.settle_on.matches(500) && !r.settle_on.matches(100));
+    one_error(
+        &route("    guard_methods: [POST, \"PO ST\"]\n"),
+        12,
+        27,
+        "not a valid HTTP method",
+    );
+    one_error(
+        &route("    settle_on: [\"2xx\", \"6xx\"]\n"),
+        12,
+        24,
+        "invalid status `6xx`",
+    );
+    one_error(
+        &route("    settle_on: [600]\n"),
+        12,
+        17,
+        "invalid status `600`",
+    );
+    one_error(&route("    settle_on: []\n"), 12, 16, "at least one status");
+    let r = |extra: &str| {
+        ok(&route(extra)).config.routes[0]
+            .idempotency_key_header
+            .clone()
+    };
+    assert_eq!(
+        r(""),
+        Some(http::HeaderName::from_static("idempotency-key"))
+    );
+    assert_eq!(r("    idempotency_key_header: null\n"), None);
+    assert_eq!(r("    idempotency_key_header: ~\n"), None);
+    assert_eq!(
+        r("    idempotency_key_header: X-Dedup\n"),
+        Some(http::HeaderName::from_static("x-dedup"))
+    );
+    one_error(
+        &route("    idempotency_key_header: \"a b\"\n"),
+        12,
+        29,
+        "not a valid HTTP header name",
+    );
+}

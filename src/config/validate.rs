@@ -1,0 +1,394 @@
+//! Step 2: raw file → model, collecting every problem instead of stopping at
+//! the first. This file handles the top level, the store and cross-route
+//! checks (duplicate names and matches); `route.rs` handles one route.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::fields;
+use super::layer::parse_defaults;
+use super::model::{Config, StoreConfig, StoreKind, SweeperConfig};
+use super::positions::PosIndex;
+use super::raw::{RawConfig, RawStore, RawSweeper, Text};
+use super::route::parse_route;
+use super::units::parse_duration;
+use super::ConfigError;
+
+/// Collects errors and warnings with their positions while validating.
+pub struct Ctx<'a> {
+    file: &'a str,
+    index: &'a PosIndex,
+    /// `${VAR}` and `env:NAME` lookups.
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    errors: Vec<ConfigError>,
+    warnings: Vec<(usize, usize, String)>,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(
+        file: &'a str,
+        index: &'a PosIndex,
+        env: &'a dyn Fn(&str) -> Option<String>,
+    ) -> Ctx<'a> {
+        Ctx {
+            file,
+            index,
+            env,
+            errors: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, pos: super::positions::Pos, path: &str, message: String) {
+        self.errors.push(ConfigError {
+            file: self.file.to_string(),
+            line: pos.line,
+            col: pos.col,
+            path: if path.is_empty() {
+                "(root)".to_string()
+            } else {
+                path.to_string()
+            },
+            message,
+        });
+    }
+
+    /// An error about the value at `path` (a bad duration, URL, ...).
+    pub fn at_value(&mut self, path: &str, message: impl Into<String>) {
+        let pos = self.index.value(path);
+        self.push(pos, path, message.into());
+    }
+
+    /// An error about the key at `path` (a duplicate name, a missing source, ...).
+    pub fn at_key(&mut self, path: &str, message: impl Into<String>) {
+        let pos = self.index.key(path);
+        self.push(pos, path, message.into());
+    }
+
+    /// A warning about the value at `path`.
+    pub fn warn_value(&mut self, path: &str, message: impl Into<String>) {
+        let pos = self.index.value(path);
+        let shown = if path.is_empty() { "(root)" } else { path };
+        let line = format!(
+            "{}:{}:{}: {shown}: {}",
+            self.file,
+            pos.line,
+            pos.col,
+            message.into()
+        );
+        self.warnings.push((pos.line, pos.col, line));
+    }
+
+    /// Errors recorded so far (a route compares before and after).
+    pub fn error_count(&self) -> usize {
+        self.errors.len()
+    }
+
+    /// Line of the key at `path` (for "first defined at line N" hints).
+    pub fn line_of(&self, path: &str) -> usize {
+        self.index.key(path).line
+    }
+
+    /// Errors sorted by position (duplicates removed) and warnings likewise.
+    pub fn finish(mut self) -> (Vec<ConfigError>, Vec<String>) {
+        self.errors.sort_by_key(|e| (e.line, e.col));
+        let mut seen = Vec::new();
+        self.errors.retain(|e| {
+            let new = !seen.contains(e);
+            if new {
+                seen.push(e.clone());
+            }
+            new
+        });
+        self.warnings.sort();
+        self.warnings.dedup();
+        (
+            self.errors,
+            self.warnings.into_iter().map(|(_, _, w)| w).collect(),
+        )
+    }
+
+    /// Parses an optional duration at `path`; errors are recorded, `None` returned.
+    pub fn duration(&mut self, path: &str, value: Option<&Text>) -> Option<Duration> {
+        let text = value?;
+        parse_duration(&text.0)
+            .map_err(|e| self.at_value(path, e))
+            .ok()
+    }
+
+    /// Parses an optional size at `path`.
+    pub fn size(&mut self, path: &str, value: Option<&Text>) -> Option<u64> {
+        let text = value?;
+        super::units::parse_size(&text.0)
+            .map_err(|e| self.at_value(path, e))
+            .ok()
+    }
+}
+
+/// Validates the whole file. `None` means at least one error was recorded.
+pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
+    let RawConfig {
+        listen,
+        admin_listen,
+        store,
+        defaults,
+        routes,
+        shutdown_grace,
+        sweeper,
+        threads,
+    } = raw;
+
+    let listen = socket_addr(ctx, "listen", listen.as_ref());
+    let admin_listen = socket_addr(ctx, "admin_listen", admin_listen.as_ref());
+    let store = match store {
+        Some(s) => store_config(ctx, s),
+        None => {
+            ctx.at_key(
+                "store",
+                "required field `store` is missing (store: {url: sqlite://...})",
+            );
+            None
+        }
+    };
+    let shutdown_grace = ctx
+        .duration("shutdown_grace", shutdown_grace.as_ref())
+        .unwrap_or(Duration::from_secs(30));
+    let sweeper = sweeper_config(ctx, sweeper);
+    let threads = match threads {
+        None => Some(None),
+        Some(0) => {
+            ctx.at_value("threads", "threads must be at least 1");
+            None
+        }
+        Some(n) => match usize::try_from(n) {
+            Ok(n) => Some(Some(n)),
+            Err(_) => {
+                ctx.at_value("threads", "threads is too large");
+                None
+            }
+        },
+    };
+
+    let defaults = parse_defaults(ctx, defaults.unwrap_or_default());
+    let mut out_routes = Vec::new();
+    match routes {
+        None => ctx.at_key(
+            "routes",
+            "required field `routes` is missing: at least one route is required",
+        ),
+        Some(r) if r.is_empty() => ctx.at_value("routes", "at least one route is required"),
+        Some(routes) => {
+            // name → path of its `name` key; (host, prefix) → the route that has it.
+            let mut names: HashMap<String, String> = HashMap::new();
+            let mut matches: HashMap<(Option<String>, String), String> = HashMap::new();
+            for (i, raw_route) in routes.into_iter().enumerate() {
+                let path = format!("routes[{i}]");
+                let name = raw_route.name.clone();
+                let label = name
+                    .as_ref()
+                    .map_or_else(|| path.clone(), |n| format!("`{n}`"));
+                // The match key is checked even when the route has other
+                // errors; a malformed host or prefix is reported by parse_route.
+                let match_key = raw_route.match_.as_ref().and_then(|m| {
+                    let host = match &m.host {
+                        Some(h) => Some(fields::match_host(h).ok()?),
+                        None => None,
+                    };
+                    Some((host, fields::path_prefix(m.path_prefix.as_deref()?).ok()?))
+                });
+                if let Some(route) = parse_route(ctx, &path, raw_route, &defaults) {
+                    out_routes.push(route);
+                }
+                if let Some(name) = name {
+                    let name_path = format!("{path}.name");
+                    if let Some(first) = names.get(&name) {
+                        let first_line = ctx.line_of(first);
+                        ctx.at_key(
+                            &name_path,
+                            format!("duplicate route name `{name}` (first defined at line {first_line})"),
+                        );
+                    } else {
+                        names.insert(name, name_path);
+                    }
+                }
+                if let Some(key) = match_key {
+                    if let Some(other) = matches.get(&key) {
+                        ctx.at_key(
+                            &format!("{path}.match"),
+                            format!(
+                                "duplicate match (host {}, path_prefix {}): route {other} already matches it",
+                                key.0.as_deref().unwrap_or("*"),
+                                key.1
+                            ),
+                        );
+                    } else {
+                        matches.insert(key, label);
+                    }
+                }
+            }
+        }
+    }
+
+    Some(Config {
+        listen: listen?,
+        admin_listen: admin_listen?,
+        store: store?,
+        routes: out_routes,
+        shutdown_grace,
+        sweeper: sweeper?,
+        threads: threads?,
+    })
+}
+
+fn socket_addr(ctx: &mut Ctx, path: &str, value: Option<&Text>) -> Option<SocketAddr> {
+    let Some(text) = value else {
+        ctx.at_key(
+            path,
+            format!("required field `{path}` is missing (e.g. \"127.0.0.1:8080\")"),
+        );
+        return None;
+    };
+    match text.0.trim().parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            ctx.at_value(
+                path,
+                format!(
+                    "`{}` is not a socket address (e.g. \"0.0.0.0:8080\")",
+                    text.0
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn store_config(ctx: &mut Ctx, raw: RawStore) -> Option<StoreConfig> {
+    let RawStore {
+        url,
+        max_connections,
+    } = raw;
+    let max_connections = match max_connections {
+        None => Some(16),
+        Some(0) => {
+            ctx.at_value(
+                "store.max_connections",
+                "max_connections must be at least 1",
+            );
+            None
+        }
+        Some(n) => u32::try_from(n)
+            .map_err(|_| ctx.at_value("store.max_connections", "max_connections is too large"))
+            .ok(),
+    };
+    let Some(url) = url else {
+        ctx.at_key(
+            "store",
+            "required field `url` is missing (sqlite://PATH or postgres://...)",
+        );
+        return None;
+    };
+    let url = match expand_env(&url, ctx.env) {
+        Ok(u) => u,
+        Err(e) => {
+            ctx.at_value("store.url", e);
+            return None;
+        }
+    };
+    let kind = match store_kind(&url) {
+        Ok(k) => k,
+        Err(e) => {
+            ctx.at_value("store.url", e);
+            return None;
+        }
+    };
+    Some(StoreConfig {
+        url,
+        kind,
+        max_connections: max_connections?,
+    })
+}
+
+/// Expands `${NAME}`; a lone `$` is kept (passwords may contain one).
+/// Messages name the variable, never the value.
+pub fn expand_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err("unterminated `${` in store.url (write ${NAME})".to_string());
+        };
+        let name = &after[..end];
+        let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!(
+                "invalid environment variable name `{name}` in store.url"
+            ));
+        }
+        match env(name) {
+            Some(v) => out.push_str(&v),
+            None => return Err(format!("environment variable `{name}` is not set")),
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The backend from the URL scheme. The message shows the scheme only: the
+/// rest of the URL may hold a password.
+fn store_kind(url: &str) -> Result<StoreKind, String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err("unsupported store scheme: the URL must start with sqlite://, postgres:// or postgresql://"
+            .to_string());
+    };
+    let kind = match scheme.to_ascii_lowercase().as_str() {
+        "sqlite" => StoreKind::Sqlite,
+        "postgres" | "postgresql" => StoreKind::Postgres,
+        other => {
+            return Err(format!(
+                "unsupported store scheme `{other}` (use sqlite://, postgres:// or postgresql://)"
+            ))
+        }
+    };
+    if rest.is_empty() {
+        return Err(format!(
+            "store URL `{scheme}://` is missing the path or host"
+        ));
+    }
+    Ok(kind)
+}
+
+fn sweeper_config(ctx: &mut Ctx, raw: Option<RawSweeper>) -> Option<SweeperConfig> {
+    let RawSweeper {
+        interval,
+        batch_size,
+    } = raw.unwrap_or(RawSweeper {
+        interval: None,
+        batch_size: None,
+    });
+    let interval = ctx
+        .duration("sweeper.interval", interval.as_ref())
+        .unwrap_or(Duration::from_secs(60));
+    let batch_size = match batch_size {
+        None => 1000,
+        Some(0) => {
+            ctx.at_value("sweeper.batch_size", "batch_size must be at least 1");
+            return None;
+        }
+        Some(n) => match u32::try_from(n) {
+            Ok(n) => n,
+            Err(_) => {
+                ctx.at_value("sweeper.batch_size", "batch_size is too large");
+                return None;
+            }
+        },
+    };
+    Some(SweeperConfig {
+        interval,
+        batch_size,
+    })
+}

@@ -1,0 +1,227 @@
+//! Provider presets (SPEC §8), `verify` blocks and their secrets.
+//!
+//! Secret values never appear in a message: errors name the reference
+//! (`env:NAME`, `file:PATH`) and the secret's index, nothing more.
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::DecodePaddingMode;
+use base64::Engine;
+
+use super::fields;
+use super::model::{EventIdSource, Provider, Scheme, Verify};
+use super::raw::{RawProvider, RawScheme, RawVerify};
+use super::units::format_duration;
+use super::validate::Ctx;
+
+/// Standard alphabet, padding optional (Standard Webhooks secrets come both ways).
+const WHSEC_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+pub fn provider(raw: RawProvider) -> Provider {
+    match raw {
+        RawProvider::Stripe => Provider::Stripe,
+        RawProvider::Github => Provider::Github,
+        RawProvider::Shopify => Provider::Shopify,
+        RawProvider::Slack => Provider::Slack,
+        RawProvider::StandardWebhooks => Provider::StandardWebhooks,
+        RawProvider::Svix => Provider::Svix,
+    }
+}
+
+fn scheme(raw: RawScheme) -> Scheme {
+    match raw {
+        RawScheme::Stripe => Scheme::Stripe,
+        RawScheme::Github => Scheme::Github,
+        RawScheme::Shopify => Scheme::Shopify,
+        RawScheme::Slack => Scheme::Slack,
+        RawScheme::StandardWebhooks => Scheme::StandardWebhooks,
+        RawScheme::HmacSha256 => Scheme::HmacSha256,
+    }
+}
+
+/// Where each provider puts its event ID.
+pub fn preset_event_id(p: Provider) -> EventIdSource {
+    let header = |h: &'static str| EventIdSource::Header(http::HeaderName::from_static(h));
+    match p {
+        Provider::Stripe => EventIdSource::JsonPointer("/id".to_string()),
+        Provider::Github => header("x-github-delivery"),
+        Provider::Shopify => header("x-shopify-event-id"),
+        Provider::Slack => EventIdSource::JsonPointer("/event_id".to_string()),
+        Provider::StandardWebhooks => header("webhook-id"),
+        Provider::Svix => header("svix-id"),
+    }
+}
+
+/// The signature scheme each provider uses.
+pub fn preset_scheme(p: Provider) -> Scheme {
+    match p {
+        Provider::Stripe => Scheme::Stripe,
+        Provider::Github => Scheme::Github,
+        Provider::Shopify => Scheme::Shopify,
+        Provider::Slack => Scheme::Slack,
+        Provider::StandardWebhooks | Provider::Svix => Scheme::StandardWebhooks,
+    }
+}
+
+/// How long each provider keeps retrying a delivery.
+pub fn redelivery_horizon(p: Provider) -> Duration {
+    const HOUR: u64 = 3600;
+    Duration::from_secs(match p {
+        Provider::Stripe | Provider::Github => 72 * HOUR,
+        Provider::Shopify => 4 * HOUR,
+        Provider::Slack => HOUR,
+        Provider::StandardWebhooks => 76 * HOUR,
+        Provider::Svix => 28 * HOUR,
+    })
+}
+
+/// Warns when records may be swept before the provider's last retry.
+pub fn retention_warning(ctx: &mut Ctx, p: Provider, retention: Duration, at: &str) {
+    let horizon = redelivery_horizon(p);
+    if retention < horizon {
+        ctx.warn_value(
+            at,
+            format!(
+                "retention {} is shorter than {}'s redelivery horizon ({}): a record swept before the last retry makes that retry look new",
+                format_duration(retention),
+                p.as_str(),
+                format_duration(horizon)
+            ),
+        );
+    }
+}
+
+/// Validates a `verify` block at `path`; the scheme falls back to the provider's.
+pub fn verify(
+    ctx: &mut Ctx,
+    path: &str,
+    raw: RawVerify,
+    provider: Option<Provider>,
+) -> Option<Verify> {
+    let RawVerify {
+        scheme: raw_scheme,
+        secrets,
+        tolerance,
+        header,
+    } = raw;
+    let at = |key: &str| format!("{path}.{key}");
+    let scheme = match (raw_scheme, provider) {
+        (Some(s), _) => Some(scheme(s)),
+        (None, Some(p)) => Some(preset_scheme(p)),
+        (None, None) => {
+            ctx.at_key(
+                path,
+                "verify needs a `scheme` (or a `provider` on the route)",
+            );
+            None
+        }
+    };
+    let tolerance = ctx.duration(&at("tolerance"), tolerance.as_ref());
+    let header = match (scheme, header) {
+        (Some(Scheme::HmacSha256), Some(h)) => fields::header_name(&h)
+            .map_err(|e| ctx.at_value(&at("header"), e))
+            .ok(),
+        (Some(Scheme::HmacSha256), None) => {
+            ctx.at_key(
+                path,
+                "scheme hmac-sha256 requires `header` (the header holding the hex digest)",
+            );
+            None
+        }
+        (Some(s), Some(_)) => {
+            ctx.at_key(
+                &at("header"),
+                format!(
+                    "`header` is only allowed with scheme hmac-sha256, not {}",
+                    s.as_str()
+                ),
+            );
+            None
+        }
+        (None, _) | (Some(_), None) => None,
+    };
+    let mut keys = Vec::new();
+    match secrets {
+        None => ctx.at_key(
+            path,
+            "required field `secrets` is missing (e.g. [env:WEBHOOK_SECRET])",
+        ),
+        Some(list) if list.is_empty() => {
+            ctx.at_value(&at("secrets"), "at least one secret is required")
+        }
+        Some(list) => {
+            for (i, reference) in list.iter().enumerate() {
+                let spath = format!("{path}.secrets[{i}]");
+                match resolve_secret(reference, ctx.env).and_then(|raw| key_bytes(scheme, raw)) {
+                    Ok(k) => keys.push(k),
+                    Err(e) => ctx.at_value(&spath, e),
+                }
+            }
+        }
+    }
+    Some(Verify {
+        scheme: scheme?,
+        secrets: keys,
+        tolerance: tolerance.unwrap_or(Duration::from_secs(300)),
+        header,
+    })
+}
+
+/// Reads an `env:NAME` or `file:PATH` secret. A `file:` secret loses one
+/// trailing newline (`\n` or `\r\n`), as editors add one.
+pub fn resolve_secret(
+    reference: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<u8>, String> {
+    let value = if let Some(name) = reference.strip_prefix("env:") {
+        if name.is_empty() {
+            return Err("`env:` needs a variable name (env:NAME)".to_string());
+        }
+        env(name)
+            .ok_or_else(|| format!("secret env:{name}: environment variable `{name}` is not set"))?
+            .into_bytes()
+    } else if let Some(file) = reference.strip_prefix("file:") {
+        if file.is_empty() {
+            return Err("`file:` needs a path (file:PATH)".to_string());
+        }
+        let mut bytes = std::fs::read(file)
+            .map_err(|e| format!("secret file:{file}: cannot read the file: {e}"))?;
+        if bytes.ends_with(b"\r\n") {
+            bytes.truncate(bytes.len() - 2);
+        } else if bytes.ends_with(b"\n") {
+            bytes.truncate(bytes.len() - 1);
+        }
+        bytes
+    } else {
+        // Never echo the entry: it may be a secret pasted inline.
+        return Err("a secret must be a reference, `env:NAME` or `file:PATH` (inline secrets are not allowed)"
+            .to_string());
+    };
+    if value.is_empty() {
+        return Err(format!("secret {reference} is empty"));
+    }
+    Ok(value)
+}
+
+/// Key bytes for the scheme: Standard Webhooks decodes `whsec_<base64>`; the
+/// others use the secret's bytes as written.
+fn key_bytes(scheme: Option<Scheme>, raw: Vec<u8>) -> Result<Vec<u8>, String> {
+    if scheme != Some(Scheme::StandardWebhooks) {
+        return Ok(raw);
+    }
+    let Some(encoded) = raw.strip_prefix(b"whsec_") else {
+        return Err("a standard-webhooks secret must start with `whsec_`".to_string());
+    };
+    match WHSEC_BASE64.decode(encoded) {
+        Ok(key) if !key.is_empty() => Ok(key),
+        Ok(_) => Err("the standard-webhooks secret is empty after `whsec_`".to_string()),
+        Err(_) => Err(
+            "the part of the standard-webhooks secret after `whsec_` is not valid base64"
+                .to_string(),
+        ),
+    }
+}

@@ -1,0 +1,30 @@
+//! # idemgate
+//!
+//! A reverse proxy that makes at-least-once webhook deliveries reach an
+//! unmodified consumer exactly once: it claims each event ID in a durable
+//! store before forwarding, answers duplicates itself, and settles the claim
+//! from the upstream's outcome.
+//!
+//! # Layout
+//! - [`config`]: YAML → validated model (errors with file:line:col).
+//! - [`claim`]: the state machine as data (`decide`, `settle`), event IDs, digests.
+//! - [`store`]: the `ClaimStore` trait; SQLite and PostgreSQL implementations.
+//! - [`proxy`]: the pingora hooks, route matching and guarded forwarding.
+//! - [`problem`]: problem+json responses and request outcomes.
+//! - [`metrics`]: the metric set over an owned Prometheus registry.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`server`]: assembles and runs the pingora server, with graceful stop.
+//! - [`cli`]: the subcommands.
+
+pub mod admin;
+pub mod claim;
+pub mod cli;
+pub mod config;
+pub mod metrics;
+pub mod problem;
+pub mod proxy;
+pub mod sample;
+pub mod server;
+pub mod store;
+pub mod sweeper;
+pub mod verify;

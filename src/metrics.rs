@@ -1,0 +1,238 @@
+//! The metric set of SPEC §5 over an owned registry (each test and each
+//! server has its own). Event IDs never become label values: every label here
+//! is a route name or a fixed word.
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Request outcomes: the `outcome` label and the `Idempotency-Status` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Forwarded,
+    Replayed,
+    InFlight,
+    DigestMismatch,
+    MissingId,
+    InvalidId,
+    InvalidBody,
+    BodyTooLarge,
+    InvalidSignature,
+    StoreUnavailable,
+    Unguarded,
+    NoRoute,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Forwarded => "forwarded",
+            Outcome::Replayed => "replayed",
+            Outcome::InFlight => "in_flight",
+            Outcome::DigestMismatch => "digest_mismatch",
+            Outcome::MissingId => "missing_id",
+            Outcome::InvalidId => "invalid_id",
+            Outcome::InvalidBody => "invalid_body",
+            Outcome::BodyTooLarge => "body_too_large",
+            Outcome::InvalidSignature => "invalid_signature",
+            Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::Unguarded => "unguarded",
+            Outcome::NoRoute => "no_route",
+        }
+    }
+}
+
+/// The `class` label of `idemgate_upstream_responses_total`.
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    pub requests: IntCounterVec,
+    pub upstream_responses: IntCounterVec,
+    pub claims: IntCounterVec,
+    pub settles: IntCounterVec,
+    pub upstream_duration: HistogramVec,
+    pub store_duration: HistogramVec,
+    pub processing_oldest_age: GaugeVec,
+    pub records_swept: IntCounter,
+}
+
+/// Buckets for sub-millisecond store commits up to multi-second upstreams.
+const DURATION_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("metric registered once");
+            c
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str]| {
+            let opts = HistogramOpts::new(name, help).buckets(DURATION_BUCKETS.to_vec());
+            let h = HistogramVec::new(opts, labels).expect("valid metric");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("metric registered once");
+            h
+        };
+        let requests = counter(
+            "idemgate_requests_total",
+            "Requests by route and outcome.",
+            &["route", "outcome"],
+        );
+        let upstream_responses = counter(
+            "idemgate_upstream_responses_total",
+            "Upstream answers by status class, connect errors and timeouts.",
+            &["route", "class"],
+        );
+        let claims = counter(
+            "idemgate_claims_total",
+            "Claims taken: new events, retries after a failure, retries after an expired lease.",
+            &["route", "kind"],
+        );
+        let settles = counter(
+            "idemgate_settles_total",
+            "Claims settled: delivered, released, stale (a newer attempt owns it), error.",
+            &["route", "result"],
+        );
+        let upstream_duration = histogram(
+            "idemgate_upstream_duration_seconds",
+            "Time from forwarding to the upstream's response header.",
+            &["route"],
+        );
+        let store_duration = histogram(
+            "idemgate_store_duration_seconds",
+            "Store round trips by operation.",
+            &["operation"],
+        );
+        let processing_oldest_age = GaugeVec::new(
+            Opts::new(
+                "idemgate_processing_oldest_age_seconds",
+                "Age of the oldest record still processing, per route.",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(processing_oldest_age.clone()))
+            .expect("metric registered once");
+        let records_swept = IntCounter::new(
+            "idemgate_records_swept_total",
+            "Expired records deleted by the sweeper.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(records_swept.clone()))
+            .expect("metric registered once");
+        Metrics {
+            registry,
+            requests,
+            upstream_responses,
+            claims,
+            settles,
+            upstream_duration,
+            store_duration,
+            processing_oldest_age,
+            records_swept,
+        }
+    }
+
+    /// Creates the series of every route at zero, so dashboards and rates see
+    /// them before the first event.
+    pub fn init_routes<'a>(&self, routes: impl IntoIterator<Item = &'a str>) {
+        for route in routes {
+            self.requests
+                .with_label_values(&[route, Outcome::Forwarded.as_str()]);
+            self.claims.with_label_values(&[route, "new"]);
+            self.settles.with_label_values(&[route, "delivered"]);
+            self.processing_oldest_age
+                .with_label_values(&[route])
+                .set(0.0);
+        }
+        for op in ["claim", "settle", "lookup", "sweep"] {
+            self.store_duration.with_label_values(&[op]);
+        }
+    }
+
+    pub fn request(&self, route: &str, outcome: Outcome) {
+        self.requests
+            .with_label_values(&[route, outcome.as_str()])
+            .inc();
+    }
+
+    pub fn store_time(&self, operation: &str, seconds: f64) {
+        self.store_duration
+            .with_label_values(&[operation])
+            .observe(seconds);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 * 1024);
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding into a Vec cannot fail");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_every_spec_metric() {
+        let m = Metrics::new();
+        m.init_routes(["r"]);
+        m.request("", Outcome::NoRoute);
+        m.upstream_responses.with_label_values(&["r", "2xx"]).inc();
+        m.upstream_duration.with_label_values(&["r"]).observe(0.01);
+        m.records_swept.inc();
+        let text = String::from_utf8(m.render()).unwrap();
+        for name in [
+            "# TYPE idemgate_requests_total counter",
+            "# TYPE idemgate_upstream_responses_total counter",
+            "# TYPE idemgate_claims_total counter",
+            "# TYPE idemgate_settles_total counter",
+            "# TYPE idemgate_upstream_duration_seconds histogram",
+            "# TYPE idemgate_store_duration_seconds histogram",
+            "# TYPE idemgate_processing_oldest_age_seconds gauge",
+            "# TYPE idemgate_records_swept_total counter",
+        ] {
+            assert!(text.contains(name), "missing {name}");
+        }
+        assert!(
+            text.contains(r#"idemgate_requests_total{outcome="no_route",route=""} 1"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(status_class(200), "2xx");
+        assert_eq!(status_class(204), "2xx");
+        assert_eq!(status_class(302), "3xx");
+        assert_eq!(status_class(404), "4xx");
+        assert_eq!(status_class(503), "5xx");
+    }
+}

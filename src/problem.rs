@@ -1,0 +1,181 @@
+//! The responses idemgate writes itself: RFC 9457 problem+json bodies with a
+//! `urn:idemgate:problem:NAME` type, and the `Idempotency-Status` outcome each
+//! one carries. The one place that maps a refusal to an HTTP status.
+
+use crate::metrics::Outcome;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemKind {
+    InFlight,
+    DigestMismatch,
+    MissingEventId,
+    InvalidEventId,
+    InvalidBody,
+    BodyTooLarge,
+    InvalidSignature,
+    StoreUnavailable,
+    UpstreamUnreachable,
+    UpstreamTimeout,
+    NoRoute,
+}
+
+impl ProblemKind {
+    pub fn status(self) -> u16 {
+        match self {
+            ProblemKind::InFlight => 409,
+            ProblemKind::DigestMismatch => 422,
+            ProblemKind::MissingEventId
+            | ProblemKind::InvalidEventId
+            | ProblemKind::InvalidBody => 400,
+            ProblemKind::BodyTooLarge => 413,
+            ProblemKind::InvalidSignature => 401,
+            ProblemKind::StoreUnavailable => 503,
+            ProblemKind::UpstreamUnreachable => 502,
+            ProblemKind::UpstreamTimeout => 504,
+            ProblemKind::NoRoute => 404,
+        }
+    }
+
+    /// NAME of `urn:idemgate:problem:NAME`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProblemKind::InFlight => "in-flight",
+            ProblemKind::DigestMismatch => "digest-mismatch",
+            ProblemKind::MissingEventId => "missing-event-id",
+            ProblemKind::InvalidEventId => "invalid-event-id",
+            ProblemKind::InvalidBody => "invalid-body",
+            ProblemKind::BodyTooLarge => "body-too-large",
+            ProblemKind::InvalidSignature => "invalid-signature",
+            ProblemKind::StoreUnavailable => "store-unavailable",
+            ProblemKind::UpstreamUnreachable => "upstream-unreachable",
+            ProblemKind::UpstreamTimeout => "upstream-timeout",
+            ProblemKind::NoRoute => "no-route",
+        }
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            ProblemKind::InFlight => "Event is being processed",
+            ProblemKind::DigestMismatch => "Event ID reused with a different payload",
+            ProblemKind::MissingEventId => "Missing event ID",
+            ProblemKind::InvalidEventId => "Invalid event ID",
+            ProblemKind::InvalidBody => "Invalid request body",
+            ProblemKind::BodyTooLarge => "Request body too large",
+            ProblemKind::InvalidSignature => "Invalid signature",
+            ProblemKind::StoreUnavailable => "Claim store unavailable",
+            ProblemKind::UpstreamUnreachable => "Upstream unreachable",
+            ProblemKind::UpstreamTimeout => "Upstream timed out",
+            ProblemKind::NoRoute => "No route",
+        }
+    }
+
+    /// The request outcome: a metric label and the `Idempotency-Status` value.
+    /// 502/504 happen after a guarded request was sent upstream: `forwarded`.
+    pub fn outcome(self) -> Outcome {
+        match self {
+            ProblemKind::InFlight => Outcome::InFlight,
+            ProblemKind::DigestMismatch => Outcome::DigestMismatch,
+            ProblemKind::MissingEventId => Outcome::MissingId,
+            ProblemKind::InvalidEventId => Outcome::InvalidId,
+            ProblemKind::InvalidBody => Outcome::InvalidBody,
+            ProblemKind::BodyTooLarge => Outcome::BodyTooLarge,
+            ProblemKind::InvalidSignature => Outcome::InvalidSignature,
+            ProblemKind::StoreUnavailable => Outcome::StoreUnavailable,
+            ProblemKind::UpstreamUnreachable | ProblemKind::UpstreamTimeout => Outcome::Forwarded,
+            ProblemKind::NoRoute => Outcome::NoRoute,
+        }
+    }
+}
+
+/// One generated refusal. `detail` must never contain payload bytes.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub kind: ProblemKind,
+    pub detail: String,
+    pub event_id: Option<String>,
+    /// Seconds for `Retry-After` (409 and 503).
+    pub retry_after: Option<u64>,
+}
+
+impl Problem {
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Problem {
+        Problem {
+            kind,
+            detail: detail.into(),
+            event_id: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn with_event_id(mut self, event_id: Option<&str>) -> Problem {
+        self.event_id = event_id.map(str::to_owned);
+        self
+    }
+
+    pub fn with_retry_after(mut self, secs: u64) -> Problem {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    pub fn status(&self) -> u16 {
+        self.kind.status()
+    }
+
+    /// The problem+json document.
+    pub fn body(&self) -> Vec<u8> {
+        let mut doc = serde_json::json!({
+            "type": format!("urn:idemgate:problem:{}", self.kind.name()),
+            "title": self.kind.title(),
+            "status": self.kind.status(),
+            "detail": self.detail,
+        });
+        if let Some(id) = &self.event_id {
+            doc["event_id"] = serde_json::Value::String(id.clone());
+        }
+        serde_json::to_vec(&doc).expect("a JSON value always serialises")
+    }
+}
+
+pub const CONTENT_TYPE: &str = "application/problem+json";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_have_every_member() {
+        let p =
+            Problem::new(ProblemKind::DigestMismatch, "other payload").with_event_id(Some("evt_1"));
+        let doc: serde_json::Value = serde_json::from_slice(&p.body()).unwrap();
+        assert_eq!(doc["type"], "urn:idemgate:problem:digest-mismatch");
+        assert_eq!(doc["status"], 422);
+        assert_eq!(doc["event_id"], "evt_1");
+        assert!(doc["title"].as_str().is_some_and(|t| !t.is_empty()));
+        assert_eq!(doc["detail"], "other payload");
+        let q = Problem::new(ProblemKind::NoRoute, "x");
+        let doc: serde_json::Value = serde_json::from_slice(&q.body()).unwrap();
+        assert!(doc.get("event_id").is_none());
+    }
+
+    #[test]
+    fn statuses_and_outcomes() {
+        use ProblemKind::*;
+        let table = [
+            (InFlight, 409, "in_flight"),
+            (DigestMismatch, 422, "digest_mismatch"),
+            (MissingEventId, 400, "missing_id"),
+            (InvalidEventId, 400, "invalid_id"),
+            (InvalidBody, 400, "invalid_body"),
+            (BodyTooLarge, 413, "body_too_large"),
+            (InvalidSignature, 401, "invalid_signature"),
+            (StoreUnavailable, 503, "store_unavailable"),
+            (UpstreamUnreachable, 502, "forwarded"),
+            (UpstreamTimeout, 504, "forwarded"),
+            (NoRoute, 404, "no_route"),
+        ];
+        for (kind, status, outcome) in table {
+            assert_eq!(kind.status(), status, "{kind:?}");
+            assert_eq!(kind.outcome().as_str(), outcome, "{kind:?}");
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Reading a guarded request's body in full, bounded in size and in time:
+//! the digest and the claim need all of it before anything is forwarded.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use pingora::proxy::Session;
+
+/// Longest wait for one read of the request body.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest time for the whole body (slow senders cannot hold a worker).
+pub const TOTAL_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+pub enum BodyError {
+    /// More than `max_body` bytes.
+    TooLarge,
+    /// The sender stopped sending, or took longer than [`TOTAL_TIMEOUT`].
+    Timeout,
+    /// Malformed framing or a broken connection.
+    Broken(Box<pingora::Error>),
+}
+
+/// The declared `Content-Length`, if any and well-formed.
+pub fn content_length(session: &Session) -> Option<u64> {
+    session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+pub async fn read_full(session: &mut Session, max_body: u64) -> Result<Bytes, BodyError> {
+    let hint = content_length(session).unwrap_or(4096).min(max_body) as usize;
+    let mut buf = BytesMut::with_capacity(hint);
+    session.set_read_timeout(Some(READ_TIMEOUT));
+    let read = async {
+        while let Some(chunk) = session.read_request_body().await.map_err(classify)? {
+            if (buf.len() + chunk.len()) as u64 > max_body {
+                return Err(BodyError::TooLarge);
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(TOTAL_TIMEOUT, read).await {
+        Ok(Ok(())) => Ok(buf.freeze()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(BodyError::Timeout),
+    }
+}
+
+fn classify(e: Box<pingora::Error>) -> BodyError {
+    match e.etype() {
+        pingora::ErrorType::ReadTimedout => BodyError::Timeout,
+        _ => BodyError::Broken(e),
+    }
+}

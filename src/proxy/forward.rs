@@ -1,0 +1,245 @@
+//! Forwarding a request whose body idemgate has already read: used for every
+//! guarded request (and for the unguarded fallbacks after a body was read).
+//! pingora's own proxy path cannot carry a pre-read body over 64 KiB, and the
+//! claim must be settled between the upstream's answer and the response to the
+//! sender, so this path drives pingora's client connector directly.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pingora::connectors::http::Connector;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::protocols::http::client::HttpSession;
+use pingora::proxy::Session;
+use pingora::upstreams::peer::HttpPeer;
+use pingora::ErrorType;
+
+use super::respond::IDEMPOTENCY_STATUS;
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and `Expect`, which idemgate answered.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+];
+
+/// Why the upstream gave no usable answer.
+#[derive(Debug)]
+pub enum UpstreamFailure {
+    /// No connection (refused, unreachable, TLS failure), or it broke before a response.
+    Connect(String),
+    /// No response header within `upstream_timeout`.
+    Timeout,
+}
+
+impl UpstreamFailure {
+    pub fn class(&self) -> &'static str {
+        match self {
+            UpstreamFailure::Connect(_) => "connect_error",
+            UpstreamFailure::Timeout => "timeout",
+        }
+    }
+}
+
+/// An upstream that has answered with a final response header.
+pub struct Answered {
+    pub client: HttpSession,
+    pub header: ResponseHeader,
+    pub elapsed: Duration,
+}
+
+/// The request as the upstream gets it: the sender's header with the path
+/// rewritten, hop-by-hop headers dropped, an exact `Content-Length`, and the
+/// idempotency key (replacing any the sender set).
+pub fn upstream_request(
+    original: &RequestHeader,
+    path_and_query: &str,
+    body_len: usize,
+    idempotency_key: Option<(&http::HeaderName, &str)>,
+) -> pingora::Result<RequestHeader> {
+    let mut req = original.clone();
+    let uri: http::Uri = path_and_query.parse().map_err(|_| {
+        pingora::Error::explain(ErrorType::InvalidHTTPHeader, "rewritten path is not a URI")
+    })?;
+    req.set_uri(uri);
+    let named: Vec<String> = original
+        .headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect();
+    for h in HOP_BY_HOP
+        .iter()
+        .copied()
+        .chain(named.iter().map(String::as_str))
+    {
+        req.remove_header(h);
+    }
+    req.insert_header(http::header::CONTENT_LENGTH, body_len)?;
+    if let Some((name, key)) = idempotency_key {
+        req.insert_header(name.clone(), key)?;
+    }
+    Ok(req)
+}
+
+/// Sends the request and waits for the final response header, all within
+/// `timeout`. A pooled connection that turns out to be closed before the
+/// request was written is replaced once; nothing is retried after the upstream
+/// may have seen the request.
+pub async fn exchange(
+    connector: &Connector,
+    peer: &HttpPeer,
+    req: RequestHeader,
+    body: Bytes,
+    timeout: Duration,
+) -> Result<Answered, UpstreamFailure> {
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let attempt = async {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (mut client, reused) = connector
+                .get_http_session(peer)
+                .await
+                .map_err(|e| connect_failure(&e))?;
+            client.set_read_timeout(Some(timeout));
+            client.set_write_timeout(Some(timeout));
+            if let Err(e) = client.write_request_header(Box::new(req.clone())).await {
+                if reused && tries == 1 {
+                    continue; // a stale pooled connection: the request never left
+                }
+                return Err(connect_failure(&e));
+            }
+            let sent = async {
+                let _: &mut HttpSession = &mut client;
+                if !body.is_empty() {
+                    client.write_request_body(body.clone(), true).await?;
+                }
+                client.finish_request_body().await?;
+                loop {
+                    client.read_response_header().await?;
+                    let status = client
+                        .response_header()
+                        .map(|h| h.status.as_u16())
+                        .unwrap_or(0);
+                    // 1xx interim answers are not passed on; 101 would be an upgrade
+                    if !(100..200).contains(&status) || status == 101 {
+                        return Ok::<(), Box<pingora::Error>>(());
+                    }
+                }
+            };
+            if let Err(e) = sent.await {
+                return Err(connect_failure(&e));
+            }
+            let header = client.response_header().cloned().ok_or_else(|| {
+                UpstreamFailure::Connect("upstream sent no response header".into())
+            })?;
+            return Ok((client, header));
+        }
+    };
+    match tokio::time::timeout_at(deadline, attempt).await {
+        Ok(Ok((client, header))) => Ok(Answered {
+            client,
+            header,
+            elapsed: started.elapsed(),
+        }),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(UpstreamFailure::Timeout),
+    }
+}
+
+fn connect_failure(e: &pingora::Error) -> UpstreamFailure {
+    match e.etype() {
+        ErrorType::ConnectTimedout
+        | ErrorType::ReadTimedout
+        | ErrorType::WriteTimedout
+        | ErrorType::TLSHandshakeTimedout => UpstreamFailure::Timeout,
+        _ => UpstreamFailure::Connect(e.to_string()),
+    }
+}
+
+/// The upstream's response header as the sender gets it: hop-by-hop headers
+/// dropped except the body framing, plus `Idempotency-Status`.
+pub fn downstream_header(
+    upstream: &ResponseHeader,
+    status_header: &str,
+) -> pingora::Result<ResponseHeader> {
+    let mut resp = upstream.clone();
+    for h in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+    ] {
+        resp.remove_header(h);
+    }
+    resp.insert_header(IDEMPOTENCY_STATUS, status_header)?;
+    Ok(resp)
+}
+
+/// Whether a response to `method` with `status` carries no body.
+pub fn bodiless(method: &http::Method, status: u16) -> bool {
+    method == http::Method::HEAD || status == 204 || status == 304 || (100..200).contains(&status)
+}
+
+/// Streams the rest of the upstream's body to the sender and returns the
+/// upstream connection to the pool when it is reusable. `prefix` is body that
+/// was already read (to be stored for replay).
+pub async fn relay(
+    session: &mut Session,
+    connector: &Connector,
+    peer: &HttpPeer,
+    mut answered: Answered,
+    header: ResponseHeader,
+    prefix: Option<Bytes>,
+    no_body: bool,
+) -> pingora::Result<()> {
+    if no_body {
+        session
+            .write_response_header(Box::new(header), true)
+            .await?;
+    } else {
+        session
+            .write_response_header(Box::new(header), false)
+            .await?;
+        if let Some(p) = prefix.filter(|p| !p.is_empty()) {
+            session.write_response_body(Some(p), false).await?;
+        }
+        while let Some(chunk) = answered.client.read_response_body().await? {
+            session.write_response_body(Some(chunk), false).await?;
+        }
+        session.write_response_body(None, true).await?;
+    }
+    if answered.client.response_done() {
+        connector
+            .release_http_session(answered.client, peer, peer.options.idle_timeout)
+            .await;
+    } else {
+        answered.client.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Reads the upstream body up to `limit` bytes (for `replay_body`). Returns the
+/// bytes read and whether that was the whole body.
+pub async fn read_prefix(answered: &mut Answered, limit: usize) -> pingora::Result<(Bytes, bool)> {
+    let mut buf = bytes::BytesMut::new();
+    while buf.len() <= limit {
+        match answered.client.read_response_body().await? {
+            Some(chunk) => buf.extend_from_slice(&chunk),
+            None => return Ok((buf.freeze(), true)),
+        }
+    }
+    Ok((buf.freeze(), false))
+}

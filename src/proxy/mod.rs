@@ -1,0 +1,817 @@
+//! The pingora side: one `ProxyHttp` implementation whose hooks gather facts
+//! and call plain functions. Guarded requests are decided and forwarded in
+//! `request_filter` (read body → verify → claim → forward → settle → answer);
+//! unguarded requests take pingora's ordinary proxy path.
+
+pub mod body;
+pub mod forward;
+pub mod respond;
+pub mod routes;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::connectors::http::Connector;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorType, Result};
+
+use crate::claim::{self, digest, event_id, Decision, Millis};
+use crate::config::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError};
+use crate::metrics::{status_class, Metrics, Outcome};
+use crate::problem::{Problem, ProblemKind};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, ClaimStore, Recorded, SettleOutcome, SettleRequest,
+};
+use body::BodyError;
+use forward::UpstreamFailure;
+use routes::{RouteRt, RouteTable};
+
+pub fn now_ms() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+/// Counts guarded requests between claim and answer, for the graceful drain.
+#[derive(Default)]
+pub struct InFlightRequests(AtomicUsize);
+
+impl InFlightRequests {
+    pub fn current(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+struct InFlightGuard<'a>(&'a InFlightRequests);
+
+impl<'a> InFlightGuard<'a> {
+    fn enter(c: &'a InFlightRequests) -> Self {
+        c.0.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(c)
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The proxy: routes, store, metrics, and its own upstream connector for the
+/// guarded path.
+pub struct Gate {
+    pub routes: RouteTable,
+    pub store: Arc<dyn ClaimStore>,
+    pub metrics: Metrics,
+    pub connector: Connector,
+    pub in_flight: Arc<InFlightRequests>,
+}
+
+/// Per-request state shared by the hooks.
+#[derive(Default)]
+pub struct Ctx {
+    route: Option<Arc<RouteRt>>,
+    /// When the request went upstream on pingora's path (unguarded).
+    upstream_started: Option<Instant>,
+    upstream_status: Option<u16>,
+}
+
+/// What one guarded request came to, for its log line.
+struct Summary {
+    outcome: Outcome,
+    event_id: Option<String>,
+    upstream_status: Option<u16>,
+    attempt: Option<i64>,
+}
+
+/// How the guard ends: a response was written (or the connection is gone).
+type Handled = Result<bool>;
+
+impl Gate {
+    async fn respond_problem(
+        &self,
+        session: &mut Session,
+        route: &str,
+        p: Problem,
+        close: bool,
+    ) -> Handled {
+        self.metrics.request(route, p.kind.outcome());
+        respond::problem(session, &p, p.kind.outcome().as_str(), close).await?;
+        Ok(true)
+    }
+
+    /// The guarded request, from the header to the answer.
+    async fn guard(&self, session: &mut Session, route: &Arc<RouteRt>) -> Handled {
+        let started = Instant::now();
+        // Counted from the start: a claim may commit before the answer is written.
+        let _busy = InFlightGuard::enter(&self.in_flight);
+        let mut summary = Summary {
+            outcome: Outcome::Forwarded,
+            event_id: None,
+            upstream_status: None,
+            attempt: None,
+        };
+        let result = self.guard_inner(session, route, &mut summary).await;
+        tracing::info!(
+            route = route.name(),
+            event_id = summary.event_id.as_deref().unwrap_or(""),
+            outcome = summary.outcome.as_str(),
+            upstream_status = summary.upstream_status.map(i64::from).unwrap_or(0),
+            attempt = summary.attempt.unwrap_or(0),
+            duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "guarded request"
+        );
+        result
+    }
+
+    async fn guard_inner(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+        summary: &mut Summary,
+    ) -> Handled {
+        let cfg = &route.cfg;
+        let name = route.name();
+        let expect_continue = session
+            .req_header()
+            .headers
+            .get(http::header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+
+        // 1. What the headers alone decide.
+        if body::content_length(session).is_some_and(|n| n > cfg.max_body) {
+            summary.outcome = Outcome::BodyTooLarge;
+            let p = Problem::new(
+                ProblemKind::BodyTooLarge,
+                format!("the body is larger than {} bytes", cfg.max_body),
+            );
+            return self.respond_problem(session, name, p, true).await;
+        }
+        let mut header_id: Option<String> = None;
+        if let EventIdSource::Header(h) = &cfg.event_id {
+            match session.req_header().headers.get(h) {
+                Some(v) => match event_id::validate_event_id(v.as_bytes()) {
+                    Ok(id) => header_id = Some(id.to_owned()),
+                    Err(e) => {
+                        summary.outcome = Outcome::InvalidId;
+                        let p =
+                            Problem::new(ProblemKind::InvalidEventId, format!("header {h}: {e}"));
+                        return self
+                            .refuse_before_body(session, name, p, expect_continue, cfg.max_body)
+                            .await;
+                    }
+                },
+                None if cfg.on_missing_id == OnMissingId::Reject => {
+                    summary.outcome = Outcome::MissingId;
+                    let p = Problem::new(
+                        ProblemKind::MissingEventId,
+                        format!("the request has no {h} header"),
+                    );
+                    return self
+                        .refuse_before_body(session, name, p, expect_continue, cfg.max_body)
+                        .await;
+                }
+                None => {}
+            }
+        }
+        if expect_continue {
+            session.write_continue_response().await?;
+        }
+
+        // 2. The whole body, bounded.
+        let body = match body::read_full(session, cfg.max_body).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                summary.outcome = Outcome::BodyTooLarge;
+                let p = Problem::new(
+                    ProblemKind::BodyTooLarge,
+                    format!("the body is larger than {} bytes", cfg.max_body),
+                );
+                return self.respond_problem(session, name, p, true).await;
+            }
+            Err(BodyError::Timeout) => {
+                summary.outcome = Outcome::InvalidBody;
+                let p = Problem::new(
+                    ProblemKind::InvalidBody,
+                    "the request body did not arrive in time",
+                );
+                return self.respond_problem(session, name, p, true).await;
+            }
+            Err(BodyError::Broken(e)) => return Err(e),
+        };
+
+        // 3. Signature, on the raw body, before anything is claimed.
+        if let Some(v) = &route.verifier {
+            let now_secs = (now_ms() / 1000) as i64;
+            if let Err(e) = v.verify(&session.req_header().headers, &body, now_secs) {
+                summary.outcome = Outcome::InvalidSignature;
+                let p = Problem::new(ProblemKind::InvalidSignature, e.to_string());
+                return self.respond_problem(session, name, p, false).await;
+            }
+        }
+
+        // 4. Event ID and digest.
+        let json = if cfg.digest == DigestMode::Json || route.id_pointer.is_some() {
+            match digest::parse_json_body(&body) {
+                Ok(doc) => Some(doc),
+                Err(e) => {
+                    summary.outcome = Outcome::InvalidBody;
+                    let p = Problem::new(ProblemKind::InvalidBody, e.to_string())
+                        .with_event_id(header_id.as_deref());
+                    return self.respond_problem(session, name, p, false).await;
+                }
+            }
+        } else {
+            None
+        };
+        if let (Some(tokens), Some(doc)) = (&route.id_pointer, &json) {
+            match event_id::event_id_from_json_tokens(doc, tokens) {
+                Ok(id) => header_id = Some(id),
+                Err(event_id::JsonIdError::Absent) if cfg.on_missing_id != OnMissingId::Reject => {}
+                Err(event_id::JsonIdError::Absent) => {
+                    summary.outcome = Outcome::MissingId;
+                    let p = Problem::new(
+                        ProblemKind::MissingEventId,
+                        "the body has no event ID at the configured JSON pointer",
+                    );
+                    return self.respond_problem(session, name, p, false).await;
+                }
+                Err(e) => {
+                    summary.outcome = Outcome::InvalidId;
+                    let p = Problem::new(ProblemKind::InvalidEventId, e.to_string());
+                    return self.respond_problem(session, name, p, false).await;
+                }
+            }
+        }
+        let digest = match (&json, cfg.digest) {
+            (Some(doc), DigestMode::Json) => digest::json_digest(doc, &route.ignore),
+            _ => digest::raw_digest(&body),
+        };
+        let digest_hex = digest::to_hex(&digest);
+        let event_id = match header_id {
+            Some(id) => id,
+            None => match cfg.on_missing_id {
+                OnMissingId::BodyDigest => digest_hex.clone(),
+                OnMissingId::Forward => {
+                    summary.outcome = Outcome::Unguarded;
+                    return self.forward_unguarded(session, route, body, summary).await;
+                }
+                OnMissingId::Reject => unreachable!("rejected above"),
+            },
+        };
+        summary.event_id = Some(event_id.clone());
+        let event_id = event_id.as_str();
+
+        // 5. The claim.
+        let claimed = self.claim(route, event_id, &digest_hex, summary).await;
+        let (attempt, lease_until) = match claimed {
+            Err(p)
+                if p.kind == ProblemKind::StoreUnavailable
+                    && cfg.on_store_error == OnStoreError::Forward =>
+            {
+                tracing::warn!(
+                    route = name,
+                    event_id,
+                    "store unavailable: forwarding unguarded"
+                );
+                summary.outcome = Outcome::Unguarded;
+                return self.forward_unguarded(session, route, body, summary).await;
+            }
+            Err(p) => {
+                summary.outcome = p.kind.outcome();
+                return self.respond_problem(session, name, p, false).await;
+            }
+            Ok(Claimed::Answer(recorded)) => {
+                summary.outcome = Outcome::Replayed;
+                summary.upstream_status = recorded.status;
+                self.metrics.request(name, Outcome::Replayed);
+                respond::replay(session, &recorded).await?;
+                return Ok(true);
+            }
+            Ok(Claimed::Own {
+                attempt,
+                lease_until,
+            }) => (attempt, lease_until),
+        };
+        summary.attempt = Some(attempt);
+        let _ = lease_until; // TODO(#4): the wait path uses it
+
+        // 6. Forward, settle, answer.
+        self.forward_guarded(session, route, body, event_id, attempt, summary)
+            .await
+    }
+
+    /// A refusal decided from the headers alone. With `Expect: 100-continue`
+    /// the body never comes: answer at once and close. Otherwise read and
+    /// discard the body so the connection stays usable.
+    async fn refuse_before_body(
+        &self,
+        session: &mut Session,
+        route: &str,
+        p: Problem,
+        expect_continue: bool,
+        max_body: u64,
+    ) -> Handled {
+        let close = expect_continue || body::read_full(session, max_body).await.is_err();
+        self.respond_problem(session, route, p, close).await
+    }
+
+    /// Claims the event; `Ok(Own)` when this request is to forward it,
+    /// `Ok(Answer)` for a replay, `Err` for every refusal.
+    async fn claim(
+        &self,
+        route: &Arc<RouteRt>,
+        event_id: &str,
+        digest_hex: &str,
+        summary: &mut Summary,
+    ) -> std::result::Result<Claimed, Problem> {
+        let name = route.name();
+        let deadline = Instant::now() + route.cfg.lease;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let req = ClaimRequest {
+                route: name,
+                event_id,
+                digest: digest_hex,
+                now: now_ms(),
+                lease_ms: route.lease_ms,
+                retention_ms: route.retention_ms,
+            };
+            let t = Instant::now();
+            let res = self.store.claim(&req).await;
+            self.metrics.store_time("claim", t.elapsed().as_secs_f64());
+            let outcome = res.map_err(|e| {
+                tracing::warn!(route = name, event_id, error = %e, "claim failed: store unavailable");
+                Problem::new(ProblemKind::StoreUnavailable, "the claim store did not answer; retry later")
+                    .with_event_id(Some(event_id))
+                    .with_retry_after(1)
+            })?;
+            match outcome {
+                ClaimOutcome::Claimed {
+                    attempt,
+                    kind,
+                    lease_until,
+                } => {
+                    self.metrics
+                        .claims
+                        .with_label_values(&[name, kind.as_str()])
+                        .inc();
+                    return Ok(Claimed::Own {
+                        attempt,
+                        lease_until,
+                    });
+                }
+                ClaimOutcome::Existing {
+                    decision: Decision::Replay,
+                    recorded,
+                } => {
+                    return Ok(Claimed::Answer(recorded));
+                }
+                ClaimOutcome::Existing {
+                    decision: Decision::Mismatch,
+                    ..
+                } => {
+                    return Err(Problem::new(
+                        ProblemKind::DigestMismatch,
+                        "this event ID was already used with a different payload",
+                    )
+                    .with_event_id(Some(event_id)));
+                }
+                ClaimOutcome::Existing {
+                    decision: Decision::InFlight { retry_after_ms },
+                    ..
+                } => {
+                    let wait = route.cfg.in_flight == InFlight::Wait
+                        && Instant::now() + backoff < deadline;
+                    if !wait {
+                        summary.outcome = Outcome::InFlight;
+                        return Err(Problem::new(
+                            ProblemKind::InFlight,
+                            "another delivery of this event is being processed",
+                        )
+                        .with_event_id(Some(event_id))
+                        .with_retry_after(claim::retry_after_secs(retry_after_ms)));
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                }
+                ClaimOutcome::Existing {
+                    decision: Decision::Claim(_),
+                    ..
+                } => {
+                    unreachable!("stores never return a claimable record as existing")
+                }
+            }
+        }
+    }
+
+    async fn forward_guarded(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+        body: Bytes,
+        event_id: &str,
+        attempt: i64,
+        summary: &mut Summary,
+    ) -> Handled {
+        let cfg = &route.cfg;
+        let name = route.name();
+        let key = cfg.idempotency_key_header.as_ref().map(|h| (h, event_id));
+        let req = self.upstream_request(session, route, body.len(), key)?;
+        let result = forward::exchange(
+            &self.connector,
+            &route.peer,
+            req,
+            body,
+            cfg.upstream_timeout,
+        )
+        .await;
+        let mut answered = match result {
+            Ok(a) => a,
+            Err(failure) => {
+                self.metrics
+                    .upstream_responses
+                    .with_label_values(&[name, failure.class()])
+                    .inc();
+                let error = match &failure {
+                    UpstreamFailure::Connect(e) => e.clone(),
+                    UpstreamFailure::Timeout => format!(
+                        "no response within {}",
+                        humantime::format_duration(cfg.upstream_timeout)
+                    ),
+                };
+                self.settle(
+                    route,
+                    event_id,
+                    attempt,
+                    SettleOutcome::Failed {
+                        status: None,
+                        error: Some(&error),
+                    },
+                )
+                .await;
+                let kind = match failure {
+                    UpstreamFailure::Connect(_) => ProblemKind::UpstreamUnreachable,
+                    UpstreamFailure::Timeout => ProblemKind::UpstreamTimeout,
+                };
+                let p = Problem::new(kind, error).with_event_id(Some(event_id));
+                self.metrics.request(name, Outcome::Forwarded);
+                respond::problem(session, &p, Outcome::Forwarded.as_str(), false).await?;
+                return Ok(true);
+            }
+        };
+        let status = answered.header.status.as_u16();
+        summary.upstream_status = Some(status);
+        self.metrics
+            .upstream_responses
+            .with_label_values(&[name, status_class(status)])
+            .inc();
+        self.metrics
+            .upstream_duration
+            .with_label_values(&[name])
+            .observe(answered.elapsed.as_secs_f64());
+        let method = session.req_header().method.clone();
+        let no_body = forward::bodiless(&method, status);
+        let mut prefix = None;
+        if cfg.settle_on.matches(status) {
+            let mut stored: Option<(Option<String>, Bytes)> = None;
+            if cfg.replay_body && !no_body {
+                let (bytes, whole) =
+                    forward::read_prefix(&mut answered, cfg.replay_body_limit as usize).await?;
+                if whole {
+                    let ct = answered
+                        .header
+                        .headers
+                        .get(http::header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    stored = Some((ct, bytes.clone()));
+                } else {
+                    tracing::info!(
+                        route = name,
+                        event_id,
+                        limit = cfg.replay_body_limit,
+                        "response body over replay_body_limit: not stored"
+                    );
+                }
+                prefix = Some(bytes);
+            } else if cfg.replay_body {
+                stored = Some((None, Bytes::new()));
+            }
+            let (ct, b) = match &stored {
+                Some((ct, b)) => (ct.as_deref(), Some(&b[..])),
+                None => (None, None),
+            };
+            self.settle(
+                route,
+                event_id,
+                attempt,
+                SettleOutcome::Delivered {
+                    status,
+                    content_type: ct,
+                    body: b,
+                },
+            )
+            .await;
+        } else {
+            let error = format!("upstream answered {status}");
+            self.settle(
+                route,
+                event_id,
+                attempt,
+                SettleOutcome::Failed {
+                    status: Some(status),
+                    error: Some(&error),
+                },
+            )
+            .await;
+        }
+        self.metrics.request(name, Outcome::Forwarded);
+        let header = forward::downstream_header(&answered.header, Outcome::Forwarded.as_str())?;
+        forward::relay(
+            session,
+            &self.connector,
+            &route.peer,
+            answered,
+            header,
+            prefix,
+            no_body,
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// Forwards a request whose body was read, without a claim
+    /// (`on_missing_id: forward`, `on_store_error: forward`).
+    async fn forward_unguarded(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+        body: Bytes,
+        summary: &mut Summary,
+    ) -> Handled {
+        let name = route.name();
+        let req = self.upstream_request(session, route, body.len(), None)?;
+        self.metrics.request(name, Outcome::Unguarded);
+        match forward::exchange(
+            &self.connector,
+            &route.peer,
+            req,
+            body,
+            route.cfg.upstream_timeout,
+        )
+        .await
+        {
+            Ok(answered) => {
+                let status = answered.header.status.as_u16();
+                summary.upstream_status = Some(status);
+                self.metrics
+                    .upstream_responses
+                    .with_label_values(&[name, status_class(status)])
+                    .inc();
+                self.metrics
+                    .upstream_duration
+                    .with_label_values(&[name])
+                    .observe(answered.elapsed.as_secs_f64());
+                let no_body = forward::bodiless(&session.req_header().method, status);
+                let header =
+                    forward::downstream_header(&answered.header, Outcome::Unguarded.as_str())?;
+                forward::relay(
+                    session,
+                    &self.connector,
+                    &route.peer,
+                    answered,
+                    header,
+                    None,
+                    no_body,
+                )
+                .await?;
+            }
+            Err(failure) => {
+                self.metrics
+                    .upstream_responses
+                    .with_label_values(&[name, failure.class()])
+                    .inc();
+                let (kind, detail) = match failure {
+                    UpstreamFailure::Connect(e) => (ProblemKind::UpstreamUnreachable, e),
+                    UpstreamFailure::Timeout => (
+                        ProblemKind::UpstreamTimeout,
+                        "no response in time".to_string(),
+                    ),
+                };
+                respond::problem(
+                    session,
+                    &Problem::new(kind, detail),
+                    Outcome::Unguarded.as_str(),
+                    false,
+                )
+                .await?;
+            }
+        }
+        Ok(true)
+    }
+
+    fn upstream_request(
+        &self,
+        session: &Session,
+        route: &RouteRt,
+        body_len: usize,
+        key: Option<(&http::HeaderName, &str)>,
+    ) -> Result<RequestHeader> {
+        let original = session.req_header();
+        let pq = original
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        forward::upstream_request(original, &route.upstream_path(pq), body_len, key)
+    }
+
+    /// Commits the settle, retrying a failing store with bounded backoff. A
+    /// settle that still fails leaves the claim to its lease.
+    async fn settle(
+        &self,
+        route: &RouteRt,
+        event_id: &str,
+        attempt: i64,
+        outcome: SettleOutcome<'_>,
+    ) {
+        let name = route.name();
+        let mut backoff = Duration::from_millis(50);
+        for tries in 1..=4 {
+            let req = SettleRequest {
+                route: name,
+                event_id,
+                attempt,
+                now: now_ms(),
+                retention_ms: route.retention_ms,
+                outcome: outcome.clone(),
+            };
+            let t = Instant::now();
+            let res = self.store.settle(&req).await;
+            self.metrics.store_time("settle", t.elapsed().as_secs_f64());
+            match res {
+                Ok(result) => {
+                    self.metrics
+                        .settles
+                        .with_label_values(&[name, result.as_str()])
+                        .inc();
+                    return;
+                }
+                Err(e) if tries < 4 => {
+                    tracing::debug!(route = name, event_id, error = %e, "settle failed, retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 3;
+                }
+                Err(e) => {
+                    self.metrics
+                        .settles
+                        .with_label_values(&[name, "error"])
+                        .inc();
+                    tracing::error!(route = name, event_id, attempt, error = %e, "settle failed; the claim stays until its lease ends");
+                }
+            }
+        }
+    }
+}
+
+enum Claimed {
+    Own { attempt: i64, lease_until: Millis },
+    Answer(Recorded),
+}
+
+#[async_trait]
+impl ProxyHttp for Gate {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx::default()
+    }
+
+    /// Phase 1, after the request header: route, and for guarded requests the
+    /// whole protocol. `Ok(true)` means the response was written here.
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let req = session.req_header();
+        let host = routes::request_host(req);
+        let Some(route) = self.routes.find(host.as_deref(), req.uri.path()).cloned() else {
+            let p = Problem::new(
+                ProblemKind::NoRoute,
+                format!("no route matches {}", req.uri.path()),
+            );
+            let close = body::read_full(session, 1 << 20).await.is_err();
+            return self.respond_problem(session, "", p, close).await;
+        };
+        let guarded = route.guards(&req.method);
+        ctx.route = Some(route.clone());
+        if !guarded {
+            return Ok(false);
+        }
+        self.guard(session, &route).await
+    }
+
+    /// Unguarded requests only: the route's upstream.
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let route = ctx
+            .route
+            .as_ref()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route"))?;
+        ctx.upstream_started = Some(Instant::now());
+        Ok(Box::new(route.peer.clone()))
+    }
+
+    /// Unguarded requests only: the path as the upstream expects it.
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Some(route) = &ctx.route {
+            let pq = session
+                .req_header()
+                .uri
+                .path_and_query()
+                .map(|p| p.as_str())
+                .unwrap_or("/");
+            let uri: http::Uri = route.upstream_path(pq).parse().map_err(|_| {
+                Error::explain(ErrorType::InvalidHTTPHeader, "rewritten path is not a URI")
+            })?;
+            upstream.set_uri(uri);
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        upstream: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        ctx.upstream_status = Some(upstream.status.as_u16());
+        upstream.insert_header(respond::IDEMPOTENCY_STATUS, Outcome::Unguarded.as_str())?;
+        Ok(())
+    }
+
+    /// Unguarded requests only: the upstream failed before answering.
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        let kind = match e.etype() {
+            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
+                ProblemKind::UpstreamTimeout
+            }
+            _ if e.esource() == &pingora::ErrorSource::Upstream => ProblemKind::UpstreamUnreachable,
+            _ => {
+                return FailToProxy {
+                    error_code: 0,
+                    can_reuse_downstream: false,
+                };
+            }
+        };
+        if ctx.route.is_some() && session.response_written().is_none() {
+            let p = Problem::new(kind, e.etype().as_str());
+            let _ = respond::problem(session, &p, Outcome::Unguarded.as_str(), true).await;
+        }
+        FailToProxy {
+            error_code: kind.status(),
+            can_reuse_downstream: false,
+        }
+    }
+
+    /// Every path, once, after the response: counts unguarded traffic.
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let Some(route) = &ctx.route else { return };
+        if route.guards(&session.req_header().method) {
+            return; // guarded requests were counted where they were decided
+        }
+        let name = route.name();
+        self.metrics.request(name, Outcome::Unguarded);
+        let class = match (ctx.upstream_status, e) {
+            (Some(s), _) => status_class(s),
+            (None, Some(e))
+                if matches!(
+                    e.etype(),
+                    ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
+                ) =>
+            {
+                "timeout"
+            }
+            (None, Some(_)) => "connect_error",
+            (None, None) => return,
+        };
+        self.metrics
+            .upstream_responses
+            .with_label_values(&[name, class])
+            .inc();
+        if let Some(t) = ctx.upstream_started {
+            self.metrics
+                .upstream_duration
+                .with_label_values(&[name])
+                .observe(t.elapsed().as_secs_f64());
+        }
+    }
+}

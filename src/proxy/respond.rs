@@ -1,0 +1,65 @@
+//! Responses idemgate writes itself on the downstream session: problems,
+//! replays, and the headers every one of them carries. Each leaves the
+//! connection usable (the request body was read) or says `Connection: close`.
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use pingora::Result;
+
+use crate::problem::{Problem, CONTENT_TYPE};
+use crate::store::Recorded;
+
+pub const IDEMPOTENCY_STATUS: &str = "Idempotency-Status";
+pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
+
+/// Writes a problem+json response. `status_header` is the
+/// `Idempotency-Status` value; `close` ends the connection after it (used when
+/// the request body was not read).
+pub async fn problem(
+    session: &mut Session,
+    p: &Problem,
+    status_header: &str,
+    close: bool,
+) -> Result<()> {
+    let body = Bytes::from(p.body());
+    let mut resp = ResponseHeader::build(p.status(), Some(6))?;
+    resp.insert_header(http::header::CONTENT_TYPE, CONTENT_TYPE)?;
+    resp.insert_header(http::header::CONTENT_LENGTH, body.len())?;
+    resp.insert_header(IDEMPOTENCY_STATUS, status_header)?;
+    if let Some(secs) = p.retry_after {
+        resp.insert_header(http::header::RETRY_AFTER, secs)?;
+    }
+    if close {
+        resp.insert_header(http::header::CONNECTION, "close")?;
+        session.set_keepalive(None);
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await
+}
+
+/// Answers a duplicate of a delivered event with the recorded outcome: its
+/// status, and with `replay_body` its content type and body.
+pub async fn replay(session: &mut Session, recorded: &Recorded) -> Result<()> {
+    let status = recorded.status.unwrap_or(200);
+    let body = recorded.body.clone().map(Bytes::from).unwrap_or_default();
+    let mut resp = ResponseHeader::build(status, Some(5))?;
+    let bodiless = status == 204 || status == 304 || (100..200).contains(&status);
+    if !bodiless {
+        resp.insert_header(http::header::CONTENT_LENGTH, body.len())?;
+        if let Some(ct) = recorded
+            .content_type
+            .as_deref()
+            .filter(|_| !body.is_empty())
+        {
+            resp.insert_header(http::header::CONTENT_TYPE, ct)?;
+        }
+    }
+    resp.insert_header(IDEMPOTENT_REPLAYED, "true")?;
+    resp.insert_header(IDEMPOTENCY_STATUS, "replayed")?;
+    if bodiless || body.is_empty() {
+        return session.write_response_header(Box::new(resp), true).await;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await
+}

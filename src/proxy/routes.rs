@@ -1,0 +1,188 @@
+//! The route table: the config's routes prepared for the hot path (upstream
+//! peer built once, JSON pointers parsed once, the signature verifier ready)
+//! and matched by host and longest whole-segment path prefix.
+
+use std::net::ToSocketAddrs;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pingora::upstreams::peer::HttpPeer;
+
+use crate::claim::json_pointer;
+use crate::config::{EventIdSource, Route};
+use crate::verify::Verifier;
+
+/// A route as the proxy uses it.
+pub struct RouteRt {
+    pub cfg: Route,
+    /// The upstream peer with its timeouts; cloned per request.
+    pub peer: HttpPeer,
+    /// `event_id.json_pointer`, parsed.
+    pub id_pointer: Option<Vec<String>>,
+    /// `digest_ignore`, parsed.
+    pub ignore: Vec<Vec<String>>,
+    pub verifier: Option<Verifier>,
+    pub lease_ms: i64,
+    pub retention_ms: i64,
+}
+
+impl RouteRt {
+    pub fn new(cfg: Route) -> Result<RouteRt, String> {
+        let up = &cfg.upstream;
+        let addr = (up.host.as_str(), up.port)
+            .to_socket_addrs()
+            .map_err(|e| {
+                format!(
+                    "route {}: cannot resolve upstream {}: {e}",
+                    cfg.name, up.original
+                )
+            })?
+            .next()
+            .ok_or_else(|| {
+                format!(
+                    "route {}: upstream {} has no address",
+                    cfg.name, up.original
+                )
+            })?;
+        let mut peer = HttpPeer::new(addr, up.tls, up.host.clone());
+        let t = cfg.upstream_timeout;
+        peer.options.connection_timeout = Some(t);
+        peer.options.total_connection_timeout = Some(t);
+        peer.options.read_timeout = Some(t);
+        peer.options.write_timeout = Some(t);
+        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        let id_pointer = match &cfg.event_id {
+            EventIdSource::JsonPointer(p) => Some(
+                json_pointer::parse_pointer(p)
+                    .map_err(|e| format!("route {}: event_id.json_pointer: {e}", cfg.name))?,
+            ),
+            EventIdSource::Header(_) => None,
+        };
+        let ignore = cfg
+            .digest_ignore
+            .iter()
+            .map(|p| json_pointer::parse_pointer(p))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("route {}: digest_ignore: {e}", cfg.name))?;
+        let verifier = cfg.verify.as_ref().map(|v| Verifier {
+            scheme: v.scheme,
+            secrets: v.secrets.clone(),
+            tolerance: v.tolerance,
+            header: v.header.clone(),
+        });
+        Ok(RouteRt {
+            lease_ms: cfg.lease.as_millis() as i64,
+            retention_ms: cfg.retention.as_millis() as i64,
+            cfg,
+            peer,
+            id_pointer,
+            ignore,
+            verifier,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    pub fn guards(&self, method: &http::Method) -> bool {
+        self.cfg.guard_methods.iter().any(|m| m == method)
+    }
+
+    /// The path the upstream sees: `strip_prefix` applied, the upstream's base
+    /// path prepended. `path_and_query` is the request's, starting with `/`.
+    pub fn upstream_path(&self, path_and_query: &str) -> String {
+        let rest = if self.cfg.strip_prefix && self.cfg.path_prefix != "/" {
+            let stripped = &path_and_query[self.cfg.path_prefix.len().min(path_and_query.len())..];
+            if stripped.is_empty() || stripped.starts_with('?') {
+                format!("/{stripped}")
+            } else {
+                stripped.to_string()
+            }
+        } else {
+            path_and_query.to_string()
+        };
+        format!("{}{}", self.cfg.upstream.base_path, rest)
+    }
+}
+
+/// Routes ordered for matching: longest prefix first, host-bound before
+/// host-less at equal length.
+pub struct RouteTable {
+    routes: Vec<Arc<RouteRt>>,
+}
+
+impl RouteTable {
+    pub fn new(routes: Vec<Route>) -> Result<RouteTable, String> {
+        let mut routes = routes
+            .into_iter()
+            .map(RouteRt::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        routes.sort_by(|a, b| {
+            b.cfg
+                .path_prefix
+                .len()
+                .cmp(&a.cfg.path_prefix.len())
+                .then(b.cfg.host.is_some().cmp(&a.cfg.host.is_some()))
+        });
+        Ok(RouteTable {
+            routes: routes.into_iter().map(Arc::new).collect(),
+        })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<RouteRt>> {
+        self.routes.iter()
+    }
+
+    /// `host` is lower-case without a port; `path` has no query.
+    pub fn find(&self, host: Option<&str>, path: &str) -> Option<&Arc<RouteRt>> {
+        self.routes.iter().find(|r| {
+            r.cfg.host.as_deref().is_none_or(|h| Some(h) == host)
+                && prefix_matches(&r.cfg.path_prefix, path)
+        })
+    }
+}
+
+/// Whole path segments: `/hooks/stripe` matches `/hooks/stripe` and
+/// `/hooks/stripe/x`, not `/hooks/stripex`.
+pub fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if prefix == "/" {
+        return path.starts_with('/');
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+/// The request's host, lower-case and without a port: from an absolute-form
+/// URI or the `Host` header.
+pub fn request_host(req: &pingora::http::RequestHeader) -> Option<String> {
+    let raw = match req.uri.host() {
+        Some(h) => h,
+        None => req.headers.get(http::header::HOST)?.to_str().ok()?,
+    };
+    let host = if raw.starts_with('[') {
+        raw.split(']')
+            .next()
+            .map(|h| format!("{h}]"))
+            .unwrap_or_default()
+    } else {
+        raw.split(':').next().unwrap_or_default().to_string()
+    };
+    Some(host.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_segment_prefixes() {
+        assert!(prefix_matches("/hooks/stripe", "/hooks/stripe"));
+        assert!(prefix_matches("/hooks/stripe", "/hooks/stripe/x"));
+        assert!(!prefix_matches("/hooks/stripe", "/hooks/stripex"));
+        assert!(!prefix_matches("/hooks/stripe", "/hooks"));
+        assert!(prefix_matches("/", "/anything"));
+    }
+}

@@ -1,0 +1,281 @@
+//! The durable claim store: one record per (route, event ID), behind the
+//! [`ClaimStore`] trait so that the proxy, the CLI and the tests do not care
+//! whether it is the embedded SQLite file or a shared PostgreSQL database.
+//!
+//! Every transition is one atomic statement (see `claim` for the rules):
+//! the claim is an `INSERT … ON CONFLICT DO UPDATE … WHERE <reclaimable>
+//! RETURNING`, a release is an `UPDATE … WHERE attempts = $attempt`.
+
+pub mod postgres;
+pub(crate) mod sql;
+pub mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use crate::claim::{ClaimKind, Decision, Millis, SettleResult, State};
+
+/// A store error: the proxy fails closed on it (503) unless told otherwise.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("unsupported store URL (expected sqlite://PATH or postgres://…): {0}")]
+    UnsupportedUrl(String),
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store migration failed: {0}")]
+    Migration(String),
+    #[error("store returned an unexpected value: {0}")]
+    Corrupt(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        StoreError::Unavailable(e.to_string())
+    }
+}
+
+/// A delivery asking for the claim on its event ID.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    pub route: &'a str,
+    pub event_id: &'a str,
+    /// Hex sha256 of the payload (raw or canonical).
+    pub digest: &'a str,
+    pub now: Millis,
+    pub lease_ms: Millis,
+    pub retention_ms: Millis,
+}
+
+/// The recorded answer replayed to duplicates of a delivered event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Recorded {
+    pub status: Option<u16>,
+    /// With `replay_body`: the settled response's content type and body.
+    pub content_type: Option<String>,
+    pub body: Option<Vec<u8>>,
+}
+
+/// The store's answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// This delivery owns the event now, as attempt number `attempt`.
+    Claimed {
+        attempt: i64,
+        kind: ClaimKind,
+        lease_until: Millis,
+    },
+    /// Somebody else decided it already; `decision` is never `Claim`.
+    Existing {
+        decision: Decision,
+        recorded: Recorded,
+    },
+}
+
+/// How an attempt is settled.
+#[derive(Debug, Clone)]
+pub struct SettleRequest<'a> {
+    pub route: &'a str,
+    pub event_id: &'a str,
+    pub attempt: i64,
+    pub now: Millis,
+    pub retention_ms: Millis,
+    pub outcome: SettleOutcome<'a>,
+}
+
+#[derive(Debug, Clone)]
+pub enum SettleOutcome<'a> {
+    /// A status in `settle_on`: close the claim as delivered (final).
+    Delivered {
+        status: u16,
+        content_type: Option<&'a str>,
+        body: Option<&'a [u8]>,
+    },
+    /// Anything else: release the claim, fenced by the attempt number.
+    Failed {
+        status: Option<u16>,
+        error: Option<&'a str>,
+    },
+}
+
+/// One record, every field (SPEC §3). The replay body is never printed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Record {
+    pub route: String,
+    pub event_id: String,
+    pub body_sha256: String,
+    pub state: String,
+    pub attempts: i64,
+    pub lease_until: Option<Millis>,
+    pub last_status: Option<i64>,
+    pub last_error: Option<String>,
+    pub first_seen_at: Millis,
+    pub updated_at: Millis,
+    pub delivered_at: Option<Millis>,
+    pub expires_at: Millis,
+    pub replay_status: Option<i64>,
+    pub replay_content_type: Option<String>,
+    pub replay_body_bytes: Option<i64>,
+}
+
+impl Record {
+    pub fn state(&self) -> Option<State> {
+        State::parse(&self.state)
+    }
+}
+
+/// Filter of `events list`.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub route: Option<String>,
+    pub state: Option<State>,
+    pub limit: i64,
+}
+
+/// What an operator's release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    Released {
+        previous: State,
+    },
+    NotFound,
+    /// The record is delivered and `--force` was not given.
+    RefusedDelivered,
+}
+
+#[async_trait]
+pub trait ClaimStore: Send + Sync {
+    /// Applies pending migrations.
+    async fn migrate(&self) -> Result<(), StoreError>;
+    /// One cheap round trip: `/readyz`.
+    async fn ping(&self) -> Result<(), StoreError>;
+    /// Claims the event atomically, or says why not.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
+    /// Closes or releases an attempt's claim.
+    async fn settle(&self, req: &SettleRequest<'_>) -> Result<SettleResult, StoreError>;
+    async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError>;
+    /// Newest first.
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError>;
+    /// Operator release: `processing`/`failed` (or, forced, `delivered`) to `failed` with no lease.
+    async fn release(
+        &self,
+        route: &str,
+        event_id: &str,
+        force: bool,
+        now: Millis,
+    ) -> Result<ReleaseOutcome, StoreError>;
+    /// Deletes at most `limit` expired records (never a live lease); returns how many.
+    async fn sweep_batch(&self, now: Millis, limit: i64) -> Result<u64, StoreError>;
+    /// Per route, the `updated_at` of the oldest `processing` record.
+    async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError>;
+    /// Closes the pool (flushes the SQLite WAL).
+    async fn close(&self);
+}
+
+/// The kind of store a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Sqlite,
+    Postgres,
+}
+
+pub fn kind_of(url: &str) -> Result<StoreKind, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(StoreKind::Sqlite)
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(StoreKind::Postgres)
+    } else {
+        Err(StoreError::UnsupportedUrl(redact_url(url)))
+    }
+}
+
+/// Opens the store a URL names; `max_connections` sizes the pool.
+pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn ClaimStore>, StoreError> {
+    match kind_of(url)? {
+        StoreKind::Sqlite => Ok(Arc::new(
+            sqlite::SqliteStore::open(url, max_connections).await?,
+        )),
+        StoreKind::Postgres => Ok(Arc::new(
+            postgres::PostgresStore::open(url, max_connections).await?,
+        )),
+    }
+}
+
+/// The URL with any password replaced, for messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+/// Builds a [`ClaimOutcome::Existing`] from a record read back after a refused
+/// claim, using the same `decide` rules as the SQL. `None` means the record
+/// became claimable in between: try the claim again.
+pub(crate) fn existing_outcome(
+    state: &str,
+    lease_until: Option<Millis>,
+    same_digest: bool,
+    now: Millis,
+    recorded: Recorded,
+) -> Result<Option<ClaimOutcome>, StoreError> {
+    let state =
+        State::parse(state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
+    let decision = crate::claim::decide(
+        Some(crate::claim::Existing {
+            state,
+            lease_until,
+            same_digest,
+        }),
+        now,
+    );
+    Ok(match decision {
+        Decision::Claim(_) => None,
+        d => Some(ClaimOutcome::Existing {
+            decision: d,
+            recorded,
+        }),
+    })
+}
+
+pub(crate) fn claim_kind_from_previous(prev: Option<&str>) -> ClaimKind {
+    match prev {
+        None => ClaimKind::New,
+        Some("failed") => ClaimKind::RetryFailed,
+        Some(_) => ClaimKind::RetryExpired,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_by_scheme() {
+        assert_eq!(kind_of("sqlite:///tmp/x.db").unwrap(), StoreKind::Sqlite);
+        assert_eq!(kind_of("sqlite://data/x.db").unwrap(), StoreKind::Sqlite);
+        assert_eq!(kind_of("postgres://u@h/db").unwrap(), StoreKind::Postgres);
+        assert_eq!(kind_of("postgresql://u@h/db").unwrap(), StoreKind::Postgres);
+        assert!(kind_of("mysql://u:secret@h/db")
+            .unwrap_err()
+            .to_string()
+            .contains("***"));
+    }
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact_url("postgres://u:pw@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite:///a/b.db"), "sqlite:///a/b.db");
+    }
+}

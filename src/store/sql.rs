@@ -1,0 +1,350 @@
+//! The SQL both stores share: SQLite (3.35+) and PostgreSQL accept the same
+//! `INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING`, `$N` parameters and
+//! row-value `IN`, so each transition is written once, here.
+
+/// Claim: insert a fresh record, or take over one that is reclaimable with the
+/// same digest (failed, or processing with an expired lease). Mirrors
+/// `claim::decide`; a refused claim returns no row.
+/// $1 route, $2 event_id, $3 digest, $4 lease_until, $5 now, $6 expires_at
+pub const CLAIM: &str = "\
+INSERT INTO records (route, event_id, body_sha256, state, attempts, lease_until,
+                     first_seen_at, updated_at, expires_at)
+VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6)
+ON CONFLICT (route, event_id) DO UPDATE SET
+    state = 'processing',
+    attempts = records.attempts + 1,
+    lease_until = excluded.lease_until,
+    updated_at = excluded.updated_at,
+    expires_at = excluded.expires_at,
+    claimed_from = records.state
+WHERE records.body_sha256 = excluded.body_sha256
+  AND (records.state = 'failed'
+       OR (records.state = 'processing'
+           AND (records.lease_until IS NULL OR records.lease_until <= excluded.updated_at)))
+RETURNING attempts, lease_until, claimed_from";
+
+/// What a refused claim needs to know. $1 route, $2 event_id
+pub const CLAIM_READBACK: &str = "\
+SELECT state, lease_until, body_sha256, last_status, replay_status, replay_content_type, replay_body
+FROM records WHERE route = $1 AND event_id = $2";
+
+/// Delivered is final and may come from any attempt; the first one wins.
+/// $1 route, $2 event_id, $3 status, $4 now, $5 expires_at, $6 replay status,
+/// $7 replay content type, $8 replay body
+pub const SETTLE_DELIVERED: &str = "\
+UPDATE records SET state = 'delivered', last_status = $3, last_error = NULL, lease_until = NULL,
+    delivered_at = $4, updated_at = $4, expires_at = $5,
+    replay_status = $6, replay_content_type = $7, replay_body = $8
+WHERE route = $1 AND event_id = $2 AND state <> 'delivered'";
+
+/// A release is fenced: only the attempt that holds the claim may undo it.
+/// $1 route, $2 event_id, $3 attempt, $4 status, $5 error, $6 now, $7 expires_at
+pub const SETTLE_FAILED: &str = "\
+UPDATE records SET state = 'failed', last_status = $4, last_error = $5, lease_until = NULL,
+    updated_at = $6, expires_at = $7
+WHERE route = $1 AND event_id = $2 AND state = 'processing' AND attempts = $3";
+
+/// For telling a stale settle's reason apart. $1 route, $2 event_id
+pub const STATE_OF: &str = "SELECT state FROM records WHERE route = $1 AND event_id = $2";
+
+/// Operator release; keeps the record's retention span from now on.
+/// $1 route, $2 event_id, $3 now, $4 force (0/1)
+pub const RELEASE: &str = "\
+UPDATE records SET state = 'failed', lease_until = NULL, last_error = 'released by operator',
+    expires_at = $3 + (expires_at - updated_at), updated_at = $3
+WHERE route = $1 AND event_id = $2 AND (state <> 'delivered' OR $4 = 1)";
+
+pub const SELECT_RECORD: &str = "\
+SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status, last_error,
+       first_seen_at, updated_at, delivered_at, expires_at,
+       replay_status, replay_content_type, replay_body
+FROM records";
+
+/// $1 route or NULL, $2 state or NULL, $3 limit
+pub const LIST_WHERE: &str = "\
+WHERE ($1 IS NULL OR route = $1) AND ($2 IS NULL OR state = $2)
+ORDER BY first_seen_at DESC, route, event_id LIMIT $3";
+
+/// Deletes one bounded batch of expired records, never a live lease.
+/// $1 now, $2 batch size
+pub const SWEEP: &str = "\
+DELETE FROM records WHERE (route, event_id) IN (
+    SELECT route, event_id FROM records
+    WHERE expires_at <= $1 AND NOT (state = 'processing' AND lease_until IS NOT NULL AND lease_until > $1)
+    LIMIT $2)";
+
+pub const OLDEST_PROCESSING: &str = "\
+SELECT route, MIN(updated_at) AS oldest FROM records WHERE state = 'processing' GROUP BY route";
+
+/// Implements [`super::ClaimStore`] for a store struct with `write` and `read`
+/// pools of one sqlx database, and a `migrator()` method. Written as a macro
+/// because the two backends share every statement but not a sqlx type.
+macro_rules! impl_claim_store {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::ClaimStore for $store {
+            async fn migrate(&self) -> Result<(), $crate::store::StoreError> {
+                Self::migrator()
+                    .run(&self.write)
+                    .await
+                    .map_err(|e| $crate::store::StoreError::Migration(e.to_string()))
+            }
+
+            async fn ping(&self) -> Result<(), $crate::store::StoreError> {
+                sqlx::query("SELECT 1").execute(&self.read).await?;
+                Ok(())
+            }
+
+            async fn claim(
+                &self,
+                req: &$crate::store::ClaimRequest<'_>,
+            ) -> Result<$crate::store::ClaimOutcome, $crate::store::StoreError> {
+                use sqlx::Row;
+                let lease_until = req.now + req.lease_ms;
+                let expires_at = req.now + req.retention_ms;
+                // A refused claim is read back and decided; if the record became
+                // claimable in between (released, lease ran out), claim again.
+                for _ in 0..4 {
+                    let row = sqlx::query($crate::store::sql::CLAIM)
+                        .bind(req.route)
+                        .bind(req.event_id)
+                        .bind(req.digest)
+                        .bind(lease_until)
+                        .bind(req.now)
+                        .bind(expires_at)
+                        .fetch_optional(&self.write)
+                        .await?;
+                    if let Some(row) = row {
+                        let prev: Option<String> = row.try_get("claimed_from")?;
+                        let attempt: i64 = row.try_get("attempts")?;
+                        let kind = if attempt == 1 {
+                            $crate::claim::ClaimKind::New
+                        } else {
+                            $crate::store::claim_kind_from_previous(prev.as_deref())
+                        };
+                        return Ok($crate::store::ClaimOutcome::Claimed {
+                            attempt,
+                            kind,
+                            lease_until,
+                        });
+                    }
+                    let row = sqlx::query($crate::store::sql::CLAIM_READBACK)
+                        .bind(req.route)
+                        .bind(req.event_id)
+                        .fetch_optional(&self.write)
+                        .await?;
+                    let Some(row) = row else { continue };
+                    let state: String = row.try_get("state")?;
+                    let digest: String = row.try_get("body_sha256")?;
+                    let last_status: Option<i64> = row.try_get("last_status")?;
+                    let replay_status: Option<i64> = row.try_get("replay_status")?;
+                    let recorded = $crate::store::Recorded {
+                        status: replay_status
+                            .or(last_status)
+                            .and_then(|s| u16::try_from(s).ok()),
+                        content_type: row.try_get("replay_content_type")?,
+                        body: row.try_get("replay_body")?,
+                    };
+                    if let Some(outcome) = $crate::store::existing_outcome(
+                        &state,
+                        row.try_get("lease_until")?,
+                        digest == req.digest,
+                        req.now,
+                        recorded,
+                    )? {
+                        return Ok(outcome);
+                    }
+                }
+                Err($crate::store::StoreError::Unavailable(
+                    "claim kept racing with other writers".into(),
+                ))
+            }
+
+            async fn settle(
+                &self,
+                req: &$crate::store::SettleRequest<'_>,
+            ) -> Result<$crate::claim::SettleResult, $crate::store::StoreError> {
+                use $crate::claim::SettleResult;
+                let expires_at = req.now + req.retention_ms;
+                match req.outcome {
+                    $crate::store::SettleOutcome::Delivered {
+                        status,
+                        content_type,
+                        body,
+                    } => {
+                        let replay_status = body.map(|_| i64::from(status));
+                        let done = sqlx::query($crate::store::sql::SETTLE_DELIVERED)
+                            .bind(req.route)
+                            .bind(req.event_id)
+                            .bind(i64::from(status))
+                            .bind(req.now)
+                            .bind(expires_at)
+                            .bind(replay_status)
+                            .bind(content_type.filter(|_| body.is_some()))
+                            .bind(body)
+                            .execute(&self.write)
+                            .await?;
+                        Ok(if done.rows_affected() == 1 {
+                            SettleResult::Delivered
+                        } else {
+                            SettleResult::Stale
+                        })
+                    }
+                    $crate::store::SettleOutcome::Failed { status, error } => {
+                        let done = sqlx::query($crate::store::sql::SETTLE_FAILED)
+                            .bind(req.route)
+                            .bind(req.event_id)
+                            .bind(req.attempt)
+                            .bind(status.map(i64::from))
+                            .bind(error)
+                            .bind(req.now)
+                            .bind(expires_at)
+                            .execute(&self.write)
+                            .await?;
+                        Ok(if done.rows_affected() == 1 {
+                            SettleResult::Released
+                        } else {
+                            SettleResult::Stale
+                        })
+                    }
+                }
+            }
+
+            async fn get(
+                &self,
+                route: &str,
+                event_id: &str,
+            ) -> Result<Option<$crate::store::Record>, $crate::store::StoreError> {
+                let sql = format!(
+                    "{} WHERE route = $1 AND event_id = $2",
+                    $crate::store::sql::SELECT_RECORD
+                );
+                let row = sqlx::query(&sql)
+                    .bind(route)
+                    .bind(event_id)
+                    .fetch_optional(&self.read)
+                    .await?;
+                row.map(|r| $crate::store::sql::record_from_row(&r))
+                    .transpose()
+            }
+
+            async fn list(
+                &self,
+                filter: &$crate::store::ListFilter,
+            ) -> Result<Vec<$crate::store::Record>, $crate::store::StoreError> {
+                let sql = format!(
+                    "{} {}",
+                    $crate::store::sql::SELECT_RECORD,
+                    $crate::store::sql::LIST_WHERE
+                );
+                let rows = sqlx::query(&sql)
+                    .bind(filter.route.as_deref())
+                    .bind(filter.state.map(|s| s.as_str()))
+                    .bind(filter.limit)
+                    .fetch_all(&self.read)
+                    .await?;
+                rows.iter()
+                    .map($crate::store::sql::record_from_row)
+                    .collect()
+            }
+
+            async fn release(
+                &self,
+                route: &str,
+                event_id: &str,
+                force: bool,
+                now: $crate::claim::Millis,
+            ) -> Result<$crate::store::ReleaseOutcome, $crate::store::StoreError> {
+                use sqlx::Row;
+                use $crate::store::ReleaseOutcome;
+                let before = sqlx::query($crate::store::sql::STATE_OF)
+                    .bind(route)
+                    .bind(event_id)
+                    .fetch_optional(&self.write)
+                    .await?;
+                let Some(before) = before else {
+                    return Ok(ReleaseOutcome::NotFound);
+                };
+                let state: String = before.try_get("state")?;
+                let previous = $crate::claim::State::parse(&state).ok_or_else(|| {
+                    $crate::store::StoreError::Corrupt(format!("state {state:?}"))
+                })?;
+                let done = sqlx::query($crate::store::sql::RELEASE)
+                    .bind(route)
+                    .bind(event_id)
+                    .bind(now)
+                    .bind(i64::from(force))
+                    .execute(&self.write)
+                    .await?;
+                Ok(match (done.rows_affected(), previous) {
+                    (1, previous) => ReleaseOutcome::Released { previous },
+                    (_, $crate::claim::State::Delivered) => ReleaseOutcome::RefusedDelivered,
+                    // deleted or changed between the two statements
+                    _ => ReleaseOutcome::NotFound,
+                })
+            }
+
+            async fn sweep_batch(
+                &self,
+                now: $crate::claim::Millis,
+                limit: i64,
+            ) -> Result<u64, $crate::store::StoreError> {
+                let done = sqlx::query($crate::store::sql::SWEEP)
+                    .bind(now)
+                    .bind(limit)
+                    .execute(&self.write)
+                    .await?;
+                Ok(done.rows_affected())
+            }
+
+            async fn oldest_processing(
+                &self,
+            ) -> Result<Vec<(String, $crate::claim::Millis)>, $crate::store::StoreError> {
+                use sqlx::Row;
+                let rows = sqlx::query($crate::store::sql::OLDEST_PROCESSING)
+                    .fetch_all(&self.read)
+                    .await?;
+                rows.iter()
+                    .map(|r| Ok((r.try_get("route")?, r.try_get("oldest")?)))
+                    .collect()
+            }
+
+            async fn close(&self) {
+                self.write.close().await;
+                self.read.close().await;
+            }
+        }
+    };
+}
+pub(crate) use impl_claim_store;
+
+/// Decodes a full record row of [`SELECT_RECORD`] from either backend.
+pub(crate) fn record_from_row<R>(row: &R) -> Result<super::Record, super::StoreError>
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let replay_body: Option<Vec<u8>> = row.try_get("replay_body")?;
+    Ok(super::Record {
+        route: row.try_get("route")?,
+        event_id: row.try_get("event_id")?,
+        body_sha256: row.try_get("body_sha256")?,
+        state: row.try_get("state")?,
+        attempts: row.try_get("attempts")?,
+        lease_until: row.try_get("lease_until")?,
+        last_status: row.try_get("last_status")?,
+        last_error: row.try_get("last_error")?,
+        first_seen_at: row.try_get("first_seen_at")?,
+        updated_at: row.try_get("updated_at")?,
+        delivered_at: row.try_get("delivered_at")?,
+        expires_at: row.try_get("expires_at")?,
+        replay_status: row.try_get("replay_status")?,
+        replay_content_type: row.try_get("replay_content_type")?,
+        replay_body_bytes: replay_body.map(|b| b.len() as i64),
+    })
+}
