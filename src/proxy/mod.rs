@@ -57,6 +57,30 @@ impl<'a> InFlightGuard<'a> {
     }
 }
 
+/// A place among a route's held duplicates (`max_waiters`).
+struct WaitSlot<'a>(&'a AtomicUsize);
+
+impl<'a> WaitSlot<'a> {
+    fn take(waiters: &'a AtomicUsize, max: usize) -> Option<Self> {
+        let mut n = waiters.load(Ordering::Acquire);
+        loop {
+            if n >= max {
+                return None;
+            }
+            match waiters.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(WaitSlot(waiters)),
+                Err(now) => n = now,
+            }
+        }
+    }
+}
+
+impl Drop for WaitSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
         self.0 .0.fetch_sub(1, Ordering::AcqRel);
@@ -269,8 +293,8 @@ impl Gate {
         let event_id = event_id.as_str();
 
         // 5. The claim.
-        let claimed = self.claim(route, event_id, &digest_hex, summary).await;
-        let (attempt, lease_until) = match claimed {
+        let claimed = self.claim(route, event_id, &digest_hex).await;
+        let attempt = match claimed {
             Err(p)
                 if p.kind == ProblemKind::StoreUnavailable
                     && cfg.on_store_error == OnStoreError::Forward =>
@@ -294,13 +318,9 @@ impl Gate {
                 respond::replay(session, &recorded).await?;
                 return Ok(true);
             }
-            Ok(Claimed::Own {
-                attempt,
-                lease_until,
-            }) => (attempt, lease_until),
+            Ok(Claimed::Own { attempt }) => attempt,
         };
         summary.attempt = Some(attempt);
-        let _ = lease_until; // TODO(#4): the wait path uses it
 
         // 6. Forward, settle, answer.
         self.forward_guarded(session, route, body, event_id, attempt, summary)
@@ -323,17 +343,21 @@ impl Gate {
     }
 
     /// Claims the event; `Ok(Own)` when this request is to forward it,
-    /// `Ok(Answer)` for a replay, `Err` for every refusal.
+    /// `Ok(Answer)` for a replay, `Err` for every refusal. With
+    /// `in_flight: wait` a duplicate that finds a live lease is held until
+    /// the attempt settles (then replayed, or one held request reclaims and
+    /// forwards) or the lease runs out (409).
     async fn claim(
         &self,
         route: &Arc<RouteRt>,
         event_id: &str,
         digest_hex: &str,
-        summary: &mut Summary,
     ) -> std::result::Result<Claimed, Problem> {
         let name = route.name();
-        let deadline = Instant::now() + route.cfg.lease;
-        let mut backoff = Duration::from_millis(20);
+        let mut waiting: Option<WaitSlot<'_>> = None;
+        // The latest lease end seen: a reclaim by another held request extends it.
+        let mut lease_end: Millis = 0;
+        let mut backoff = Duration::from_millis(10);
         loop {
             let req = ClaimRequest {
                 route: name,
@@ -352,20 +376,13 @@ impl Gate {
                     .with_event_id(Some(event_id))
                     .with_retry_after(1)
             })?;
-            match outcome {
-                ClaimOutcome::Claimed {
-                    attempt,
-                    kind,
-                    lease_until,
-                } => {
+            let retry_after_ms = match outcome {
+                ClaimOutcome::Claimed { attempt, kind, .. } => {
                     self.metrics
                         .claims
                         .with_label_values(&[name, kind.as_str()])
                         .inc();
-                    return Ok(Claimed::Own {
-                        attempt,
-                        lease_until,
-                    });
+                    return Ok(Claimed::Own { attempt });
                 }
                 ClaimOutcome::Existing {
                     decision: Decision::Replay,
@@ -386,26 +403,58 @@ impl Gate {
                 ClaimOutcome::Existing {
                     decision: Decision::InFlight { retry_after_ms },
                     ..
-                } => {
-                    let wait = route.cfg.in_flight == InFlight::Wait
-                        && Instant::now() + backoff < deadline;
-                    if !wait {
-                        summary.outcome = Outcome::InFlight;
-                        return Err(Problem::new(
-                            ProblemKind::InFlight,
-                            "another delivery of this event is being processed",
-                        )
-                        .with_event_id(Some(event_id))
-                        .with_retry_after(claim::retry_after_secs(retry_after_ms)));
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(250));
-                }
+                } => retry_after_ms,
                 ClaimOutcome::Existing {
                     decision: Decision::Claim(_),
                     ..
                 } => {
                     unreachable!("stores never return a claimable record as existing")
+                }
+            };
+            let in_flight = |retry_after_ms: Millis, why: &str| {
+                Problem::new(
+                    ProblemKind::InFlight,
+                    format!("another delivery of this event is being processed{why}"),
+                )
+                .with_event_id(Some(event_id))
+                .with_retry_after(claim::retry_after_secs(retry_after_ms))
+            };
+            if route.cfg.in_flight != InFlight::Wait {
+                return Err(in_flight(retry_after_ms, ""));
+            }
+            if waiting.is_none() {
+                waiting = Some(
+                    WaitSlot::take(&route.waiters, route.cfg.max_waiters).ok_or_else(|| {
+                        in_flight(
+                            retry_after_ms,
+                            " (too many deliveries of this route are already waiting)",
+                        )
+                    })?,
+                );
+            }
+            lease_end = lease_end.max(now_ms() + retry_after_ms);
+            // Hold until the record changes or the lease ends; cheap reads only.
+            loop {
+                let left = lease_end - now_ms();
+                if left <= 0 {
+                    return Err(in_flight(
+                        1,
+                        " (its lease ran out while this delivery waited)",
+                    ));
+                }
+                tokio::time::sleep(backoff.min(Duration::from_millis(left as u64))).await;
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+                let t = Instant::now();
+                let rec = self.store.get(name, event_id).await;
+                self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+                match rec {
+                    Ok(Some(r)) if r.state() == Some(claim::State::Processing) => {
+                        if let Some(until) = r.lease_until {
+                            lease_end = lease_end.max(until);
+                        }
+                    }
+                    // settled, released, swept, or the store hiccupped: let the claim decide
+                    _ => break,
                 }
             }
         }
@@ -682,7 +731,7 @@ impl Gate {
 }
 
 enum Claimed {
-    Own { attempt: i64, lease_until: Millis },
+    Own { attempt: i64 },
     Answer(Recorded),
 }
 

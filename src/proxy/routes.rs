@@ -24,6 +24,8 @@ pub struct RouteRt {
     pub verifier: Option<Verifier>,
     pub lease_ms: i64,
     pub retention_ms: i64,
+    /// Duplicates held by `in_flight: wait` right now (capped by `max_waiters`).
+    pub waiters: std::sync::atomic::AtomicUsize,
 }
 
 impl RouteRt {
@@ -78,6 +80,7 @@ impl RouteRt {
             id_pointer,
             ignore,
             verifier,
+            waiters: Default::default(),
         })
     }
 
