@@ -159,6 +159,8 @@ impl Metrics {
                 .with_label_values(&[route, Outcome::Forwarded.as_str()]);
             self.claims.with_label_values(&[route, "new"]);
             self.settles.with_label_values(&[route, "delivered"]);
+            self.upstream_responses.with_label_values(&[route, "2xx"]);
+            self.upstream_duration.with_label_values(&[route]);
             self.processing_oldest_age
                 .with_label_values(&[route])
                 .set(0.0);

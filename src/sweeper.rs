@@ -46,22 +46,31 @@ pub async fn sweep_all(
     }
 }
 
+/// How often the oldest-processing gauge is refreshed.
+const GAUGE_EVERY: Duration = Duration::from_secs(5);
+
 impl Sweeper {
-    async fn tick(&self) {
-        let now = now_ms();
-        match sweep_all(
+    async fn sweep(&self) {
+        let deleted = sweep_all(
             self.store.as_ref(),
             Some(&self.metrics),
-            now,
+            now_ms(),
             self.batch_size,
         )
-        .await
-        {
+        .await;
+        match deleted {
             Ok(0) => {}
             Ok(n) => tracing::info!(deleted = n, "sweeper deleted expired records"),
             Err(e) => tracing::warn!(error = %e, "sweeper failed; will retry"),
         }
-        match self.store.oldest_processing().await {
+    }
+
+    async fn refresh_gauge(&self) {
+        let now = now_ms();
+        let t = Instant::now();
+        let rows = self.store.oldest_processing().await;
+        self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+        match rows {
             Ok(rows) => {
                 for r in &self.routes {
                     let age = rows
@@ -83,11 +92,14 @@ impl Sweeper {
 #[async_trait]
 impl BackgroundService for Sweeper {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut every = tokio::time::interval(self.interval);
-        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweep = tokio::time::interval(self.interval);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut gauge = tokio::time::interval(GAUGE_EVERY.min(self.interval));
+        gauge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = every.tick() => self.tick().await,
+                _ = sweep.tick() => self.sweep().await,
+                _ = gauge.tick() => self.refresh_gauge().await,
                 _ = shutdown.changed() => return,
             }
         }
