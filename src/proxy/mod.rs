@@ -205,7 +205,12 @@ impl Gate {
             }
         }
         if expect_continue {
+            // pingora turns keep-alive off for any response header written
+            // before the body was read, a 100 included; only the final
+            // answer should decide that.
+            session.set_close_on_response_before_downstream_finish(false);
             session.write_continue_response().await?;
+            session.set_close_on_response_before_downstream_finish(true);
         }
 
         // 2. The whole body, bounded.
@@ -235,7 +240,8 @@ impl Gate {
             let now_secs = (now_ms() / 1000) as i64;
             if let Err(e) = v.verify(&session.req_header().headers, &body, now_secs) {
                 summary.outcome = Outcome::InvalidSignature;
-                let p = Problem::new(ProblemKind::InvalidSignature, e.to_string());
+                let p = Problem::new(ProblemKind::InvalidSignature, e.to_string())
+                    .with_event_id(header_id.as_deref());
                 return self.respond_problem(session, name, p, false).await;
             }
         }
@@ -293,6 +299,7 @@ impl Gate {
         let event_id = event_id.as_str();
 
         // 5. The claim.
+        crate::failpoint::hit("before_claim");
         let claimed = self.claim(route, event_id, &digest_hex).await;
         let attempt = match claimed {
             Err(p)
@@ -473,6 +480,7 @@ impl Gate {
         let name = route.name();
         let key = cfg.idempotency_key_header.as_ref().map(|h| (h, event_id));
         let req = self.upstream_request(session, route, body.len(), key)?;
+        crate::failpoint::hit("after_claim");
         let result = forward::exchange(
             &self.connector,
             &route.peer,
@@ -515,6 +523,7 @@ impl Gate {
                 return Ok(true);
             }
         };
+        crate::failpoint::hit("after_upstream");
         let status = answered.header.status.as_u16();
         summary.upstream_status = Some(status);
         self.metrics
