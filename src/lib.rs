@@ -14,12 +14,17 @@
 //! - [`metrics`]: the metric set over an owned Prometheus registry.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
 //! - [`server`]: assembles and runs the pingora server, with graceful stop.
+//! - [`sweeper`]: background deletion of expired records, the oldest-processing gauge.
+//! - [`verify`]: provider signature schemes, checked before the claim.
+//! - [`sample`]: a sample consumer and client (demo, tests, benches).
+//! - [`failpoint`]: crash injection for the reliability tests.
 //! - [`cli`]: the subcommands.
 
 pub mod admin;
 pub mod claim;
 pub mod cli;
 pub mod config;
+pub mod failpoint;
 pub mod metrics;
 pub mod problem;
 pub mod proxy;
