@@ -2,7 +2,7 @@
 //! loopback ports against a real store (a SQLite file in a temp dir, or the
 //! PostgreSQL server), a real sample consumer, and a blocking HTTP client.
 //! Everything a test starts is stopped when its handle drops.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each test binary uses a different subset
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -117,6 +117,8 @@ pub struct Proxy {
     pub admin: SocketAddr,
     pub config_path: PathBuf,
     pub log_path: PathBuf,
+    /// Extra environment for the process (e.g. `env:` secrets), kept for respawns.
+    env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -139,6 +141,17 @@ pub fn route(name: &str, prefix: &str, upstream: &str, extra: &str) -> String {
 impl Proxy {
     /// Starts `serve` with the given routes and store; waits for `/readyz`.
     pub fn start(dir: &TempDir, store_url: &str, routes: &str) -> Proxy {
+        Self::start_with_env(dir, store_url, routes, &[])
+    }
+
+    /// Like [`Proxy::start`], with extra environment variables for the
+    /// process (for `env:NAME` secrets).
+    pub fn start_with_env(
+        dir: &TempDir,
+        store_url: &str,
+        routes: &str,
+        env: &[(&str, &str)],
+    ) -> Proxy {
         let (port, admin) = (free_port(), free_port());
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let config_path = dir.path().join(format!("proxy{n}.yaml"));
@@ -148,6 +161,10 @@ impl Proxy {
             admin: format!("127.0.0.1:{admin}").parse().unwrap(),
             log_path: dir.path().join(format!("proxy{n}.log")),
             config_path,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             child: None,
         };
         p.spawn();
@@ -169,6 +186,7 @@ impl Proxy {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -258,8 +276,14 @@ impl Drop for Proxy {
 
 /// Runs `idemgate ARGS…`; returns (exit code, stdout, stderr).
 pub fn cli(args: &[&str]) -> (i32, String, String) {
+    cli_env(args, &[])
+}
+
+/// Like [`cli`], with extra environment variables for the process.
+pub fn cli_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = Command::new(bin())
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("idemgate runs");
