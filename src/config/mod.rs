@@ -10,7 +10,8 @@
 //!    `file:line:col: path: message` (positions from [`positions`]).
 //! 3. [`model`]: the resolved [`Config`] the runtime alone sees. Route fields
 //!    are resolved as route value > `defaults` value > built-in default;
-//!    a provider preset fills `event_id` (before `defaults`) and `verify.scheme`.
+//!    a provider preset fills `event_id` (before `defaults`) and `verify.scheme`,
+//!    and the slack preset `on_missing_id: forward` (its url_verification).
 //!
 //! Environment variables: `${NAME}` is expanded in `store.url` only (so a
 //! database password need not sit in the file). Secrets come from

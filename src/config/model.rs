@@ -106,7 +106,8 @@ pub struct Route {
     pub digest_ignore: Vec<String>,
     /// Methods that are guarded; others pass through. Empty: a pass-through route.
     pub guard_methods: Vec<http::Method>,
-    /// What to do with a guarded request that has no event ID.
+    /// What to do with a guarded request that has no event ID (explicit,
+    /// else `forward` for the slack preset, else `defaults`).
     pub on_missing_id: OnMissingId,
     /// What to do when the store cannot be reached.
     pub on_store_error: OnStoreError,

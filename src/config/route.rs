@@ -1,5 +1,5 @@
 //! One route: its identity (name, match, upstream) and the resolution of its
-//! shared fields: route > provider preset (event_id only) > `defaults` >
+//! shared fields: route > provider preset (event_id, on_missing_id) > `defaults` >
 //! built-in default.
 
 use std::time::Duration;
@@ -200,7 +200,14 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, raw: RawRoute, defaults: &Layer) -
         digest,
         digest_ignore,
         guard_methods,
-        on_missing_id: pick(&own.on_missing_id, &d.on_missing_id, OnMissingId::Reject).0,
+        // Like event_id: route > provider preset > defaults.
+        on_missing_id: match (
+            &own.on_missing_id,
+            provider.and_then(verify::preset_on_missing_id),
+        ) {
+            (None, Some(preset)) => preset,
+            _ => pick(&own.on_missing_id, &d.on_missing_id, OnMissingId::Reject).0,
+        },
         on_store_error: pick(&own.on_store_error, &d.on_store_error, OnStoreError::Reject).0,
         in_flight: pick(&own.in_flight, &d.in_flight, InFlight::Conflict).0,
         max_waiters: pick(&own.max_waiters, &d.max_waiters, 64).0,

@@ -10,7 +10,7 @@ use base64::engine::DecodePaddingMode;
 use base64::Engine;
 
 use super::fields;
-use super::model::{EventIdSource, Provider, Scheme, Verify};
+use super::model::{EventIdSource, OnMissingId, Provider, Scheme, Verify};
 use super::raw::{RawProvider, RawScheme, RawVerify};
 use super::units::format_duration;
 use super::validate::Ctx;
@@ -53,6 +53,16 @@ pub fn preset_event_id(p: Provider) -> EventIdSource {
         Provider::Slack => EventIdSource::JsonPointer("/event_id".to_string()),
         Provider::StandardWebhooks => header("webhook-id"),
         Provider::Svix => header("svix-id"),
+    }
+}
+
+/// What a provider's preset does with a delivery that has no event ID. Slack
+/// sends its `url_verification` handshake without `/event_id`; it must pass
+/// (unguarded, after its signature is checked) or the app cannot be enabled.
+pub fn preset_on_missing_id(p: Provider) -> Option<OnMissingId> {
+    match p {
+        Provider::Slack => Some(OnMissingId::Forward),
+        _ => None,
     }
 }
 

@@ -208,15 +208,28 @@ fn errors_display_one_per_line() {
 }
 
 /// Every shipped config file loads (STYLE habit 3): `example.yaml` beside
-/// Cargo.toml and every `config/*.yaml` / `*.yml` with a top-level `routes:`
-/// key (so alert rules and other YAML there are skipped), with any env
-/// variable set to a value every scheme accepts.
+/// Cargo.toml and every `*.yaml` / `*.yml` under `config/` (subfolders such
+/// as `config/providers/` included) with a top-level `routes:` key (so alert
+/// rules and other YAML there are skipped), with any env variable set to a
+/// value every scheme accepts.
 #[test]
 fn shipped_config_files_load() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = vec![root.join("example.yaml")];
-    if let Ok(dir) = std::fs::read_dir(root.join("config")) {
-        files.extend(dir.filter_map(Result::ok).map(|e| e.path()));
+    let mut dirs = vec![root.join("config")];
+    while let Some(dir) = dirs.pop() {
+        for path in std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+        {
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
     }
     let any_env = |_: &str| Some("whsec_aGVsbG8=".to_string());
     for file in files

@@ -234,6 +234,29 @@ fn explicit_route_fields_beat_the_preset() {
 }
 
 #[test]
+fn slack_preset_forwards_a_body_without_event_id() {
+    let missing = |text: &str| ok(text).config.routes[0].on_missing_id;
+    assert_eq!(missing(&provider_route("slack", "")), OnMissingId::Forward);
+    // The route wins; the preset beats defaults (as for event_id).
+    assert_eq!(
+        missing(&provider_route("slack", "    on_missing_id: reject\n")),
+        OnMissingId::Reject
+    );
+    let text = format!(
+        "defaults:\n  on_missing_id: reject\n{}",
+        provider_route("slack", "")
+    );
+    assert_eq!(missing(&text), OnMissingId::Forward);
+    for other in ["stripe", "github", "shopify", "standard-webhooks", "svix"] {
+        assert_eq!(
+            missing(&provider_route(other, "")),
+            OnMissingId::Reject,
+            "{other}"
+        );
+    }
+}
+
+#[test]
 fn check_output_lines() {
     let l = ok(&format!(
         "{}  - name: gh\n    match: {{host: hooks.example.com, path_prefix: /gh}}\n    upstream: \"https://h/x\"\n    provider: github\n    retention: 30d\n    verify: {{secrets: [env:PLAIN]}}\n    lease: 45s\n",
