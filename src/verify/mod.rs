@@ -360,6 +360,20 @@ impl Verifier {
         };
         let sig_value = required(headers, sig_name)?;
         let id = required(headers, id_name)?;
+        // The signed id must be the only id: a route keyed on `svix-id` would
+        // otherwise take its event ID from an unsigned header (a captured
+        // `webhook-*` delivery plus any `svix-id` could occupy that ID).
+        if webhook_set
+            && headers
+                .get_all(SVIX_ID)
+                .iter()
+                .any(|v| v.as_bytes().trim_ascii() != id.as_bytes())
+        {
+            return Err(VerifyError::malformed(
+                SVIX_ID,
+                "differs from the signed `webhook-id`",
+            ));
+        }
         let ts_value = required(headers, ts_name)?;
         let ts = parse_timestamp(ts_name, ts_value)?;
         let mut sigs = Vec::new();

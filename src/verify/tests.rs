@@ -598,6 +598,20 @@ fn standard_webhooks_svix_fallback() {
     );
 }
 
+/// Both sets present: the `svix-id` a route may be keyed on must be the
+/// `webhook-id` that was signed, or a captured delivery could be re-sent
+/// under any other event ID.
+#[test]
+fn standard_webhooks_svix_id_must_match_the_signed_webhook_id() {
+    let mut both = sw(SW_SIG);
+    both.insert("svix-id", HeaderValue::from_static(SW_ID));
+    assert_eq!(sw_verifier().verify(&both, SW_BODY, SW_TS), Ok(()));
+    both.insert("svix-id", HeaderValue::from_static("msg_someone_elses_id"));
+    malformed(sw_verifier().verify(&both, SW_BODY, SW_TS), "svix-id");
+    both.append("svix-id", HeaderValue::from_static(SW_ID));
+    malformed(sw_verifier().verify(&both, SW_BODY, SW_TS), "svix-id");
+}
+
 #[test]
 fn standard_webhooks_failures() {
     let ver = sw_verifier();
