@@ -1109,3 +1109,156 @@ contract!(
     concurrent_claims_one_winner,
     sql_agrees_with_decide,
 );
+
+/// PostgreSQL-only races that need a second session holding a row lock.
+mod postgres_races {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// Waits until a statement starting with `prefix` is blocked on a lock.
+    async fn until_blocked(pool: &sqlx::PgPool, prefix: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE $1",
+            )
+            .bind(format!("{prefix}%"))
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            if n > 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{prefix}… never blocked");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A sweep that read a record as expired must not delete it once another
+    /// replica's reclaim commits first (READ COMMITTED re-checks only the
+    /// outer WHERE of the DELETE against the new row version).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sweep_spares_a_record_reclaimed_under_it() {
+        let Some(b) = postgres_backend().await else {
+            return;
+        };
+        let s = &*b.store;
+        let short = 1_000;
+        s.claim(&ClaimRequest {
+            retention_ms: short,
+            ..claim_req("e", D1, T0)
+        })
+        .await
+        .unwrap();
+        s.settle(&SettleRequest {
+            route: R,
+            event_id: "e",
+            attempt: 1,
+            now: T0,
+            retention_ms: short,
+            outcome: failed(None),
+        })
+        .await
+        .unwrap();
+        let now = T0 + 5_000;
+        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
+        // Another replica reclaims it; its transaction is still open.
+        let mut tx = raw.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE records SET state = 'processing', attempts = attempts + 1,
+                 lease_until = $1, updated_at = $2, expires_at = $3
+             WHERE route = 'r' AND event_id = 'e'",
+        )
+        .bind(now + LEASE)
+        .bind(now)
+        .bind(now + RETENTION)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let store = b.store.clone();
+        let sweep = tokio::spawn(async move { store.sweep_batch(now, 100).await });
+        until_blocked(&raw, "DELETE FROM records").await;
+        tx.commit().await.unwrap();
+        let deleted = sweep.await.unwrap().expect("sweep");
+        assert_eq!(deleted, 0, "the sweep deleted a live claim");
+        let rec = get(s, "e").await;
+        assert_eq!((rec.state(), rec.attempts), (Some(State::Processing), 2));
+        raw.close().await;
+        b.store.close().await;
+    }
+
+    /// A settle waiting on a reclaim's row lock sees the new attempt number.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn fenced_release_waits_and_rechecks() {
+        let Some(b) = postgres_backend().await else {
+            return;
+        };
+        own(&*b.store, "e", T0).await;
+        let t2 = T0 + LEASE;
+        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
+        let mut tx = raw.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE records SET attempts = attempts + 1, lease_until = $1, updated_at = $2
+             WHERE route = 'r' AND event_id = 'e'",
+        )
+        .bind(t2 + LEASE)
+        .bind(t2)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let store = b.store.clone();
+        let settle = tokio::spawn(async move {
+            store
+                .settle(&SettleRequest {
+                    route: R,
+                    event_id: "e",
+                    attempt: 1,
+                    now: t2 + 1,
+                    retention_ms: RETENTION,
+                    outcome: failed(Some(500)),
+                })
+                .await
+        });
+        until_blocked(&raw, "UPDATE records SET state = 'failed'").await;
+        tx.commit().await.unwrap();
+        assert_eq!(settle.await.unwrap().unwrap(), SettleResult::Stale);
+        let rec = get(&*b.store, "e").await;
+        assert_eq!((rec.state(), rec.attempts), (Some(State::Processing), 2));
+        raw.close().await;
+        b.store.close().await;
+    }
+
+    /// An operator release that read `processing` while a delivery was
+    /// committing reports the delivered record it then finds, not "not found".
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn release_racing_a_delivery_reports_it() {
+        let Some(b) = postgres_backend().await else {
+            return;
+        };
+        own(&*b.store, "e", T0).await;
+        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
+        let mut tx = raw.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE records SET state = 'delivered', lease_until = NULL, last_status = 200,
+                 delivered_at = $1, updated_at = $1
+             WHERE route = 'r' AND event_id = 'e'",
+        )
+        .bind(T0 + 1)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let store = b.store.clone();
+        let release = tokio::spawn(async move { store.release(R, "e", false, T0 + 2).await });
+        until_blocked(&raw, "UPDATE records SET state = 'failed'").await;
+        tx.commit().await.unwrap();
+        assert_eq!(
+            release.await.unwrap().unwrap(),
+            ReleaseOutcome::RefusedDelivered
+        );
+        assert_eq!(get(&*b.store, "e").await.state(), Some(State::Delivered));
+        raw.close().await;
+        b.store.close().await;
+    }
+}

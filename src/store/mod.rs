@@ -10,7 +10,9 @@ pub mod postgres;
 pub(crate) mod sql;
 pub mod sqlite;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -243,6 +245,20 @@ pub(crate) fn existing_outcome(
             recorded,
         }),
     })
+}
+
+/// Runs one store operation, failing it as unavailable once `limit` passes.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, op).await {
+        Ok(res) => res,
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "no answer within {}",
+            humantime::format_duration(limit)
+        ))),
+    }
 }
 
 pub(crate) fn claim_kind_from_previous(prev: Option<&str>) -> ClaimKind {

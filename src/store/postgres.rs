@@ -1,6 +1,13 @@
 //! PostgreSQL: several proxy replicas share one database. The claim and the
 //! fenced settle are single statements, correct under READ COMMITTED: the
 //! unique key on (route, event_id) makes exactly one concurrent claim win.
+//!
+//! Failure is fast and recovery needs no restart: the pool connects lazily,
+//! a connection that fails is dropped (sqlx pings it on release), and every
+//! operation is bounded, so with the database unreachable a request gets its
+//! 503 within [`ACQUIRE_TIMEOUT`] (refused connections) or
+//! [`PostgresStore::OP_TIMEOUT`] (silence), and the first request after the
+//! database is back opens a fresh connection.
 
 use std::borrow::Cow;
 use std::str::FromStr;
@@ -8,12 +15,19 @@ use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Connection;
 
 use super::StoreError;
 
-/// A stuck database must not hold a request forever.
-const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Server side: a stuck database (a lock, an overloaded server) must not hold
+/// a request forever. Every statement here touches one row or one bounded
+/// batch, so anything near this is trouble; the proxy fails closed on it.
+/// Migrations run without it (an index build may take minutes).
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Waiting for a pooled connection, including (re)connecting: sqlx keeps
+/// retrying a refused connection until this runs out, so it is also how long
+/// a request waits before its 503 while the database is down.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct PostgresStore {
     write: PgPool,
@@ -22,6 +36,12 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    /// Client side, for a whole operation (a claim may be two statements):
+    /// catches a connection that went silent, which no server-side timeout
+    /// can. Above the statement timeout, so that one fires first when the
+    /// server is merely slow.
+    const OP_TIMEOUT: Duration = Duration::from_secs(5);
+
     pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         let opts = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::UnsupportedUrl(format!("{}: {e}", super::redact_url(url))))?
@@ -33,13 +53,32 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .min_connections(0)
-            .acquire_timeout(CONNECT_TIMEOUT)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .test_before_acquire(false)
             .connect_lazy_with(opts);
         Ok(PostgresStore {
             write: pool.clone(),
             read: pool,
         })
+    }
+
+    /// On a connection of its own with no statement timeout, closed after
+    /// so the setting never reaches the pool. Replicas starting together
+    /// take turns on the migrator's advisory lock.
+    async fn run_migrations(&self) -> Result<(), StoreError> {
+        let mut conn = self.write.acquire().await?.detach();
+        let res = async {
+            sqlx::query("SET statement_timeout = 0")
+                .execute(&mut conn)
+                .await?;
+            Self::migrator()
+                .run_direct(&mut conn)
+                .await
+                .map_err(|e| StoreError::Migration(e.to_string()))
+        }
+        .await;
+        let _ = conn.close().await;
+        res
     }
 
     pub(crate) fn migrator() -> Migrator {

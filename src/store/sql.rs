@@ -47,12 +47,14 @@ WHERE route = $1 AND event_id = $2 AND state = 'processing' AND attempts = $3";
 /// For telling a stale settle's reason apart. $1 route, $2 event_id
 pub const STATE_OF: &str = "SELECT state FROM records WHERE route = $1 AND event_id = $2";
 
-/// Operator release; keeps the record's retention span from now on.
-/// $1 route, $2 event_id, $3 now, $4 force (0/1)
+/// Operator release, as a compare-and-set on the state read just before
+/// (`$4`), so that the outcome names the state actually released; keeps the
+/// record's retention span from now on.
+/// $1 route, $2 event_id, $3 now, $4 expected state
 pub const RELEASE: &str = "\
 UPDATE records SET state = 'failed', lease_until = NULL, last_error = 'released by operator',
     expires_at = $3 + (expires_at - updated_at), updated_at = $3
-WHERE route = $1 AND event_id = $2 AND (state <> 'delivered' OR $4 = 1)";
+WHERE route = $1 AND event_id = $2 AND state = $4";
 
 pub const SELECT_RECORD: &str = "\
 SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status, last_error,
@@ -66,148 +68,166 @@ WHERE ($1 IS NULL OR route = $1) AND ($2 IS NULL OR state = $2)
 ORDER BY first_seen_at DESC, route, event_id LIMIT $3";
 
 /// Deletes one bounded batch of expired records, never a live lease.
+/// The condition is repeated outside the subquery on purpose: under READ
+/// COMMITTED, PostgreSQL re-checks only the DELETE's own WHERE against a row
+/// that another session changed (a reclaim refreshing `expires_at` and the
+/// lease) while the sweep waited for its lock; the subquery's verdict is from
+/// before, and alone it would delete a claim that just went live.
 /// $1 now, $2 batch size
 pub const SWEEP: &str = "\
-DELETE FROM records WHERE (route, event_id) IN (
-    SELECT route, event_id FROM records
-    WHERE expires_at <= $1 AND NOT (state = 'processing' AND lease_until IS NOT NULL AND lease_until > $1)
-    LIMIT $2)";
+DELETE FROM records
+WHERE (route, event_id) IN (
+        SELECT route, event_id FROM records
+        WHERE expires_at <= $1
+          AND NOT (state = 'processing' AND lease_until IS NOT NULL AND lease_until > $1)
+        LIMIT $2)
+  AND expires_at <= $1
+  AND NOT (state = 'processing' AND lease_until IS NOT NULL AND lease_until > $1)";
 
 pub const OLDEST_PROCESSING: &str = "\
 SELECT route, MIN(updated_at) AS oldest FROM records WHERE state = 'processing' GROUP BY route";
 
 /// Implements [`super::ClaimStore`] for a store struct with `write` and `read`
-/// pools of one sqlx database, and a `migrator()` method. Written as a macro
+/// pools of one sqlx database, a `run_migrations()` method and an
+/// `OP_TIMEOUT` constant that bounds every other operation on the client side
+/// (a database that stops answering mid-statement, e.g. behind a network
+/// partition, is not caught by a server-side timeout). Written as a macro
 /// because the two backends share every statement but not a sqlx type.
 macro_rules! impl_claim_store {
     ($store:ty) => {
         #[async_trait::async_trait]
         impl $crate::store::ClaimStore for $store {
             async fn migrate(&self) -> Result<(), $crate::store::StoreError> {
-                Self::migrator()
-                    .run(&self.write)
-                    .await
-                    .map_err(|e| $crate::store::StoreError::Migration(e.to_string()))
+                self.run_migrations().await
             }
 
             async fn ping(&self) -> Result<(), $crate::store::StoreError> {
-                sqlx::query("SELECT 1").execute(&self.read).await?;
-                Ok(())
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    sqlx::query("SELECT 1").execute(&self.read).await?;
+                    Ok(())
+                })
+                .await
             }
 
             async fn claim(
                 &self,
                 req: &$crate::store::ClaimRequest<'_>,
             ) -> Result<$crate::store::ClaimOutcome, $crate::store::StoreError> {
-                use sqlx::Row;
-                let lease_until = req.now + req.lease_ms;
-                let expires_at = req.now + req.retention_ms;
-                // A refused claim is read back and decided; if the record became
-                // claimable in between (released, lease ran out), claim again.
-                for _ in 0..4 {
-                    let row = sqlx::query($crate::store::sql::CLAIM)
-                        .bind(req.route)
-                        .bind(req.event_id)
-                        .bind(req.digest)
-                        .bind(lease_until)
-                        .bind(req.now)
-                        .bind(expires_at)
-                        .fetch_optional(&self.write)
-                        .await?;
-                    if let Some(row) = row {
-                        let prev: Option<String> = row.try_get("claimed_from")?;
-                        let attempt: i64 = row.try_get("attempts")?;
-                        let kind = if attempt == 1 {
-                            $crate::claim::ClaimKind::New
-                        } else {
-                            $crate::store::claim_kind_from_previous(prev.as_deref())
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    use sqlx::Row;
+                    let lease_until = req.now + req.lease_ms;
+                    let expires_at = req.now + req.retention_ms;
+                    // A refused claim is read back and decided; if the record became
+                    // claimable in between (released, lease ran out), claim again.
+                    for _ in 0..4 {
+                        let row = sqlx::query($crate::store::sql::CLAIM)
+                            .bind(req.route)
+                            .bind(req.event_id)
+                            .bind(req.digest)
+                            .bind(lease_until)
+                            .bind(req.now)
+                            .bind(expires_at)
+                            .fetch_optional(&self.write)
+                            .await?;
+                        if let Some(row) = row {
+                            let prev: Option<String> = row.try_get("claimed_from")?;
+                            let attempt: i64 = row.try_get("attempts")?;
+                            let kind = if attempt == 1 {
+                                $crate::claim::ClaimKind::New
+                            } else {
+                                $crate::store::claim_kind_from_previous(prev.as_deref())
+                            };
+                            return Ok($crate::store::ClaimOutcome::Claimed {
+                                attempt,
+                                kind,
+                                lease_until,
+                            });
+                        }
+                        let row = sqlx::query($crate::store::sql::CLAIM_READBACK)
+                            .bind(req.route)
+                            .bind(req.event_id)
+                            .fetch_optional(&self.write)
+                            .await?;
+                        let Some(row) = row else { continue };
+                        let state: String = row.try_get("state")?;
+                        let digest: String = row.try_get("body_sha256")?;
+                        let last_status: Option<i64> = row.try_get("last_status")?;
+                        let replay_status: Option<i64> = row.try_get("replay_status")?;
+                        let recorded = $crate::store::Recorded {
+                            status: replay_status
+                                .or(last_status)
+                                .and_then(|s| u16::try_from(s).ok()),
+                            content_type: row.try_get("replay_content_type")?,
+                            body: row.try_get("replay_body")?,
                         };
-                        return Ok($crate::store::ClaimOutcome::Claimed {
-                            attempt,
-                            kind,
-                            lease_until,
-                        });
+                        if let Some(outcome) = $crate::store::existing_outcome(
+                            &state,
+                            row.try_get("lease_until")?,
+                            digest == req.digest,
+                            req.now,
+                            recorded,
+                        )? {
+                            return Ok(outcome);
+                        }
                     }
-                    let row = sqlx::query($crate::store::sql::CLAIM_READBACK)
-                        .bind(req.route)
-                        .bind(req.event_id)
-                        .fetch_optional(&self.write)
-                        .await?;
-                    let Some(row) = row else { continue };
-                    let state: String = row.try_get("state")?;
-                    let digest: String = row.try_get("body_sha256")?;
-                    let last_status: Option<i64> = row.try_get("last_status")?;
-                    let replay_status: Option<i64> = row.try_get("replay_status")?;
-                    let recorded = $crate::store::Recorded {
-                        status: replay_status
-                            .or(last_status)
-                            .and_then(|s| u16::try_from(s).ok()),
-                        content_type: row.try_get("replay_content_type")?,
-                        body: row.try_get("replay_body")?,
-                    };
-                    if let Some(outcome) = $crate::store::existing_outcome(
-                        &state,
-                        row.try_get("lease_until")?,
-                        digest == req.digest,
-                        req.now,
-                        recorded,
-                    )? {
-                        return Ok(outcome);
-                    }
-                }
-                Err($crate::store::StoreError::Unavailable(
-                    "claim kept racing with other writers".into(),
-                ))
+                    Err($crate::store::StoreError::Unavailable(
+                        "claim kept racing with other writers".into(),
+                    ))
+                })
+                .await
             }
 
             async fn settle(
                 &self,
                 req: &$crate::store::SettleRequest<'_>,
             ) -> Result<$crate::claim::SettleResult, $crate::store::StoreError> {
-                use $crate::claim::SettleResult;
-                let expires_at = req.now + req.retention_ms;
-                match req.outcome {
-                    $crate::store::SettleOutcome::Delivered {
-                        status,
-                        content_type,
-                        body,
-                    } => {
-                        let replay_status = body.map(|_| i64::from(status));
-                        let done = sqlx::query($crate::store::sql::SETTLE_DELIVERED)
-                            .bind(req.route)
-                            .bind(req.event_id)
-                            .bind(i64::from(status))
-                            .bind(req.now)
-                            .bind(expires_at)
-                            .bind(replay_status)
-                            .bind(content_type.filter(|_| body.is_some()))
-                            .bind(body)
-                            .execute(&self.write)
-                            .await?;
-                        Ok(if done.rows_affected() == 1 {
-                            SettleResult::Delivered
-                        } else {
-                            SettleResult::Stale
-                        })
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    use $crate::claim::SettleResult;
+                    let expires_at = req.now + req.retention_ms;
+                    match req.outcome {
+                        $crate::store::SettleOutcome::Delivered {
+                            status,
+                            content_type,
+                            body,
+                        } => {
+                            let replay_status = body.map(|_| i64::from(status));
+                            let done = sqlx::query($crate::store::sql::SETTLE_DELIVERED)
+                                .bind(req.route)
+                                .bind(req.event_id)
+                                .bind(i64::from(status))
+                                .bind(req.now)
+                                .bind(expires_at)
+                                .bind(replay_status)
+                                .bind(content_type.filter(|_| body.is_some()))
+                                .bind(body)
+                                .execute(&self.write)
+                                .await?;
+                            Ok(if done.rows_affected() == 1 {
+                                SettleResult::Delivered
+                            } else {
+                                SettleResult::Stale
+                            })
+                        }
+                        $crate::store::SettleOutcome::Failed { status, error } => {
+                            let done = sqlx::query($crate::store::sql::SETTLE_FAILED)
+                                .bind(req.route)
+                                .bind(req.event_id)
+                                .bind(req.attempt)
+                                .bind(status.map(i64::from))
+                                .bind(error)
+                                .bind(req.now)
+                                .bind(expires_at)
+                                .execute(&self.write)
+                                .await?;
+                            Ok(if done.rows_affected() == 1 {
+                                SettleResult::Released
+                            } else {
+                                SettleResult::Stale
+                            })
+                        }
                     }
-                    $crate::store::SettleOutcome::Failed { status, error } => {
-                        let done = sqlx::query($crate::store::sql::SETTLE_FAILED)
-                            .bind(req.route)
-                            .bind(req.event_id)
-                            .bind(req.attempt)
-                            .bind(status.map(i64::from))
-                            .bind(error)
-                            .bind(req.now)
-                            .bind(expires_at)
-                            .execute(&self.write)
-                            .await?;
-                        Ok(if done.rows_affected() == 1 {
-                            SettleResult::Released
-                        } else {
-                            SettleResult::Stale
-                        })
-                    }
-                }
+                })
+                .await
             }
 
             async fn get(
@@ -215,37 +235,43 @@ macro_rules! impl_claim_store {
                 route: &str,
                 event_id: &str,
             ) -> Result<Option<$crate::store::Record>, $crate::store::StoreError> {
-                let sql = format!(
-                    "{} WHERE route = $1 AND event_id = $2",
-                    $crate::store::sql::SELECT_RECORD
-                );
-                let row = sqlx::query(&sql)
-                    .bind(route)
-                    .bind(event_id)
-                    .fetch_optional(&self.read)
-                    .await?;
-                row.map(|r| $crate::store::sql::record_from_row(&r))
-                    .transpose()
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    let sql = format!(
+                        "{} WHERE route = $1 AND event_id = $2",
+                        $crate::store::sql::SELECT_RECORD
+                    );
+                    let row = sqlx::query(&sql)
+                        .bind(route)
+                        .bind(event_id)
+                        .fetch_optional(&self.read)
+                        .await?;
+                    row.map(|r| $crate::store::sql::record_from_row(&r))
+                        .transpose()
+                })
+                .await
             }
 
             async fn list(
                 &self,
                 filter: &$crate::store::ListFilter,
             ) -> Result<Vec<$crate::store::Record>, $crate::store::StoreError> {
-                let sql = format!(
-                    "{} {}",
-                    $crate::store::sql::SELECT_RECORD,
-                    $crate::store::sql::LIST_WHERE
-                );
-                let rows = sqlx::query(&sql)
-                    .bind(filter.route.as_deref())
-                    .bind(filter.state.map(|s| s.as_str()))
-                    .bind(filter.limit)
-                    .fetch_all(&self.read)
-                    .await?;
-                rows.iter()
-                    .map($crate::store::sql::record_from_row)
-                    .collect()
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    let sql = format!(
+                        "{} {}",
+                        $crate::store::sql::SELECT_RECORD,
+                        $crate::store::sql::LIST_WHERE
+                    );
+                    let rows = sqlx::query(&sql)
+                        .bind(filter.route.as_deref())
+                        .bind(filter.state.map(|s| s.as_str()))
+                        .bind(filter.limit)
+                        .fetch_all(&self.read)
+                        .await?;
+                    rows.iter()
+                        .map($crate::store::sql::record_from_row)
+                        .collect()
+                })
+                .await
             }
 
             async fn release(
@@ -255,33 +281,43 @@ macro_rules! impl_claim_store {
                 force: bool,
                 now: $crate::claim::Millis,
             ) -> Result<$crate::store::ReleaseOutcome, $crate::store::StoreError> {
-                use sqlx::Row;
-                use $crate::store::ReleaseOutcome;
-                let before = sqlx::query($crate::store::sql::STATE_OF)
-                    .bind(route)
-                    .bind(event_id)
-                    .fetch_optional(&self.write)
-                    .await?;
-                let Some(before) = before else {
-                    return Ok(ReleaseOutcome::NotFound);
-                };
-                let state: String = before.try_get("state")?;
-                let previous = $crate::claim::State::parse(&state).ok_or_else(|| {
-                    $crate::store::StoreError::Corrupt(format!("state {state:?}"))
-                })?;
-                let done = sqlx::query($crate::store::sql::RELEASE)
-                    .bind(route)
-                    .bind(event_id)
-                    .bind(now)
-                    .bind(i64::from(force))
-                    .execute(&self.write)
-                    .await?;
-                Ok(match (done.rows_affected(), previous) {
-                    (1, previous) => ReleaseOutcome::Released { previous },
-                    (_, $crate::claim::State::Delivered) => ReleaseOutcome::RefusedDelivered,
-                    // deleted or changed between the two statements
-                    _ => ReleaseOutcome::NotFound,
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    use sqlx::Row;
+                    use $crate::store::ReleaseOutcome;
+                    // Read the state, then release only that state: a record that
+                    // changed in between (settled, reclaimed) is read again.
+                    for _ in 0..4 {
+                        let before = sqlx::query($crate::store::sql::STATE_OF)
+                            .bind(route)
+                            .bind(event_id)
+                            .fetch_optional(&self.write)
+                            .await?;
+                        let Some(before) = before else {
+                            return Ok(ReleaseOutcome::NotFound);
+                        };
+                        let state: String = before.try_get("state")?;
+                        let previous = $crate::claim::State::parse(&state).ok_or_else(|| {
+                            $crate::store::StoreError::Corrupt(format!("state {state:?}"))
+                        })?;
+                        if previous == $crate::claim::State::Delivered && !force {
+                            return Ok(ReleaseOutcome::RefusedDelivered);
+                        }
+                        let done = sqlx::query($crate::store::sql::RELEASE)
+                            .bind(route)
+                            .bind(event_id)
+                            .bind(now)
+                            .bind(previous.as_str())
+                            .execute(&self.write)
+                            .await?;
+                        if done.rows_affected() == 1 {
+                            return Ok(ReleaseOutcome::Released { previous });
+                        }
+                    }
+                    Err($crate::store::StoreError::Unavailable(
+                        "release kept racing with other writers".into(),
+                    ))
                 })
+                .await
             }
 
             async fn sweep_batch(
@@ -289,24 +325,30 @@ macro_rules! impl_claim_store {
                 now: $crate::claim::Millis,
                 limit: i64,
             ) -> Result<u64, $crate::store::StoreError> {
-                let done = sqlx::query($crate::store::sql::SWEEP)
-                    .bind(now)
-                    .bind(limit)
-                    .execute(&self.write)
-                    .await?;
-                Ok(done.rows_affected())
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    let done = sqlx::query($crate::store::sql::SWEEP)
+                        .bind(now)
+                        .bind(limit)
+                        .execute(&self.write)
+                        .await?;
+                    Ok(done.rows_affected())
+                })
+                .await
             }
 
             async fn oldest_processing(
                 &self,
             ) -> Result<Vec<(String, $crate::claim::Millis)>, $crate::store::StoreError> {
-                use sqlx::Row;
-                let rows = sqlx::query($crate::store::sql::OLDEST_PROCESSING)
-                    .fetch_all(&self.read)
-                    .await?;
-                rows.iter()
-                    .map(|r| Ok((r.try_get("route")?, r.try_get("oldest")?)))
-                    .collect()
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    use sqlx::Row;
+                    let rows = sqlx::query($crate::store::sql::OLDEST_PROCESSING)
+                        .fetch_all(&self.read)
+                        .await?;
+                    rows.iter()
+                        .map(|r| Ok((r.try_get("route")?, r.try_get("oldest")?)))
+                        .collect()
+                })
+                .await
             }
 
             async fn close(&self) {

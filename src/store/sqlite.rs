@@ -21,6 +21,8 @@ use super::StoreError;
 
 /// How long a writer waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request waits for the one write connection of this process.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct SqliteStore {
     write: SqlitePool,
@@ -45,15 +47,26 @@ impl SqliteStore {
             .foreign_keys(false);
         let write = SqlitePoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(opts.clone())
             .await?;
         let read = SqlitePoolOptions::new()
             .max_connections(max_connections.clamp(1, 4))
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(opts.read_only(false))
             .await?;
         Ok(SqliteStore { write, read })
+    }
+
+    /// A backstop only: a local file answers within the acquire and busy
+    /// timeouts above.
+    const OP_TIMEOUT: Duration = Duration::from_secs(20);
+
+    async fn run_migrations(&self) -> Result<(), StoreError> {
+        Self::migrator()
+            .run(&self.write)
+            .await
+            .map_err(|e| StoreError::Migration(e.to_string()))
     }
 
     pub(crate) fn migrator() -> Migrator {
