@@ -47,7 +47,7 @@ fn the_sweeper_deletes_expired_records_but_never_a_live_lease() {
         std::thread::spawn(move || sample::deliver(addr, "/hooks/s", Some(&live), b"{}").unwrap())
     };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while records(&store, &["--state", "delivered"]).len() > 0 {
+    while !records(&store, &["--state", "delivered"]).is_empty() {
         assert!(Instant::now() < deadline, "expired records were not swept");
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -215,8 +215,8 @@ fn run_demo() -> Result<bool, String> {
     });
 
     println!(
-        "{:<36} {:<32} {:<22} {}",
-        "STEP", "SENDER GOT", "CONSUMER SAW (event)", ""
+        "{:<36} {:<32} {:<22}",
+        "STEP", "SENDER GOT", "CONSUMER SAW (event)"
     );
     let mut all_ok = true;
     for s in &steps {

@@ -93,7 +93,7 @@ pub fn format_duration(d: Duration) -> String {
     if d.is_zero() {
         return "0s".to_string();
     }
-    if d.subsec_nanos() % 1_000_000 != 0 {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
         return humantime::format_duration(d).to_string();
     }
     let Ok(millis) = u64::try_from(d.as_millis()) else {
@@ -114,7 +114,7 @@ pub fn format_size(n: u64) -> String {
     }
     SIZE_UNITS
         .iter()
-        .find(|(_, unit)| n % unit == 0)
+        .find(|(_, unit)| n.is_multiple_of(*unit))
         .map(|(name, unit)| format!("{}{name}", n / unit))
         .unwrap_or_else(|| format!("{n}B"))
 }
