@@ -201,15 +201,16 @@ fn expect_100_continue() {
     let store = dir.sqlite_url("core.db");
     let extra = "    max_body: 1KiB\n";
     let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), extra));
-    let head = |id: Option<&str>, len: usize| {
+    let head_to = |path: &str, id: Option<&str>, len: usize| {
         let id = id
             .map(|i| format!("X-Event-ID: {i}\r\n"))
             .unwrap_or_default();
         format!(
-            "POST /hooks/r HTTP/1.1\r\nHost: localhost\r\n{id}Content-Length: {len}\r\n\
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\n{id}Content-Length: {len}\r\n\
              Expect: 100-continue\r\n\r\n"
         )
     };
+    let head = |id: Option<&str>, len: usize| head_to("/hooks/r", id, len);
 
     let id = eid("expect");
     let body = b"{\"after\":\"continue\"}";
@@ -245,11 +246,19 @@ fn expect_100_continue() {
         (200, Some("true"))
     );
 
-    for (id, len, status) in [(Some(id.as_str()), 5000, 413), (None, 10, 400)] {
+    let refused = [
+        ("/hooks/r", Some(id.as_str()), 5000, 413),
+        ("/hooks/r", None, 10, 400),
+        ("/nowhere", Some(id.as_str()), 10, 404),
+    ];
+    for (path, id, len, status) in refused {
         let mut raw = Raw::connect(px.addr);
-        raw.send(head(id, len).as_bytes()).unwrap();
+        raw.send(head_to(path, id, len).as_bytes()).unwrap();
+        let t = std::time::Instant::now();
         let fin = raw.head().expect("the final answer without the body");
         assert_eq!(fin.status, status, "no 100 Continue for a refused request");
+        // Not after the proxy gave up waiting for a body it never asked for.
+        assert!(t.elapsed() < Duration::from_secs(5), "{status} at once");
     }
     assert_eq!(up.total(), 1);
 }

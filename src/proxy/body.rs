@@ -31,6 +31,15 @@ pub fn content_length(session: &Session) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Whether the sender waits for `100 Continue` before sending the body.
+pub fn expects_continue(session: &Session) -> bool {
+    session
+        .req_header()
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
 pub async fn read_full(session: &mut Session, max_body: u64) -> Result<Bytes, BodyError> {
     let hint = content_length(session).unwrap_or(4096).min(max_body) as usize;
     let mut buf = BytesMut::with_capacity(hint);

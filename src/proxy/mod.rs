@@ -162,11 +162,7 @@ impl Gate {
     ) -> Handled {
         let cfg = &route.cfg;
         let name = route.name();
-        let expect_continue = session
-            .req_header()
-            .headers
-            .get(http::header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let expect_continue = body::expects_continue(session);
 
         // 1. What the headers alone decide.
         if body::content_length(session).is_some_and(|n| n > cfg.max_body) {
@@ -762,7 +758,10 @@ impl ProxyHttp for Gate {
                 ProblemKind::NoRoute,
                 format!("no route matches {}", req.uri.path()),
             );
-            let close = body::read_full(session, 1 << 20).await.is_err();
+            // The path decides it: a sender waiting for `100 Continue` gets
+            // the answer at once, on a connection that closes.
+            let close =
+                body::expects_continue(session) || body::read_full(session, 1 << 20).await.is_err();
             return self.respond_problem(session, "", p, close).await;
         };
         let guarded = route.guards(&req.method);
