@@ -230,6 +230,20 @@ fn unreachable_upstream_gives_502_and_the_retry_delivers() {
         (rec["state"].as_str(), rec["attempts"].as_i64()),
         (Some("delivered"), Some(2))
     );
+
+    // The consumer restarts: the proxy's pooled connection to it is dead,
+    // which must not cost the next event a 502.
+    drop(up);
+    let up = Consumer::start_on(up_addr).expect("the upstream's port is still free");
+    for n in 0..3 {
+        let id = eid("after-restart");
+        let r = px.deliver("/hooks/r", Some(&id), b"event");
+        assert_eq!(
+            r.status, 200,
+            "delivery {n} after the consumer restarted: {r:?}"
+        );
+        assert_eq!(up.count(&id), 1);
+    }
 }
 
 /// Overwrites the SQLite database, its WAL and its shared-memory index in
