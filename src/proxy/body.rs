@@ -40,7 +40,41 @@ pub fn expects_continue(session: &Session) -> bool {
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
+/// Whether the request header had both `Content-Length` and
+/// `Transfer-Encoding`. pingora follows RFC 9112 §6.3 (chunked wins; it drops
+/// the `Content-Length` before any hook runs and turns keep-alive off), so
+/// only the raw header still shows both. Such a request is the classic
+/// smuggling vector, and which bytes form its payload — the payload the digest
+/// binds to the event ID — depends on which header a hop believes: refused,
+/// as nginx does.
+pub fn conflicting_framing(session: &Session) -> bool {
+    if !session
+        .req_header()
+        .headers
+        .contains_key(http::header::TRANSFER_ENCODING)
+    {
+        return false;
+    }
+    let raw = session.to_h1_raw();
+    raw.split(|&b| b == b'\n').skip(1).any(|line| {
+        line.iter().position(|&b| b == b':').is_some_and(|colon| {
+            line[..colon]
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"content-length")
+        })
+    })
+}
+
+/// Reads the whole body, at most `max_body` bytes, within [`TOTAL_TIMEOUT`].
+/// Conflicting framing ([`conflicting_framing`]) is `Broken` before any of
+/// the body is read: the connection is closed without forwarding anything.
 pub async fn read_full(session: &mut Session, max_body: u64) -> Result<Bytes, BodyError> {
+    if conflicting_framing(session) {
+        return Err(BodyError::Broken(pingora::Error::explain(
+            pingora::ErrorType::InvalidHTTPHeader,
+            "the request has both Content-Length and Transfer-Encoding",
+        )));
+    }
     let hint = content_length(session).unwrap_or(4096).min(max_body) as usize;
     let mut buf = BytesMut::with_capacity(hint);
     session.set_read_timeout(Some(READ_TIMEOUT));
