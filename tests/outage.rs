@@ -4,7 +4,6 @@
 //! `Retry-After` and nothing is forwarded; once it is restored, service
 //! resumes without a restart.
 
-#[allow(unused_imports)]
 mod common;
 
 use std::io::{Read, Write};

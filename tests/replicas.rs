@@ -3,7 +3,6 @@
 //! Deliveries of an event are split across both; exactly one reaches the
 //! consumer.
 
-#[allow(unused_imports)]
 mod common;
 
 use std::collections::HashMap;

@@ -4,7 +4,6 @@
 //! CI when PostgreSQL is not there). Time is logical: every call names its
 //! `now`, so nothing here sleeps.
 
-#[allow(unused_imports)]
 mod common;
 
 use std::collections::BTreeMap;
