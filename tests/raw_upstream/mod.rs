@@ -24,8 +24,9 @@ pub enum Behavior {
     Reset(Vec<u8>),
     /// Write the bytes, then hold the connection open and write nothing more.
     Stall(Vec<u8>),
-    /// Write the bytes one by one, `every` apart, then wait for the next request.
-    Trickle(Vec<u8>, Duration),
+    /// Write the first bytes at once, then the second one by one, `Duration`
+    /// apart; then wait for the next request.
+    Trickle(Vec<u8>, Vec<u8>, Duration),
 }
 
 /// A complete response with a `Content-Length` body.
@@ -236,13 +237,57 @@ async fn serve(
                 while sock.read(&mut sink).await? > 0 {}
                 return Ok(());
             }
-            Behavior::Trickle(bytes, every) => {
+            Behavior::Trickle(head, bytes, every) => {
+                sock.write_all(&head).await?;
                 for b in bytes {
+                    tokio::time::sleep(every).await;
                     sock.write_all(&[b]).await?;
                     sock.flush().await?;
-                    tokio::time::sleep(every).await;
                 }
             }
         }
     }
+}
+
+/// Sends `bytes` on a fresh connection to `addr` and reads everything until
+/// the peer closes or `wait` passes. Returns what was read and whether the
+/// connection was closed (FIN or reset) within `wait`.
+pub fn send_and_read_to_close(addr: SocketAddr, bytes: &[u8], wait: Duration) -> (Vec<u8>, bool) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.write_all(bytes).expect("send");
+    let deadline = std::time::Instant::now() + wait;
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return (out, false);
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut chunk) {
+            Ok(0) => return (out, true),
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return (out, false)
+            }
+            Err(_) => return (out, true),
+        }
+    }
+}
+
+/// The status code of the first response in `bytes`, if its line arrived.
+pub fn status_of(bytes: &[u8]) -> Option<u16> {
+    let line = bytes.split(|&b| b == b'\n').next()?;
+    std::str::from_utf8(line)
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
