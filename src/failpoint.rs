@@ -14,7 +14,11 @@ static ARMED: OnceLock<Option<String>> = OnceLock::new();
 
 fn armed() -> Option<&'static str> {
     ARMED
-        .get_or_init(|| std::env::var("IDEMGATE_FAILPOINT").ok().filter(|v| !v.is_empty()))
+        .get_or_init(|| {
+            std::env::var("IDEMGATE_FAILPOINT")
+                .ok()
+                .filter(|v| !v.is_empty())
+        })
         .as_deref()
 }
 

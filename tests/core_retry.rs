@@ -298,8 +298,6 @@ fn store_failure_fails_closed() {
 
 /// SPEC §5: `/readyz` is 503 when the store does not answer.
 #[test]
-#[ignore = "the store ping is `SELECT 1`, which never touches the SQLite file: /readyz stays 200 \
-            while every claim fails (see the core-tests report)"]
 fn readyz_reports_a_failing_store() {
     let dir = TempDir::new("retry-readyz");
     let up = Consumer::start().unwrap();

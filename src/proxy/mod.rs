@@ -697,8 +697,11 @@ impl Gate {
         outcome: SettleOutcome<'_>,
     ) {
         let name = route.name();
+        let deadline = Instant::now() + SETTLE_DEADLINE;
         let mut backoff = Duration::from_millis(50);
-        for tries in 1..=4 {
+        let mut tries = 0;
+        let error = loop {
+            tries += 1;
             let req = SettleRequest {
                 route: name,
                 event_id,
@@ -708,7 +711,14 @@ impl Gate {
                 outcome: outcome.clone(),
             };
             let t = Instant::now();
-            let res = self.store.settle(&req).await;
+            let left = deadline.saturating_duration_since(t);
+            let res = match tokio::time::timeout(left, self.store.settle(&req)).await {
+                Ok(res) => res.map_err(|e| e.to_string()),
+                Err(_) => Err(format!(
+                    "no answer within {}",
+                    humantime::format_duration(SETTLE_DEADLINE)
+                )),
+            };
             self.metrics.store_time("settle", t.elapsed().as_secs_f64());
             match res {
                 Ok(result) => {
@@ -718,22 +728,25 @@ impl Gate {
                         .inc();
                     return;
                 }
-                Err(e) if tries < 4 => {
-                    tracing::debug!(route = name, event_id, error = %e, "settle failed, retrying");
+                Err(e) if Instant::now() + backoff < deadline => {
+                    tracing::debug!(route = name, event_id, tries, error = %e, "settle failed, retrying");
                     tokio::time::sleep(backoff).await;
                     backoff *= 3;
                 }
-                Err(e) => {
-                    self.metrics
-                        .settles
-                        .with_label_values(&[name, "error"])
-                        .inc();
-                    tracing::error!(route = name, event_id, attempt, error = %e, "settle failed; the claim stays until its lease ends");
-                }
+                Err(e) => break e,
             }
-        }
+        };
+        self.metrics
+            .settles
+            .with_label_values(&[name, "error"])
+            .inc();
+        tracing::error!(route = name, event_id, attempt, tries, error = %error, "settle failed; the claim stays until its lease ends");
     }
 }
+
+/// How long a settle is retried before the answer goes on to the sender
+/// without it (the claim then waits for its lease).
+const SETTLE_DEADLINE: Duration = Duration::from_secs(3);
 
 enum Claimed {
     Own { attempt: i64 },

@@ -97,4 +97,23 @@ impl PostgresStore {
     }
 }
 
+impl PostgresStore {
+    async fn claim_op(
+        &self,
+        req: &super::ClaimRequest<'_>,
+    ) -> Result<super::ClaimOutcome, StoreError> {
+        let mut conn = self.write.acquire().await?;
+        Self::claim_on(&mut conn, req).await
+    }
+
+    async fn settle_op(
+        &self,
+        req: &super::SettleRequest<'_>,
+    ) -> Result<crate::claim::SettleResult, StoreError> {
+        let mut conn = self.write.acquire().await?;
+        Self::settle_on(&mut conn, req).await
+    }
+}
+
+super::sql::impl_transitions!(PostgresStore, sqlx::PgConnection);
 super::sql::impl_claim_store!(PostgresStore);

@@ -87,33 +87,17 @@ WHERE (route, event_id) IN (
 pub const OLDEST_PROCESSING: &str = "\
 SELECT route, MIN(updated_at) AS oldest FROM records WHERE state = 'processing' GROUP BY route";
 
-/// Implements [`super::ClaimStore`] for a store struct with `write` and `read`
-/// pools of one sqlx database, a `run_migrations()` method and an
-/// `OP_TIMEOUT` constant that bounds every other operation on the client side
-/// (a database that stops answering mid-statement, e.g. behind a network
-/// partition, is not caught by a server-side timeout). Written as a macro
-/// because the two backends share every statement but not a sqlx type.
-macro_rules! impl_claim_store {
-    ($store:ty) => {
-        #[async_trait::async_trait]
-        impl $crate::store::ClaimStore for $store {
-            async fn migrate(&self) -> Result<(), $crate::store::StoreError> {
-                self.run_migrations().await
-            }
-
-            async fn ping(&self) -> Result<(), $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, async {
-                    sqlx::query("SELECT 1").execute(&self.read).await?;
-                    Ok(())
-                })
-                .await
-            }
-
-            async fn claim(
-                &self,
+/// The two hot transitions as functions of one connection, so a backend can
+/// run them on a pooled connection (PostgreSQL) or inside a batch
+/// transaction of its single writer (SQLite group commit).
+macro_rules! impl_transitions {
+    ($store:ty, $conn:ty) => {
+        impl $store {
+            pub(crate) async fn claim_on(
+                conn: &mut $conn,
                 req: &$crate::store::ClaimRequest<'_>,
             ) -> Result<$crate::store::ClaimOutcome, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                async {
                     use sqlx::Row;
                     let lease_until = req.now + req.lease_ms;
                     let expires_at = req.now + req.retention_ms;
@@ -127,7 +111,7 @@ macro_rules! impl_claim_store {
                             .bind(lease_until)
                             .bind(req.now)
                             .bind(expires_at)
-                            .fetch_optional(&self.write)
+                            .fetch_optional(&mut *conn)
                             .await?;
                         if let Some(row) = row {
                             let prev: Option<String> = row.try_get("claimed_from")?;
@@ -146,7 +130,7 @@ macro_rules! impl_claim_store {
                         let row = sqlx::query($crate::store::sql::CLAIM_READBACK)
                             .bind(req.route)
                             .bind(req.event_id)
-                            .fetch_optional(&self.write)
+                            .fetch_optional(&mut *conn)
                             .await?;
                         let Some(row) = row else { continue };
                         let state: String = row.try_get("state")?;
@@ -173,15 +157,15 @@ macro_rules! impl_claim_store {
                     Err($crate::store::StoreError::Unavailable(
                         "claim kept racing with other writers".into(),
                     ))
-                })
+                }
                 .await
             }
 
-            async fn settle(
-                &self,
+            pub(crate) async fn settle_on(
+                conn: &mut $conn,
                 req: &$crate::store::SettleRequest<'_>,
             ) -> Result<$crate::claim::SettleResult, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                async {
                     use $crate::claim::SettleResult;
                     let expires_at = req.now + req.retention_ms;
                     match req.outcome {
@@ -200,7 +184,7 @@ macro_rules! impl_claim_store {
                                 .bind(replay_status)
                                 .bind(content_type.filter(|_| body.is_some()))
                                 .bind(body)
-                                .execute(&self.write)
+                                .execute(&mut *conn)
                                 .await?;
                             Ok(if done.rows_affected() == 1 {
                                 SettleResult::Delivered
@@ -217,7 +201,7 @@ macro_rules! impl_claim_store {
                                 .bind(error)
                                 .bind(req.now)
                                 .bind(expires_at)
-                                .execute(&self.write)
+                                .execute(&mut *conn)
                                 .await?;
                             Ok(if done.rows_affected() == 1 {
                                 SettleResult::Released
@@ -226,8 +210,51 @@ macro_rules! impl_claim_store {
                             })
                         }
                     }
+                }
+                .await
+            }
+        }
+    };
+}
+pub(crate) use impl_transitions;
+
+/// Implements [`super::ClaimStore`] for a store struct with `write` and `read`
+/// pools of one sqlx database, a `run_migrations()` method and an
+/// `OP_TIMEOUT` constant that bounds every other operation on the client side
+/// (a database that stops answering mid-statement, e.g. behind a network
+/// partition, is not caught by a server-side timeout). Written as a macro
+/// because the two backends share every statement but not a sqlx type.
+macro_rules! impl_claim_store {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::ClaimStore for $store {
+            async fn migrate(&self) -> Result<(), $crate::store::StoreError> {
+                self.run_migrations().await
+            }
+
+            async fn ping(&self) -> Result<(), $crate::store::StoreError> {
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    // touches the database file itself, not just the connection
+                    sqlx::query("SELECT 1 FROM records LIMIT 1")
+                        .execute(&self.read)
+                        .await?;
+                    Ok(())
                 })
                 .await
+            }
+
+            async fn claim(
+                &self,
+                req: &$crate::store::ClaimRequest<'_>,
+            ) -> Result<$crate::store::ClaimOutcome, $crate::store::StoreError> {
+                $crate::store::bounded(Self::OP_TIMEOUT, self.claim_op(req)).await
+            }
+
+            async fn settle(
+                &self,
+                req: &$crate::store::SettleRequest<'_>,
+            ) -> Result<$crate::claim::SettleResult, $crate::store::StoreError> {
+                $crate::store::bounded(Self::OP_TIMEOUT, self.settle_op(req)).await
             }
 
             async fn get(

@@ -1,9 +1,13 @@
 //! The embedded default: one SQLite file in WAL mode with `synchronous=FULL`,
 //! so a claim is on disk before the request is forwarded.
 //!
-//! Writes go through a pool of one connection: SQLite has one writer at a
-//! time anyway, and queueing inside the process is cheaper than spinning on
-//! `SQLITE_BUSY`. Reads (`events`, `/readyz`) use their own small pool. Other
+//! Claims and settles go through one writer task with its own connection
+//! (group commit): it takes every operation queued while the previous commit
+//! was on its way to disk and runs them in one `BEGIN IMMEDIATE … COMMIT`, so
+//! one fsync serves many deliveries. No operation is answered before its batch
+//! has committed: durability is that of one commit per claim. Other writes
+//! (`events release`, the sweeper, migrations) use a pool of one connection;
+//! reads (`events`, `/readyz`, held duplicates) their own small pool. Other
 //! processes sharing the file are serialised by SQLite's lock and the busy
 //! timeout.
 
@@ -17,7 +21,11 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::StoreError;
+use sqlx::{ConnectOptions, SqliteConnection};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{ClaimOutcome, ClaimRequest, SettleOutcome, SettleRequest, StoreError};
+use crate::claim::{Millis, SettleResult};
 
 /// How long a writer waits for another process's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -27,6 +35,121 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
+    /// The group-commit writer's queue.
+    batcher: mpsc::Sender<Op>,
+}
+
+/// Most operations committed together.
+const MAX_BATCH: usize = 256;
+
+/// A claim or settle waiting for the writer, with where to send its result.
+enum Op {
+    Claim(
+        OwnedClaim,
+        oneshot::Sender<Result<ClaimOutcome, StoreError>>,
+    ),
+    Settle(
+        OwnedSettle,
+        oneshot::Sender<Result<SettleResult, StoreError>>,
+    ),
+}
+
+struct OwnedClaim {
+    route: String,
+    event_id: String,
+    digest: String,
+    now: Millis,
+    lease_ms: Millis,
+    retention_ms: Millis,
+}
+
+struct OwnedSettle {
+    route: String,
+    event_id: String,
+    attempt: i64,
+    now: Millis,
+    retention_ms: Millis,
+    delivered: Option<(u16, Option<String>, Option<Vec<u8>>)>,
+    failed: Option<(Option<u16>, Option<String>)>,
+}
+
+impl OwnedClaim {
+    fn new(r: &ClaimRequest<'_>) -> Self {
+        OwnedClaim {
+            route: r.route.to_owned(),
+            event_id: r.event_id.to_owned(),
+            digest: r.digest.to_owned(),
+            now: r.now,
+            lease_ms: r.lease_ms,
+            retention_ms: r.retention_ms,
+        }
+    }
+    fn req(&self) -> ClaimRequest<'_> {
+        ClaimRequest {
+            route: &self.route,
+            event_id: &self.event_id,
+            digest: &self.digest,
+            now: self.now,
+            lease_ms: self.lease_ms,
+            retention_ms: self.retention_ms,
+        }
+    }
+}
+
+impl OwnedSettle {
+    fn new(r: &SettleRequest<'_>) -> Self {
+        let (delivered, failed) = match &r.outcome {
+            SettleOutcome::Delivered {
+                status,
+                content_type,
+                body,
+            } => (
+                Some((
+                    *status,
+                    content_type.map(str::to_owned),
+                    body.map(<[u8]>::to_vec),
+                )),
+                None,
+            ),
+            SettleOutcome::Failed { status, error } => {
+                (None, Some((*status, error.map(str::to_owned))))
+            }
+        };
+        OwnedSettle {
+            route: r.route.to_owned(),
+            event_id: r.event_id.to_owned(),
+            attempt: r.attempt,
+            now: r.now,
+            retention_ms: r.retention_ms,
+            delivered,
+            failed,
+        }
+    }
+    fn req(&self) -> SettleRequest<'_> {
+        let outcome = match (&self.delivered, &self.failed) {
+            (Some((status, ct, body)), _) => SettleOutcome::Delivered {
+                status: *status,
+                content_type: ct.as_deref(),
+                body: body.as_deref(),
+            },
+            (None, Some((status, error))) => SettleOutcome::Failed {
+                status: *status,
+                error: error.as_deref(),
+            },
+            (None, None) => SettleOutcome::Failed {
+                status: None,
+                error: None,
+            },
+        };
+        SettleRequest {
+            route: &self.route,
+            event_id: &self.event_id,
+            attempt: self.attempt,
+            now: self.now,
+            retention_ms: self.retention_ms,
+            outcome,
+        }
+    }
 }
 
 impl SqliteStore {
@@ -53,9 +176,15 @@ impl SqliteStore {
         let read = SqlitePoolOptions::new()
             .max_connections(max_connections.clamp(1, 4))
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(opts.read_only(false))
+            .connect_with(opts.clone())
             .await?;
-        Ok(SqliteStore { write, read })
+        let (batcher, queue) = mpsc::channel(4 * MAX_BATCH);
+        tokio::spawn(run_writer(opts, queue));
+        Ok(SqliteStore {
+            write,
+            read,
+            batcher,
+        })
     }
 
     /// A backstop only: a local file answers within the acquire and busy
@@ -99,6 +228,109 @@ pub fn path_of(url: &str) -> Result<PathBuf, StoreError> {
     Ok(PathBuf::from(rest))
 }
 
+impl SqliteStore {
+    async fn claim_op(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.batcher
+            .send(Op::Claim(OwnedClaim::new(req), tx))
+            .await
+            .map_err(|_| writer_gone())?;
+        rx.await.map_err(|_| writer_gone())?
+    }
+
+    async fn settle_op(&self, req: &SettleRequest<'_>) -> Result<SettleResult, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.batcher
+            .send(Op::Settle(OwnedSettle::new(req), tx))
+            .await
+            .map_err(|_| writer_gone())?;
+        rx.await.map_err(|_| writer_gone())?
+    }
+}
+
+fn writer_gone() -> StoreError {
+    StoreError::Unavailable("the SQLite writer stopped".into())
+}
+
+/// The group-commit writer: one connection, one transaction per batch of
+/// whatever was queued, every result sent only after its batch committed.
+async fn run_writer(opts: SqliteConnectOptions, mut queue: mpsc::Receiver<Op>) {
+    let mut conn: Option<SqliteConnection> = None;
+    let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
+    while let Some(op) = queue.recv().await {
+        batch.push(op);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        if conn.is_none() {
+            match opts.connect().await {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    fail_all(&mut batch, &StoreError::from(e).to_string());
+                    continue;
+                }
+            }
+        }
+        let c = conn.as_mut().expect("connected above");
+        if let Err(e) = commit_batch(c, &mut batch).await {
+            tracing::warn!(error = %e, "SQLite batch failed; reconnecting");
+            conn = None; // a fresh connection for the next batch
+        }
+    }
+}
+
+async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<Op>) -> Result<(), StoreError> {
+    if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
+        let e = StoreError::from(e);
+        fail_all(batch, &e.to_string());
+        return Err(e);
+    }
+    let mut claims = Vec::new();
+    let mut settles = Vec::new();
+    for op in batch.iter() {
+        match op {
+            Op::Claim(c, _) => claims.push(SqliteStore::claim_on(conn, &c.req()).await),
+            Op::Settle(s, _) => settles.push(SqliteStore::settle_on(conn, &s.req()).await),
+        }
+    }
+    if let Err(e) = sqlx::query("COMMIT").execute(&mut *conn).await {
+        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        let e = StoreError::from(e);
+        fail_all(batch, &e.to_string());
+        return Err(e);
+    }
+    let (mut claims, mut settles) = (claims.into_iter(), settles.into_iter());
+    for op in batch.drain(..) {
+        match op {
+            Op::Claim(_, reply) => {
+                let _ = reply.send(claims.next().expect("one result per claim"));
+            }
+            Op::Settle(_, reply) => {
+                let _ = reply.send(settles.next().expect("one result per settle"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fail_all(batch: &mut Vec<Op>, why: &str) {
+    for op in batch.drain(..) {
+        let e = || StoreError::Unavailable(why.to_string());
+        match op {
+            Op::Claim(_, reply) => {
+                let _ = reply.send(Err(e()));
+            }
+            Op::Settle(_, reply) => {
+                let _ = reply.send(Err(e()));
+            }
+        }
+    }
+}
+
+super::sql::impl_transitions!(SqliteStore, SqliteConnection);
 super::sql::impl_claim_store!(SqliteStore);
 
 #[cfg(test)]
