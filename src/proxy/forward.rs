@@ -51,6 +51,10 @@ pub struct Answered {
     pub client: HttpSession,
     pub header: ResponseHeader,
     pub elapsed: Duration,
+    /// The body broke (reset, closed early, went silent past the timeout)
+    /// while [`read_prefix`] read it; [`relay`] passes on what arrived and
+    /// then fails with this instead of reading on.
+    broken: Option<Box<pingora::Error>>,
 }
 
 /// The request as the upstream gets it: the sender's header with the path
@@ -151,6 +155,7 @@ pub async fn exchange(
             client,
             header,
             elapsed: started.elapsed(),
+            broken: None,
         }),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(UpstreamFailure::Timeout),
@@ -216,6 +221,9 @@ pub async fn relay(
         if let Some(p) = prefix.filter(|p| !p.is_empty()) {
             session.write_response_body(Some(p), false).await?;
         }
+        if let Some(e) = answered.broken.take() {
+            return Err(e);
+        }
         while let Some(chunk) = answered.client.read_response_body().await? {
             session.write_response_body(Some(chunk), false).await?;
         }
@@ -233,12 +241,23 @@ pub async fn relay(
 
 /// Reads the upstream body up to `limit` bytes (for `replay_body`). Returns the
 /// bytes read and whether that was the whole body.
+///
+/// A body that breaks here is not an error for the caller: the upstream has
+/// already answered with its status, and a settling status must still be
+/// settled (`delivered`, without a stored body) — failing here would leave
+/// the claim `processing` until its lease ran out and the event was
+/// forwarded again. The failure is kept in `answered` for [`relay`].
 pub async fn read_prefix(answered: &mut Answered, limit: usize) -> pingora::Result<(Bytes, bool)> {
     let mut buf = bytes::BytesMut::new();
     while buf.len() <= limit {
-        match answered.client.read_response_body().await? {
-            Some(chunk) => buf.extend_from_slice(&chunk),
-            None => return Ok((buf.freeze(), true)),
+        match answered.client.read_response_body().await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk),
+            Ok(None) => return Ok((buf.freeze(), true)),
+            Err(e) => {
+                tracing::warn!(error = %e, read = buf.len(), "the upstream's response body broke off: not stored for replay");
+                answered.broken = Some(e);
+                break;
+            }
         }
     }
     Ok((buf.freeze(), false))
