@@ -448,3 +448,46 @@ fn a_slow_but_live_body_is_relayed_to_its_end() {
     );
     assert_delivered(&store, &id, 1, 200);
 }
+
+/// With `replay_body`, the body is read (up to `replay_body_limit`) before
+/// the settle commits. A 2xx whose body then breaks (reset) or stalls has
+/// still been accepted by the upstream: the event must be settled
+/// `delivered` (without a stored body), never left `processing` until its
+/// lease runs out — which would forward it a second time.
+#[test]
+fn with_replay_body_a_broken_2xx_body_still_settles_delivered() {
+    let dir = TempDir::new("faults-replay-body");
+    let up = first_then_ok(|key| {
+        let partial = b"HTTP/1.1 200 X\r\nContent-Length: 100\r\n\r\npartial".to_vec();
+        if key.starts_with("reset") {
+            Behavior::Reset(partial)
+        } else {
+            Behavior::Stall(partial)
+        }
+    });
+    let store = dir.sqlite_url("faults.db");
+    let extra = format!("{ROUTE_EXTRA}    replay_body: true\n");
+    let px = Proxy::start(&dir, &store, &route("r", "/r", &up.url(), &extra));
+    for kind in ["reset", "stall"] {
+        let id = eid(kind);
+        let t = Instant::now();
+        let (got, closed) =
+            send_and_read_to_close(px.addr, &raw_post(&id, "{}"), Duration::from_secs(10));
+        let took = t.elapsed();
+        eprintln!(
+            "replay_body, {kind}: closed={closed} after {took:?}: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        assert!(closed, "{kind}: the sender's connection is closed");
+        assert!(
+            took < TIMEOUT + Duration::from_millis(1500),
+            "{kind}: {took:?}"
+        );
+        let rec = show(&store, "r", &id);
+        assert_eq!(rec["state"], "delivered", "{kind}: {rec}");
+        let r = px.deliver("/r", Some(&id), b"{}");
+        assert_eq!(r.status, 200, "{kind} retry: {r:?}");
+        assert_eq!(r.header("Idempotent-Replayed"), Some("true"), "{kind}");
+        assert_eq!(up.count(&id), 1, "{kind}: forwarded once");
+    }
+}
