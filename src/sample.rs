@@ -133,6 +133,18 @@ impl Consumer {
             .insert(key.to_string(), replies.into());
     }
 
+    /// A handle that scripts answers from other threads.
+    pub fn scripter(&self) -> impl Fn(&str, Vec<Reply>) + Send + Sync + 'static {
+        let state = self.state.clone();
+        move |key, replies| {
+            state
+                .lock()
+                .expect("consumer state")
+                .script
+                .insert(key.to_string(), replies.into());
+        }
+    }
+
     pub fn received(&self) -> Vec<Received> {
         self.state.lock().expect("consumer state").received.clone()
     }

@@ -1,0 +1,277 @@
+//! The bounded soak (issue 8): minutes of mixed traffic — unique events,
+//! duplicates, mismatched payloads, a failing consumer — against idemgate on
+//! SQLite and on PostgreSQL, counting what reached the consumer.
+//!
+//! ```sh
+//! cargo bench --bench soak                    # 5 minutes per store
+//! SOAK_SECS=30 cargo bench --bench soak       # a shorter run
+//! ```
+//!
+//! Prints sent / forwarded / replayed / rejected, the duplicates at the
+//! consumer (successful deliveries of an event beyond the first: must be 0),
+//! and idemgate's resident memory at start, midway and end (must not grow
+//! without bound). Loopback only; everything it starts is stopped at the end.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idemgate::sample::{self, Client, Consumer, Reply};
+
+const WORKERS: usize = 16;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Proxy {
+    child: Child,
+    addr: SocketAddr,
+    dir: std::path::PathBuf,
+}
+
+impl Proxy {
+    fn start(store: &str, upstream: &str, tag: &str) -> Proxy {
+        let dir = std::env::temp_dir().join(format!("idemgate-soak-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (port, admin) = (free_port(), free_port());
+        let config = format!(
+            "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin}\"\nstore:\n  url: \"{store}\"\n\
+             routes:\n  - name: soak\n    match:\n      path_prefix: /hooks\n    upstream: \"{upstream}\"\n\
+             \x20   event_id:\n      header: X-Event-ID\n    lease: 10s\n    upstream_timeout: 5s\n"
+        );
+        let path = dir.join("soak.yaml");
+        std::fs::write(&path, config).unwrap();
+        let bin = std::env::var("SOAK_BIN")
+            .unwrap_or_else(|_| format!("{}/target/release/idemgate", env!("CARGO_MANIFEST_DIR")));
+        let child = Command::new(bin)
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("idemgate starts (cargo build --release first)");
+        let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+        assert!(
+            sample::wait_ready(admin, "/readyz", Duration::from_secs(30)),
+            "idemgate not ready"
+        );
+        Proxy {
+            child,
+            addr: format!("127.0.0.1:{port}").parse().unwrap(),
+            dir,
+        }
+    }
+
+    fn rss_kib(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    sent: AtomicU64,
+    forwarded: AtomicU64,
+    replayed: AtomicU64,
+    rejected: AtomicU64,
+    failed_upstream: AtomicU64,
+    unexpected: AtomicU64,
+}
+
+fn soak(store: &str, tag: &str, secs: u64) {
+    let up = Consumer::start().unwrap();
+    let px = Proxy::start(store, &up.url(), tag);
+    let counts = Arc::new(Counts::default());
+    // events whose first attempt the consumer fails: their second 2xx is not a duplicate
+    let fail_first: Arc<Mutex<HashMap<String, ()>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rss_start = px.rss_kib();
+    let started = Instant::now();
+    let run_id = std::process::id();
+    let tag_owned = tag.to_string();
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (counts, stop, fail_first, addr) =
+                (counts.clone(), stop.clone(), fail_first.clone(), px.addr);
+            let up_script = up.scripter();
+            let tag = tag_owned.clone();
+            std::thread::spawn(move || {
+                let mut client = Client::connect(addr).unwrap();
+                let mut recent: Vec<String> = Vec::new();
+                let mut n: u64 = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let kind = n % 10;
+                    let (id, body): (String, &[u8]) = match kind {
+                        // duplicates of a recent event
+                        0..=2 if !recent.is_empty() => (
+                            recent[(n as usize * 7) % recent.len()].clone(),
+                            b"{\"v\":1}",
+                        ),
+                        // a reused ID with another payload
+                        3 if !recent.is_empty() => (
+                            recent[(n as usize * 3) % recent.len()].clone(),
+                            b"{\"v\":2}",
+                        ),
+                        // the consumer fails the first attempt
+                        4 => {
+                            let id = format!("soak-{run_id}-{tag}-{w}-{n}");
+                            up_script(&id, vec![Reply::status(503), Reply::status(200)]);
+                            fail_first.lock().unwrap().insert(id.clone(), ());
+                            (id, b"{\"v\":1}")
+                        }
+                        _ => (format!("soak-{run_id}-{tag}-{w}-{n}"), b"{\"v\":1}"),
+                    };
+                    let send = |client: &mut Client| {
+                        counts.sent.fetch_add(1, Ordering::Relaxed);
+                        client.request("POST", "/hooks/e", &[("X-Event-ID", &id)], body)
+                    };
+                    let r = match send(&mut client) {
+                        Ok(r) => r,
+                        Err(_) => {
+                            client = Client::connect(addr).unwrap();
+                            counts.unexpected.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                    };
+                    match (r.status, r.header("Idempotency-Status")) {
+                        (200, Some("forwarded")) => {
+                            counts.forwarded.fetch_add(1, Ordering::Relaxed);
+                            if recent.len() < 256 {
+                                recent.push(id.clone());
+                            } else {
+                                recent[(n as usize) % 256] = id.clone();
+                            }
+                        }
+                        (200, Some("replayed")) => {
+                            counts.replayed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        (409 | 422, _) => {
+                            counts.rejected.fetch_add(1, Ordering::Relaxed);
+                        }
+                        (503, Some("forwarded")) => {
+                            counts.failed_upstream.fetch_add(1, Ordering::Relaxed);
+                            // the sender retries: now the consumer accepts it
+                            if let Ok(r2) = send(&mut client) {
+                                if r2.status == 200 {
+                                    counts.forwarded.fetch_add(1, Ordering::Relaxed);
+                                    recent.push(id.clone());
+                                }
+                            }
+                        }
+                        _ => {
+                            counts.unexpected.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut rss_mid = 0;
+    while started.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(1));
+        if rss_mid == 0 && started.elapsed() >= Duration::from_secs(secs / 2) {
+            rss_mid = px.rss_kib();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let _ = w.join();
+    }
+    let rss_end = px.rss_kib();
+    // successful deliveries of an event beyond the first
+    let received = up.received();
+    let mut per_event: HashMap<String, u64> = HashMap::new();
+    for r in &received {
+        if let Some(k) = r.key() {
+            *per_event.entry(k.to_string()).or_default() += 1;
+        }
+    }
+    let fail_first = fail_first.lock().unwrap();
+    let duplicates: u64 = per_event
+        .iter()
+        .map(|(k, n)| {
+            let successes = if fail_first.contains_key(k) {
+                n.saturating_sub(1)
+            } else {
+                *n
+            };
+            successes.saturating_sub(1)
+        })
+        .sum();
+    let c = &counts;
+    let secs_run = started.elapsed().as_secs_f64();
+    println!(
+        "soak {tag}: {secs_run:.0}s, sent {}, forwarded {}, replayed {}, rejected (409/422) {}, upstream failures passed on {}, \
+         unexpected {}, consumer saw {} requests for {} events, duplicates at the consumer {duplicates}, \
+         RSS start {} KiB, mid {} KiB, end {} KiB ({:.0} req/s)",
+        c.sent.load(Ordering::Relaxed),
+        c.forwarded.load(Ordering::Relaxed),
+        c.replayed.load(Ordering::Relaxed),
+        c.rejected.load(Ordering::Relaxed),
+        c.failed_upstream.load(Ordering::Relaxed),
+        c.unexpected.load(Ordering::Relaxed),
+        received.len(),
+        per_event.len(),
+        rss_start,
+        rss_mid,
+        rss_end,
+        c.sent.load(Ordering::Relaxed) as f64 / secs_run,
+    );
+    assert_eq!(duplicates, 0, "an event reached the consumer twice");
+}
+
+fn main() {
+    // `cargo bench` passes --bench; a bare `cargo test --benches` passes nothing: run short then.
+    let secs: u64 = std::env::var("SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("idemgate-soak-db-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    soak(
+        &format!("sqlite://{}", dir.join("soak.db").display()),
+        "sqlite",
+        secs,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let pg = std::env::var("IDEMGATE_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if std::net::TcpStream::connect_timeout(
+        &"127.0.0.1:5432".parse().unwrap(),
+        Duration::from_secs(2),
+    )
+    .is_ok()
+    {
+        soak(&pg, "postgres", secs);
+    } else {
+        println!("soak postgres: SKIP (no PostgreSQL at 127.0.0.1:5432)");
+    }
+}
