@@ -503,6 +503,7 @@ fn bodies_around_max_body() {
                     assert!(seen[0].body == body, "{what}: the body arrived changed");
                     assert_eq!(show(&s.store, route, &id)["state"], "delivered");
                 } else {
+                    eprintln!("{what}: {}", brief(&got));
                     if let Got::Response(status, _, body) = &got {
                         assert_eq!(*status, 413, "{what}");
                         assert_eq!(problem_type(body), "urn:idemgate:problem:body-too-large");
