@@ -491,3 +491,38 @@ fn with_replay_body_a_broken_2xx_body_still_settles_delivered() {
         assert_eq!(up.count(&id), 1, "{kind}: forwarded once");
     }
 }
+
+/// Garbage instead of a status line: 502, released, retry forwarded. A 200
+/// whose body ends with the connection (no length, no chunking) is an
+/// ordinary delivery, relayed whole.
+#[test]
+fn garbage_and_close_delimited_responses() {
+    let dir = TempDir::new("faults-garbage");
+    let up = first_then_ok(|key| {
+        if key.starts_with("garbage") {
+            Behavior::Close(b"HELLO THERE\r\n\r\n".to_vec())
+        } else {
+            Behavior::Close(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nthe body ends with the connection".to_vec())
+        }
+    });
+    let (px, store) = start_proxy(&dir, &up.url());
+
+    let id = eid("garbage");
+    let r = px.deliver("/r", Some(&id), b"{}");
+    assert_eq!(r.status, 502, "{r:?}");
+    assert_eq!(
+        problem_type(&r),
+        "urn:idemgate:problem:upstream-unreachable"
+    );
+    assert_released(&store, &id, 1);
+    let r = px.deliver("/r", Some(&id), b"{}");
+    assert_eq!(r.status, 200, "retry: {r:?}");
+    assert_delivered(&store, &id, 2, 200);
+
+    let id = eid("until-close");
+    let r = px.deliver("/r", Some(&id), b"{}");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, b"the body ends with the connection");
+    assert_delivered(&store, &id, 1, 200);
+    assert_eq!(up.count(&id), 1);
+}
