@@ -53,6 +53,8 @@
 //!   run of those scenarios at the highest connection count; the data goes to
 //!   `target/load-perf-KEY.data` and a summary is printed.
 //! - `LOAD_KEEP=1`: keep `target/tmp/load-PID/` (configs, logs, scripts).
+//! - `LOAD_BIN=/path/to/idemgate`: load another build (say, a baseline built
+//!   from an older commit) instead of this package's release binary.
 //!
 //! Everything it starts runs in its own process group with a parent-death
 //! signal, and is stopped at the end, on a panic, and on Ctrl-C/SIGTERM.
@@ -83,6 +85,7 @@ struct Settings {
     rust_log: String,
     perf: Vec<char>,
     keep: bool,
+    bin: String,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -144,6 +147,7 @@ impl Settings {
             rust_log: env_list("LOAD_RUST_LOG", "info"),
             perf: keys(env_list("LOAD_PERF", "")),
             keep: env_or("LOAD_KEEP", 0u8) != 0,
+            bin: env_list("LOAD_BIN", env!("CARGO_BIN_EXE_idemgate")),
         }
     }
 }
@@ -580,7 +584,7 @@ fn start_idemgate(
     let conf_path = dir.join(format!("{name}.yaml"));
     std::fs::write(&conf_path, cfg).unwrap();
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    let mut cmd = command(env!("CARGO_BIN_EXE_idemgate"));
+    let mut cmd = command(&s.bin);
     cmd.args(["serve", "--config"])
         .arg(&conf_path)
         .env("RUST_LOG", &s.rust_log)
@@ -1057,7 +1061,7 @@ fn start_perf(w: &World, sc: &Scenario) -> Option<(u32, PathBuf)> {
     let pid = w.server_pid(sc.target)?;
     let data = target_dir().join(format!("load-perf-{}.data", sc.key));
     let mut cmd = command(&tool("perf"));
-    cmd.args(["record", "-F", "999", "-p", &pid.to_string(), "-o"])
+    cmd.args(["record", "-F", "999", "-g", "-p", &pid.to_string(), "-o"])
         .arg(&data)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -1091,6 +1095,8 @@ fn finish_perf(pid: u32, data: &Path, key: char) {
             .args([
                 "report",
                 "--stdio",
+                "-g",
+                "none",
                 "--sort",
                 sort,
                 "--percent-limit",
@@ -1391,10 +1397,18 @@ fn machine_line(s: &Settings) -> Vec<String> {
         })
         .unwrap_or_default();
     let ncpu = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let dirty = if sh("git", &["status", "--porcelain", "--untracked-files=no"]).is_empty() {
-        ""
+    // Name the changed files: in a shared work tree, "uncommitted changes"
+    // alone does not say which code was measured.
+    let changed: Vec<String> = sh("git", &["status", "--porcelain", "--untracked-files=no"])
+        .lines()
+        .filter_map(|l| l.get(3..))
+        .filter(|f| f.starts_with("src/") || f.starts_with("Cargo") || f.starts_with("migrations/"))
+        .map(str::to_string)
+        .collect();
+    let dirty = if changed.is_empty() {
+        String::new()
     } else {
-        " + uncommitted changes"
+        format!(" + uncommitted changes in {}", changed.join(", "))
     };
     vec![
         format!(
@@ -1402,6 +1416,11 @@ fn machine_line(s: &Settings) -> Vec<String> {
             sh("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
             sh("git", &["rev-parse", "--short", "HEAD"])
         ),
+        if s.bin == env!("CARGO_BIN_EXE_idemgate") {
+            format!("idemgate binary: {} (built from this work tree)", s.bin)
+        } else {
+            format!("idemgate binary: LOAD_BIN={} (the commit above is the harness's, not this binary's)", s.bin)
+        },
         format!(
             "machine: {ncpu} CPU(s), {cpu}, kernel {}, load average {}",
             std::fs::read_to_string("/proc/sys/kernel/osrelease")
