@@ -406,7 +406,6 @@ fn absurd_and_non_utf8_event_ids_get_400() {
 /// Two `X-Event-ID` fields with different values: which delivery is this?
 /// Refused rather than guessed.
 #[test]
-#[ignore = "bug: with two X-Event-ID fields the first is used and the request forwarded (see report)"]
 fn two_different_event_id_fields_are_refused() {
     let s = setup("hostile-two-ids");
     let (a, b) = (eid("first"), eid("second"));

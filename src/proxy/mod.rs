@@ -4,6 +4,7 @@
 //! unguarded requests take pingora's ordinary proxy path.
 
 pub mod body;
+pub mod cache;
 pub mod forward;
 pub mod respond;
 pub mod routes;
@@ -20,7 +21,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType, Result};
 
-use crate::claim::{self, digest, event_id, Decision, Millis};
+use crate::claim::{self, digest, event_id, Decision, Millis, SettleResult};
 use crate::config::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError};
 use crate::metrics::{status_class, Metrics, Outcome};
 use crate::problem::{Problem, ProblemKind};
@@ -95,6 +96,8 @@ pub struct Gate {
     pub metrics: Metrics,
     pub connector: Connector,
     pub in_flight: Arc<InFlightRequests>,
+    /// Recently delivered records, answered without a store round trip.
+    pub delivered: cache::DeliveredCache,
 }
 
 /// Per-request state shared by the hooks.
@@ -175,7 +178,21 @@ impl Gate {
         }
         let mut header_id: Option<String> = None;
         if let EventIdSource::Header(h) = &cfg.event_id {
-            match session.req_header().headers.get(h) {
+            let mut values = session.req_header().headers.get_all(h).iter();
+            let first = values.next();
+            if let Some(first) = first {
+                if values.any(|v| v != first) {
+                    summary.outcome = Outcome::InvalidId;
+                    let p = Problem::new(
+                        ProblemKind::InvalidEventId,
+                        format!("the request carries several different {h} headers"),
+                    );
+                    return self
+                        .refuse_before_body(session, name, p, expect_continue, cfg.max_body)
+                        .await;
+                }
+            }
+            match first {
                 Some(v) => match event_id::validate_event_id(v.as_bytes()) {
                     Ok(id) => header_id = Some(id.to_owned()),
                     Err(e) => {
@@ -228,7 +245,16 @@ impl Gate {
                 );
                 return self.respond_problem(session, name, p, true).await;
             }
-            Err(BodyError::Broken(e)) => return Err(e),
+            Err(BodyError::Broken(e)) => {
+                // malformed framing: answer, then close (the stream is unusable)
+                summary.outcome = Outcome::InvalidBody;
+                tracing::debug!(route = name, error = %e, "unreadable request body");
+                let p = Problem::new(
+                    ProblemKind::InvalidBody,
+                    "the request body is malformed or its framing is inconsistent",
+                );
+                return self.respond_problem(session, name, p, true).await;
+            }
         };
 
         // 3. Signature, on the raw body, before anything is claimed.
@@ -326,8 +352,16 @@ impl Gate {
         summary.attempt = Some(attempt);
 
         // 6. Forward, settle, answer.
-        self.forward_guarded(session, route, body, event_id, attempt, summary)
-            .await
+        self.forward_guarded(
+            session,
+            route,
+            body,
+            event_id,
+            &digest_hex,
+            attempt,
+            summary,
+        )
+        .await
     }
 
     /// A refusal decided from the headers alone. With `Expect: 100-continue`
@@ -357,6 +391,11 @@ impl Gate {
         digest_hex: &str,
     ) -> std::result::Result<Claimed, Problem> {
         let name = route.name();
+        match self.delivered.get(name, event_id, digest_hex) {
+            Some(cache::Hit::Replay(recorded)) => return Ok(Claimed::Answer(recorded)),
+            Some(cache::Hit::Mismatch) => return Err(mismatch(event_id)),
+            None => {}
+        }
         let mut waiting: Option<WaitSlot<'_>> = None;
         // The latest lease end seen: a reclaim by another held request extends it.
         let mut lease_end: Millis = 0;
@@ -391,18 +430,15 @@ impl Gate {
                     decision: Decision::Replay,
                     recorded,
                 } => {
+                    let recorded = Arc::new(recorded);
+                    self.delivered
+                        .insert(name, event_id, digest_hex, recorded.clone());
                     return Ok(Claimed::Answer(recorded));
                 }
                 ClaimOutcome::Existing {
                     decision: Decision::Mismatch,
                     ..
-                } => {
-                    return Err(Problem::new(
-                        ProblemKind::DigestMismatch,
-                        "this event ID was already used with a different payload",
-                    )
-                    .with_event_id(Some(event_id)));
-                }
+                } => return Err(mismatch(event_id)),
                 ClaimOutcome::Existing {
                     decision: Decision::InFlight { retry_after_ms },
                     ..
@@ -469,6 +505,7 @@ impl Gate {
         route: &Arc<RouteRt>,
         body: Bytes,
         event_id: &str,
+        digest_hex: &str,
         attempt: i64,
         summary: &mut Summary,
     ) -> Handled {
@@ -562,17 +599,27 @@ impl Gate {
                 Some((ct, b)) => (ct.as_deref(), Some(&b[..])),
                 None => (None, None),
             };
-            self.settle(
-                route,
-                event_id,
-                attempt,
-                SettleOutcome::Delivered {
-                    status,
-                    content_type: ct,
-                    body: b,
-                },
-            )
-            .await;
+            let settled = self
+                .settle(
+                    route,
+                    event_id,
+                    attempt,
+                    SettleOutcome::Delivered {
+                        status,
+                        content_type: ct,
+                        body: b,
+                    },
+                )
+                .await;
+            if settled == Some(SettleResult::Delivered) {
+                let recorded = Recorded {
+                    status: Some(status),
+                    content_type: ct.map(str::to_owned),
+                    body: b.map(<[u8]>::to_vec),
+                };
+                self.delivered
+                    .insert(name, event_id, digest_hex, Arc::new(recorded));
+            }
         } else {
             let error = format!("upstream answered {status}");
             self.settle(
@@ -695,7 +742,7 @@ impl Gate {
         event_id: &str,
         attempt: i64,
         outcome: SettleOutcome<'_>,
-    ) {
+    ) -> Option<SettleResult> {
         let name = route.name();
         let deadline = Instant::now() + SETTLE_DEADLINE;
         let mut backoff = Duration::from_millis(50);
@@ -726,7 +773,7 @@ impl Gate {
                         .settles
                         .with_label_values(&[name, result.as_str()])
                         .inc();
-                    return;
+                    return Some(result);
                 }
                 Err(e) if Instant::now() + backoff < deadline => {
                     tracing::debug!(route = name, event_id, tries, error = %e, "settle failed, retrying");
@@ -741,6 +788,7 @@ impl Gate {
             .with_label_values(&[name, "error"])
             .inc();
         tracing::error!(route = name, event_id, attempt, tries, error = %error, "settle failed; the claim stays until its lease ends");
+        None
     }
 }
 
@@ -750,7 +798,15 @@ const SETTLE_DEADLINE: Duration = Duration::from_secs(3);
 
 enum Claimed {
     Own { attempt: i64 },
-    Answer(Recorded),
+    Answer(Arc<Recorded>),
+}
+
+fn mismatch(event_id: &str) -> Problem {
+    Problem::new(
+        ProblemKind::DigestMismatch,
+        "this event ID was already used with a different payload",
+    )
+    .with_event_id(Some(event_id))
 }
 
 #[async_trait]
