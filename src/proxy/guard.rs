@@ -1,0 +1,764 @@
+//! The guarded request, from its header to its answer: read the body
+//! (bounded), verify the signature, extract the event ID and digest, claim,
+//! forward with pingora's client connector, settle, answer. Every refusal is
+//! a problem+json written here; one info log line per request.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pingora::http::RequestHeader;
+use pingora::proxy::Session;
+use pingora::Result;
+
+use super::body::{self, BodyError};
+use super::cache;
+use super::forward::{self, UpstreamFailure};
+use super::respond;
+use super::routes::RouteRt;
+use super::{now_ms, Gate, InFlightRequests};
+use crate::claim::{self, digest, event_id, Decision, Millis, SettleResult};
+use crate::config::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError};
+use crate::metrics::{status_class, Outcome};
+use crate::problem::{Problem, ProblemKind};
+use crate::store::{ClaimOutcome, ClaimRequest, Recorded, SettleOutcome, SettleRequest};
+
+struct InFlightGuard<'a>(&'a InFlightRequests);
+
+impl<'a> InFlightGuard<'a> {
+    fn enter(c: &'a InFlightRequests) -> Self {
+        c.0.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(c)
+    }
+}
+
+/// A place among a route's held duplicates (`max_waiters`).
+struct WaitSlot<'a>(&'a AtomicUsize);
+
+impl<'a> WaitSlot<'a> {
+    fn take(waiters: &'a AtomicUsize, max: usize) -> Option<Self> {
+        let mut n = waiters.load(Ordering::Acquire);
+        loop {
+            if n >= max {
+                return None;
+            }
+            match waiters.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(WaitSlot(waiters)),
+                Err(now) => n = now,
+            }
+        }
+    }
+}
+
+impl Drop for WaitSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What one guarded request came to, for its log line.
+struct Summary {
+    outcome: Outcome,
+    event_id: Option<String>,
+    upstream_status: Option<u16>,
+    attempt: Option<i64>,
+}
+
+/// How the guard ends: a response was written (or the connection is gone).
+pub(super) type Handled = Result<bool>;
+
+impl Gate {
+    pub(super) async fn respond_problem(
+        &self,
+        session: &mut Session,
+        route: &str,
+        p: Problem,
+        close: bool,
+    ) -> Handled {
+        self.metrics.request(route, p.kind.outcome());
+        respond::problem(session, &p, p.kind.outcome().as_str(), close).await?;
+        Ok(true)
+    }
+
+    /// The guarded request, from the header to the answer.
+    pub(super) async fn guard(&self, session: &mut Session, route: &Arc<RouteRt>) -> Handled {
+        let started = Instant::now();
+        // Counted from the start: a claim may commit before the answer is written.
+        let _busy = InFlightGuard::enter(&self.in_flight);
+        let mut summary = Summary {
+            outcome: Outcome::Forwarded,
+            event_id: None,
+            upstream_status: None,
+            attempt: None,
+        };
+        let result = self.guard_inner(session, route, &mut summary).await;
+        tracing::info!(
+            route = route.name(),
+            event_id = summary.event_id.as_deref().unwrap_or(""),
+            outcome = summary.outcome.as_str(),
+            upstream_status = summary.upstream_status.map(i64::from).unwrap_or(0),
+            attempt = summary.attempt.unwrap_or(0),
+            duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "guarded request"
+        );
+        result
+    }
+
+    async fn guard_inner(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+        summary: &mut Summary,
+    ) -> Handled {
+        let cfg = &route.cfg;
+        let name = route.name();
+        let expect_continue = body::expects_continue(session);
+
+        // 1. What the headers alone decide.
+        if body::content_length(session).is_some_and(|n| n > cfg.max_body) {
+            summary.outcome = Outcome::BodyTooLarge;
+            let p = Problem::new(
+                ProblemKind::BodyTooLarge,
+                format!("the body is larger than {} bytes", cfg.max_body),
+            );
+            return self.respond_problem(session, name, p, true).await;
+        }
+        let mut header_id: Option<String> = None;
+        if let EventIdSource::Header(h) = &cfg.event_id {
+            let mut values = session.req_header().headers.get_all(h).iter();
+            let first = values.next();
+            if let Some(first) = first {
+                if values.any(|v| v != first) {
+                    summary.outcome = Outcome::InvalidId;
+                    let p = Problem::new(
+                        ProblemKind::InvalidEventId,
+                        format!("the request carries several different {h} headers"),
+                    );
+                    return self
+                        .refuse_before_body(session, name, p, expect_continue, cfg.max_body)
+                        .await;
+                }
+            }
+            match first {
+                Some(v) => match event_id::validate_event_id(v.as_bytes()) {
+                    Ok(id) => header_id = Some(id.to_owned()),
+                    Err(e) => {
+                        summary.outcome = Outcome::InvalidId;
+                        let p =
+                            Problem::new(ProblemKind::InvalidEventId, format!("header {h}: {e}"));
+                        return self
+                            .refuse_before_body(session, name, p, expect_continue, cfg.max_body)
+                            .await;
+                    }
+                },
+                None if cfg.on_missing_id == OnMissingId::Reject => {
+                    summary.outcome = Outcome::MissingId;
+                    let p = Problem::new(
+                        ProblemKind::MissingEventId,
+                        format!("the request has no {h} header"),
+                    );
+                    return self
+                        .refuse_before_body(session, name, p, expect_continue, cfg.max_body)
+                        .await;
+                }
+                None => {}
+            }
+        }
+        if expect_continue {
+            // pingora turns keep-alive off for any response header written
+            // before the body was read, a 100 included; only the final
+            // answer should decide that.
+            session.set_close_on_response_before_downstream_finish(false);
+            session.write_continue_response().await?;
+            session.set_close_on_response_before_downstream_finish(true);
+        }
+
+        // 2. The whole body, bounded.
+        let body = match body::read_full(session, cfg.max_body).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                summary.outcome = Outcome::BodyTooLarge;
+                let p = Problem::new(
+                    ProblemKind::BodyTooLarge,
+                    format!("the body is larger than {} bytes", cfg.max_body),
+                );
+                return self.respond_problem(session, name, p, true).await;
+            }
+            Err(BodyError::Timeout) => {
+                summary.outcome = Outcome::InvalidBody;
+                let p = Problem::new(
+                    ProblemKind::InvalidBody,
+                    "the request body did not arrive in time",
+                );
+                return self.respond_problem(session, name, p, true).await;
+            }
+            Err(BodyError::Broken(e)) => {
+                // malformed framing: answer, then close (the stream is unusable)
+                summary.outcome = Outcome::InvalidBody;
+                tracing::debug!(route = name, error = %e, "unreadable request body");
+                let p = Problem::new(
+                    ProblemKind::InvalidBody,
+                    "the request body is malformed or its framing is inconsistent",
+                );
+                return self.respond_problem(session, name, p, true).await;
+            }
+        };
+
+        // 3. Signature, on the raw body, before anything is claimed.
+        if let Some(v) = &route.verifier {
+            let now_secs = (now_ms() / 1000) as i64;
+            if let Err(e) = v.verify(&session.req_header().headers, &body, now_secs) {
+                summary.outcome = Outcome::InvalidSignature;
+                let p = Problem::new(ProblemKind::InvalidSignature, e.to_string())
+                    .with_event_id(header_id.as_deref());
+                return self.respond_problem(session, name, p, false).await;
+            }
+        }
+
+        // 4. Event ID and digest.
+        let json = if cfg.digest == DigestMode::Json || route.id_pointer.is_some() {
+            match digest::parse_json_body(&body) {
+                Ok(doc) => Some(doc),
+                Err(e) => {
+                    summary.outcome = Outcome::InvalidBody;
+                    let p = Problem::new(ProblemKind::InvalidBody, e.to_string())
+                        .with_event_id(header_id.as_deref());
+                    return self.respond_problem(session, name, p, false).await;
+                }
+            }
+        } else {
+            None
+        };
+        if let (Some(tokens), Some(doc)) = (&route.id_pointer, &json) {
+            match event_id::event_id_from_json_tokens(doc, tokens) {
+                Ok(id) => header_id = Some(id),
+                Err(event_id::JsonIdError::Absent) if cfg.on_missing_id != OnMissingId::Reject => {}
+                Err(event_id::JsonIdError::Absent) => {
+                    summary.outcome = Outcome::MissingId;
+                    let p = Problem::new(
+                        ProblemKind::MissingEventId,
+                        "the body has no event ID at the configured JSON pointer",
+                    );
+                    return self.respond_problem(session, name, p, false).await;
+                }
+                Err(e) => {
+                    summary.outcome = Outcome::InvalidId;
+                    let p = Problem::new(ProblemKind::InvalidEventId, e.to_string());
+                    return self.respond_problem(session, name, p, false).await;
+                }
+            }
+        }
+        let digest = match (&json, cfg.digest) {
+            (Some(doc), DigestMode::Json) => digest::json_digest(doc, &route.ignore),
+            _ => digest::raw_digest(&body),
+        };
+        let digest_hex = digest::to_hex(&digest);
+        let event_id = match header_id {
+            Some(id) => id,
+            None => match cfg.on_missing_id {
+                OnMissingId::BodyDigest => digest_hex.clone(),
+                OnMissingId::Forward => {
+                    summary.outcome = Outcome::Unguarded;
+                    return self.forward_unguarded(session, route, body, summary).await;
+                }
+                OnMissingId::Reject => unreachable!("rejected above"),
+            },
+        };
+        summary.event_id = Some(event_id.clone());
+        let event_id = event_id.as_str();
+
+        // 5. The claim.
+        crate::failpoint::hit("before_claim");
+        let claimed = self.claim(route, event_id, &digest_hex).await;
+        let attempt = match claimed {
+            Err(p)
+                if p.kind == ProblemKind::StoreUnavailable
+                    && cfg.on_store_error == OnStoreError::Forward =>
+            {
+                tracing::warn!(
+                    route = name,
+                    event_id,
+                    "store unavailable: forwarding unguarded"
+                );
+                summary.outcome = Outcome::Unguarded;
+                return self.forward_unguarded(session, route, body, summary).await;
+            }
+            Err(p) => {
+                summary.outcome = p.kind.outcome();
+                return self.respond_problem(session, name, p, false).await;
+            }
+            Ok(Claimed::Answer(recorded)) => {
+                summary.outcome = Outcome::Replayed;
+                summary.upstream_status = recorded.status;
+                self.metrics.request(name, Outcome::Replayed);
+                respond::replay(session, &recorded).await?;
+                return Ok(true);
+            }
+            Ok(Claimed::Own { attempt }) => attempt,
+        };
+        summary.attempt = Some(attempt);
+
+        // 6. Forward, settle, answer.
+        self.forward_guarded(
+            session,
+            route,
+            body,
+            event_id,
+            &digest_hex,
+            attempt,
+            summary,
+        )
+        .await
+    }
+
+    /// A refusal decided from the headers alone. With `Expect: 100-continue`
+    /// the body never comes: answer at once and close. Otherwise read and
+    /// discard the body so the connection stays usable.
+    async fn refuse_before_body(
+        &self,
+        session: &mut Session,
+        route: &str,
+        p: Problem,
+        expect_continue: bool,
+        max_body: u64,
+    ) -> Handled {
+        let close = expect_continue || body::read_full(session, max_body).await.is_err();
+        self.respond_problem(session, route, p, close).await
+    }
+
+    /// Claims the event; `Ok(Own)` when this request is to forward it,
+    /// `Ok(Answer)` for a replay, `Err` for every refusal. With
+    /// `in_flight: wait` a duplicate that finds a live lease is held until
+    /// the attempt settles (then replayed, or one held request reclaims and
+    /// forwards) or the lease runs out (409).
+    async fn claim(
+        &self,
+        route: &Arc<RouteRt>,
+        event_id: &str,
+        digest_hex: &str,
+    ) -> std::result::Result<Claimed, Problem> {
+        let name = route.name();
+        match self.delivered.get(name, event_id, digest_hex) {
+            Some(cache::Hit::Replay(recorded)) => return Ok(Claimed::Answer(recorded)),
+            Some(cache::Hit::Mismatch) => return Err(mismatch(event_id)),
+            None => {}
+        }
+        let mut waiting: Option<WaitSlot<'_>> = None;
+        // The latest lease end seen: a reclaim by another held request extends it.
+        let mut lease_end: Millis = 0;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let req = ClaimRequest {
+                route: name,
+                event_id,
+                digest: digest_hex,
+                now: now_ms(),
+                lease_ms: route.lease_ms,
+                retention_ms: route.retention_ms,
+            };
+            let t = Instant::now();
+            let res = self.store.claim(&req).await;
+            self.metrics.store_time("claim", t.elapsed().as_secs_f64());
+            let outcome = res.map_err(|e| {
+                tracing::warn!(route = name, event_id, error = %e, "claim failed: store unavailable");
+                Problem::new(ProblemKind::StoreUnavailable, "the claim store did not answer; retry later")
+                    .with_event_id(Some(event_id))
+                    .with_retry_after(1)
+            })?;
+            let retry_after_ms = match outcome {
+                ClaimOutcome::Claimed { attempt, kind, .. } => {
+                    self.metrics
+                        .claims
+                        .with_label_values(&[name, kind.as_str()])
+                        .inc();
+                    return Ok(Claimed::Own { attempt });
+                }
+                ClaimOutcome::Existing {
+                    decision: Decision::Replay,
+                    recorded,
+                } => {
+                    let recorded = Arc::new(recorded);
+                    self.delivered
+                        .insert(name, event_id, digest_hex, recorded.clone());
+                    return Ok(Claimed::Answer(recorded));
+                }
+                ClaimOutcome::Existing {
+                    decision: Decision::Mismatch,
+                    ..
+                } => return Err(mismatch(event_id)),
+                ClaimOutcome::Existing {
+                    decision: Decision::InFlight { retry_after_ms },
+                    ..
+                } => retry_after_ms,
+                ClaimOutcome::Existing {
+                    decision: Decision::Claim(_),
+                    ..
+                } => {
+                    unreachable!("stores never return a claimable record as existing")
+                }
+            };
+            let in_flight = |retry_after_ms: Millis, why: &str| {
+                Problem::new(
+                    ProblemKind::InFlight,
+                    format!("another delivery of this event is being processed{why}"),
+                )
+                .with_event_id(Some(event_id))
+                .with_retry_after(claim::retry_after_secs(retry_after_ms))
+            };
+            if route.cfg.in_flight != InFlight::Wait {
+                return Err(in_flight(retry_after_ms, ""));
+            }
+            if waiting.is_none() {
+                waiting = Some(
+                    WaitSlot::take(&route.waiters, route.cfg.max_waiters).ok_or_else(|| {
+                        in_flight(
+                            retry_after_ms,
+                            " (too many deliveries of this route are already waiting)",
+                        )
+                    })?,
+                );
+            }
+            lease_end = lease_end.max(now_ms() + retry_after_ms);
+            // Hold until the record changes or the lease ends; cheap reads only.
+            loop {
+                let left = lease_end - now_ms();
+                if left <= 0 {
+                    return Err(in_flight(
+                        1,
+                        " (its lease ran out while this delivery waited)",
+                    ));
+                }
+                tokio::time::sleep(backoff.min(Duration::from_millis(left as u64))).await;
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+                let t = Instant::now();
+                let rec = self.store.get(name, event_id).await;
+                self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+                match rec {
+                    Ok(Some(r)) if r.state() == Some(claim::State::Processing) => {
+                        if let Some(until) = r.lease_until {
+                            lease_end = lease_end.max(until);
+                        }
+                    }
+                    // settled, released, swept, or the store hiccupped: let the claim decide
+                    _ => break,
+                }
+            }
+        }
+    }
+
+    async fn forward_guarded(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+        body: Bytes,
+        event_id: &str,
+        digest_hex: &str,
+        attempt: i64,
+        summary: &mut Summary,
+    ) -> Handled {
+        let cfg = &route.cfg;
+        let name = route.name();
+        let key = cfg.idempotency_key_header.as_ref().map(|h| (h, event_id));
+        let req = self.upstream_request(session, route, body.len(), key)?;
+        crate::failpoint::hit("after_claim");
+        let result = forward::exchange(
+            &self.connector,
+            &route.peer,
+            req,
+            body,
+            cfg.upstream_timeout,
+        )
+        .await;
+        let mut answered = match result {
+            Ok(a) => a,
+            Err(failure) => {
+                self.metrics
+                    .upstream_responses
+                    .with_label_values(&[name, failure.class()])
+                    .inc();
+                let error = match &failure {
+                    UpstreamFailure::Connect(e) => e.clone(),
+                    UpstreamFailure::Timeout => format!(
+                        "no response within {}",
+                        humantime::format_duration(cfg.upstream_timeout)
+                    ),
+                };
+                self.settle(
+                    route,
+                    event_id,
+                    attempt,
+                    SettleOutcome::Failed {
+                        status: None,
+                        error: Some(&error),
+                    },
+                )
+                .await;
+                let kind = match failure {
+                    UpstreamFailure::Connect(_) => ProblemKind::UpstreamUnreachable,
+                    UpstreamFailure::Timeout => ProblemKind::UpstreamTimeout,
+                };
+                let p = Problem::new(kind, error).with_event_id(Some(event_id));
+                self.metrics.request(name, Outcome::Forwarded);
+                respond::problem(session, &p, Outcome::Forwarded.as_str(), false).await?;
+                return Ok(true);
+            }
+        };
+        crate::failpoint::hit("after_upstream");
+        let status = answered.header.status.as_u16();
+        summary.upstream_status = Some(status);
+        self.metrics
+            .upstream_responses
+            .with_label_values(&[name, status_class(status)])
+            .inc();
+        self.metrics
+            .upstream_duration
+            .with_label_values(&[name])
+            .observe(answered.elapsed.as_secs_f64());
+        let method = session.req_header().method.clone();
+        let no_body = forward::bodiless(&method, status);
+        let mut prefix = None;
+        if cfg.settle_on.matches(status) {
+            let mut stored: Option<(Option<String>, Bytes)> = None;
+            if cfg.replay_body && !no_body {
+                let (bytes, whole) =
+                    forward::read_prefix(&mut answered, cfg.replay_body_limit as usize).await?;
+                if whole {
+                    let ct = answered
+                        .header
+                        .headers
+                        .get(http::header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    stored = Some((ct, bytes.clone()));
+                } else {
+                    tracing::info!(
+                        route = name,
+                        event_id,
+                        limit = cfg.replay_body_limit,
+                        "response body over replay_body_limit: not stored"
+                    );
+                }
+                prefix = Some(bytes);
+            } else if cfg.replay_body {
+                stored = Some((None, Bytes::new()));
+            }
+            let (ct, b) = match &stored {
+                Some((ct, b)) => (ct.as_deref(), Some(&b[..])),
+                None => (None, None),
+            };
+            let settled = self
+                .settle(
+                    route,
+                    event_id,
+                    attempt,
+                    SettleOutcome::Delivered {
+                        status,
+                        content_type: ct,
+                        body: b,
+                    },
+                )
+                .await;
+            if settled == Some(SettleResult::Delivered) {
+                let recorded = Recorded {
+                    status: Some(status),
+                    content_type: ct.map(str::to_owned),
+                    body: b.map(<[u8]>::to_vec),
+                };
+                self.delivered
+                    .insert(name, event_id, digest_hex, Arc::new(recorded));
+            }
+        } else {
+            let error = format!("upstream answered {status}");
+            self.settle(
+                route,
+                event_id,
+                attempt,
+                SettleOutcome::Failed {
+                    status: Some(status),
+                    error: Some(&error),
+                },
+            )
+            .await;
+        }
+        self.metrics.request(name, Outcome::Forwarded);
+        let header = forward::downstream_header(&answered.header, Outcome::Forwarded.as_str())?;
+        forward::relay(
+            session,
+            &self.connector,
+            &route.peer,
+            answered,
+            header,
+            prefix,
+            no_body,
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// Forwards a request whose body was read, without a claim
+    /// (`on_missing_id: forward`, `on_store_error: forward`).
+    async fn forward_unguarded(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+        body: Bytes,
+        summary: &mut Summary,
+    ) -> Handled {
+        let name = route.name();
+        let req = self.upstream_request(session, route, body.len(), None)?;
+        self.metrics.request(name, Outcome::Unguarded);
+        match forward::exchange(
+            &self.connector,
+            &route.peer,
+            req,
+            body,
+            route.cfg.upstream_timeout,
+        )
+        .await
+        {
+            Ok(answered) => {
+                let status = answered.header.status.as_u16();
+                summary.upstream_status = Some(status);
+                self.metrics
+                    .upstream_responses
+                    .with_label_values(&[name, status_class(status)])
+                    .inc();
+                self.metrics
+                    .upstream_duration
+                    .with_label_values(&[name])
+                    .observe(answered.elapsed.as_secs_f64());
+                let no_body = forward::bodiless(&session.req_header().method, status);
+                let header =
+                    forward::downstream_header(&answered.header, Outcome::Unguarded.as_str())?;
+                forward::relay(
+                    session,
+                    &self.connector,
+                    &route.peer,
+                    answered,
+                    header,
+                    None,
+                    no_body,
+                )
+                .await?;
+            }
+            Err(failure) => {
+                self.metrics
+                    .upstream_responses
+                    .with_label_values(&[name, failure.class()])
+                    .inc();
+                let (kind, detail) = match failure {
+                    UpstreamFailure::Connect(e) => (ProblemKind::UpstreamUnreachable, e),
+                    UpstreamFailure::Timeout => (
+                        ProblemKind::UpstreamTimeout,
+                        "no response in time".to_string(),
+                    ),
+                };
+                respond::problem(
+                    session,
+                    &Problem::new(kind, detail),
+                    Outcome::Unguarded.as_str(),
+                    false,
+                )
+                .await?;
+            }
+        }
+        Ok(true)
+    }
+
+    fn upstream_request(
+        &self,
+        session: &Session,
+        route: &RouteRt,
+        body_len: usize,
+        key: Option<(&http::HeaderName, &str)>,
+    ) -> Result<RequestHeader> {
+        let original = session.req_header();
+        let pq = original
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        forward::upstream_request(original, &route.upstream_path(pq), body_len, key)
+    }
+
+    /// Commits the settle, retrying a failing store with bounded backoff. A
+    /// settle that still fails leaves the claim to its lease.
+    async fn settle(
+        &self,
+        route: &RouteRt,
+        event_id: &str,
+        attempt: i64,
+        outcome: SettleOutcome<'_>,
+    ) -> Option<SettleResult> {
+        let name = route.name();
+        let deadline = Instant::now() + SETTLE_DEADLINE;
+        let mut backoff = Duration::from_millis(50);
+        let mut tries = 0;
+        let error = loop {
+            tries += 1;
+            let req = SettleRequest {
+                route: name,
+                event_id,
+                attempt,
+                now: now_ms(),
+                retention_ms: route.retention_ms,
+                outcome: outcome.clone(),
+            };
+            let t = Instant::now();
+            let left = deadline.saturating_duration_since(t);
+            let res = match tokio::time::timeout(left, self.store.settle(&req)).await {
+                Ok(res) => res.map_err(|e| e.to_string()),
+                Err(_) => Err(format!(
+                    "no answer within {}",
+                    humantime::format_duration(SETTLE_DEADLINE)
+                )),
+            };
+            self.metrics.store_time("settle", t.elapsed().as_secs_f64());
+            match res {
+                Ok(result) => {
+                    self.metrics
+                        .settles
+                        .with_label_values(&[name, result.as_str()])
+                        .inc();
+                    return Some(result);
+                }
+                Err(e) if Instant::now() + backoff < deadline => {
+                    tracing::debug!(route = name, event_id, tries, error = %e, "settle failed, retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 3;
+                }
+                Err(e) => break e,
+            }
+        };
+        self.metrics
+            .settles
+            .with_label_values(&[name, "error"])
+            .inc();
+        tracing::error!(route = name, event_id, attempt, tries, error = %error, "settle failed; the claim stays until its lease ends");
+        None
+    }
+}
+
+/// How long a settle is retried before the answer goes on to the sender
+/// without it (the claim then waits for its lease).
+const SETTLE_DEADLINE: Duration = Duration::from_secs(3);
+
+enum Claimed {
+    Own { attempt: i64 },
+    Answer(Arc<Recorded>),
+}
+
+fn mismatch(event_id: &str) -> Problem {
+    Problem::new(
+        ProblemKind::DigestMismatch,
+        "this event ID was already used with a different payload",
+    )
+    .with_event_id(Some(event_id))
+}
