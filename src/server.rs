@@ -82,7 +82,6 @@ pub fn gate(
         metrics,
         connector: Connector::new(Some(ConnectorOptions::from_server_conf(conf))),
         in_flight: Arc::new(InFlightRequests::default()),
-        delivered: Default::default(),
     })
 }
 
@@ -153,6 +152,7 @@ fn spawn_drain_watch(
                 } else {
                     tracing::info!("drained: no request in flight");
                 }
+                crate::cli::flush_logs();
                 std::process::exit(0);
             }
             Ok(_) => {}

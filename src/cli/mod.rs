@@ -148,17 +148,34 @@ pub fn run(cli: Cli) -> i32 {
     }
 }
 
-/// Sets up `tracing`: human-readable or JSON, level from `RUST_LOG` (default info).
+/// Keeps the background log writer alive; dropped by [`flush_logs`].
+static LOG_GUARD: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
+    std::sync::Mutex::new(None);
+
+/// Sets up `tracing`: human-readable or JSON, level from `RUST_LOG` (default
+/// info), written to stderr by a background thread so that a request never
+/// waits on a log write.
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
+        .with_writer(writer);
+    let installed = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+    if installed.is_ok() {
+        *LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
+    }
+}
+
+/// Writes out buffered log lines; call before `std::process::exit`.
+pub fn flush_logs() {
+    drop(LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()).take());
 }
 
 /// A small runtime for the one-shot commands.

@@ -13,7 +13,6 @@ use pingora::proxy::Session;
 use pingora::Result;
 
 use super::body::{self, BodyError};
-use super::cache;
 use super::forward::{self, UpstreamFailure};
 use super::respond;
 use super::routes::RouteRt;
@@ -306,16 +305,8 @@ impl Gate {
         summary.attempt = Some(attempt);
 
         // 6. Forward, settle, answer.
-        self.forward_guarded(
-            session,
-            route,
-            body,
-            event_id,
-            &digest_hex,
-            attempt,
-            summary,
-        )
-        .await
+        self.forward_guarded(session, route, body, event_id, attempt, summary)
+            .await
     }
 
     /// A refusal decided from the headers alone. With `Expect: 100-continue`
@@ -345,33 +336,44 @@ impl Gate {
         digest_hex: &str,
     ) -> std::result::Result<Claimed, Problem> {
         let name = route.name();
-        match self.delivered.get(name, event_id, digest_hex) {
-            Some(cache::Hit::Replay(recorded)) => return Ok(Claimed::Answer(recorded)),
-            Some(cache::Hit::Mismatch) => return Err(mismatch(event_id)),
-            None => {}
-        }
+        // Duplicates of settled or in-flight events are decided by a read
+        // and never queue behind claims; anything else takes the claim.
+        let t = Instant::now();
+        let peeked = self.store.peek(name, event_id, digest_hex, now_ms()).await;
+        self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+        let unavailable = |e: crate::store::StoreError| {
+            tracing::warn!(route = name, event_id, error = %e, "claim failed: store unavailable");
+            Problem::new(
+                ProblemKind::StoreUnavailable,
+                "the claim store did not answer; retry later",
+            )
+            .with_event_id(Some(event_id))
+            .with_retry_after(1)
+        };
+        // a store that cannot answer a read will not take a claim: fail fast
+        let mut decided = peeked.map_err(unavailable)?;
         let mut waiting: Option<WaitSlot<'_>> = None;
         // The latest lease end seen: a reclaim by another held request extends it.
         let mut lease_end: Millis = 0;
         let mut backoff = Duration::from_millis(10);
         loop {
-            let req = ClaimRequest {
-                route: name,
-                event_id,
-                digest: digest_hex,
-                now: now_ms(),
-                lease_ms: route.lease_ms,
-                retention_ms: route.retention_ms,
+            let outcome = match decided.take() {
+                Some(outcome) => outcome,
+                None => {
+                    let req = ClaimRequest {
+                        route: name,
+                        event_id,
+                        digest: digest_hex,
+                        now: now_ms(),
+                        lease_ms: route.lease_ms,
+                        retention_ms: route.retention_ms,
+                    };
+                    let t = Instant::now();
+                    let res = self.store.claim(&req).await;
+                    self.metrics.store_time("claim", t.elapsed().as_secs_f64());
+                    res.map_err(unavailable)?
+                }
             };
-            let t = Instant::now();
-            let res = self.store.claim(&req).await;
-            self.metrics.store_time("claim", t.elapsed().as_secs_f64());
-            let outcome = res.map_err(|e| {
-                tracing::warn!(route = name, event_id, error = %e, "claim failed: store unavailable");
-                Problem::new(ProblemKind::StoreUnavailable, "the claim store did not answer; retry later")
-                    .with_event_id(Some(event_id))
-                    .with_retry_after(1)
-            })?;
             let retry_after_ms = match outcome {
                 ClaimOutcome::Claimed { attempt, kind, .. } => {
                     self.metrics
@@ -384,9 +386,6 @@ impl Gate {
                     decision: Decision::Replay,
                     recorded,
                 } => {
-                    let recorded = Arc::new(recorded);
-                    self.delivered
-                        .insert(name, event_id, digest_hex, recorded.clone());
                     return Ok(Claimed::Answer(recorded));
                 }
                 ClaimOutcome::Existing {
@@ -459,7 +458,6 @@ impl Gate {
         route: &Arc<RouteRt>,
         body: Bytes,
         event_id: &str,
-        digest_hex: &str,
         attempt: i64,
         summary: &mut Summary,
     ) -> Handled {
@@ -553,27 +551,17 @@ impl Gate {
                 Some((ct, b)) => (ct.as_deref(), Some(&b[..])),
                 None => (None, None),
             };
-            let settled = self
-                .settle(
-                    route,
-                    event_id,
-                    attempt,
-                    SettleOutcome::Delivered {
-                        status,
-                        content_type: ct,
-                        body: b,
-                    },
-                )
-                .await;
-            if settled == Some(SettleResult::Delivered) {
-                let recorded = Recorded {
-                    status: Some(status),
-                    content_type: ct.map(str::to_owned),
-                    body: b.map(<[u8]>::to_vec),
-                };
-                self.delivered
-                    .insert(name, event_id, digest_hex, Arc::new(recorded));
-            }
+            self.settle(
+                route,
+                event_id,
+                attempt,
+                SettleOutcome::Delivered {
+                    status,
+                    content_type: ct,
+                    body: b,
+                },
+            )
+            .await;
         } else {
             let error = format!("upstream answered {status}");
             self.settle(
@@ -752,7 +740,7 @@ const SETTLE_DEADLINE: Duration = Duration::from_secs(3);
 
 enum Claimed {
     Own { attempt: i64 },
-    Answer(Arc<Recorded>),
+    Answer(Recorded),
 }
 
 fn mismatch(event_id: &str) -> Problem {

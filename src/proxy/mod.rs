@@ -4,7 +4,6 @@
 //! unguarded requests take pingora's ordinary proxy path.
 
 pub mod body;
-pub mod cache;
 pub mod forward;
 mod guard;
 pub mod respond;
@@ -52,8 +51,6 @@ pub struct Gate {
     pub metrics: Metrics,
     pub connector: Connector,
     pub in_flight: Arc<InFlightRequests>,
-    /// Recently delivered records, answered without a store round trip.
-    pub delivered: cache::DeliveredCache,
 }
 
 /// Per-request state shared by the hooks.

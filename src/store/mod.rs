@@ -156,6 +156,17 @@ pub trait ClaimStore: Send + Sync {
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
     /// Closes or releases an attempt's claim.
     async fn settle(&self, req: &SettleRequest<'_>) -> Result<SettleResult, StoreError>;
+    /// The claim's answer from a plain read, when the record alone decides it
+    /// (delivered: replay; other digest: mismatch; live lease: in flight);
+    /// `None` when the claim statement must run. Never writes, so duplicates
+    /// of settled events do not queue behind claims.
+    async fn peek(
+        &self,
+        route: &str,
+        event_id: &str,
+        digest: &str,
+        now: Millis,
+    ) -> Result<Option<ClaimOutcome>, StoreError>;
     async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError>;
     /// Newest first.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError>;

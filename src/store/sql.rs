@@ -133,24 +133,9 @@ macro_rules! impl_transitions {
                             .fetch_optional(&mut *conn)
                             .await?;
                         let Some(row) = row else { continue };
-                        let state: String = row.try_get("state")?;
-                        let digest: String = row.try_get("body_sha256")?;
-                        let last_status: Option<i64> = row.try_get("last_status")?;
-                        let replay_status: Option<i64> = row.try_get("replay_status")?;
-                        let recorded = $crate::store::Recorded {
-                            status: replay_status
-                                .or(last_status)
-                                .and_then(|s| u16::try_from(s).ok()),
-                            content_type: row.try_get("replay_content_type")?,
-                            body: row.try_get("replay_body")?,
-                        };
-                        if let Some(outcome) = $crate::store::existing_outcome(
-                            &state,
-                            row.try_get("lease_until")?,
-                            digest == req.digest,
-                            req.now,
-                            recorded,
-                        )? {
+                        if let Some(outcome) =
+                            $crate::store::sql::readback_outcome(&row, req.digest, req.now)?
+                        {
                             return Ok(outcome);
                         }
                     }
@@ -255,6 +240,27 @@ macro_rules! impl_claim_store {
                 req: &$crate::store::SettleRequest<'_>,
             ) -> Result<$crate::claim::SettleResult, $crate::store::StoreError> {
                 $crate::store::bounded(Self::OP_TIMEOUT, self.settle_op(req)).await
+            }
+
+            async fn peek(
+                &self,
+                route: &str,
+                event_id: &str,
+                digest: &str,
+                now: $crate::claim::Millis,
+            ) -> Result<Option<$crate::store::ClaimOutcome>, $crate::store::StoreError> {
+                $crate::store::bounded(Self::OP_TIMEOUT, async {
+                    let row = sqlx::query($crate::store::sql::CLAIM_READBACK)
+                        .bind(route)
+                        .bind(event_id)
+                        .fetch_optional(&self.read)
+                        .await?;
+                    match row {
+                        Some(row) => $crate::store::sql::readback_outcome(&row, digest, now),
+                        None => Ok(None),
+                    }
+                })
+                .await
             }
 
             async fn get(
@@ -386,6 +392,41 @@ macro_rules! impl_claim_store {
     };
 }
 pub(crate) use impl_claim_store;
+
+/// Decides a delivery from a [`CLAIM_READBACK`] row with `claim::decide`:
+/// `None` when the record is claimable (the claim statement must run).
+pub(crate) fn readback_outcome<R>(
+    row: &R,
+    digest: &str,
+    now: crate::claim::Millis,
+) -> Result<Option<super::ClaimOutcome>, super::StoreError>
+where
+    R: sqlx::Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let state: String = row.try_get("state")?;
+    let stored_digest: String = row.try_get("body_sha256")?;
+    let last_status: Option<i64> = row.try_get("last_status")?;
+    let replay_status: Option<i64> = row.try_get("replay_status")?;
+    let recorded = super::Recorded {
+        status: replay_status
+            .or(last_status)
+            .and_then(|s| u16::try_from(s).ok()),
+        content_type: row.try_get("replay_content_type")?,
+        body: row.try_get("replay_body")?,
+    };
+    super::existing_outcome(
+        &state,
+        row.try_get("lease_until")?,
+        stored_digest == digest,
+        now,
+        recorded,
+    )
+}
 
 /// Decodes a full record row of [`SELECT_RECORD`] from either backend.
 pub(crate) fn record_from_row<R>(row: &R) -> Result<super::Record, super::StoreError>
