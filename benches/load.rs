@@ -49,9 +49,13 @@
 //! - `LOAD_PG_URL` (else `IDEMGATE_TEST_PG_URL`, else
 //!   `postgres://postgres@127.0.0.1:5432/test`); unreachable → (d) skipped.
 //! - `LOAD_RUST_LOG`: idemgate's `RUST_LOG` (default `info`, as shipped).
-//! - `LOAD_PERF=b,a`: `perf record` the process under test during the first
-//!   run of those scenarios at the highest connection count; the data goes to
-//!   `target/load-perf-KEY.data` and a summary is printed.
+//! - `LOAD_PERF=b,a`: after the rounds, one extra run of each of those
+//!   scenarios at the highest connection count under `perf record` (kept out
+//!   of the figures); the data goes to `target/load-perf-KEY.data` and a
+//!   summary is printed.
+//!   `LOAD_PERF_CALLGRAPH=1` adds kernel call chains (`-g`; slows the run a lot).
+//! - `LOAD_SYSCALLS=a,c`: likewise under `perf trace -s`: syscalls per request
+//!   of the process under test (`target/load-syscalls-KEY.txt`).
 //! - `LOAD_KEEP=1`: keep `target/tmp/load-PID/` (configs, logs, scripts).
 //! - `LOAD_BIN=/path/to/idemgate`: load another build (say, a baseline built
 //!   from an older commit) instead of this package's release binary.
@@ -84,6 +88,8 @@ struct Settings {
     pg_url: String,
     rust_log: String,
     perf: Vec<char>,
+    perf_callgraph: bool,
+    syscalls: Vec<char>,
     keep: bool,
     bin: String,
 }
@@ -146,6 +152,8 @@ impl Settings {
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
             rust_log: env_list("LOAD_RUST_LOG", "info"),
             perf: keys(env_list("LOAD_PERF", "")),
+            perf_callgraph: env_or("LOAD_PERF_CALLGRAPH", 0u8) != 0,
+            syscalls: keys(env_list("LOAD_SYSCALLS", "")),
             keep: env_or("LOAD_KEEP", 0u8) != 0,
             bin: env_list("LOAD_BIN", env!("CARGO_BIN_EXE_idemgate")),
         }
@@ -966,17 +974,23 @@ fn measure(
     round: usize,
     serial: usize,
     perf: bool,
+    trace: bool,
 ) -> Run {
     let prefix = prepare(w, sc, serial);
     quiesce(w);
-    let perf_proc = perf.then(|| start_perf(w, sc)).flatten();
+    let probes: Vec<Probe> = [(perf, false), (trace, true)]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .filter_map(|(_, t)| start_probe(w, sc, t, s.perf_callgraph))
+        .collect();
     let before = snapshot(w, sc);
     let out = run_wrk(s, w, sc, conns, s.duration, &prefix, serial);
     let after = snapshot(w, sc);
-    if let Some((pid, data)) = perf_proc {
-        finish_perf(pid, &data, sc.key);
-    }
+    probes.iter().for_each(stop_probe);
     let wrk = parse_wrk(&out).expect("wrk result line");
+    for p in &probes {
+        report_probe(p, sc.key, wrk.requests);
+    }
     let n = wrk.requests.max(1) as f64;
     let us = |ticks: u64| ticks as f64 * 1e6 / w.tck / n;
     let rps = wrk.requests as f64 / (wrk.duration_us.max(1) as f64 / 1e6);
@@ -1057,12 +1071,50 @@ fn measure(
 
 // ----------------------------------------------------------------- perf
 
-fn start_perf(w: &World, sc: &Scenario) -> Option<(u32, PathBuf)> {
-    let pid = w.server_pid(sc.target)?;
-    let data = target_dir().join(format!("load-perf-{}.data", sc.key));
+/// A `perf` attached to the process under test for one run.
+struct Probe {
+    pid: u32,
+    out: PathBuf,
+    trace: bool,
+    /// The pids under test, comma-separated.
+    pids: String,
+}
+
+/// `perf record` (a flat profile; with `LOAD_PERF_CALLGRAPH=1` also kernel
+/// call chains) or `perf trace -s` (syscall counts) on the process under test.
+fn start_probe(w: &World, sc: &Scenario, trace: bool, callgraph: bool) -> Option<Probe> {
+    // nginx does its work in the master's children.
+    let root = w.server_pid(sc.target)?;
+    let pid = std::iter::once(root)
+        .chain(
+            all_pids()
+                .into_iter()
+                .filter(|&p| proc_stat(p).is_some_and(|(ppid, _)| ppid == root)),
+        )
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let (out, args): (PathBuf, Vec<&str>) = if trace {
+        let out = target_dir().join(format!("load-syscalls-{}.txt", sc.key));
+        (out, vec!["trace", "-s", "-p", &pid, "-o"])
+    } else {
+        let out = target_dir().join(format!("load-perf-{}.data", sc.key));
+        // System-wide (-a) and filtered by pid when reported: per-task
+        // events would be switched on every context switch, which halves
+        // the throughput of the switch-heavy store scenarios.
+        let mut a = vec!["record", "-a", "-F", "999"];
+        if callgraph {
+            // User call chains are garbage without frame pointers; kernel
+            // ones say which syscalls the kernel time comes from. Sampling
+            // call chains costs much throughput on this VM.
+            a.push("-g");
+        }
+        a.push("-o");
+        (out, a)
+    };
     let mut cmd = command(&tool("perf"));
-    cmd.args(["record", "-F", "999", "-g", "-p", &pid.to_string(), "-o"])
-        .arg(&data)
+    cmd.args(&args)
+        .arg(&out)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     match cmd.spawn() {
@@ -1070,7 +1122,12 @@ fn start_perf(w: &World, sc: &Scenario) -> Option<(u32, PathBuf)> {
             let id = c.id();
             lock(&CHILDREN).push(("perf".into(), c));
             std::thread::sleep(Duration::from_millis(300));
-            Some((id, data))
+            Some(Probe {
+                pid: id,
+                out,
+                trace,
+                pids: pid,
+            })
         }
         Err(e) => {
             eprintln!("load: perf does not start ({e}); no profile");
@@ -1079,47 +1136,93 @@ fn start_perf(w: &World, sc: &Scenario) -> Option<(u32, PathBuf)> {
     }
 }
 
-fn finish_perf(pid: u32, data: &Path, key: char) {
-    signal(pid, libc::SIGINT);
+fn stop_probe(p: &Probe) {
+    signal(p.pid, libc::SIGINT);
     let mut children = lock(&CHILDREN);
-    if let Some(i) = children.iter().position(|(_, c)| c.id() == pid) {
+    if let Some(i) = children.iter().position(|(_, c)| c.id() == p.pid) {
         let (_, mut c) = children.remove(i);
         drop(children);
         let _ = c.wait();
     }
-    for (sort, limit, title) in [
-        ("dso", "1", "by object"),
-        ("sym", "0.7", "by symbol, >= 0.7%"),
-    ] {
-        let report = Command::new(tool("perf"))
-            .args([
-                "report",
-                "--stdio",
-                "-g",
-                "none",
-                "--sort",
-                sort,
-                "--percent-limit",
-                limit,
-                "-i",
-            ])
-            .arg(data)
-            .stderr(Stdio::null())
-            .output();
-        if let Ok(out) = report {
-            let text = String::from_utf8_lossy(&out.stdout);
-            println!(
-                "\nperf, scenario ({key}), self time {title} ({}):",
-                data.display()
-            );
-            for l in text
-                .lines()
-                .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-                .take(40)
-            {
-                println!("  {l}");
+}
+
+/// Prints the probe's summary; `requests` is what wrk counted in the run.
+fn report_probe(p: &Probe, key: char, requests: u64) {
+    if p.trace {
+        report_syscalls(p, key, requests);
+        return;
+    }
+    // `--sort dso` with a pid filter drops the kernel's samples (perf 6.x),
+    // so the objects are summed here from a dso,sym listing.
+    let report = Command::new(tool("perf"))
+        .args(["report", "--stdio", "--no-children", "-g", "none"])
+        .arg(format!("--pid={}", p.pids))
+        .args(["--percentage=relative", "--sort", "dso,sym", "-i"])
+        .arg(&p.out)
+        .stderr(Stdio::null())
+        .output();
+    let Ok(out) = report else { return };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut by_dso: BTreeMap<String, f64> = BTreeMap::new();
+    let mut syms: Vec<(f64, String)> = Vec::new();
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let mut f = l.split_whitespace();
+        let (Some(pct), Some(dso)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Ok(pct) = pct.trim_end_matches('%').parse::<f64>() else {
+            continue;
+        };
+        *by_dso.entry(dso.to_string()).or_default() += pct;
+        syms.push((pct, l.trim().to_string()));
+    }
+    let mut dsos: Vec<(String, f64)> = by_dso.into_iter().collect();
+    dsos.sort_by(|a, b| b.1.total_cmp(&a.1));
+    println!(
+        "\nperf, scenario ({key}), samples of the process under test ({}):",
+        p.out.display()
+    );
+    let objects: Vec<String> = dsos
+        .iter()
+        .filter(|(_, v)| *v >= 0.5)
+        .map(|(d, v)| format!("{d} {v:.1}%"))
+        .collect();
+    println!("  by object: {}", objects.join(", "));
+    println!("  self time by symbol, >= 0.7%:");
+    for (_, l) in syms.iter().filter(|(v, _)| *v >= 0.7).take(40) {
+        println!("    {l}");
+    }
+}
+
+/// Sums `perf trace -s` over threads: calls per syscall, per request.
+fn report_syscalls(p: &Probe, key: char, requests: u64) {
+    let text = std::fs::read_to_string(&p.out).unwrap_or_default();
+    let mut calls: BTreeMap<String, u64> = BTreeMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // "   sendto   1234   0   12.345   0.001 ..." : name, calls, errors, total msec, …
+        if f.len() >= 4
+            && f[0]
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            if let (Ok(n), Ok(_)) = (f[1].parse::<u64>(), f[3].parse::<f64>()) {
+                *calls.entry(f[0].to_string()).or_default() += n;
             }
         }
+    }
+    let mut v: Vec<(String, u64)> = calls.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1));
+    let n = requests.max(1) as f64;
+    let total: u64 = v.iter().map(|(_, c)| c).sum();
+    println!(
+        "\nsyscalls of the process under test, scenario ({key}), per request \
+         (perf trace slows the run; counts, not speed; {}):",
+        p.out.display()
+    );
+    println!("  all: {:.2}", total as f64 / n);
+    for (name, c) in v.iter().take(15) {
+        println!("  {name:<20} {:.2}", *c as f64 / n);
     }
 }
 
@@ -1615,7 +1718,6 @@ fn main() {
     rep.line("foreign: share of the machine busy with processes the harness did not start.");
     println!("{}", run_header());
     let mut runs: Vec<Run> = Vec::new();
-    let mut profiled: Vec<char> = Vec::new();
     for round in 1..=s.repeats {
         for &conns in &s.conns {
             // Rotate the order each round so that no scenario always runs first.
@@ -1623,11 +1725,7 @@ fn main() {
             order.rotate_left((round - 1) % keys.len().max(1));
             for k in order {
                 serial += 1;
-                let perf = conns == top && s.perf.contains(&k) && !profiled.contains(&k);
-                if perf {
-                    profiled.push(k);
-                }
-                let r = measure(&s, &w, scenario(k), conns, round, serial, perf);
+                let r = measure(&s, &w, scenario(k), conns, round, serial, false, false);
                 runs.push(r);
                 // Ratios to (a) fill in once (a) of the round has run.
                 let last = runs.last().unwrap();
@@ -1635,6 +1733,17 @@ fn main() {
             }
         }
     }
+    // Probed runs come after the rounds and stay out of the figures: a
+    // profiler changes what it measures.
+    for &k in &keys {
+        let (perf, trace) = (s.perf.contains(&k), s.syscalls.contains(&k));
+        if perf || trace {
+            serial += 1;
+            let r = measure(&s, &w, scenario(k), top, 0, serial, perf, trace);
+            println!("probed run (not in the figures):\n{}", run_line(&runs, &r));
+        }
+    }
+
     // The full table again, with every ratio known.
     rep.line("");
     rep.line("all runs (x(a) = ratio to (a) of the same round and connections):");
