@@ -17,6 +17,8 @@ pub enum ProblemKind {
     UpstreamUnreachable,
     UpstreamTimeout,
     NoRoute,
+    /// Not in SPEC §4 (proposed): a header section over idemgate's limit.
+    HeadersTooLarge,
 }
 
 impl ProblemKind {
@@ -33,6 +35,7 @@ impl ProblemKind {
             ProblemKind::UpstreamUnreachable => 502,
             ProblemKind::UpstreamTimeout => 504,
             ProblemKind::NoRoute => 404,
+            ProblemKind::HeadersTooLarge => 431,
         }
     }
 
@@ -50,6 +53,7 @@ impl ProblemKind {
             ProblemKind::UpstreamUnreachable => "upstream-unreachable",
             ProblemKind::UpstreamTimeout => "upstream-timeout",
             ProblemKind::NoRoute => "no-route",
+            ProblemKind::HeadersTooLarge => "headers-too-large",
         }
     }
 
@@ -66,6 +70,7 @@ impl ProblemKind {
             ProblemKind::UpstreamUnreachable => "Upstream unreachable",
             ProblemKind::UpstreamTimeout => "Upstream timed out",
             ProblemKind::NoRoute => "No route",
+            ProblemKind::HeadersTooLarge => "Request header fields too large",
         }
     }
 
@@ -83,6 +88,8 @@ impl ProblemKind {
             ProblemKind::StoreUnavailable => Outcome::StoreUnavailable,
             ProblemKind::UpstreamUnreachable | ProblemKind::UpstreamTimeout => Outcome::Forwarded,
             ProblemKind::NoRoute => Outcome::NoRoute,
+            // the closest of SPEC §5's fixed outcome labels
+            ProblemKind::HeadersTooLarge => Outcome::InvalidBody,
         }
     }
 }
@@ -172,6 +179,7 @@ mod tests {
             (UpstreamUnreachable, 502, "forwarded"),
             (UpstreamTimeout, 504, "forwarded"),
             (NoRoute, 404, "no_route"),
+            (HeadersTooLarge, 431, "invalid_body"),
         ];
         for (kind, status, outcome) in table {
             assert_eq!(kind.status(), status, "{kind:?}");

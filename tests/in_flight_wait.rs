@@ -155,3 +155,74 @@ fn max_waiters_caps_held_requests() {
     );
     assert_eq!(up.count(&id), 1);
 }
+
+#[test]
+fn held_duplicates_across_two_replicas_on_postgres() {
+    let Some(base) = pg_url() else { return };
+    let dir = TempDir::new("wait-pg");
+    let up = Consumer::start().unwrap();
+    let store = pg_schema_url(&base, "wait");
+    let routes = route("w", "/hooks/w", &up.url(), "    in_flight: wait\n");
+    let (a, b) = (
+        Proxy::start(&dir, &store, &routes),
+        Proxy::start(&dir, &store, &routes),
+    );
+    let id = eid("held-pg");
+    up.script(
+        &id,
+        vec![Reply::status(202).delay(Duration::from_millis(800))],
+    );
+    let addrs = [a.addr, b.addr];
+    let handles: Vec<_> = (0..20)
+        .map(|i| {
+            let (id, addr) = (id.clone(), addrs[i % 2]);
+            std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), b"{}").unwrap())
+        })
+        .collect();
+    let answers: Vec<Response> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(
+        up.count(&id),
+        1,
+        "exactly one request reached the consumer across both replicas"
+    );
+    assert!(
+        answers.iter().all(|r| r.status == 202),
+        "{:?}",
+        answers.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+
+    // the first attempt fails on one replica: exactly one held request, on either, forwards
+    let id = eid("held-pg-fail");
+    up.script(
+        &id,
+        vec![
+            Reply::status(500).delay(Duration::from_millis(600)),
+            Reply::status(200),
+        ],
+    );
+    let handles: Vec<_> = (0..10)
+        .map(|i| {
+            let (id, addr) = (id.clone(), addrs[i % 2]);
+            std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), b"{}").unwrap())
+        })
+        .collect();
+    let statuses: Vec<u16> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().status)
+        .collect();
+    assert_eq!(
+        up.count(&id),
+        2,
+        "the failed attempt and exactly one reclaim: {statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 500).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        9,
+        "{statuses:?}"
+    );
+}

@@ -43,6 +43,9 @@ impl InFlightRequests {
     }
 }
 
+/// Largest request header section accepted (pingora's own limit is far higher).
+pub const MAX_HEADER_SECTION: usize = 64 * 1024;
+
 /// The proxy: routes, store, metrics, and its own upstream connector for the
 /// guarded path.
 pub struct Gate {
@@ -74,6 +77,22 @@ impl ProxyHttp for Gate {
     /// whole protocol. `Ok(true)` means the response was written here.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let req = session.req_header();
+        let header_bytes: usize = req
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum();
+        if header_bytes > MAX_HEADER_SECTION {
+            let route = self
+                .routes
+                .find(routes::request_host(req).as_deref(), req.uri.path());
+            let name = route.map(|r| r.name().to_owned()).unwrap_or_default();
+            let p = Problem::new(
+                ProblemKind::HeadersTooLarge,
+                format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
+            );
+            return self.respond_problem(session, &name, p, true).await;
+        }
         let host = routes::request_host(req);
         let Some(route) = self.routes.find(host.as_deref(), req.uri.path()).cloned() else {
             let p = Problem::new(
