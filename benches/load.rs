@@ -1441,6 +1441,15 @@ fn summarise(rep: &mut Report, s: &Settings, runs: &[Run], w: &World) {
             g.name
         ));
     }
+    let noisy = runs.iter().filter(|r| r.foreign_pct > 25.0).count();
+    if noisy > 0 {
+        rep.line(format!(
+            "  note: {noisy} of {} runs shared the machine with more than 25% foreign load \
+             (column 'foreign'): their req/s say more about the neighbours than about idemgate; \
+             CPU µs/request and same-round ratios suffer less",
+            runs.len()
+        ));
+    }
     let problems: usize = runs.iter().map(|r| r.problems.len()).sum();
     if problems > 0 {
         rep.line(format!(
