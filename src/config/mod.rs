@@ -47,7 +47,7 @@ pub use model::{
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 
-use positions::{join, PosIndex};
+use positions::{join, PosIndex, MAX_DEPTH};
 
 /// A validated configuration and the warnings `idemgate check` prints.
 #[derive(Debug, Clone)]
@@ -114,6 +114,16 @@ pub fn load_str(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Loaded, ConfigErrors> {
     let index = PosIndex::build(text);
+    if let Some(pos) = index.too_deep() {
+        // Refused before serde_yaml, whose time grows with the square of the depth.
+        return Err(ConfigErrors(vec![ConfigError {
+            file: file_name.to_string(),
+            line: pos.line,
+            col: pos.col,
+            path: "(root)".to_string(),
+            message: format!("nested too deeply (more than {MAX_DEPTH} levels)"),
+        }]));
+    }
     let raw: raw::RawConfig = match serde_yaml::from_str(text) {
         Ok(raw) => raw,
         Err(e) => return Err(ConfigErrors(vec![serde_error(&e, file_name, &index)])),
