@@ -35,7 +35,9 @@ fn keep_alive_survives_every_short_circuit() {
 
     let long_id = "x".repeat(300);
     let fresh = eid("fresh");
-    let steps: [(&str, Option<&str>, &[u8], u16, &str); 7] = [
+    // (path, event ID, body, expected status, expected problem type or "")
+    type Step<'a> = (&'a str, Option<&'a str>, &'a [u8], u16, &'a str);
+    let steps: [Step; 7] = [
         (
             "/hooks/r",
             Some(&done),

@@ -388,6 +388,7 @@ impl Run<'_> {
                     eligible
                 );
                 let mut deleted = 0;
+                #[allow(clippy::needless_range_loop)] // `ev` also indexes the store
                 for ev in 0..EVENTS.len() {
                     if self.model[ev].is_none() {
                         continue;
@@ -443,6 +444,7 @@ impl Run<'_> {
 
     /// Store and model agree on every event.
     async fn compare(&self) -> Result<(), TestCaseError> {
+        #[allow(clippy::needless_range_loop)] // `ev` also indexes the store
         for ev in 0..EVENTS.len() {
             let got = self.get(ev).await?;
             let want = &self.model[ev];

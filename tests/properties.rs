@@ -486,8 +486,9 @@ fn config_alias_bomb_and_deep_nesting_are_refused() {
     }
 }
 
-/// 5,000 nested block maps (a 12.5 MB file): the position index walks
-/// yaml-rust2's `Parser::load`, which recurses once per level.
+/// 5,000 nested block maps (a 12.5 MB file): refused as nested too deeply,
+/// on a small stack (the position index walks the parser's events with a
+/// stack of its own, never recursing per level).
 #[test]
 fn config_deep_block_nesting_does_not_overflow() {
     let text: String = (0..5_000)
