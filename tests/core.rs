@@ -72,7 +72,16 @@ fn first_delivery_is_forwarded_byte_for_byte() {
     assert_eq!(resp.header("Idempotent-Replayed"), None);
 
     let got = up.received();
-    assert_eq!(got.len(), 1);
+    let seen: Vec<(&str, &str, Option<&str>)> = got
+        .iter()
+        .map(|r| (r.method.as_str(), r.path.as_str(), r.key()))
+        .collect();
+    assert_eq!(
+        got.len(),
+        1,
+        "the consumer saw {seen:?}\nproxy log:\n{}",
+        px.log()
+    );
     let got = &got[0];
     assert_eq!(got.method, "PUT");
     assert_eq!(got.path, path);
