@@ -6,6 +6,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY migrations ./migrations
+# declared [[bench]] targets must exist for cargo to read the manifest
+COPY benches ./benches
 RUN cargo build --release --locked && strip target/release/idemgate
 
 FROM debian:bookworm-slim
