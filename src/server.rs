@@ -88,6 +88,14 @@ pub fn gate(
 /// Runs until SIGTERM/SIGINT, then drains: stops accepting, waits for the
 /// guarded requests in flight (at most `shutdown_grace`), and returns.
 pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Result<(), String> {
+    // pingora retries a busy address for a long while; say it at once instead
+    for (what, addr) in [
+        ("listen", config.listen),
+        ("admin_listen", config.admin_listen),
+    ] {
+        std::net::TcpListener::bind(addr)
+            .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))?;
+    }
     let conf = server_conf(&config);
     let gate = gate(&config, &conf, store.clone(), metrics.clone())?;
     let in_flight = gate.in_flight.clone();
