@@ -176,6 +176,16 @@ impl Metrics {
             .inc();
     }
 
+    /// The upstream answered `status` after `elapsed`.
+    pub fn upstream_answered(&self, route: &str, status: u16, elapsed: std::time::Duration) {
+        self.upstream_responses
+            .with_label_values(&[route, status_class(status)])
+            .inc();
+        self.upstream_duration
+            .with_label_values(&[route])
+            .observe(elapsed.as_secs_f64());
+    }
+
     pub fn store_time(&self, operation: &str, seconds: f64) {
         self.store_duration
             .with_label_values(&[operation])

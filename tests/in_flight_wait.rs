@@ -7,15 +7,24 @@ use std::time::Duration;
 
 use common::*;
 
-fn concurrent(px: &Proxy, id: &str, body: &'static [u8], n: usize) -> Vec<Response> {
-    let addr = px.addr;
+/// `n` concurrent deliveries of one event, spread over `addrs` in turn.
+fn concurrent_over(
+    addrs: &[std::net::SocketAddr],
+    id: &str,
+    body: &'static [u8],
+    n: usize,
+) -> Vec<Response> {
     let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let id = id.to_string();
+        .map(|i| {
+            let (id, addr) = (id.to_string(), addrs[i % addrs.len()]);
             std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), body).unwrap())
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn concurrent(px: &Proxy, id: &str, body: &'static [u8], n: usize) -> Vec<Response> {
+    concurrent_over(&[px.addr], id, body, n)
 }
 
 #[test]
@@ -173,13 +182,7 @@ fn held_duplicates_across_two_replicas_on_postgres() {
         vec![Reply::status(202).delay(Duration::from_millis(800))],
     );
     let addrs = [a.addr, b.addr];
-    let handles: Vec<_> = (0..20)
-        .map(|i| {
-            let (id, addr) = (id.clone(), addrs[i % 2]);
-            std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), b"{}").unwrap())
-        })
-        .collect();
-    let answers: Vec<Response> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let answers = concurrent_over(&addrs, &id, b"{}", 20);
     assert_eq!(
         up.count(&id),
         1,
@@ -200,15 +203,9 @@ fn held_duplicates_across_two_replicas_on_postgres() {
             Reply::status(200),
         ],
     );
-    let handles: Vec<_> = (0..10)
-        .map(|i| {
-            let (id, addr) = (id.clone(), addrs[i % 2]);
-            std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), b"{}").unwrap())
-        })
-        .collect();
-    let statuses: Vec<u16> = handles
-        .into_iter()
-        .map(|h| h.join().unwrap().status)
+    let statuses: Vec<u16> = concurrent_over(&addrs, &id, b"{}", 10)
+        .iter()
+        .map(|r| r.status)
         .collect();
     assert_eq!(
         up.count(&id),

@@ -19,7 +19,7 @@ use super::routes::RouteRt;
 use super::{now_ms, Gate, InFlightRequests};
 use crate::claim::{self, digest, event_id, Decision, Millis, SettleResult};
 use crate::config::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError};
-use crate::metrics::{status_class, Outcome};
+use crate::metrics::Outcome;
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{ClaimOutcome, ClaimRequest, Recorded, SettleOutcome, SettleRequest};
 
@@ -512,13 +512,7 @@ impl Gate {
         let status = answered.header.status.as_u16();
         summary.upstream_status = Some(status);
         self.metrics
-            .upstream_responses
-            .with_label_values(&[name, status_class(status)])
-            .inc();
-        self.metrics
-            .upstream_duration
-            .with_label_values(&[name])
-            .observe(answered.elapsed.as_secs_f64());
+            .upstream_answered(name, status, answered.elapsed);
         let method = session.req_header().method.clone();
         let no_body = forward::bodiless(&method, status);
         let mut prefix = None;
@@ -615,13 +609,7 @@ impl Gate {
                 let status = answered.header.status.as_u16();
                 summary.upstream_status = Some(status);
                 self.metrics
-                    .upstream_responses
-                    .with_label_values(&[name, status_class(status)])
-                    .inc();
-                self.metrics
-                    .upstream_duration
-                    .with_label_values(&[name])
-                    .observe(answered.elapsed.as_secs_f64());
+                    .upstream_answered(name, status, answered.elapsed);
                 let no_body = forward::bodiless(&session.req_header().method, status);
                 let header =
                     forward::downstream_header(&answered.header, Outcome::Unguarded.as_str())?;
