@@ -200,3 +200,30 @@ fn operator_commands_on_postgres() {
     let store = pg_schema_url(&base, "ops");
     operator_commands(&store, &dir);
 }
+
+#[test]
+fn serve_on_a_busy_address_exits_1_with_one_line() {
+    let dir = TempDir::new("busy");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let text = config_text(
+        port,
+        free_port(),
+        &dir.sqlite_url("b.db"),
+        &route("b", "/hooks/b", "http://127.0.0.1:9", ""),
+    );
+    let path = dir.path().join("busy.yaml");
+    std::fs::write(&path, text).unwrap();
+    let t = Instant::now();
+    let (code, _, err) = cli(&["serve", "--config", path.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "refused at once, not after retries"
+    );
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")) && err.contains("listen"),
+        "{err}"
+    );
+    drop(taken);
+}
