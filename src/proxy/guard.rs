@@ -131,43 +131,14 @@ impl Gate {
         }
         let mut header_id: Option<String> = None;
         if let EventIdSource::Header(h) = &cfg.event_id {
-            let mut values = session.req_header().headers.get_all(h).iter();
-            let first = values.next();
-            if let Some(first) = first {
-                if values.any(|v| v != first) {
-                    summary.outcome = Outcome::InvalidId;
-                    let p = Problem::new(
-                        ProblemKind::InvalidEventId,
-                        format!("the request carries several different {h} headers"),
-                    );
+            match header_event_id(&session.req_header().headers, h, cfg.on_missing_id) {
+                Ok(id) => header_id = id,
+                Err(p) => {
+                    summary.outcome = p.kind.outcome();
                     return self
                         .refuse_before_body(session, name, p, expect_continue, cfg.max_body)
                         .await;
                 }
-            }
-            match first {
-                Some(v) => match event_id::validate_event_id(v.as_bytes()) {
-                    Ok(id) => header_id = Some(id.to_owned()),
-                    Err(e) => {
-                        summary.outcome = Outcome::InvalidId;
-                        let p =
-                            Problem::new(ProblemKind::InvalidEventId, format!("header {h}: {e}"));
-                        return self
-                            .refuse_before_body(session, name, p, expect_continue, cfg.max_body)
-                            .await;
-                    }
-                },
-                None if cfg.on_missing_id == OnMissingId::Reject => {
-                    summary.outcome = Outcome::MissingId;
-                    let p = Problem::new(
-                        ProblemKind::MissingEventId,
-                        format!("the request has no {h} header"),
-                    );
-                    return self
-                        .refuse_before_body(session, name, p, expect_continue, cfg.max_body)
-                        .await;
-                }
-                None => {}
             }
         }
         if expect_continue {
@@ -737,4 +708,92 @@ fn mismatch(event_id: &str) -> Problem {
         "this event ID was already used with a different payload",
     )
     .with_event_id(Some(event_id))
+}
+
+/// The event ID from header `h`: `Ok(None)` when it is absent and the route
+/// does not reject that; a problem when it is absent (rejected), invalid, or
+/// given twice with different values.
+fn header_event_id(
+    headers: &http::HeaderMap,
+    h: &http::HeaderName,
+    on_missing: OnMissingId,
+) -> std::result::Result<Option<String>, Problem> {
+    let mut values = headers.get_all(h).iter();
+    let Some(first) = values.next() else {
+        return match on_missing {
+            OnMissingId::Reject => Err(Problem::new(
+                ProblemKind::MissingEventId,
+                format!("the request has no {h} header"),
+            )),
+            OnMissingId::Forward | OnMissingId::BodyDigest => Ok(None),
+        };
+    };
+    if values.any(|v| v != first) {
+        return Err(Problem::new(
+            ProblemKind::InvalidEventId,
+            format!("the request carries several different {h} headers"),
+        ));
+    }
+    event_id::validate_event_id(first.as_bytes())
+        .map(|id| Some(id.to_owned()))
+        .map_err(|e| Problem::new(ProblemKind::InvalidEventId, format!("header {h}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(values: &[&str]) -> http::HeaderMap {
+        let mut m = http::HeaderMap::new();
+        for v in values {
+            m.append("x-event-id", v.parse().unwrap());
+        }
+        m
+    }
+
+    #[test]
+    fn header_event_ids() {
+        let h = http::HeaderName::from_static("x-event-id");
+        let kind = |r: std::result::Result<Option<String>, Problem>| r.map_err(|p| p.kind);
+        assert_eq!(
+            kind(header_event_id(
+                &headers(&["evt_1"]),
+                &h,
+                OnMissingId::Reject
+            )),
+            Ok(Some("evt_1".into()))
+        );
+        assert_eq!(
+            kind(header_event_id(
+                &headers(&["e", "e"]),
+                &h,
+                OnMissingId::Reject
+            )),
+            Ok(Some("e".into()))
+        );
+        assert_eq!(
+            kind(header_event_id(
+                &headers(&["a", "b"]),
+                &h,
+                OnMissingId::Reject
+            )),
+            Err(ProblemKind::InvalidEventId)
+        );
+        assert_eq!(
+            kind(header_event_id(&headers(&["a b"]), &h, OnMissingId::Reject)),
+            Err(ProblemKind::InvalidEventId)
+        );
+        assert_eq!(
+            kind(header_event_id(&headers(&[]), &h, OnMissingId::Reject)),
+            Err(ProblemKind::MissingEventId)
+        );
+        assert_eq!(
+            kind(header_event_id(&headers(&[]), &h, OnMissingId::Forward)),
+            Ok(None)
+        );
+        assert_eq!(
+            kind(header_event_id(&headers(&[]), &h, OnMissingId::BodyDigest)),
+            Ok(None)
+        );
+    }
 }
