@@ -334,30 +334,7 @@ impl Client {
     /// chunked encoding, or the end of the connection.
     pub fn read_response(&mut self, head_only: bool) -> std::io::Result<Response> {
         loop {
-            let mut line = String::new();
-            if self.reader.read_line(&mut line)? == 0 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "connection closed",
-                ));
-            }
-            let status: u16 = line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-            let mut headers = Vec::new();
-            loop {
-                let mut h = String::new();
-                self.reader.read_line(&mut h)?;
-                let h = h.trim_end();
-                if h.is_empty() {
-                    break;
-                }
-                if let Some((k, v)) = h.split_once(':') {
-                    headers.push((k.trim().to_string(), v.trim().to_string()));
-                }
-            }
+            let (status, headers) = read_head(&mut self.reader)?;
             if (100..200).contains(&status) {
                 continue;
             }
@@ -394,6 +371,35 @@ impl Client {
                 self.reader.read_to_end(&mut resp.body)?;
             }
             return Ok(resp);
+        }
+    }
+}
+
+/// Reads one response head: the status code (0 if unreadable) and the
+/// header fields in wire order.
+pub fn read_head(reader: &mut impl BufRead) -> std::io::Result<(u16, Vec<(String, String)>)> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        ));
+    }
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h)?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            return Ok((status, headers));
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            headers.push((k.trim().to_string(), v.trim().to_string()));
         }
     }
 }
