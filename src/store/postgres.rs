@@ -113,7 +113,131 @@ impl PostgresStore {
         let mut conn = self.write.acquire().await?;
         Self::settle_on(&mut conn, req).await
     }
+
+    async fn peek_op(
+        &self,
+        route: &str,
+        event_id: &str,
+        digest: &str,
+        now: crate::claim::Millis,
+    ) -> Result<Option<super::ClaimOutcome>, StoreError> {
+        let row = sqlx::query(super::sql::CLAIM_READBACK)
+            .bind(route)
+            .bind(event_id)
+            .fetch_optional(&self.read)
+            .await?;
+        match row {
+            Some(row) => super::sql::readback_outcome(&row, digest, now),
+            None => Ok(None),
+        }
+    }
+
+    async fn close_all(&self) {
+        self.write.close().await;
+    }
 }
 
-super::sql::impl_transitions!(PostgresStore, sqlx::PgConnection);
+/// The two hot transitions on one pooled connection.
+impl PostgresStore {
+    pub(crate) async fn claim_on(
+        conn: &mut sqlx::PgConnection,
+        req: &crate::store::ClaimRequest<'_>,
+    ) -> Result<crate::store::ClaimOutcome, crate::store::StoreError> {
+        async {
+            use sqlx::Row;
+            let lease_until = req.now + req.lease_ms;
+            let expires_at = req.now + req.retention_ms;
+            // A refused claim is read back and decided; if the record became
+            // claimable in between (released, lease ran out), claim again.
+            for _ in 0..4 {
+                let row = sqlx::query(crate::store::sql::CLAIM)
+                    .bind(req.route)
+                    .bind(req.event_id)
+                    .bind(req.digest)
+                    .bind(lease_until)
+                    .bind(req.now)
+                    .bind(expires_at)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                if let Some(row) = row {
+                    let prev: Option<String> = row.try_get("claimed_from")?;
+                    return Ok(crate::store::sql::claimed(
+                        row.try_get("attempts")?,
+                        prev.as_deref(),
+                        lease_until,
+                    ));
+                }
+                let row = sqlx::query(crate::store::sql::CLAIM_READBACK)
+                    .bind(req.route)
+                    .bind(req.event_id)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                let Some(row) = row else { continue };
+                if let Some(outcome) =
+                    crate::store::sql::readback_outcome(&row, req.digest, req.now)?
+                {
+                    return Ok(outcome);
+                }
+            }
+            Err(crate::store::StoreError::Unavailable(
+                "claim kept racing with other writers".into(),
+            ))
+        }
+        .await
+    }
+
+    pub(crate) async fn settle_on(
+        conn: &mut sqlx::PgConnection,
+        req: &crate::store::SettleRequest<'_>,
+    ) -> Result<crate::claim::SettleResult, crate::store::StoreError> {
+        async {
+            use crate::claim::SettleResult;
+            let expires_at = req.now + req.retention_ms;
+            match req.outcome {
+                crate::store::SettleOutcome::Delivered {
+                    status,
+                    content_type,
+                    body,
+                } => {
+                    let replay_status = body.map(|_| i64::from(status));
+                    let done = sqlx::query(crate::store::sql::SETTLE_DELIVERED)
+                        .bind(req.route)
+                        .bind(req.event_id)
+                        .bind(i64::from(status))
+                        .bind(req.now)
+                        .bind(expires_at)
+                        .bind(replay_status)
+                        .bind(content_type.filter(|_| body.is_some()))
+                        .bind(body)
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(if done.rows_affected() == 1 {
+                        SettleResult::Delivered
+                    } else {
+                        SettleResult::Stale
+                    })
+                }
+                crate::store::SettleOutcome::Failed { status, error } => {
+                    let done = sqlx::query(crate::store::sql::SETTLE_FAILED)
+                        .bind(req.route)
+                        .bind(req.event_id)
+                        .bind(req.attempt)
+                        .bind(status.map(i64::from))
+                        .bind(error)
+                        .bind(req.now)
+                        .bind(expires_at)
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(if done.rows_affected() == 1 {
+                        SettleResult::Released
+                    } else {
+                        SettleResult::Stale
+                    })
+                }
+            }
+        }
+        .await
+    }
+}
+
 super::sql::impl_claim_store!(PostgresStore);

@@ -87,124 +87,9 @@ WHERE (route, event_id) IN (
 pub const OLDEST_PROCESSING: &str = "\
 SELECT route, MIN(updated_at) AS oldest FROM records WHERE state = 'processing' GROUP BY route";
 
-/// The two hot transitions as functions of one connection, so a backend can
-/// run them on a pooled connection (PostgreSQL) or inside a batch
-/// transaction of its single writer (SQLite group commit).
-macro_rules! impl_transitions {
-    ($store:ty, $conn:ty) => {
-        impl $store {
-            pub(crate) async fn claim_on(
-                conn: &mut $conn,
-                req: &$crate::store::ClaimRequest<'_>,
-            ) -> Result<$crate::store::ClaimOutcome, $crate::store::StoreError> {
-                async {
-                    use sqlx::Row;
-                    let lease_until = req.now + req.lease_ms;
-                    let expires_at = req.now + req.retention_ms;
-                    // A refused claim is read back and decided; if the record became
-                    // claimable in between (released, lease ran out), claim again.
-                    for _ in 0..4 {
-                        let row = sqlx::query($crate::store::sql::CLAIM)
-                            .bind(req.route)
-                            .bind(req.event_id)
-                            .bind(req.digest)
-                            .bind(lease_until)
-                            .bind(req.now)
-                            .bind(expires_at)
-                            .fetch_optional(&mut *conn)
-                            .await?;
-                        if let Some(row) = row {
-                            let prev: Option<String> = row.try_get("claimed_from")?;
-                            let attempt: i64 = row.try_get("attempts")?;
-                            let kind = if attempt == 1 {
-                                $crate::claim::ClaimKind::New
-                            } else {
-                                $crate::store::claim_kind_from_previous(prev.as_deref())
-                            };
-                            return Ok($crate::store::ClaimOutcome::Claimed {
-                                attempt,
-                                kind,
-                                lease_until,
-                            });
-                        }
-                        let row = sqlx::query($crate::store::sql::CLAIM_READBACK)
-                            .bind(req.route)
-                            .bind(req.event_id)
-                            .fetch_optional(&mut *conn)
-                            .await?;
-                        let Some(row) = row else { continue };
-                        if let Some(outcome) =
-                            $crate::store::sql::readback_outcome(&row, req.digest, req.now)?
-                        {
-                            return Ok(outcome);
-                        }
-                    }
-                    Err($crate::store::StoreError::Unavailable(
-                        "claim kept racing with other writers".into(),
-                    ))
-                }
-                .await
-            }
-
-            pub(crate) async fn settle_on(
-                conn: &mut $conn,
-                req: &$crate::store::SettleRequest<'_>,
-            ) -> Result<$crate::claim::SettleResult, $crate::store::StoreError> {
-                async {
-                    use $crate::claim::SettleResult;
-                    let expires_at = req.now + req.retention_ms;
-                    match req.outcome {
-                        $crate::store::SettleOutcome::Delivered {
-                            status,
-                            content_type,
-                            body,
-                        } => {
-                            let replay_status = body.map(|_| i64::from(status));
-                            let done = sqlx::query($crate::store::sql::SETTLE_DELIVERED)
-                                .bind(req.route)
-                                .bind(req.event_id)
-                                .bind(i64::from(status))
-                                .bind(req.now)
-                                .bind(expires_at)
-                                .bind(replay_status)
-                                .bind(content_type.filter(|_| body.is_some()))
-                                .bind(body)
-                                .execute(&mut *conn)
-                                .await?;
-                            Ok(if done.rows_affected() == 1 {
-                                SettleResult::Delivered
-                            } else {
-                                SettleResult::Stale
-                            })
-                        }
-                        $crate::store::SettleOutcome::Failed { status, error } => {
-                            let done = sqlx::query($crate::store::sql::SETTLE_FAILED)
-                                .bind(req.route)
-                                .bind(req.event_id)
-                                .bind(req.attempt)
-                                .bind(status.map(i64::from))
-                                .bind(error)
-                                .bind(req.now)
-                                .bind(expires_at)
-                                .execute(&mut *conn)
-                                .await?;
-                            Ok(if done.rows_affected() == 1 {
-                                SettleResult::Released
-                            } else {
-                                SettleResult::Stale
-                            })
-                        }
-                    }
-                }
-                .await
-            }
-        }
-    };
-}
-pub(crate) use impl_transitions;
-
 /// Implements [`super::ClaimStore`] for a store struct with `write` and `read`
-/// pools of one sqlx database, a `run_migrations()` method and an
+/// pools of one sqlx database, `run_migrations()`, `claim_op()`, `settle_op()`,
+/// `peek_op()` and `close_all()` methods and an
 /// `OP_TIMEOUT` constant that bounds every other operation on the client side
 /// (a database that stops answering mid-statement, e.g. behind a network
 /// partition, is not caught by a server-side timeout). Written as a macro
@@ -249,18 +134,8 @@ macro_rules! impl_claim_store {
                 digest: &str,
                 now: $crate::claim::Millis,
             ) -> Result<Option<$crate::store::ClaimOutcome>, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, async {
-                    let row = sqlx::query($crate::store::sql::CLAIM_READBACK)
-                        .bind(route)
-                        .bind(event_id)
-                        .fetch_optional(&self.read)
-                        .await?;
-                    match row {
-                        Some(row) => $crate::store::sql::readback_outcome(&row, digest, now),
-                        None => Ok(None),
-                    }
-                })
-                .await
+                $crate::store::bounded(Self::OP_TIMEOUT, self.peek_op(route, event_id, digest, now))
+                    .await
             }
 
             async fn get(
@@ -385,16 +260,69 @@ macro_rules! impl_claim_store {
             }
 
             async fn close(&self) {
-                self.write.close().await;
-                self.read.close().await;
+                self.close_all().await;
             }
         }
     };
 }
 pub(crate) use impl_claim_store;
 
-/// Decides a delivery from a [`CLAIM_READBACK`] row with `claim::decide`:
-/// `None` when the record is claimable (the claim statement must run).
+/// A [`CLAIM_READBACK`] row, whichever driver read it.
+pub(crate) struct Readback {
+    pub state: String,
+    pub lease_until: Option<crate::claim::Millis>,
+    pub body_sha256: String,
+    pub last_status: Option<i64>,
+    pub replay_status: Option<i64>,
+    pub replay_content_type: Option<String>,
+    pub replay_body: Option<Vec<u8>>,
+}
+
+impl Readback {
+    /// Decides a delivery with `claim::decide`: `None` when the record is
+    /// claimable (the claim statement must run).
+    pub(crate) fn outcome(
+        self,
+        digest: &str,
+        now: crate::claim::Millis,
+    ) -> Result<Option<super::ClaimOutcome>, super::StoreError> {
+        let recorded = super::Recorded {
+            status: self
+                .replay_status
+                .or(self.last_status)
+                .and_then(|s| u16::try_from(s).ok()),
+            content_type: self.replay_content_type,
+            body: self.replay_body,
+        };
+        super::existing_outcome(
+            &self.state,
+            self.lease_until,
+            self.body_sha256 == digest,
+            now,
+            recorded,
+        )
+    }
+}
+
+/// The outcome of a claim statement that returned its row.
+pub(crate) fn claimed(
+    attempt: i64,
+    claimed_from: Option<&str>,
+    lease_until: crate::claim::Millis,
+) -> super::ClaimOutcome {
+    let kind = if attempt == 1 {
+        crate::claim::ClaimKind::New
+    } else {
+        super::claim_kind_from_previous(claimed_from)
+    };
+    super::ClaimOutcome::Claimed {
+        attempt,
+        kind,
+        lease_until,
+    }
+}
+
+/// Decides a delivery from a [`CLAIM_READBACK`] row read with sqlx.
 pub(crate) fn readback_outcome<R>(
     row: &R,
     digest: &str,
@@ -408,24 +336,16 @@ where
     for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let state: String = row.try_get("state")?;
-    let stored_digest: String = row.try_get("body_sha256")?;
-    let last_status: Option<i64> = row.try_get("last_status")?;
-    let replay_status: Option<i64> = row.try_get("replay_status")?;
-    let recorded = super::Recorded {
-        status: replay_status
-            .or(last_status)
-            .and_then(|s| u16::try_from(s).ok()),
-        content_type: row.try_get("replay_content_type")?,
-        body: row.try_get("replay_body")?,
-    };
-    super::existing_outcome(
-        &state,
-        row.try_get("lease_until")?,
-        stored_digest == digest,
-        now,
-        recorded,
-    )
+    Readback {
+        state: row.try_get("state")?,
+        lease_until: row.try_get("lease_until")?,
+        body_sha256: row.try_get("body_sha256")?,
+        last_status: row.try_get("last_status")?,
+        replay_status: row.try_get("replay_status")?,
+        replay_content_type: row.try_get("replay_content_type")?,
+        replay_body: row.try_get("replay_body")?,
+    }
+    .outcome(digest, now)
 }
 
 /// Decodes a full record row of [`SELECT_RECORD`] from either backend.

@@ -1,0 +1,262 @@
+//! The hot transitions on a connection this process drives itself
+//! (rusqlite): a claim, a settle or a duplicate lookup costs the statement
+//! and nothing else — no per-statement hand-off to a driver thread, which is
+//! what dominated the durable path's profile under sqlx.
+//!
+//! The SQL is the shared text of [`crate::store::sql`]; its `$N` parameters
+//! are bound by number with [`bind_numbered`], as sqlx does.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, Statement, ToSql};
+
+use crate::claim::{Millis, SettleResult};
+use crate::store::sql::{self, Readback};
+use crate::store::{ClaimOutcome, ClaimRequest, SettleOutcome, SettleRequest, StoreError};
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Unavailable(e.to_string())
+    }
+}
+
+/// How a connection will be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    /// The group-commit writer: `synchronous=FULL`, waits out another
+    /// process's write lock (`events release`, a second proxy on the file).
+    Writer,
+    /// Duplicate lookups, run inline on the request's thread: never writes,
+    /// and gives up quickly on the rare busy WAL index instead of blocking
+    /// the thread (the request then fails closed with a 503).
+    Reader,
+}
+
+/// How long the writer waits for another process's lock before failing.
+pub(super) const WRITER_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an inline read may wait (WAL readers almost never wait at all).
+const READER_BUSY_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Opens the file (created and migrated already) for one role.
+pub(super) fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    match role {
+        Role::Writer => {
+            conn.busy_timeout(WRITER_BUSY_TIMEOUT)?;
+            // journal_mode is a property of the file (set at open by the
+            // pools); synchronous is per connection and is the durability.
+            conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
+            let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(StoreError::Unavailable(format!(
+                    "{}: journal_mode is {mode}, expected wal",
+                    path.display()
+                )));
+            }
+        }
+        Role::Reader => {
+            conn.busy_timeout(READER_BUSY_TIMEOUT)?;
+            conn.execute_batch("PRAGMA query_only = ON;")?;
+        }
+    }
+    Ok(conn)
+}
+
+/// Binds `args[N-1]` to every `$N` of the statement, wherever it appears.
+fn bind_numbered(st: &mut Statement<'_>, args: &[&dyn ToSql]) -> rusqlite::Result<()> {
+    for i in 1..=st.parameter_count() {
+        let n = st
+            .parameter_name(i)
+            .and_then(|name| name.strip_prefix('$'))
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| (1..=args.len()).contains(n))
+            .ok_or(rusqlite::Error::InvalidParameterCount(i, args.len()))?;
+        st.raw_bind_parameter(i, args[n - 1])?;
+    }
+    Ok(())
+}
+
+/// The record's decisive columns ([`sql::CLAIM_READBACK`]), if it exists.
+pub(super) fn read_back(
+    conn: &Connection,
+    route: &str,
+    event_id: &str,
+) -> Result<Option<Readback>, StoreError> {
+    let mut st = conn.prepare_cached(sql::CLAIM_READBACK)?;
+    bind_numbered(&mut st, &[&route, &event_id])?;
+    let mut rows = st.raw_query();
+    let Some(row) = rows.next()? else {
+        return Ok(None);
+    };
+    Ok(Some(Readback {
+        state: row.get(0)?,
+        lease_until: row.get(1)?,
+        body_sha256: row.get(2)?,
+        last_status: row.get(3)?,
+        replay_status: row.get(4)?,
+        replay_content_type: row.get(5)?,
+        replay_body: row.get(6)?,
+    }))
+}
+
+/// The claim, on the writer's connection inside its batch transaction.
+pub(super) fn claim_in(
+    conn: &Connection,
+    req: &ClaimRequest<'_>,
+) -> Result<ClaimOutcome, StoreError> {
+    let lease_until = req.now + req.lease_ms;
+    let expires_at = req.now + req.retention_ms;
+    // Inside the writer's transaction nobody else can change the record
+    // between the refused claim and its read-back; the loop is for form.
+    for _ in 0..4 {
+        {
+            let mut st = conn.prepare_cached(sql::CLAIM)?;
+            bind_numbered(
+                &mut st,
+                &[
+                    &req.route,
+                    &req.event_id,
+                    &req.digest,
+                    &lease_until,
+                    &req.now,
+                    &expires_at,
+                ],
+            )?;
+            let mut rows = st.raw_query();
+            if let Some(row) = rows.next()? {
+                let attempt: i64 = row.get(0)?;
+                let claimed_from: Option<String> = row.get(2)?;
+                // step to the end so the statement is done before the next
+                while rows.next()?.is_some() {}
+                return Ok(sql::claimed(attempt, claimed_from.as_deref(), lease_until));
+            }
+        }
+        let Some(found) = read_back(conn, req.route, req.event_id)? else {
+            continue;
+        };
+        if let Some(outcome) = found.outcome(req.digest, req.now)? {
+            return Ok(outcome);
+        }
+    }
+    Err(StoreError::Unavailable(
+        "claim kept racing with other writers".into(),
+    ))
+}
+
+/// The settle, on the writer's connection inside its batch transaction.
+pub(super) fn settle_in(
+    conn: &Connection,
+    req: &SettleRequest<'_>,
+) -> Result<SettleResult, StoreError> {
+    let expires_at = req.now + req.retention_ms;
+    match req.outcome {
+        SettleOutcome::Delivered {
+            status,
+            content_type,
+            body,
+        } => {
+            let mut st = conn.prepare_cached(sql::SETTLE_DELIVERED)?;
+            let replay_status = body.map(|_| i64::from(status));
+            bind_numbered(
+                &mut st,
+                &[
+                    &req.route,
+                    &req.event_id,
+                    &i64::from(status),
+                    &req.now,
+                    &expires_at,
+                    &replay_status,
+                    &content_type.filter(|_| body.is_some()),
+                    &body,
+                ],
+            )?;
+            Ok(match st.raw_execute()? {
+                1 => SettleResult::Delivered,
+                _ => SettleResult::Stale,
+            })
+        }
+        SettleOutcome::Failed { status, error } => {
+            let mut st = conn.prepare_cached(sql::SETTLE_FAILED)?;
+            bind_numbered(
+                &mut st,
+                &[
+                    &req.route,
+                    &req.event_id,
+                    &req.attempt,
+                    &status.map(i64::from),
+                    &error,
+                    &req.now,
+                    &expires_at,
+                ],
+            )?;
+            Ok(match st.raw_execute()? {
+                1 => SettleResult::Released,
+                _ => SettleResult::Stale,
+            })
+        }
+    }
+}
+
+/// Idle read connections; a lookup takes one, runs one indexed point read
+/// (microseconds, no await) and puts it back. The lock is held only to pop
+/// and push.
+pub(super) struct Readers {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+/// More idle read connections than this are closed after use.
+const MAX_IDLE_READERS: usize = 8;
+
+impl Readers {
+    pub(super) fn new(path: PathBuf) -> Self {
+        Readers {
+            path,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The claim's answer from the record alone (see `ClaimStore::peek`).
+    pub(super) fn peek(
+        &self,
+        route: &str,
+        event_id: &str,
+        digest: &str,
+        now: Millis,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let conn = self.take()?;
+        let found = read_back(&conn, route, event_id);
+        // a connection that failed is dropped rather than reused
+        if found.is_ok() {
+            self.put(conn);
+        }
+        match found? {
+            Some(found) => found.outcome(digest, now),
+            None => Ok(None),
+        }
+    }
+
+    fn take(&self) -> Result<Connection, StoreError> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => open(&self.path, Role::Reader),
+        }
+    }
+
+    fn put(&self, conn: Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+    }
+
+    /// Closes every idle connection (the store is closing).
+    pub(super) fn close(&self) {
+        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(idle);
+    }
+}
