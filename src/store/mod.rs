@@ -6,6 +6,7 @@
 //! the claim is an `INSERT … ON CONFLICT DO UPDATE … WHERE <reclaimable>
 //! RETURNING`, a release is an `UPDATE … WHERE attempts = $attempt`.
 
+mod owned;
 pub mod postgres;
 pub(crate) mod sql;
 pub mod sqlite;

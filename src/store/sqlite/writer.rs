@@ -12,8 +12,9 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::direct::{self, Role};
-use crate::claim::{Millis, SettleResult};
-use crate::store::{ClaimOutcome, ClaimRequest, SettleOutcome, SettleRequest, StoreError};
+use crate::claim::SettleResult;
+use crate::store::owned::{OwnedClaim, OwnedSettle};
+use crate::store::{ClaimOutcome, ClaimRequest, SettleRequest, StoreError};
 
 /// Most operations committed together.
 const MAX_BATCH: usize = 256;
@@ -30,104 +31,6 @@ enum Op {
     ),
     /// Close the connection and stop (the store is closing).
     Close(oneshot::Sender<()>),
-}
-
-struct OwnedClaim {
-    route: String,
-    event_id: String,
-    digest: String,
-    now: Millis,
-    lease_ms: Millis,
-    retention_ms: Millis,
-}
-
-struct OwnedSettle {
-    route: String,
-    event_id: String,
-    attempt: i64,
-    now: Millis,
-    retention_ms: Millis,
-    delivered: Option<(u16, Option<String>, Option<Vec<u8>>)>,
-    failed: Option<(Option<u16>, Option<String>)>,
-}
-
-impl OwnedClaim {
-    fn new(r: &ClaimRequest<'_>) -> Self {
-        OwnedClaim {
-            route: r.route.to_owned(),
-            event_id: r.event_id.to_owned(),
-            digest: r.digest.to_owned(),
-            now: r.now,
-            lease_ms: r.lease_ms,
-            retention_ms: r.retention_ms,
-        }
-    }
-    fn req(&self) -> ClaimRequest<'_> {
-        ClaimRequest {
-            route: &self.route,
-            event_id: &self.event_id,
-            digest: &self.digest,
-            now: self.now,
-            lease_ms: self.lease_ms,
-            retention_ms: self.retention_ms,
-        }
-    }
-}
-
-impl OwnedSettle {
-    fn new(r: &SettleRequest<'_>) -> Self {
-        let (delivered, failed) = match &r.outcome {
-            SettleOutcome::Delivered {
-                status,
-                content_type,
-                body,
-            } => (
-                Some((
-                    *status,
-                    content_type.map(str::to_owned),
-                    body.map(<[u8]>::to_vec),
-                )),
-                None,
-            ),
-            SettleOutcome::Failed { status, error } => {
-                (None, Some((*status, error.map(str::to_owned))))
-            }
-        };
-        OwnedSettle {
-            route: r.route.to_owned(),
-            event_id: r.event_id.to_owned(),
-            attempt: r.attempt,
-            now: r.now,
-            retention_ms: r.retention_ms,
-            delivered,
-            failed,
-        }
-    }
-    fn req(&self) -> SettleRequest<'_> {
-        let outcome = match (&self.delivered, &self.failed) {
-            (Some((status, ct, body)), _) => SettleOutcome::Delivered {
-                status: *status,
-                content_type: ct.as_deref(),
-                body: body.as_deref(),
-            },
-            (None, Some((status, error))) => SettleOutcome::Failed {
-                status: *status,
-                error: error.as_deref(),
-            },
-            (None, None) => SettleOutcome::Failed {
-                status: None,
-                error: None,
-            },
-        };
-        SettleRequest {
-            route: &self.route,
-            event_id: &self.event_id,
-            attempt: self.attempt,
-            now: self.now,
-            retention_ms: self.retention_ms,
-            outcome,
-        }
-    }
 }
 
 /// The async side of the writer thread.

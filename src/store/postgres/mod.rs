@@ -17,6 +17,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::Connection;
 
+use super::owned::{OwnedClaim, OwnedSettle};
 use super::StoreError;
 
 /// Server side: a stuck database (a lock, an overloaded server) must not hold
@@ -33,7 +34,11 @@ pub struct PostgresStore {
     write: PgPool,
     /// Same pool: PostgreSQL has no single-writer constraint.
     read: PgPool,
+    /// Lookups, claims and delivered settles, in batches.
+    batchers: batch::Batchers,
 }
+
+mod batch;
 
 impl PostgresStore {
     /// Client side, for a whole operation (a claim may be two statements):
@@ -45,10 +50,17 @@ impl PostgresStore {
     pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         let opts = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::UnsupportedUrl(format!("{}: {e}", super::redact_url(url))))?
-            .options([(
-                "statement_timeout",
-                STATEMENT_TIMEOUT.as_millis().to_string(),
-            )])
+            .options([
+                (
+                    "statement_timeout",
+                    STATEMENT_TIMEOUT.as_millis().to_string(),
+                ),
+                // Statements are prepared once per connection; a generic plan
+                // cannot see how many keys a batch's arrays hold and, on a
+                // small table, joins them by hashing a sequential scan of it.
+                // A plan per execution uses the primary key every time.
+                ("plan_cache_mode", "force_custom_plan".to_string()),
+            ])
             .application_name("idemgate");
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
@@ -57,6 +69,7 @@ impl PostgresStore {
             .test_before_acquire(false)
             .connect_lazy_with(opts);
         Ok(PostgresStore {
+            batchers: batch::Batchers::start(&pool),
             write: pool.clone(),
             read: pool,
         })
@@ -87,7 +100,7 @@ impl PostgresStore {
                 1,
                 Cow::Borrowed("records"),
                 MigrationType::Simple,
-                Cow::Borrowed(include_str!("../../migrations/postgres/0001_records.sql")),
+                Cow::Borrowed(include_str!("../../../migrations/postgres/0001_records.sql")),
                 false,
             )]),
             ignore_missing: false,
@@ -102,16 +115,22 @@ impl PostgresStore {
         &self,
         req: &super::ClaimRequest<'_>,
     ) -> Result<super::ClaimOutcome, StoreError> {
-        let mut conn = self.write.acquire().await?;
-        Self::claim_on(&mut conn, req).await
+        self.batchers.claim(OwnedClaim::new(req)).await
     }
 
     async fn settle_op(
         &self,
         req: &super::SettleRequest<'_>,
     ) -> Result<crate::claim::SettleResult, StoreError> {
-        let mut conn = self.write.acquire().await?;
-        Self::settle_on(&mut conn, req).await
+        match req.outcome {
+            super::SettleOutcome::Delivered { .. } => {
+                self.batchers.deliver(OwnedSettle::new(req)).await
+            }
+            super::SettleOutcome::Failed { .. } => {
+                let mut conn = self.write.acquire().await?;
+                Self::settle_on(&mut conn, req).await
+            }
+        }
     }
 
     async fn peek_op(
@@ -121,13 +140,12 @@ impl PostgresStore {
         digest: &str,
         now: crate::claim::Millis,
     ) -> Result<Option<super::ClaimOutcome>, StoreError> {
-        let row = sqlx::query(super::sql::CLAIM_READBACK)
-            .bind(route)
-            .bind(event_id)
-            .fetch_optional(&self.read)
-            .await?;
-        match row {
-            Some(row) => super::sql::readback_outcome(&row, digest, now),
+        let lookup = batch::Lookup {
+            route: route.to_owned(),
+            event_id: event_id.to_owned(),
+        };
+        match self.batchers.lookup(lookup).await? {
+            Some(found) => found.outcome(digest, now),
             None => Ok(None),
         }
     }

@@ -1,0 +1,396 @@
+//! Group commit for PostgreSQL: the lookups, claims and delivered settles
+//! that arrive while earlier ones are on their way each go to the server as
+//! one statement over arrays (`UNNEST`), one round trip and one commit for
+//! the lot. Per event, that saves the statement's fixed cost on both sides
+//! (the executor's start-up, the commit, the WAL flush, the driver), which
+//! was most of the durable path's time.
+//!
+//! Each kind has a dispatcher that waits for a free slot (at most
+//! [`SLOTS`] statements of a kind in flight), then takes everything queued
+//! and runs it. Under light load a batch is one operation and costs what the
+//! single statement did; under heavy load the queue fills while the slots
+//! are busy, and batches grow.
+//!
+//! Every batch is one statement, so no transaction spans a round trip. Keys
+//! go in sorted order, so that two replicas' batches lock shared rows in the
+//! same order. A key that repeats within a batch, a row that a concurrent
+//! writer changed in between, and a batch the server refused (a deadlock
+//! with another replica, say) fall back to the single statements of
+//! `claim_on`/`settle_on`, whose answers are authoritative.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+
+use sqlx::postgres::PgPool;
+use sqlx::{PgConnection, Row};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::PostgresStore;
+use crate::claim::SettleResult;
+use crate::store::owned::{OwnedClaim, OwnedSettle};
+use crate::store::sql::{self, Readback};
+use crate::store::{ClaimOutcome, StoreError};
+
+/// Most operations in one statement.
+const MAX_BATCH: usize = 128;
+/// Statements of one kind in flight at once.
+pub(super) const SLOTS: usize = 3;
+
+/// Claims of keys not in the table yet, or reclaimable: [`sql::CLAIM`] over
+/// arrays. $1 routes, $2 event_ids, $3 digests, $4 lease_until, $5 now,
+/// $6 expires_at — one element per claim, sorted by (route, event_id).
+const CLAIM_MANY: &str = "\
+INSERT INTO records (route, event_id, body_sha256, state, attempts, lease_until,
+                     first_seen_at, updated_at, expires_at)
+SELECT r, e, d, 'processing', 1, l, n, n, x
+FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[])
+     WITH ORDINALITY AS u(r, e, d, l, n, x, i)
+ORDER BY i
+ON CONFLICT (route, event_id) DO UPDATE SET
+    state = 'processing',
+    attempts = records.attempts + 1,
+    lease_until = excluded.lease_until,
+    updated_at = excluded.updated_at,
+    expires_at = excluded.expires_at,
+    claimed_from = records.state
+WHERE records.body_sha256 = excluded.body_sha256
+  AND (records.state = 'failed'
+       OR (records.state = 'processing'
+           AND (records.lease_until IS NULL OR records.lease_until <= excluded.updated_at)))
+RETURNING route, event_id, attempts, claimed_from";
+
+/// [`sql::CLAIM_READBACK`] for many keys. $1 routes, $2 event_ids
+const READ_MANY: &str = "\
+SELECT records.route, records.event_id, state, lease_until, body_sha256, last_status,
+       replay_status, replay_content_type, replay_body
+FROM records JOIN UNNEST($1::text[], $2::text[]) AS u(r, e)
+  ON records.route = u.r AND records.event_id = u.e";
+
+/// [`sql::SETTLE_DELIVERED`] for many keys. $1 routes, $2 event_ids,
+/// $3 statuses, $4 now, $5 expires_at, $6 replay statuses, $7 replay
+/// content types, $8 replay bodies
+const DELIVER_MANY: &str = "\
+UPDATE records SET state = 'delivered', last_status = u.s, last_error = NULL,
+    lease_until = NULL, delivered_at = u.n, updated_at = u.n, expires_at = u.x,
+    replay_status = u.rs, replay_content_type = u.rct, replay_body = u.rb
+FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
+            $7::text[], $8::bytea[]) AS u(r, e, s, n, x, rs, rct, rb)
+WHERE records.route = u.r AND records.event_id = u.e AND records.state <> 'delivered'
+RETURNING records.route, records.event_id";
+
+type Key = (String, String);
+type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
+
+/// A duplicate lookup: the key; answered with the record's decisive columns.
+pub(super) struct Lookup {
+    pub route: String,
+    pub event_id: String,
+}
+
+/// The queues of the three dispatchers.
+pub(super) struct Batchers {
+    lookups: mpsc::Sender<(Lookup, Reply<Option<Readback>>)>,
+    claims: mpsc::Sender<(OwnedClaim, Reply<ClaimOutcome>)>,
+    delivered: mpsc::Sender<(OwnedSettle, Reply<SettleResult>)>,
+}
+
+impl Batchers {
+    /// Starts the dispatchers on the current runtime.
+    pub(super) fn start(pool: &PgPool) -> Self {
+        Batchers {
+            lookups: dispatch(pool.clone(), read_batch),
+            claims: dispatch(pool.clone(), claim_batch),
+            delivered: dispatch(pool.clone(), deliver_batch),
+        }
+    }
+
+    pub(super) async fn lookup(&self, item: Lookup) -> Result<Option<Readback>, StoreError> {
+        ask(&self.lookups, item).await
+    }
+
+    pub(super) async fn claim(&self, item: OwnedClaim) -> Result<ClaimOutcome, StoreError> {
+        ask(&self.claims, item).await
+    }
+
+    /// A delivered settle (failed ones are rare and run alone).
+    pub(super) async fn deliver(&self, item: OwnedSettle) -> Result<SettleResult, StoreError> {
+        ask(&self.delivered, item).await
+    }
+}
+
+async fn ask<I, O>(queue: &mpsc::Sender<(I, Reply<O>)>, item: I) -> Result<O, StoreError> {
+    let gone = || StoreError::Unavailable("the PostgreSQL batcher stopped".into());
+    let (tx, rx) = oneshot::channel();
+    queue.send((item, tx)).await.map_err(|_| gone())?;
+    rx.await.map_err(|_| gone())?
+}
+
+/// Runs batches of `run` with at most [`SLOTS`] in flight; stops when every
+/// sender is gone.
+fn dispatch<I, O, F, Fut>(pool: PgPool, run: F) -> mpsc::Sender<(I, Reply<O>)>
+where
+    I: Send + 'static,
+    O: Send + 'static,
+    F: Fn(PgPool, Vec<I>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Vec<Result<O, StoreError>>> + Send + 'static,
+{
+    let (queue, mut jobs) = mpsc::channel::<(I, Reply<O>)>(4 * MAX_BATCH);
+    let run = Arc::new(run);
+    tokio::spawn(async move {
+        let slots = Arc::new(Semaphore::new(SLOTS));
+        loop {
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                break;
+            };
+            let Some(first) = jobs.recv().await else {
+                break;
+            };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
+            let (run, pool) = (run.clone(), pool.clone());
+            tokio::spawn(async move {
+                let results = run(pool, items).await;
+                for (reply, result) in replies.into_iter().zip(results) {
+                    let _ = reply.send(result);
+                }
+                drop(slot);
+            });
+        }
+    });
+    queue
+}
+
+/// The batch's items in key order, first occurrences apart from repeats.
+fn split_by_key<'a>(keys: impl Iterator<Item = (&'a str, &'a str)>) -> (Vec<usize>, Vec<usize>) {
+    let mut order: Vec<(usize, (&str, &str))> = keys.enumerate().collect();
+    order.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+    let (mut firsts, mut repeats) = (Vec::new(), Vec::new());
+    for (n, (i, key)) in order.iter().enumerate() {
+        if n > 0 && order[n - 1].1 == *key {
+            repeats.push(*i);
+        } else {
+            firsts.push(*i);
+        }
+    }
+    (firsts, repeats)
+}
+
+fn all_failed<O>(n: usize, e: &StoreError) -> Vec<Result<O, StoreError>> {
+    (0..n)
+        .map(|_| Err(StoreError::Unavailable(e.to_string())))
+        .collect()
+}
+
+fn done<O>(results: Vec<Option<Result<O, StoreError>>>) -> Vec<Result<O, StoreError>> {
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(StoreError::Unavailable("no result".into()))))
+        .collect()
+}
+
+async fn read_many(
+    conn: &mut PgConnection,
+    keys: &[(&str, &str)],
+) -> Result<HashMap<Key, Readback>, StoreError> {
+    let (routes, ids): (Vec<&str>, Vec<&str>) = keys.iter().copied().unzip();
+    let rows = sqlx::query(READ_MANY)
+        .bind(routes)
+        .bind(ids)
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let key = (row.try_get("route")?, row.try_get("event_id")?);
+            let found = Readback {
+                state: row.try_get("state")?,
+                lease_until: row.try_get("lease_until")?,
+                body_sha256: row.try_get("body_sha256")?,
+                last_status: row.try_get("last_status")?,
+                replay_status: row.try_get("replay_status")?,
+                replay_content_type: row.try_get("replay_content_type")?,
+                replay_body: row.try_get("replay_body")?,
+            };
+            Ok((key, found))
+        })
+        .collect()
+}
+
+async fn read_batch(pool: PgPool, items: Vec<Lookup>) -> Vec<Result<Option<Readback>, StoreError>> {
+    let mut conn = match pool.acquire().await {
+        Ok(c) => c,
+        Err(e) => return all_failed(items.len(), &e.into()),
+    };
+    let keys: Vec<(&str, &str)> = items
+        .iter()
+        .map(|l| (l.route.as_str(), l.event_id.as_str()))
+        .collect();
+    match read_many(&mut conn, &keys).await {
+        Ok(mut found) => keys
+            .iter()
+            .map(|(r, e)| Ok(found.remove(&(r.to_string(), e.to_string()))))
+            .collect(),
+        Err(e) => all_failed(items.len(), &e),
+    }
+}
+
+async fn claim_batch(pool: PgPool, items: Vec<OwnedClaim>) -> Vec<Result<ClaimOutcome, StoreError>> {
+    let mut conn = match pool.acquire().await {
+        Ok(c) => c,
+        Err(e) => return all_failed(items.len(), &e.into()),
+    };
+    let (firsts, repeats) =
+        split_by_key(items.iter().map(|c| (c.route.as_str(), c.event_id.as_str())));
+    let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
+        (0..items.len()).map(|_| None).collect();
+    if let Err(e) = claim_many(&mut conn, &items, &firsts, &mut results).await {
+        tracing::debug!(error = %e, "batched claim refused; claiming one by one");
+    }
+    // what the batch did not decide, and repeats of a key, one by one
+    for i in 0..items.len() {
+        if results[i].is_none() || repeats.contains(&i) {
+            results[i] = Some(PostgresStore::claim_on(&mut conn, &items[i].req()).await);
+        }
+    }
+    done(results)
+}
+
+/// One statement for the claims at `which`; fills in what it decided.
+async fn claim_many(
+    conn: &mut PgConnection,
+    items: &[OwnedClaim],
+    which: &[usize],
+    results: &mut [Option<Result<ClaimOutcome, StoreError>>],
+) -> Result<(), StoreError> {
+    let pick = |f: &dyn Fn(&OwnedClaim) -> i64| which.iter().map(|&i| f(&items[i])).collect::<Vec<_>>();
+    let rows = sqlx::query(CLAIM_MANY)
+        .bind(which.iter().map(|&i| items[i].route.as_str()).collect::<Vec<_>>())
+        .bind(which.iter().map(|&i| items[i].event_id.as_str()).collect::<Vec<_>>())
+        .bind(which.iter().map(|&i| items[i].digest.as_str()).collect::<Vec<_>>())
+        .bind(pick(&|c| c.now + c.lease_ms))
+        .bind(pick(&|c| c.now))
+        .bind(pick(&|c| c.now + c.retention_ms))
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut claimed: HashMap<Key, (i64, Option<String>)> = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        claimed.insert(
+            (row.try_get("route")?, row.try_get("event_id")?),
+            (row.try_get("attempts")?, row.try_get("claimed_from")?),
+        );
+    }
+    let mut refused = Vec::new();
+    for &i in which {
+        let c = &items[i];
+        match claimed.remove(&(c.route.clone(), c.event_id.clone())) {
+            Some((attempt, from)) => {
+                results[i] = Some(Ok(sql::claimed(attempt, from.as_deref(), c.now + c.lease_ms)));
+            }
+            None => refused.push(i),
+        }
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    // Refused: decided by the record as it is now; one that became
+    // claimable in between is left to the single statement.
+    let keys: Vec<(&str, &str)> = refused
+        .iter()
+        .map(|&i| (items[i].route.as_str(), items[i].event_id.as_str()))
+        .collect();
+    let mut found = read_many(conn, &keys).await?;
+    for &i in &refused {
+        let c = &items[i];
+        if let Some(record) = found.remove(&(c.route.clone(), c.event_id.clone())) {
+            if let Some(outcome) = record.outcome(&c.digest, c.now).transpose() {
+                results[i] = Some(outcome);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn deliver_batch(pool: PgPool, items: Vec<OwnedSettle>) -> Vec<Result<SettleResult, StoreError>> {
+    let mut conn = match pool.acquire().await {
+        Ok(c) => c,
+        Err(e) => return all_failed(items.len(), &e.into()),
+    };
+    let (firsts, repeats) =
+        split_by_key(items.iter().map(|s| (s.route.as_str(), s.event_id.as_str())));
+    let mut results: Vec<Option<Result<SettleResult, StoreError>>> =
+        (0..items.len()).map(|_| None).collect();
+    match deliver_many(&mut conn, &items, &firsts).await {
+        Ok(updated) => {
+            for &i in &firsts {
+                let key = (items[i].route.clone(), items[i].event_id.clone());
+                results[i] = Some(Ok(if updated.contains(&key) {
+                    SettleResult::Delivered
+                } else {
+                    SettleResult::Stale
+                }));
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "batched settle refused; settling one by one"),
+    }
+    for i in 0..items.len() {
+        if results[i].is_none() || repeats.contains(&i) {
+            results[i] = Some(PostgresStore::settle_on(&mut conn, &items[i].req()).await);
+        }
+    }
+    done(results)
+}
+
+/// One statement for the delivered settles at `which`; the keys it updated.
+async fn deliver_many(
+    conn: &mut PgConnection,
+    items: &[OwnedSettle],
+    which: &[usize],
+) -> Result<HashSet<Key>, StoreError> {
+    let mut statuses = Vec::with_capacity(which.len());
+    let mut replay_statuses = Vec::with_capacity(which.len());
+    let mut content_types = Vec::with_capacity(which.len());
+    let mut bodies = Vec::with_capacity(which.len());
+    for &i in which {
+        let (status, content_type, body) = items[i]
+            .delivered
+            .as_ref()
+            .ok_or_else(|| StoreError::Corrupt("a failed settle in a delivered batch".into()))?;
+        statuses.push(i64::from(*status));
+        replay_statuses.push(body.as_ref().map(|_| i64::from(*status)));
+        content_types.push(content_type.as_deref().filter(|_| body.is_some()));
+        bodies.push(body.as_deref());
+    }
+    let rows = sqlx::query(DELIVER_MANY)
+        .bind(which.iter().map(|&i| items[i].route.as_str()).collect::<Vec<_>>())
+        .bind(which.iter().map(|&i| items[i].event_id.as_str()).collect::<Vec<_>>())
+        .bind(statuses)
+        .bind(which.iter().map(|&i| items[i].now).collect::<Vec<_>>())
+        .bind(which.iter().map(|&i| items[i].now + items[i].retention_ms).collect::<Vec<_>>())
+        .bind(replay_statuses)
+        .bind(content_types)
+        .bind(bodies)
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get("route")?, row.try_get("event_id")?)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_by_key;
+
+    #[test]
+    fn keys_sorted_and_repeats_apart() {
+        let keys = [("r", "b"), ("r", "a"), ("q", "z"), ("r", "b"), ("r", "a")];
+        let (firsts, repeats) = split_by_key(keys.iter().copied());
+        assert_eq!(firsts, vec![2, 1, 0]);
+        assert_eq!(repeats, vec![4, 3]);
+    }
+}
