@@ -134,12 +134,20 @@ fn json_logs_carry_one_line_per_guarded_request_and_never_the_payload() {
         .filter(|v| v["message"] == "guarded request")
         .collect();
     assert_eq!(lines.len(), 2, "one info event per guarded request:\n{log}");
-    assert_eq!(lines[0]["event_id"], id.as_str());
-    assert_eq!(lines[0]["route"], "l");
-    assert_eq!(lines[0]["outcome"], "forwarded");
-    assert_eq!(lines[0]["upstream_status"], 200);
-    assert_eq!(lines[0]["attempt"], 1);
-    assert_eq!(lines[1]["outcome"], "replayed");
+    // Each line is written after its answer, so the second request's line
+    // may come first; find the lines by outcome.
+    let by_outcome = |o: &str| {
+        lines
+            .iter()
+            .find(|l| l["outcome"] == o)
+            .unwrap_or_else(|| panic!("no {o} line:\n{log}"))
+    };
+    let forwarded = by_outcome("forwarded");
+    assert_eq!(forwarded["event_id"], id.as_str());
+    assert_eq!(forwarded["route"], "l");
+    assert_eq!(forwarded["upstream_status"], 200);
+    assert_eq!(forwarded["attempt"], 1);
+    assert_eq!(by_outcome("replayed")["event_id"], id.as_str());
 }
 
 fn operator_commands(store: &str, dir: &TempDir) {

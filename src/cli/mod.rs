@@ -163,6 +163,8 @@ pub fn init_logging(format: LogFormat) {
         .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // colour codes only for a person at a terminal, not in log files
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
     let installed = match format {
         LogFormat::Text => builder.try_init(),
