@@ -1,6 +1,8 @@
-//! The admin listener: `/healthz` (the process runs), `/readyz` (the store
-//! answers), `/metrics` (Prometheus text).
+//! The admin listener: `/healthz` (the process runs), `/readyz` (the proxy
+//! listener accepts and the store answers), `/metrics` (Prometheus text).
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +20,29 @@ const READY_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Admin {
     pub store: Arc<dyn ClaimStore>,
     pub metrics: Metrics,
+    /// The proxy's listen address: pingora starts the admin service before
+    /// the proxy service, so `/readyz` must not say ready until the proxy
+    /// listener accepts (a client that trusted it got "connection refused").
+    pub proxy_listen: SocketAddr,
+    /// Set once a connection to `proxy_listen` succeeded.
+    pub proxy_up: AtomicBool,
+}
+
+impl Admin {
+    async fn proxy_accepts(&self) -> bool {
+        if self.proxy_up.load(Ordering::Relaxed) {
+            return true;
+        }
+        let connect = tokio::net::TcpStream::connect(self.proxy_listen);
+        let up = matches!(
+            tokio::time::timeout(READY_TIMEOUT, connect).await,
+            Ok(Ok(_))
+        );
+        if up {
+            self.proxy_up.store(true, Ordering::Relaxed);
+        }
+        up
+    }
 }
 
 fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -36,6 +61,13 @@ impl ServeHttp for Admin {
         match session.req_header().uri.path() {
             "/healthz" => text(StatusCode::OK, plain, b"ok\n".to_vec()),
             "/readyz" => {
+                if !self.proxy_accepts().await {
+                    return text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        plain,
+                        b"proxy listener: not accepting yet\n".to_vec(),
+                    );
+                }
                 let t = std::time::Instant::now();
                 let ping = tokio::time::timeout(READY_TIMEOUT, self.store.ping()).await;
                 self.metrics.store_time("lookup", t.elapsed().as_secs_f64());

@@ -112,6 +112,8 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
         Admin {
             store: store.clone(),
             metrics: metrics.clone(),
+            proxy_listen: config.listen,
+            proxy_up: Default::default(),
         },
     );
     admin.add_tcp(&config.admin_listen.to_string());

@@ -209,6 +209,26 @@ fn operator_commands_on_postgres() {
     operator_commands(&store, &dir);
 }
 
+/// `/readyz` says ready only once the proxy port accepts: pingora starts
+/// the admin service first, and a client that trusted an early 200 got
+/// "connection refused" (seen once in the conformance suite).
+#[test]
+fn readyz_is_200_only_when_the_proxy_port_accepts() {
+    let dir = TempDir::new("ready");
+    let up = Consumer::start().unwrap();
+    let store = dir.sqlite_url("r.db");
+    for _ in 0..5 {
+        // Proxy::start returns at the first 200 from /readyz
+        let mut px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+        let accepted = std::net::TcpStream::connect_timeout(&px.addr, Duration::from_secs(2));
+        assert!(
+            accepted.is_ok(),
+            "/readyz said 200 but the proxy port refused: {accepted:?}"
+        );
+        px.stop(Duration::from_secs(10));
+    }
+}
+
 #[test]
 fn serve_on_a_busy_address_exits_1_with_one_line() {
     let dir = TempDir::new("busy");
