@@ -240,13 +240,19 @@ async fn read_batch(pool: PgPool, items: Vec<Lookup>) -> Vec<Result<Option<Readb
     }
 }
 
-async fn claim_batch(pool: PgPool, items: Vec<OwnedClaim>) -> Vec<Result<ClaimOutcome, StoreError>> {
+async fn claim_batch(
+    pool: PgPool,
+    items: Vec<OwnedClaim>,
+) -> Vec<Result<ClaimOutcome, StoreError>> {
     let mut conn = match pool.acquire().await {
         Ok(c) => c,
         Err(e) => return all_failed(items.len(), &e.into()),
     };
-    let (firsts, repeats) =
-        split_by_key(items.iter().map(|c| (c.route.as_str(), c.event_id.as_str())));
+    let (firsts, repeats) = split_by_key(
+        items
+            .iter()
+            .map(|c| (c.route.as_str(), c.event_id.as_str())),
+    );
     let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
         (0..items.len()).map(|_| None).collect();
     if let Err(e) = claim_many(&mut conn, &items, &firsts, &mut results).await {
@@ -268,11 +274,27 @@ async fn claim_many(
     which: &[usize],
     results: &mut [Option<Result<ClaimOutcome, StoreError>>],
 ) -> Result<(), StoreError> {
-    let pick = |f: &dyn Fn(&OwnedClaim) -> i64| which.iter().map(|&i| f(&items[i])).collect::<Vec<_>>();
+    let pick =
+        |f: &dyn Fn(&OwnedClaim) -> i64| which.iter().map(|&i| f(&items[i])).collect::<Vec<_>>();
     let rows = sqlx::query(CLAIM_MANY)
-        .bind(which.iter().map(|&i| items[i].route.as_str()).collect::<Vec<_>>())
-        .bind(which.iter().map(|&i| items[i].event_id.as_str()).collect::<Vec<_>>())
-        .bind(which.iter().map(|&i| items[i].digest.as_str()).collect::<Vec<_>>())
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].route.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].event_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].digest.as_str())
+                .collect::<Vec<_>>(),
+        )
         .bind(pick(&|c| c.now + c.lease_ms))
         .bind(pick(&|c| c.now))
         .bind(pick(&|c| c.now + c.retention_ms))
@@ -290,7 +312,11 @@ async fn claim_many(
         let c = &items[i];
         match claimed.remove(&(c.route.clone(), c.event_id.clone())) {
             Some((attempt, from)) => {
-                results[i] = Some(Ok(sql::claimed(attempt, from.as_deref(), c.now + c.lease_ms)));
+                results[i] = Some(Ok(sql::claimed(
+                    attempt,
+                    from.as_deref(),
+                    c.now + c.lease_ms,
+                )));
             }
             None => refused.push(i),
         }
@@ -316,13 +342,19 @@ async fn claim_many(
     Ok(())
 }
 
-async fn deliver_batch(pool: PgPool, items: Vec<OwnedSettle>) -> Vec<Result<SettleResult, StoreError>> {
+async fn deliver_batch(
+    pool: PgPool,
+    items: Vec<OwnedSettle>,
+) -> Vec<Result<SettleResult, StoreError>> {
     let mut conn = match pool.acquire().await {
         Ok(c) => c,
         Err(e) => return all_failed(items.len(), &e.into()),
     };
-    let (firsts, repeats) =
-        split_by_key(items.iter().map(|s| (s.route.as_str(), s.event_id.as_str())));
+    let (firsts, repeats) = split_by_key(
+        items
+            .iter()
+            .map(|s| (s.route.as_str(), s.event_id.as_str())),
+    );
     let mut results: Vec<Option<Result<SettleResult, StoreError>>> =
         (0..items.len()).map(|_| None).collect();
     match deliver_many(&mut conn, &items, &firsts).await {
@@ -367,11 +399,26 @@ async fn deliver_many(
         bodies.push(body.as_deref());
     }
     let rows = sqlx::query(DELIVER_MANY)
-        .bind(which.iter().map(|&i| items[i].route.as_str()).collect::<Vec<_>>())
-        .bind(which.iter().map(|&i| items[i].event_id.as_str()).collect::<Vec<_>>())
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].route.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].event_id.as_str())
+                .collect::<Vec<_>>(),
+        )
         .bind(statuses)
         .bind(which.iter().map(|&i| items[i].now).collect::<Vec<_>>())
-        .bind(which.iter().map(|&i| items[i].now + items[i].retention_ms).collect::<Vec<_>>())
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].now + items[i].retention_ms)
+                .collect::<Vec<_>>(),
+        )
         .bind(replay_statuses)
         .bind(content_types)
         .bind(bodies)

@@ -100,7 +100,9 @@ impl PostgresStore {
                 1,
                 Cow::Borrowed("records"),
                 MigrationType::Simple,
-                Cow::Borrowed(include_str!("../../../migrations/postgres/0001_records.sql")),
+                Cow::Borrowed(include_str!(
+                    "../../../migrations/postgres/0001_records.sql"
+                )),
                 false,
             )]),
             ignore_missing: false,
