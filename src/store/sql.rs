@@ -2,15 +2,21 @@
 //! `INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING`, `$N` parameters and
 //! row-value `IN`, so each transition is written once, here.
 
-/// Claim: insert a fresh record, or take over one that is reclaimable with the
-/// same digest (failed, or processing with an expired lease). Mirrors
-/// `claim::decide`; a refused claim returns no row.
-/// $1 route, $2 event_id, $3 digest, $4 lease_until, $5 now, $6 expires_at
-pub const CLAIM: &str = "\
-INSERT INTO records (route, event_id, body_sha256, state, attempts, lease_until,
-                     first_seen_at, updated_at, expires_at)
-VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6)
-ON CONFLICT (route, event_id) DO UPDATE SET
+/// The start of every claim statement: the columns a new record gets.
+macro_rules! claim_insert {
+    () => {
+        "INSERT INTO records (route, event_id, body_sha256, state, attempts, lease_until,
+                     first_seen_at, updated_at, expires_at)\n"
+    };
+}
+pub(crate) use claim_insert;
+
+/// The reclaim rule every claim statement ends with (before `RETURNING`):
+/// take over a record with the same digest that failed, or is processing
+/// with an expired lease. Mirrors `claim::decide`.
+macro_rules! claim_on_conflict {
+    () => {
+        "ON CONFLICT (route, event_id) DO UPDATE SET
     state = 'processing',
     attempts = records.attempts + 1,
     lease_until = excluded.lease_until,
@@ -20,8 +26,21 @@ ON CONFLICT (route, event_id) DO UPDATE SET
 WHERE records.body_sha256 = excluded.body_sha256
   AND (records.state = 'failed'
        OR (records.state = 'processing'
-           AND (records.lease_until IS NULL OR records.lease_until <= excluded.updated_at)))
-RETURNING attempts, lease_until, claimed_from";
+           AND (records.lease_until IS NULL OR records.lease_until <= excluded.updated_at)))\n"
+    };
+}
+pub(crate) use claim_on_conflict;
+
+/// Claim: insert a fresh record, or take over one that is reclaimable with the
+/// same digest (failed, or processing with an expired lease). Mirrors
+/// `claim::decide`; a refused claim returns no row.
+/// $1 route, $2 event_id, $3 digest, $4 lease_until, $5 now, $6 expires_at
+pub const CLAIM: &str = concat!(
+    claim_insert!(),
+    "VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6)\n",
+    claim_on_conflict!(),
+    "RETURNING attempts, lease_until, claimed_from"
+);
 
 /// What a refused claim needs to know. $1 route, $2 event_id
 pub const CLAIM_READBACK: &str = "\

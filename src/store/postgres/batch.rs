@@ -40,25 +40,15 @@ pub(super) const SLOTS: usize = 3;
 /// Claims of keys not in the table yet, or reclaimable: [`sql::CLAIM`] over
 /// arrays. $1 routes, $2 event_ids, $3 digests, $4 lease_until, $5 now,
 /// $6 expires_at — one element per claim, sorted by (route, event_id).
-const CLAIM_MANY: &str = "\
-INSERT INTO records (route, event_id, body_sha256, state, attempts, lease_until,
-                     first_seen_at, updated_at, expires_at)
-SELECT r, e, d, 'processing', 1, l, n, n, x
+const CLAIM_MANY: &str = concat!(
+    sql::claim_insert!(),
+    "SELECT r, e, d, 'processing', 1, l, n, n, x
 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[])
      WITH ORDINALITY AS u(r, e, d, l, n, x, i)
-ORDER BY i
-ON CONFLICT (route, event_id) DO UPDATE SET
-    state = 'processing',
-    attempts = records.attempts + 1,
-    lease_until = excluded.lease_until,
-    updated_at = excluded.updated_at,
-    expires_at = excluded.expires_at,
-    claimed_from = records.state
-WHERE records.body_sha256 = excluded.body_sha256
-  AND (records.state = 'failed'
-       OR (records.state = 'processing'
-           AND (records.lease_until IS NULL OR records.lease_until <= excluded.updated_at)))
-RETURNING route, event_id, attempts, claimed_from";
+ORDER BY i\n",
+    sql::claim_on_conflict!(),
+    "RETURNING route, event_id, attempts, claimed_from"
+);
 
 /// [`sql::CLAIM_READBACK`] for many keys. $1 routes, $2 event_ids
 const READ_MANY: &str = "\
@@ -248,7 +238,8 @@ async fn claim_batch(
         Ok(c) => c,
         Err(e) => return all_failed(items.len(), &e.into()),
     };
-    let (firsts, repeats) = split_by_key(
+    // repeats of a key are left undecided: they run one by one below
+    let (firsts, _repeats) = split_by_key(
         items
             .iter()
             .map(|c| (c.route.as_str(), c.event_id.as_str())),
@@ -258,9 +249,9 @@ async fn claim_batch(
     if let Err(e) = claim_many(&mut conn, &items, &firsts, &mut results).await {
         tracing::debug!(error = %e, "batched claim refused; claiming one by one");
     }
-    // what the batch did not decide, and repeats of a key, one by one
+    // what the batch did not decide (repeats of a key among it), one by one
     for i in 0..items.len() {
-        if results[i].is_none() || repeats.contains(&i) {
+        if results[i].is_none() {
             results[i] = Some(PostgresStore::claim_on(&mut conn, &items[i].req()).await);
         }
     }
@@ -350,7 +341,8 @@ async fn deliver_batch(
         Ok(c) => c,
         Err(e) => return all_failed(items.len(), &e.into()),
     };
-    let (firsts, repeats) = split_by_key(
+    // repeats of a key are left undecided: they run one by one below
+    let (firsts, _repeats) = split_by_key(
         items
             .iter()
             .map(|s| (s.route.as_str(), s.event_id.as_str())),
@@ -371,7 +363,7 @@ async fn deliver_batch(
         Err(e) => tracing::debug!(error = %e, "batched settle refused; settling one by one"),
     }
     for i in 0..items.len() {
-        if results[i].is_none() || repeats.contains(&i) {
+        if results[i].is_none() {
             results[i] = Some(PostgresStore::settle_on(&mut conn, &items[i].req()).await);
         }
     }
