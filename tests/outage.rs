@@ -388,10 +388,18 @@ fn settle_failing_after_the_upstream_answered_is_retried_then_counted() {
         px.metric(r#"idemgate_settles_total{result="error",route="r"}"#),
         1.0
     );
+    // Log lines are written by a background thread: give it a moment.
+    let names_the_event = |log: &str| {
+        log.lines()
+            .any(|l| l.contains("settle failed") && l.contains(&id) && l.contains("ERROR"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !names_the_event(&px.log()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let log = px.log();
     assert!(
-        log.lines()
-            .any(|l| l.contains("settle failed") && l.contains(&id) && l.contains("ERROR")),
+        names_the_event(&log),
         "no error line naming the event:\n{log}"
     );
 

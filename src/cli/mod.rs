@@ -3,6 +3,7 @@
 
 mod demo;
 mod events;
+pub mod log_buffer;
 mod serve;
 
 use std::path::PathBuf;
@@ -149,18 +150,15 @@ pub fn run(cli: Cli) -> i32 {
 }
 
 /// Keeps the background log writer alive; dropped by [`flush_logs`].
-static LOG_GUARD: std::sync::Mutex<Option<tracing_appender::non_blocking::WorkerGuard>> =
-    std::sync::Mutex::new(None);
+static LOG_GUARD: std::sync::Mutex<Option<log_buffer::LogGuard>> = std::sync::Mutex::new(None);
 
 /// Sets up `tracing`: human-readable or JSON, level from `RUST_LOG` (default
 /// info), written to stderr by a background thread so that a request never
-/// waits on a log write.
+/// waits on a log write ([`log_buffer`]).
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::stderr());
+    let (writer, guard) = log_buffer::LogBuffer::new(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         // colour codes only for a person at a terminal, not in log files
