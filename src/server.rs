@@ -82,6 +82,7 @@ pub fn gate(
         metrics,
         connector: Connector::new(Some(ConnectorOptions::from_server_conf(conf))),
         in_flight: Arc::new(InFlightRequests::default()),
+        seen: Default::default(),
     })
 }
 

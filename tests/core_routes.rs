@@ -306,7 +306,8 @@ fn metrics_after_a_mix() {
     for (series, want) in expected {
         assert_eq!(value(series), Some(*want), "{series} in\n{text}");
     }
-    // duplicates are decided by a read (lookup); new events take a claim
+    // Duplicates are decided by a read (lookup): the four above. Events the
+    // proxy has not met claim at once, so not all ten reach a lookup.
     let claims = value(r#"idemgate_store_duration_seconds_count{operation="claim"}"#);
     let lookups = value(r#"idemgate_store_duration_seconds_count{operation="lookup"}"#);
     assert!(
@@ -314,7 +315,7 @@ fn metrics_after_a_mix() {
         "claim timings: {claims:?}"
     );
     assert!(
-        lookups.is_some_and(|n| n >= 10.0),
+        lookups.is_some_and(|n| (4.0..10.0).contains(&n)),
         "lookup timings: {lookups:?}"
     );
     let settles = value(r#"idemgate_store_duration_seconds_count{operation="settle"}"#);

@@ -307,11 +307,6 @@ impl Gate {
         digest_hex: &str,
     ) -> std::result::Result<Claimed, Problem> {
         let name = route.name();
-        // Duplicates of settled or in-flight events are decided by a read
-        // and never queue behind claims; anything else takes the claim.
-        let t = Instant::now();
-        let peeked = self.store.peek(name, event_id, digest_hex, now_ms()).await;
-        self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
         let unavailable = |e: crate::store::StoreError| {
             tracing::warn!(route = name, event_id, error = %e, "claim failed: store unavailable");
             Problem::new(
@@ -321,8 +316,18 @@ impl Gate {
             .with_event_id(Some(event_id))
             .with_retry_after(1)
         };
-        // a store that cannot answer a read will not take a claim: fail fast
-        let mut decided = peeked.map_err(unavailable)?;
+        // Duplicates of settled or in-flight events are decided by a read and
+        // never queue behind claims. An event this process has not met lately
+        // is most likely new: it claims at once, and the claim decides the
+        // rare duplicate just as the read would have.
+        let mut decided = None;
+        if self.seen.check_and_record(name, event_id) {
+            let t = Instant::now();
+            let peeked = self.store.peek(name, event_id, digest_hex, now_ms()).await;
+            self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+            // a store that cannot answer a read will not take a claim: fail fast
+            decided = peeked.map_err(unavailable)?;
+        }
         let mut waiting: Option<WaitSlot<'_>> = None;
         // The latest lease end seen: a reclaim by another held request extends it.
         let mut lease_end: Millis = 0;

@@ -8,6 +8,7 @@ pub mod forward;
 mod guard;
 pub mod respond;
 pub mod routes;
+pub mod seen;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -54,6 +55,8 @@ pub struct Gate {
     pub metrics: Metrics,
     pub connector: Connector,
     pub in_flight: Arc<InFlightRequests>,
+    /// Events met lately: they read the store before claiming.
+    pub seen: seen::SeenEvents,
 }
 
 /// Per-request state shared by the hooks.
