@@ -236,7 +236,7 @@ impl Gate {
                 OnMissingId::BodyDigest => digest_hex.clone(),
                 OnMissingId::Forward => {
                     summary.outcome = Outcome::Unguarded;
-                    return self.forward_unguarded(session, route, body, summary).await;
+                    return Box::pin(self.forward_unguarded(session, route, body, summary)).await;
                 }
                 OnMissingId::Reject => unreachable!("rejected above"),
             },
@@ -258,7 +258,7 @@ impl Gate {
                     "store unavailable: forwarding unguarded"
                 );
                 summary.outcome = Outcome::Unguarded;
-                return self.forward_unguarded(session, route, body, summary).await;
+                return Box::pin(self.forward_unguarded(session, route, body, summary)).await;
             }
             Err(p) => {
                 summary.outcome = p.kind.outcome();
@@ -275,9 +275,10 @@ impl Gate {
         };
         summary.attempt = Some(attempt);
 
-        // 6. Forward, settle, answer.
-        self.forward_guarded(session, route, body, event_id, attempt, summary)
-            .await
+        // 6. Forward, settle, answer. Boxed, like the unguarded forwards:
+        // the upstream exchange is most of this future's size, and a future
+        // that holds it inline is copied whole on every request, replays too.
+        Box::pin(self.forward_guarded(session, route, body, event_id, attempt, summary)).await
     }
 
     /// A refusal decided from the headers alone. With `Expect: 100-continue`
