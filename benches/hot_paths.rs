@@ -14,6 +14,8 @@
 //! - `event_id/*`: the header check and the JSON-pointer extraction, against
 //!   `str::from_utf8` and serde_json's own `Value::pointer`.
 //! - `claim/*`: the pure `decide` and `settle` steps.
+//! - `request/*`: the seen-events hint (a new key, a key met before) and one
+//!   log line appended to the log sink, against a plain `Vec` append.
 //! - `store/*`: one claim + one delivered settle of a fresh event, and one
 //!   claim of a delivered event (the replay path), on SQLite (a file under
 //!   `target/tmp`, WAL, `synchronous=FULL` as the store sets it) and on
@@ -333,6 +335,47 @@ fn postgres_store(c: &mut Criterion) {
     });
 }
 
-criterion_group!(pure, digests, event_ids, claim_steps);
+/// The per-request bookkeeping around the claim: the seen-events hint that
+/// decides read-first or claim-first, and appending one log line (the
+/// shipped sink against a plain `Vec`, the floor for a copy).
+fn request_bookkeeping(c: &mut Criterion) {
+    use idemgate::cli::log_buffer::LogBuffer;
+    use idemgate::proxy::seen::SeenEvents;
+    use std::io::Write;
+    use tracing_subscriber::fmt::MakeWriter;
+
+    let mut g = c.benchmark_group("request");
+    let seen = SeenEvents::default();
+    // more keys than the table has slots, so each is new when it comes round
+    let keys: Vec<String> = (0..1_000_003).map(|i| format!("evt_{i:012}")).collect();
+    let mut next = keys.iter().cycle();
+    g.bench_function("seen/new_key", |b| {
+        b.iter(|| seen.check_and_record(black_box("stripe"), black_box(next.next().unwrap())))
+    });
+    seen.check_and_record("stripe", "evt_replayed");
+    g.bench_function("seen/met_key", |b| {
+        b.iter(|| seen.check_and_record(black_box("stripe"), black_box("evt_replayed")))
+    });
+    let line = "2026-11-30T10:00:00.000000Z  INFO idemgate::proxy::guard: guarded request \
+                route=\"stripe\" event_id=\"evt_1NXb2c\" outcome=\"forwarded\" \
+                upstream_status=200 attempt=1 duration_ms=1.234\n";
+    let (buf, guard) = LogBuffer::new(std::io::sink());
+    g.bench_function("log_line/log_buffer", |b| {
+        b.iter(|| buf.make_writer().write_all(black_box(line.as_bytes())))
+    });
+    drop(guard);
+    let mut plain = Vec::with_capacity(1 << 20);
+    g.bench_function("log_line/vec_baseline", |b| {
+        b.iter(|| {
+            if plain.len() > (1 << 20) - line.len() {
+                plain.clear();
+            }
+            plain.extend_from_slice(black_box(line.as_bytes()))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(pure, digests, event_ids, claim_steps, request_bookkeeping);
 criterion_group!(stores, sqlite_store, postgres_store);
 criterion_main!(pure, stores);
