@@ -24,6 +24,9 @@ pub const LINGER: Duration = Duration::from_millis(5);
 const SOFT_LIMIT: usize = 256 * 1024;
 /// Past this many waiting bytes, writers wait for the write-out.
 pub const HARD_LIMIT: usize = 8 * 1024 * 1024;
+/// How long closing waits for the rest to be written: an output that does
+/// not take it (a paused terminal, a pipe nobody reads) must not hang exit.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 type Output = Box<dyn Write + Send>;
 
@@ -45,6 +48,8 @@ struct Pending {
     urgent: bool,
     /// A swapped-out batch is being written.
     writing: bool,
+    /// The thread has written out everything and stopped.
+    finished: bool,
     /// Write-outs completed so far.
     written: u64,
 }
@@ -175,6 +180,7 @@ impl LogBuffer {
                 closed: false,
                 urgent: false,
                 writing: false,
+                finished: false,
                 written: 0,
             }),
             work: Condvar::new(),
@@ -184,7 +190,11 @@ impl LogBuffer {
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("idemgate-log".into())
-            .spawn(move || worker.run(linger))
+            .spawn(move || {
+                worker.run(linger);
+                lock(&worker.pending).finished = true;
+                worker.drained.notify_all();
+            })
             .expect("spawn the log writer thread");
         let guard = LogGuard {
             shared: Arc::clone(&shared),
@@ -196,13 +206,27 @@ impl LogBuffer {
 
 impl Drop for LogGuard {
     fn drop(&mut self) {
-        lock(&self.shared.pending).closed = true;
+        let mut p = lock(&self.shared.pending);
+        p.closed = true;
         self.shared.work.notify_one();
         self.shared.drained.notify_all();
+        let p = self
+            .shared
+            .drained
+            .wait_timeout_while(p, CLOSE_TIMEOUT, |p| !p.finished)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+        let finished = p.finished;
+        drop(p);
+        if !finished {
+            return; // the output is stuck: leave the thread to it
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        let _ = lock(&self.shared.output).flush();
+        if let Ok(mut out) = self.shared.output.try_lock() {
+            let _ = out.flush();
+        }
     }
 }
 
@@ -254,6 +278,23 @@ mod tests {
         fn write(&mut self, b: &[u8]) -> io::Result<usize> {
             lock(&self.0).extend_from_slice(b);
             Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Blocks every write until the test lets it go.
+    struct Gate(Arc<(Mutex<bool>, Condvar)>, Sink);
+
+    impl Write for Gate {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            let (open, cv) = &*self.0;
+            let mut o = lock(open);
+            while !*o {
+                o = cv.wait(o).unwrap();
+            }
+            self.1.write(b)
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
@@ -332,6 +373,24 @@ mod tests {
     }
 
     #[test]
+    fn closing_gives_up_on_a_stuck_output_instead_of_hanging() {
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let sink = Sink::default();
+        let (buf, guard) = LogBuffer::with_linger(
+            Gate(Arc::clone(&gate), sink.clone()),
+            Duration::from_millis(1),
+        );
+        buf.make_writer().write_all(b"stuck\n").unwrap();
+        let t = Instant::now();
+        drop(guard);
+        let took = t.elapsed();
+        assert!(took < CLOSE_TIMEOUT + Duration::from_secs(2), "{took:?}");
+        // let the thread finish
+        *lock(&gate.0) = true;
+        gate.1.notify_all();
+    }
+
+    #[test]
     fn many_threads_lose_no_line_and_keep_each_threads_order() {
         let sink = Sink::default();
         let (buf, guard) = LogBuffer::with_linger(sink.clone(), Duration::from_millis(1));
@@ -365,21 +424,6 @@ mod tests {
 
     #[test]
     fn a_stuck_output_holds_writers_back_instead_of_growing_without_bound() {
-        /// Blocks every write until the test lets it go.
-        struct Gate(Arc<(Mutex<bool>, Condvar)>, Sink);
-        impl Write for Gate {
-            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-                let (open, cv) = &*self.0;
-                let mut o = lock(open);
-                while !*o {
-                    o = cv.wait(o).unwrap();
-                }
-                self.1.write(b)
-            }
-            fn flush(&mut self) -> io::Result<()> {
-                Ok(())
-            }
-        }
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let sink = Sink::default();
         let (buf, guard) = LogBuffer::with_linger(
