@@ -157,19 +157,26 @@ where
     queue
 }
 
-/// The batch's items in key order, first occurrences apart from repeats.
-fn split_by_key<'a>(keys: impl Iterator<Item = (&'a str, &'a str)>) -> (Vec<usize>, Vec<usize>) {
+/// The indexes of the batch's items in key order, each key's first
+/// occurrence only: repeats are left for the single statements.
+fn firsts_by_key<'a>(keys: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<usize> {
     let mut order: Vec<(usize, (&str, &str))> = keys.enumerate().collect();
     order.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
-    let (mut firsts, mut repeats) = (Vec::new(), Vec::new());
-    for (n, (i, key)) in order.iter().enumerate() {
-        if n > 0 && order[n - 1].1 == *key {
-            repeats.push(*i);
-        } else {
-            firsts.push(*i);
-        }
-    }
-    (firsts, repeats)
+    order
+        .iter()
+        .enumerate()
+        .filter(|(n, (_, key))| *n == 0 || order[n - 1].1 != *key)
+        .map(|(_, (i, _))| *i)
+        .collect()
+}
+
+/// The route and event-ID arrays of the items at `which`, in that order.
+fn key_arrays<'a, T>(
+    items: &'a [T],
+    which: &[usize],
+    key: impl Fn(&'a T) -> (&'a str, &'a str),
+) -> (Vec<&'a str>, Vec<&'a str>) {
+    which.iter().map(|&i| key(&items[i])).unzip()
 }
 
 fn all_failed<O>(n: usize, e: &StoreError) -> Vec<Result<O, StoreError>> {
@@ -239,7 +246,7 @@ async fn claim_batch(
         Err(e) => return all_failed(items.len(), &e.into()),
     };
     // repeats of a key are left undecided: they run one by one below
-    let (firsts, _repeats) = split_by_key(
+    let firsts = firsts_by_key(
         items
             .iter()
             .map(|c| (c.route.as_str(), c.event_id.as_str())),
@@ -267,19 +274,10 @@ async fn claim_many(
 ) -> Result<(), StoreError> {
     let pick =
         |f: &dyn Fn(&OwnedClaim) -> i64| which.iter().map(|&i| f(&items[i])).collect::<Vec<_>>();
+    let (routes, event_ids) = key_arrays(items, which, |c| (&c.route, &c.event_id));
     let rows = sqlx::query(CLAIM_MANY)
-        .bind(
-            which
-                .iter()
-                .map(|&i| items[i].route.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            which
-                .iter()
-                .map(|&i| items[i].event_id.as_str())
-                .collect::<Vec<_>>(),
-        )
+        .bind(routes)
+        .bind(event_ids)
         .bind(
             which
                 .iter()
@@ -342,7 +340,7 @@ async fn deliver_batch(
         Err(e) => return all_failed(items.len(), &e.into()),
     };
     // repeats of a key are left undecided: they run one by one below
-    let (firsts, _repeats) = split_by_key(
+    let firsts = firsts_by_key(
         items
             .iter()
             .map(|s| (s.route.as_str(), s.event_id.as_str())),
@@ -390,19 +388,10 @@ async fn deliver_many(
         content_types.push(content_type.as_deref().filter(|_| body.is_some()));
         bodies.push(body.as_deref());
     }
+    let (routes, event_ids) = key_arrays(items, which, |s| (&s.route, &s.event_id));
     let rows = sqlx::query(DELIVER_MANY)
-        .bind(
-            which
-                .iter()
-                .map(|&i| items[i].route.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            which
-                .iter()
-                .map(|&i| items[i].event_id.as_str())
-                .collect::<Vec<_>>(),
-        )
+        .bind(routes)
+        .bind(event_ids)
         .bind(statuses)
         .bind(which.iter().map(|&i| items[i].now).collect::<Vec<_>>())
         .bind(
@@ -423,13 +412,12 @@ async fn deliver_many(
 
 #[cfg(test)]
 mod tests {
-    use super::split_by_key;
+    use super::firsts_by_key;
 
     #[test]
     fn keys_sorted_and_repeats_apart() {
         let keys = [("r", "b"), ("r", "a"), ("q", "z"), ("r", "b"), ("r", "a")];
-        let (firsts, repeats) = split_by_key(keys.iter().copied());
+        let firsts = firsts_by_key(keys.iter().copied());
         assert_eq!(firsts, vec![2, 1, 0]);
-        assert_eq!(repeats, vec![4, 3]);
     }
 }
