@@ -5,6 +5,7 @@
 //! resumes without a restart.
 
 mod common;
+mod core_util;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -14,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
+use core_util::wait_until;
 
 const PATH: &str = "/hooks/r";
 /// SPEC: service resumes within this once the database is back.
@@ -393,10 +395,7 @@ fn settle_failing_after_the_upstream_answered_is_retried_then_counted() {
         log.lines()
             .any(|l| l.contains("settle failed") && l.contains(&id) && l.contains("ERROR"))
     };
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !names_the_event(&px.log()) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until(Duration::from_secs(2), || names_the_event(&px.log()));
     let log = px.log();
     assert!(
         names_the_event(&log),

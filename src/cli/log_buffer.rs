@@ -284,17 +284,28 @@ mod tests {
         }
     }
 
-    /// Blocks every write until the test lets it go.
-    struct Gate(Arc<(Mutex<bool>, Condvar)>, Sink);
+    /// An output that blocks every write until the test opens it.
+    #[derive(Clone, Default)]
+    struct Gate {
+        open: Arc<(Mutex<bool>, Condvar)>,
+        sink: Sink,
+    }
+
+    impl Gate {
+        fn open(&self) {
+            *lock(&self.open.0) = true;
+            self.open.1.notify_all();
+        }
+    }
 
     impl Write for Gate {
         fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            let (open, cv) = &*self.0;
+            let (open, cv) = &*self.open;
             let mut o = lock(open);
             while !*o {
                 o = cv.wait(o).unwrap();
             }
-            self.1.write(b)
+            self.sink.write(b)
         }
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
@@ -374,20 +385,14 @@ mod tests {
 
     #[test]
     fn closing_gives_up_on_a_stuck_output_instead_of_hanging() {
-        let gate = Arc::new((Mutex::new(false), Condvar::new()));
-        let sink = Sink::default();
-        let (buf, guard) = LogBuffer::with_linger(
-            Gate(Arc::clone(&gate), sink.clone()),
-            Duration::from_millis(1),
-        );
+        let gate = Gate::default();
+        let (buf, guard) = LogBuffer::with_linger(gate.clone(), Duration::from_millis(1));
         buf.make_writer().write_all(b"stuck\n").unwrap();
         let t = Instant::now();
         drop(guard);
         let took = t.elapsed();
         assert!(took < CLOSE_TIMEOUT + Duration::from_secs(2), "{took:?}");
-        // let the thread finish
-        *lock(&gate.0) = true;
-        gate.1.notify_all();
+        gate.open(); // let the thread finish
     }
 
     #[test]
@@ -424,12 +429,8 @@ mod tests {
 
     #[test]
     fn a_stuck_output_holds_writers_back_instead_of_growing_without_bound() {
-        let gate = Arc::new((Mutex::new(false), Condvar::new()));
-        let sink = Sink::default();
-        let (buf, guard) = LogBuffer::with_linger(
-            Gate(Arc::clone(&gate), sink.clone()),
-            Duration::from_millis(1),
-        );
+        let gate = Gate::default();
+        let (buf, guard) = LogBuffer::with_linger(gate.clone(), Duration::from_millis(1));
         let line = vec![b'x'; 64 * 1024];
         let writer = {
             let buf = buf.clone();
@@ -446,10 +447,9 @@ mod tests {
             "the writer must wait while the output is stuck"
         );
         assert!(lock(&buf.shared.pending).buf.len() <= HARD_LIMIT + line.len());
-        *lock(&gate.0) = true;
-        gate.1.notify_all();
+        gate.open();
         writer.join().unwrap();
         drop(guard);
-        assert_eq!(sink.text().len(), 3 * HARD_LIMIT);
+        assert_eq!(gate.sink.text().len(), 3 * HARD_LIMIT);
     }
 }
