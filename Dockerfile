@@ -4,6 +4,8 @@ FROM rust:1-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends cmake && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# build settings for the bundled SQLite (see the file)
+COPY .cargo ./.cargo
 COPY src ./src
 COPY migrations ./migrations
 # declared [[bench]] targets must exist for cargo to read the manifest

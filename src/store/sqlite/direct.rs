@@ -260,3 +260,30 @@ impl Readers {
         drop(idle);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `.cargo/config.toml` sets these for the bundled SQLite; a build that
+    /// lost them (another build tool, a Dockerfile that left the file out)
+    /// brings back two process-wide mutexes on the lookup path.
+    #[test]
+    fn sqlite_is_built_without_the_global_mutexes() {
+        let conn = Connection::open_in_memory().unwrap();
+        let mut st = conn.prepare("PRAGMA compile_options").unwrap();
+        let options: Vec<String> = st
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+            "{options:?}"
+        );
+    }
+}
