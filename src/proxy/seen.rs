@@ -84,7 +84,8 @@ mod tests {
         for i in 0..1_000 {
             seen.check_and_record("r", &i.to_string());
         }
-        assert_eq!(seen.slots.len(), 16);
+        // the newest key holds its slot: nothing was written over it since
+        assert!(seen.check_and_record("r", "999"));
         // most early keys were replaced: forgetting only means reading less
         let remembered = (0..100)
             .filter(|i| seen.check_and_record("r", &i.to_string()))
