@@ -141,6 +141,19 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
 
     let listen = socket_addr(ctx, "listen", listen.as_ref());
     let admin_listen = socket_addr(ctx, "admin_listen", admin_listen.as_ref());
+    if let (Some(proxy), Some(admin)) = (listen, admin_listen) {
+        if listeners_overlap(proxy, admin) {
+            // pingora binds with SO_REUSEPORT: both would bind, and the
+            // kernel would split connections between proxy and admin
+            ctx.at_value(
+                "admin_listen",
+                format!(
+                    "admin_listen `{admin}` overlaps listen `{proxy}`: \
+                     the admin endpoints need a port of their own"
+                ),
+            );
+        }
+    }
     let store = match store {
         Some(s) => store_config(ctx, s),
         None => {
@@ -239,6 +252,16 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         sweeper: sweeper?,
         threads: threads?,
     })
+}
+
+/// Whether two listeners would take the same connections: one port (not 0,
+/// which the kernel picks) on the same address, or on a wildcard that covers
+/// the other (`0.0.0.0` the IPv4 addresses, `[::]` all of them).
+fn listeners_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |x: SocketAddr, y: SocketAddr| {
+        x.ip() == y.ip() || (x.ip().is_unspecified() && (x.is_ipv6() || y.is_ipv4()))
+    };
+    a.port() != 0 && a.port() == b.port() && (covers(a, b) || covers(b, a))
 }
 
 fn socket_addr(ctx: &mut Ctx, path: &str, value: Option<&Text>) -> Option<SocketAddr> {

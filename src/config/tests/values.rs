@@ -228,3 +228,30 @@ fn methods_statuses_and_idempotency_header() {
         "not a valid HTTP header name",
     );
 }
+
+#[test]
+fn admin_listen_needs_a_port_of_its_own() {
+    let same = route("").replace("127.0.0.1:2", "127.0.0.1:1");
+    one_error(
+        &same,
+        2,
+        15,
+        "admin_listen `127.0.0.1:1` overlaps listen `127.0.0.1:1`",
+    );
+    let wildcard = route("").replace("127.0.0.1:2", "0.0.0.0:1");
+    one_error(&wildcard, 2, 15, "overlaps listen");
+    let all = route("")
+        .replace("127.0.0.1:1", "[::]:1")
+        .replace("127.0.0.1:2", "127.0.0.1:1");
+    one_error(&all, 2, 15, "overlaps listen `[::]:1`");
+    // another port or address, or port 0 on both (the kernel picks two), is fine
+    ok(&route(""));
+    ok(&route("").replace("127.0.0.1:2", "127.0.0.2:2"));
+    ok(&route("").replace("127.0.0.1:2", "[::1]:1"));
+    ok(&route("")
+        .replace("127.0.0.1:1", "0.0.0.0:1")
+        .replace("127.0.0.1:2", "[::1]:1"));
+    ok(&route("")
+        .replace("127.0.0.1:1", "127.0.0.1:0")
+        .replace("127.0.0.1:2", "127.0.0.1:0"));
+}
