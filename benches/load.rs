@@ -487,10 +487,7 @@ fn tool(name: &str) -> String {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    idemgate::sample::free_port().expect("a free loopback port")
 }
 
 fn loopback(port: u16) -> SocketAddr {

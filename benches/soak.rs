@@ -24,11 +24,7 @@ use idemgate::sample::{self, Client, Consumer, Reply};
 const WORKERS: usize = 16;
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    sample::free_port().expect("a free loopback port")
 }
 
 struct Proxy {

@@ -377,6 +377,23 @@ impl Client {
 
 /// Reads one response head: the status code (0 if unreadable) and the
 /// header fields in wire order.
+/// A free loopback port, never one this process was given before: the
+/// kernel can hand out a closed probe's port again at once, and two
+/// listeners meant to be apart (a proxy and its admin) would then share it.
+pub fn free_port() -> std::io::Result<u16> {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+}
+
 pub fn read_head(reader: &mut impl BufRead) -> std::io::Result<(u16, Vec<(String, String)>)> {
     let mut line = String::new();
     if reader.read_line(&mut line)? == 0 {

@@ -117,7 +117,13 @@ fn a_lease_that_runs_out_while_waiting_gives_409() {
         let id = id.clone();
         std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), b"{}"))
     };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while up.count(&id) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reached the consumer; log:\n{}",
+            px.log()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let mut px = px;

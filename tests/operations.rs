@@ -77,7 +77,13 @@ fn sigterm_lets_the_request_in_flight_finish_and_settle() {
         let id = id.clone();
         std::thread::spawn(move || sample::deliver(addr, "/hooks/d", Some(&id), b"{}"))
     };
+    let deadline = Instant::now() + Duration::from_secs(10);
     while up.count(&id) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "never reached the consumer; log:\n{}",
+            px.log()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let t = Instant::now();

@@ -39,17 +39,9 @@ fn send_sigterm(pid: u32) {
         .status();
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn start_proxy(dir: &Path, upstream: &str) -> Result<(Proxy, SocketAddr), String> {
-    let (port, admin) = (
-        free_port().map_err(|e| e.to_string())?,
-        free_port().map_err(|e| e.to_string())?,
-    );
+    let free = || crate::sample::free_port().map_err(|e| e.to_string());
+    let (port, admin) = (free()?, free()?);
     let config = format!(
         r#"listen: "127.0.0.1:{port}"
 admin_listen: "127.0.0.1:{admin}"

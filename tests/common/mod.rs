@@ -51,11 +51,7 @@ pub fn eid(tag: &str) -> String {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    sample::free_port().expect("a free loopback port")
 }
 
 pub fn bin() -> &'static str {
