@@ -375,8 +375,6 @@ impl Client {
     }
 }
 
-/// Reads one response head: the status code (0 if unreadable) and the
-/// header fields in wire order.
 /// A free loopback port, never one this process was given before: the
 /// kernel can hand out a closed probe's port again at once, and two
 /// listeners meant to be apart (a proxy and its admin) would then share it.
@@ -394,6 +392,8 @@ pub fn free_port() -> std::io::Result<u16> {
     }
 }
 
+/// Reads one response head: the status code (0 if unreadable) and the
+/// header fields in wire order.
 pub fn read_head(reader: &mut impl BufRead) -> std::io::Result<(u16, Vec<(String, String)>)> {
     let mut line = String::new();
     if reader.read_line(&mut line)? == 0 {
