@@ -2,10 +2,12 @@
 //! until the attempt settles, against a real consumer and a real store.
 
 mod common;
+mod core_util;
 
 use std::time::Duration;
 
 use common::*;
+use core_util::wait_until;
 
 /// `n` concurrent deliveries of one event, spread over `addrs` in turn.
 fn concurrent_over(
@@ -117,15 +119,11 @@ fn a_lease_that_runs_out_while_waiting_gives_409() {
         let id = id.clone();
         std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), b"{}"))
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while up.count(&id) == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never reached the consumer; log:\n{}",
-            px.log()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        wait_until(Duration::from_secs(10), || up.count(&id) > 0),
+        "never reached the consumer; log:\n{}",
+        px.log()
+    );
     let mut px = px;
     px.kill();
     let _ = first.join();

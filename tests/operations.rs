@@ -3,10 +3,12 @@
 //! stores.
 
 mod common;
+mod core_util;
 
 use std::time::{Duration, Instant};
 
 use common::*;
+use core_util::wait_until;
 
 fn records(store: &str, extra: &[&str]) -> Vec<serde_json::Value> {
     let mut args = vec!["events", "list", "--store", store, "--json"];
@@ -77,15 +79,11 @@ fn sigterm_lets_the_request_in_flight_finish_and_settle() {
         let id = id.clone();
         std::thread::spawn(move || sample::deliver(addr, "/hooks/d", Some(&id), b"{}"))
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while up.count(&id) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "never reached the consumer; log:\n{}",
-            px.log()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        wait_until(Duration::from_secs(10), || up.count(&id) > 0),
+        "never reached the consumer; log:\n{}",
+        px.log()
+    );
     let t = Instant::now();
     assert_eq!(
         px.stop(Duration::from_secs(15)),
