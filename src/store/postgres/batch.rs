@@ -167,12 +167,9 @@ where
 fn firsts_by_key<'a>(keys: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<usize> {
     let mut order: Vec<(usize, (&str, &str))> = keys.enumerate().collect();
     order.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
-    order
-        .iter()
-        .enumerate()
-        .filter(|(n, (_, key))| *n == 0 || order[n - 1].1 != *key)
-        .map(|(_, (i, _))| *i)
-        .collect()
+    // sorted by key, then index: the kept one of each run is the first
+    order.dedup_by(|later, kept| later.1 == kept.1);
+    order.into_iter().map(|(i, _)| i).collect()
 }
 
 /// The route and event-ID arrays of the items at `which`, in that order.
