@@ -145,6 +145,33 @@ fn prefixes_strip_and_match_whole_segments() {
 
 /// After a mix of outcomes, `/metrics` has the SPEC §5 series with their
 /// labels and counts, and no event ID anywhere in the text.
+/// An unguarded request is counted before its answer goes out: a sender
+/// that reads `/metrics` right after each answer finds every one counted
+/// (the count once came from pingora's `logging` hook, after the answer).
+#[test]
+fn unguarded_requests_are_counted_before_their_answer() {
+    let dir = TempDir::new("routes-count-first");
+    let up = Consumer::start().unwrap();
+    let px = Proxy::start(
+        &dir,
+        &dir.sqlite_url("core.db"),
+        &route("r", "/hooks/r", &up.url(), ""),
+    );
+    for n in 1..=40 {
+        let r = sample::get(px.addr, "/hooks/r").unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            px.metric(r#"idemgate_requests_total{outcome="unguarded",route="r"}"#),
+            f64::from(n),
+            "after answer {n}"
+        );
+        assert_eq!(
+            px.metric(r#"idemgate_upstream_responses_total{class="2xx",route="r"}"#),
+            f64::from(n)
+        );
+    }
+}
+
 #[test]
 fn metrics_after_a_mix() {
     let dir = TempDir::new("routes-metrics");

@@ -65,7 +65,8 @@ pub struct Ctx {
     route: Option<Arc<RouteRt>>,
     /// When the request went upstream on pingora's path (unguarded).
     upstream_started: Option<Instant>,
-    upstream_status: Option<u16>,
+    /// The unguarded request is counted already (see `count_unguarded`).
+    counted: bool,
 }
 
 #[async_trait]
@@ -150,17 +151,18 @@ impl ProxyHttp for Gate {
 
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        ctx.upstream_status = Some(upstream.status.as_u16());
+        self.count_unguarded(session, ctx, Some(upstream.status.as_u16()), None);
         upstream.insert_header(respond::IDEMPOTENCY_STATUS, Outcome::Unguarded.as_str())?;
         Ok(())
     }
 
     /// Unguarded requests only: the upstream failed before answering.
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        self.count_unguarded(session, ctx, None, Some(e));
         let kind = match e.etype() {
             ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
                 ProblemKind::UpstreamTimeout
@@ -183,15 +185,33 @@ impl ProxyHttp for Gate {
         }
     }
 
-    /// Every path, once, after the response: counts unguarded traffic.
+    /// Every path, once, after the response: counts the unguarded requests
+    /// that neither an upstream answer nor a failure counted.
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        self.count_unguarded(session, ctx, None, e);
+    }
+}
+
+impl Gate {
+    /// Counts an unguarded request once, as soon as its outcome is known and
+    /// before its answer goes out: a sender that reads `/metrics` right after
+    /// its answer finds it counted. `status` is the upstream's answer; else
+    /// `failure` says what broke, if anything did.
+    fn count_unguarded(
+        &self,
+        session: &Session,
+        ctx: &mut Ctx,
+        status: Option<u16>,
+        failure: Option<&Error>,
+    ) {
         let Some(route) = &ctx.route else { return };
-        if route.guards(&session.req_header().method) {
+        if ctx.counted || route.guards(&session.req_header().method) {
             return; // guarded requests were counted where they were decided
         }
+        ctx.counted = true;
         let name = route.name();
         self.metrics.request(name, Outcome::Unguarded);
-        let class = match (ctx.upstream_status, e) {
+        let class = match (status, failure) {
             (Some(s), _) => status_class(s),
             (None, Some(e))
                 if matches!(
