@@ -3,7 +3,9 @@
 //! from the current attempt or a stale one), time moving past leases and
 //! retentions, sweeps and operator releases over a few event IDs, against the
 //! real store and against a tiny in-memory model built on the pure
-//! `claim::decide` / `claim::settle`. After every step the store's records
+//! `claim::decide` / `claim::settle`. Each claim is preceded by the read
+//! the proxy makes first (`peek`, which SQLite may answer from its cache of
+//! delivered records), and both must decide as the model does. After every step the store's records
 //! must equal the model's, and the invariants are checked explicitly:
 //!
 //! - at most one live claim per event (a claim is never granted while another
@@ -188,6 +190,24 @@ impl Run<'_> {
                     same_digest: r.digest == digest,
                 });
                 let want = claim::decide(existing, now);
+                // The read the proxy makes first for an event it met lately
+                // (on SQLite answered from the cache of delivered records
+                // when it holds one) decides as the claim would, or defers.
+                let peeked = st(
+                    self.s.peek(ROUTE, EVENTS[ev], DIGESTS[digest], now).await,
+                    "peek",
+                )?;
+                match (&want, peeked) {
+                    (Decision::Claim(_), None) => {}
+                    (want, Some(ClaimOutcome::Existing { decision, .. }))
+                        if !matches!(want, Decision::Claim(_)) =>
+                    {
+                        prop_assert_eq!(&decision, want, "decision of the read");
+                    }
+                    (want, peeked) => {
+                        return Err(fail(format!("read gave {peeked:?}, expected {want:?}")));
+                    }
+                }
                 let got = st(
                     self.s
                         .claim(&ClaimRequest {

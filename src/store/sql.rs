@@ -108,7 +108,7 @@ SELECT route, MIN(updated_at) AS oldest FROM records WHERE state = 'processing' 
 
 /// Implements [`super::ClaimStore`] for a store struct with `write` and `read`
 /// pools of one sqlx database, `run_migrations()`, `claim_op()`, `settle_op()`,
-/// `peek_op()` and `close_all()` methods and an
+/// `peek_op()`, `release_op()`, `sweep_op()` and `close_all()` methods and an
 /// `OP_TIMEOUT` constant that bounds every other operation on the client side
 /// (a database that stops answering mid-statement, e.g. behind a network
 /// partition, is not caught by a server-side timeout). Written as a macro
@@ -208,42 +208,10 @@ macro_rules! impl_claim_store {
                 force: bool,
                 now: $crate::claim::Millis,
             ) -> Result<$crate::store::ReleaseOutcome, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, async {
-                    use sqlx::Row;
-                    use $crate::store::ReleaseOutcome;
-                    // Read the state, then release only that state: a record that
-                    // changed in between (settled, reclaimed) is read again.
-                    for _ in 0..4 {
-                        let before = sqlx::query($crate::store::sql::STATE_OF)
-                            .bind(route)
-                            .bind(event_id)
-                            .fetch_optional(&self.write)
-                            .await?;
-                        let Some(before) = before else {
-                            return Ok(ReleaseOutcome::NotFound);
-                        };
-                        let state: String = before.try_get("state")?;
-                        let previous = $crate::claim::State::parse(&state).ok_or_else(|| {
-                            $crate::store::StoreError::Corrupt(format!("state {state:?}"))
-                        })?;
-                        if previous == $crate::claim::State::Delivered && !force {
-                            return Ok(ReleaseOutcome::RefusedDelivered);
-                        }
-                        let done = sqlx::query($crate::store::sql::RELEASE)
-                            .bind(route)
-                            .bind(event_id)
-                            .bind(now)
-                            .bind(previous.as_str())
-                            .execute(&self.write)
-                            .await?;
-                        if done.rows_affected() == 1 {
-                            return Ok(ReleaseOutcome::Released { previous });
-                        }
-                    }
-                    Err($crate::store::StoreError::Unavailable(
-                        "release kept racing with other writers".into(),
-                    ))
-                })
+                $crate::store::bounded(
+                    Self::OP_TIMEOUT,
+                    self.release_op(route, event_id, force, now),
+                )
                 .await
             }
 
@@ -252,15 +220,7 @@ macro_rules! impl_claim_store {
                 now: $crate::claim::Millis,
                 limit: i64,
             ) -> Result<u64, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, async {
-                    let done = sqlx::query($crate::store::sql::SWEEP)
-                        .bind(now)
-                        .bind(limit)
-                        .execute(&self.write)
-                        .await?;
-                    Ok(done.rows_affected())
-                })
-                .await
+                $crate::store::bounded(Self::OP_TIMEOUT, self.sweep_op(now, limit)).await
             }
 
             async fn oldest_processing(
@@ -298,6 +258,22 @@ pub(crate) struct Readback {
 }
 
 impl Readback {
+    /// The answer a duplicate of this record would be replayed.
+    pub(crate) fn recorded(&self) -> super::Recorded {
+        super::Recorded {
+            status: self.replay_status(),
+            content_type: self.replay_content_type.clone(),
+            body: self.replay_body.clone(),
+        }
+    }
+
+    /// The recorded body's status, else the delivering answer's.
+    fn replay_status(&self) -> Option<u16> {
+        self.replay_status
+            .or(self.last_status)
+            .and_then(|s| u16::try_from(s).ok())
+    }
+
     /// Decides a delivery with `claim::decide`: `None` when the record is
     /// claimable (the claim statement must run).
     pub(crate) fn outcome(
@@ -306,10 +282,7 @@ impl Readback {
         now: crate::claim::Millis,
     ) -> Result<Option<super::ClaimOutcome>, super::StoreError> {
         let recorded = super::Recorded {
-            status: self
-                .replay_status
-                .or(self.last_status)
-                .and_then(|s| u16::try_from(s).ok()),
+            status: self.replay_status(),
             content_type: self.replay_content_type,
             body: self.replay_body,
         };

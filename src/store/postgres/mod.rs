@@ -158,6 +158,62 @@ impl PostgresStore {
         }
     }
 
+    /// Deletes one batch of expired records (`ClaimStore::sweep_batch`).
+    async fn sweep_op(&self, now: crate::claim::Millis, limit: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query(super::sql::SWEEP)
+            .bind(now)
+            .bind(limit)
+            .execute(&self.write)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Operator release. No process caches delivered records of a shared
+    /// database (a replica could not learn of a release in time), so there
+    /// is nobody to tell.
+    async fn release_op(
+        &self,
+        route: &str,
+        event_id: &str,
+        force: bool,
+        now: crate::claim::Millis,
+    ) -> Result<super::ReleaseOutcome, StoreError> {
+        use super::ReleaseOutcome;
+        use crate::claim::State;
+        use sqlx::Row;
+        // Read the state, then release only that state: a record that
+        // changed in between (settled, reclaimed) is read again.
+        for _ in 0..4 {
+            let before = sqlx::query(super::sql::STATE_OF)
+                .bind(route)
+                .bind(event_id)
+                .fetch_optional(&self.write)
+                .await?;
+            let Some(before) = before else {
+                return Ok(ReleaseOutcome::NotFound);
+            };
+            let state: String = before.try_get("state")?;
+            let previous = State::parse(&state)
+                .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
+            if previous == State::Delivered && !force {
+                return Ok(ReleaseOutcome::RefusedDelivered);
+            }
+            let done = sqlx::query(super::sql::RELEASE)
+                .bind(route)
+                .bind(event_id)
+                .bind(now)
+                .bind(previous.as_str())
+                .execute(&self.write)
+                .await?;
+            if done.rows_affected() == 1 {
+                return Ok(ReleaseOutcome::Released { previous });
+            }
+        }
+        Err(StoreError::Unavailable(
+            "release kept racing with other writers".into(),
+        ))
+    }
+
     async fn close_all(&self) {
         self.write.close().await;
     }

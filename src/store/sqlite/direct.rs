@@ -12,9 +12,12 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, Statement, ToSql};
 
-use crate::claim::{Millis, SettleResult};
+use super::changes::ChangeCounter;
+use crate::claim::{Millis, SettleResult, State};
 use crate::store::sql::{self, Readback};
-use crate::store::{ClaimOutcome, ClaimRequest, SettleOutcome, SettleRequest, StoreError};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleOutcome, SettleRequest, StoreError,
+};
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
@@ -200,6 +203,69 @@ pub(super) fn settle_in(
     }
 }
 
+/// Runs `change` (a release or a sweep: what can change a delivered
+/// record) on a connection of its own, counted in the change counter. It
+/// runs to its end here even if the caller stops waiting, so no statement
+/// can commit after the change was counted as ended. Blocking: run it off
+/// the async threads.
+pub(super) fn counted<T>(
+    path: &Path,
+    changes: &ChangeCounter,
+    change: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let conn = open(path, Role::Writer)?;
+    let _under_way = changes.begin().map_err(|e| {
+        StoreError::Unavailable(format!("cannot lock {}: {e}", changes.path().display()))
+    })?;
+    change(&conn)
+}
+
+/// Operator release (`ClaimStore::release`); run it [`counted`].
+pub(super) fn release(
+    conn: &Connection,
+    route: &str,
+    event_id: &str,
+    force: bool,
+    now: Millis,
+) -> Result<ReleaseOutcome, StoreError> {
+    // Read the state, then release only that state: a record that changed
+    // in between (settled, reclaimed) is read again.
+    for _ in 0..4 {
+        let before: Option<String> = {
+            let mut st = conn.prepare_cached(sql::STATE_OF)?;
+            bind_numbered(&mut st, &[&route, &event_id])?;
+            let mut rows = st.raw_query();
+            match rows.next()? {
+                Some(row) => Some(row.get(0)?),
+                None => None,
+            }
+        };
+        let Some(state) = before else {
+            return Ok(ReleaseOutcome::NotFound);
+        };
+        let previous =
+            State::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
+        if previous == State::Delivered && !force {
+            return Ok(ReleaseOutcome::RefusedDelivered);
+        }
+        let mut st = conn.prepare_cached(sql::RELEASE)?;
+        bind_numbered(&mut st, &[&route, &event_id, &now, &previous.as_str()])?;
+        if st.raw_execute()? == 1 {
+            return Ok(ReleaseOutcome::Released { previous });
+        }
+    }
+    Err(StoreError::Unavailable(
+        "release kept racing with other writers".into(),
+    ))
+}
+
+/// One batch of the sweep (`ClaimStore::sweep_batch`); run it [`counted`].
+pub(super) fn sweep(conn: &Connection, now: Millis, limit: i64) -> Result<u64, StoreError> {
+    let mut st = conn.prepare_cached(sql::SWEEP)?;
+    bind_numbered(&mut st, &[&now, &limit])?;
+    Ok(st.raw_execute()? as u64)
+}
+
 /// Idle read connections; a lookup takes one, runs one indexed point read
 /// (microseconds, no await) and puts it back. The lock is held only to pop
 /// and push.
@@ -219,24 +285,15 @@ impl Readers {
         }
     }
 
-    /// The claim's answer from the record alone (see `ClaimStore::peek`).
-    pub(super) fn peek(
-        &self,
-        route: &str,
-        event_id: &str,
-        digest: &str,
-        now: Millis,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
+    /// The record's decisive columns, if it exists.
+    pub(super) fn read(&self, route: &str, event_id: &str) -> Result<Option<Readback>, StoreError> {
         let conn = self.take()?;
         let found = read_back(&conn, route, event_id);
         // a connection that failed is dropped rather than reused
         if found.is_ok() {
             self.put(conn);
         }
-        match found? {
-            Some(found) => found.outcome(digest, now),
-            None => Ok(None),
-        }
+        found
     }
 
     fn take(&self) -> Result<Connection, StoreError> {

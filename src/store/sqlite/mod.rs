@@ -3,8 +3,10 @@
 //!
 //! The hot path bypasses sqlx (see `direct`): claims and settles go to one
 //! writer thread with its own connection (group commit, see `writer`), and
-//! duplicate lookups are one indexed read inline on the request's thread.
-//! Other writes (`events release`, the sweeper, migrations) use a sqlx pool
+//! duplicate lookups are one indexed read inline on the request's thread,
+//! or none when the delivered record is in hand (see `delivered`). Operator
+//! releases and sweeps run on a connection of their own, counted in the file
+//! every process's cache watches (see `changes`). Migrations use a sqlx pool
 //! of one connection; other reads (`events`, `/readyz`, held duplicates) a
 //! small sqlx pool. Other processes sharing the file are serialised by
 //! SQLite's lock and the busy timeout.
@@ -12,6 +14,7 @@
 use std::borrow::Cow;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
@@ -19,9 +22,11 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::{ClaimOutcome, ClaimRequest, SettleRequest, StoreError};
+use super::{ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleRequest, StoreError};
 use crate::claim::{Millis, SettleResult};
 
+mod changes;
+mod delivered;
 mod direct;
 mod writer;
 
@@ -37,6 +42,12 @@ pub struct SqliteStore {
     writer: writer::Writer,
     /// Duplicate lookups.
     readers: direct::Readers,
+    path: PathBuf,
+    /// The change counter shared with every process on the file, and the
+    /// cache of delivered records it keeps right; `Err` says why there is
+    /// neither (the cache is then off, and releases and sweeps refuse to
+    /// run: a change must count itself).
+    changes: Result<(Arc<changes::ChangeCounter>, delivered::DeliveredCache), String>,
 }
 
 impl SqliteStore {
@@ -65,11 +76,39 @@ impl SqliteStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(opts.clone())
             .await?;
+        let changes = changes::ChangeCounter::open(&path)
+            .map(|counter| {
+                match counter.repair_if_abandoned() {
+                    Ok(false) => {}
+                    Ok(true) => tracing::warn!(
+                        counter = %counter.path().display(),
+                        "an earlier release or sweep stopped half way; marked as ended"
+                    ),
+                    Err(e) => tracing::warn!(
+                        counter = %counter.path().display(),
+                        error = %e,
+                        "cannot check the change counter"
+                    ),
+                }
+                let counter = Arc::new(counter);
+                (counter.clone(), delivered::DeliveredCache::new(counter))
+            })
+            .map_err(|e| {
+                let counter = changes::counter_path(&path);
+                tracing::warn!(
+                    counter = %counter.display(),
+                    error = %e,
+                    "cannot open the change counter: delivered records are not cached"
+                );
+                format!("cannot open {}: {e}", counter.display())
+            });
         Ok(SqliteStore {
             write,
             read,
             writer: writer::Writer::start(path.clone())?,
-            readers: direct::Readers::new(path),
+            readers: direct::Readers::new(path.clone()),
+            path,
+            changes,
         })
     }
 
@@ -123,7 +162,8 @@ impl SqliteStore {
         self.writer.settle(req).await
     }
 
-    /// Inline, without an await: one indexed read of a local file.
+    /// Inline, without an await: the delivered record in hand, else one
+    /// indexed read of a local file.
     async fn peek_op(
         &self,
         route: &str,
@@ -131,7 +171,58 @@ impl SqliteStore {
         digest: &str,
         now: Millis,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        self.readers.peek(route, event_id, digest, now)
+        let cache = self.changes.as_ref().ok().map(|(_, cache)| cache);
+        if let Some(hit) = cache.and_then(|c| c.answer(route, event_id, digest, now)) {
+            return Ok(Some(hit));
+        }
+        // the tag is taken before the read: see `changes`
+        let tag = cache.and_then(|c| c.fill_tag());
+        let Some(found) = self.readers.read(route, event_id)? else {
+            return Ok(None);
+        };
+        if let (Some(cache), Some(tag)) = (cache, tag) {
+            cache.fill(route, event_id, &found, tag);
+        }
+        found.outcome(digest, now)
+    }
+
+    async fn release_op(
+        &self,
+        route: &str,
+        event_id: &str,
+        force: bool,
+        now: Millis,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let (route, event_id) = (route.to_owned(), event_id.to_owned());
+        self.counted(move |conn| direct::release(conn, &route, &event_id, force, now))
+            .await
+    }
+
+    async fn sweep_op(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
+        self.counted(move |conn| direct::sweep(conn, now, limit))
+            .await
+    }
+
+    /// A change of records that caches may hold (see `direct::counted`), on
+    /// a blocking thread that runs it to the end even if the caller stops
+    /// waiting.
+    async fn counted<T: Send + 'static>(
+        &self,
+        change: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let counter = match &self.changes {
+            Ok((counter, _)) => counter.clone(),
+            Err(why) => {
+                return Err(StoreError::Unavailable(format!(
+                    "{why}; a release or sweep must count itself there so that \
+                     running proxies stop replaying what it changed"
+                )))
+            }
+        };
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || direct::counted(&path, &counter, change))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("stopped: {e}")))?
     }
 
     /// The writer and the inline readers first, the pools last: the last
