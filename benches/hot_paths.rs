@@ -16,8 +16,10 @@
 //! - `claim/*`: the pure `decide` and `settle` steps.
 //! - `request/*`: the seen-events hint (a new key, a key met before) and one
 //!   log line appended to the log sink, against a plain `Vec` append.
-//! - `store/*`: one claim + one delivered settle of a fresh event, and one
-//!   claim of a delivered event (the replay path), on SQLite (a file under
+//! - `store/*`: one claim + one delivered settle of a fresh event, one
+//!   claim of a delivered event, and the read the proxy makes first for a
+//!   duplicate it met (the replay path; on SQLite from the cache of delivered
+//!   records), on SQLite (a file under
 //!   `target/tmp`, WAL, `synchronous=FULL` as the store sets it) and on
 //!   PostgreSQL (a schema of its own, dropped afterwards; skipped with a note
 //!   when the server does not answer). `IDEMGATE_BENCH_PG_URL` overrides
@@ -246,6 +248,20 @@ async fn claim_delivered(store: &dyn ClaimStore, id: &str, digest: &str) {
     );
 }
 
+/// The read the proxy makes first for a duplicate of an event it met: on
+/// SQLite answered from the cache of delivered records once it holds the
+/// record, on PostgreSQL a (batched) lookup.
+async fn read_delivered(store: &dyn ClaimStore, id: &str, digest: &str) {
+    let out = store
+        .peek("bench", id, digest, now_ms())
+        .await
+        .expect("peek");
+    assert!(
+        matches!(out, Some(ClaimOutcome::Existing { .. })),
+        "not a replay: {out:?}"
+    );
+}
+
 fn store_round_trip(
     c: &mut Criterion,
     name: &str,
@@ -263,6 +279,9 @@ fn store_round_trip(
     });
     g.bench_function("claim_of_delivered", |b| {
         b.iter(|| rt.block_on(claim_delivered(&*store, &delivered, &digest)))
+    });
+    g.bench_function("read_of_delivered", |b| {
+        b.iter(|| rt.block_on(read_delivered(&*store, &delivered, &digest)))
     });
     g.finish();
     rt.block_on(store.close());
