@@ -63,6 +63,43 @@ fn the_sweeper_deletes_expired_records_but_never_a_live_lease() {
     assert!(age >= 0.0);
 }
 
+/// A delivered record the proxy holds in memory (SQLite), swept by another
+/// process (`idemgate sweep`): the next delivery of its ID, with another
+/// payload, is a new event and is forwarded at once — not refused with the
+/// swept record's digest.
+#[test]
+fn a_sweep_by_another_process_reaches_the_proxy_at_once() {
+    let dir = TempDir::new("sweep-cached");
+    let up = Consumer::start().unwrap();
+    let store = dir.sqlite_url("c.db");
+    // the proxy's own sweeper stays out of the way
+    let routes =
+        route("c", "/hooks/c", &up.url(), "    retention: 1s\n") + "sweeper:\n  interval: 1h\n";
+    let px = Proxy::start(&dir, &store, &routes);
+    let id = eid("swept");
+    assert_eq!(px.deliver("/hooks/c", Some(&id), b"first").status, 200);
+    std::thread::sleep(Duration::from_millis(1100));
+    // expired but not swept: still replayed, and now held in memory
+    for _ in 0..2 {
+        let dup = px.deliver("/hooks/c", Some(&id), b"first");
+        assert_eq!(dup.header("Idempotency-Status"), Some("replayed"));
+    }
+    let (code, out, err) = cli(&["sweep", "--store", &store]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.split_whitespace().next(), Some("1"), "{out}");
+    let again = px.deliver("/hooks/c", Some(&id), b"second");
+    assert_eq!(
+        again.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&again.body)
+    );
+    assert_eq!(again.header("Idempotency-Status"), Some("forwarded"));
+    assert_eq!(up.count(&id), 2);
+    // and the new record binds the ID to the new payload
+    assert_eq!(px.deliver("/hooks/c", Some(&id), b"first").status, 422);
+}
+
 #[test]
 fn sigterm_lets_the_request_in_flight_finish_and_settle() {
     let dir = TempDir::new("drain");

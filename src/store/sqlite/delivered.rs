@@ -79,7 +79,9 @@ impl DeliveredCache {
     }
 
     fn shard(&self, fingerprint: u64) -> &Mutex<Shard> {
-        &self.shards[(fingerprint >> 56) as usize % SHARDS]
+        // bits the map itself does not use much (it takes the low ones for
+        // the bucket and the top seven as tags)
+        &self.shards[(fingerprint >> 40) as usize % SHARDS]
     }
 
     /// The claim's answer for a delivery of `digest`, if a valid entry holds
