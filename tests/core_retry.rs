@@ -6,6 +6,7 @@
 mod common;
 mod core_util;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -144,6 +145,82 @@ fn release_of_a_delivered_record_needs_force() {
 
     let (code, _, _) = release(&store, "r", &eid("unknown"), false);
     assert_eq!(code, 3, "release of an unknown event");
+}
+
+/// Duplicates hammered from four threads keep the proxy's cache of
+/// delivered records (SQLite) filling while an operator releases the event
+/// again and again: after each `events release --force` returns, the next
+/// delivery is forwarded, held off as in flight, or answered with a *later*
+/// delivery — never with the released one.
+#[test]
+fn releases_during_a_storm_of_duplicates_are_never_answered_from_memory() {
+    const ROUNDS: usize = 8;
+    let dir = TempDir::new("retry-storm");
+    let up = Consumer::start().unwrap();
+    let store = dir.sqlite_url("core.db");
+    let px = Proxy::start(
+        &dir,
+        &store,
+        &route("r", "/hooks/r", &up.url(), "    replay_body: true\n"),
+    );
+    let id = eid("storm");
+    // the consumer answers its n-th delivery with the body "n"
+    up.script(
+        &id,
+        (1..=ROUNDS + 1)
+            .map(|n| Reply::status(200).body(n.to_string().as_bytes()))
+            .collect(),
+    );
+    let delivery = |r: &Response| -> usize {
+        String::from_utf8_lossy(&r.body)
+            .parse()
+            .unwrap_or_else(|_| panic!("not a delivery number: {:?}", r.body))
+    };
+    assert_eq!(delivery(&px.deliver("/hooks/r", Some(&id), b"event")), 1);
+    let addr = px.addr;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let r = sample::deliver(addr, "/hooks/r", Some(&id), b"event").unwrap();
+                    assert!(matches!(r.status, 200 | 409), "storm got {}", r.status);
+                }
+            });
+        }
+        // the storm stops when the rounds end, and when one of them fails
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
+        for round in 1..=ROUNDS {
+            // let the storm replay delivery `round` for a while
+            std::thread::sleep(Duration::from_millis(50));
+            let (code, out, err) = release(&store, "r", &id, true);
+            assert_eq!(code, 0, "round {round}: {out}{err}");
+            let next = px.deliver("/hooks/r", Some(&id), b"event");
+            match next.status {
+                200 => assert!(
+                    delivery(&next) > round,
+                    "round {round}: answered with delivery {} after its release",
+                    delivery(&next)
+                ),
+                409 => {}
+                other => panic!("round {round}: {other}"),
+            }
+            assert!(
+                wait_until(Duration::from_secs(5), || {
+                    up.count(&id) == round + 1 && show(&store, "r", &id)["state"] == "delivered"
+                }),
+                "round {round}: the redelivery did not settle; consumer saw {}",
+                up.count(&id)
+            );
+        }
+    });
+    assert_eq!(up.count(&id), ROUNDS + 1, "one forward per release");
 }
 
 /// A consumer slower than `upstream_timeout`: 504 within the timeout (plus
