@@ -31,11 +31,28 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct PostgresStore {
+    /// Everything but the hot path: migrations, operator commands, sweeps,
+    /// the readiness probe, held duplicates' reads.
     write: PgPool,
     /// Same pool: PostgreSQL has no single-writer constraint.
     read: PgPool,
-    /// Lookups, claims and delivered settles, in batches.
+    /// Lookups, claims and delivered settles, in batches, on `hot`.
     batchers: batch::Batchers,
+    /// The hot path's connections, used only by tasks on `rt`: a tokio
+    /// socket is driven by the runtime that opened it, so a connection
+    /// opened by, say, the sweeper's runtime would have every batch on it
+    /// woken through that runtime's thread.
+    hot: PgPool,
+    /// The runtime the store was opened on (`serve`'s store runtime).
+    rt: tokio::runtime::Handle,
+}
+
+/// Connections for the hot path and for the rest, out of `max_connections`:
+/// the rest gets a quarter, one or two (at least one each, so a
+/// `max_connections` of 1 opens up to 2).
+fn split_connections(max: u32) -> (u32, u32) {
+    let cold = (max / 4).clamp(1, 2);
+    (max.saturating_sub(cold).max(1), cold)
 }
 
 mod batch;
@@ -68,16 +85,22 @@ impl PostgresStore {
                 ("enable_mergejoin", "off".to_string()),
             ])
             .application_name("idemgate");
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .min_connections(0)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .test_before_acquire(false)
-            .connect_lazy_with(opts);
+        let (hot_max, cold_max) = split_connections(max_connections);
+        let pool = |max: u32| {
+            PgPoolOptions::new()
+                .max_connections(max)
+                .min_connections(0)
+                .acquire_timeout(ACQUIRE_TIMEOUT)
+                .test_before_acquire(false)
+                .connect_lazy_with(opts.clone())
+        };
+        let (hot, cold) = (pool(hot_max), pool(cold_max));
         Ok(PostgresStore {
-            batchers: batch::Batchers::start(&pool),
-            write: pool.clone(),
-            read: pool,
+            batchers: batch::Batchers::start(&hot),
+            hot,
+            rt: tokio::runtime::Handle::current(),
+            write: cold.clone(),
+            read: cold,
         })
     }
 
@@ -135,8 +158,15 @@ impl PostgresStore {
                 self.batchers.deliver(OwnedSettle::new(req)).await
             }
             super::SettleOutcome::Failed { .. } => {
-                let mut conn = self.write.acquire().await?;
-                Self::settle_on(&mut conn, req).await
+                // on the store's runtime, like the batches (see `hot`)
+                let (hot, owned) = (self.hot.clone(), OwnedSettle::new(req));
+                self.rt
+                    .spawn(async move {
+                        let mut conn = hot.acquire().await?;
+                        Self::settle_on(&mut conn, &owned.req()).await
+                    })
+                    .await
+                    .map_err(|e| StoreError::Unavailable(format!("settle stopped: {e}")))?
             }
         }
     }
@@ -215,6 +245,7 @@ impl PostgresStore {
     }
 
     async fn close_all(&self) {
+        self.hot.close().await;
         self.write.close().await;
     }
 }
@@ -323,3 +354,18 @@ impl PostgresStore {
 }
 
 super::sql::impl_claim_store!(PostgresStore);
+
+#[cfg(test)]
+mod tests {
+    use super::split_connections;
+
+    #[test]
+    fn the_hot_path_gets_most_connections_and_each_side_one_at_least() {
+        assert_eq!(split_connections(16), (14, 2));
+        assert_eq!(split_connections(8), (6, 2));
+        assert_eq!(split_connections(4), (3, 1));
+        assert_eq!(split_connections(2), (1, 1));
+        assert_eq!(split_connections(1), (1, 1));
+        assert_eq!(split_connections(0), (1, 1));
+    }
+}
