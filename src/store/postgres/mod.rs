@@ -86,15 +86,19 @@ impl PostgresStore {
             ])
             .application_name("idemgate");
         let (hot_max, cold_max) = split_connections(max_connections);
-        let pool = |max: u32| {
+        let pool = |max: u32, test_before_acquire: bool| {
             PgPoolOptions::new()
                 .max_connections(max)
                 .min_connections(0)
                 .acquire_timeout(ACQUIRE_TIMEOUT)
-                .test_before_acquire(false)
+                .test_before_acquire(test_before_acquire)
                 .connect_lazy_with(opts.clone())
         };
-        let (hot, cold) = (pool(hot_max), pool(cold_max));
+        // The hot path takes a dead connection's error (a 503 the sender
+        // retries) over a ping per batch. The rest is rare, and `/readyz`
+        // must not report the database down for a connection that died
+        // while it was away: there a connection is pinged before use.
+        let (hot, cold) = (pool(hot_max, false), pool(cold_max, true));
         Ok(PostgresStore {
             batchers: batch::Batchers::start(&hot),
             hot,
