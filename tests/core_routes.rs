@@ -143,8 +143,6 @@ fn prefixes_strip_and_match_whole_segments() {
     assert_eq!(problem_type(&miss), "no-route");
 }
 
-/// After a mix of outcomes, `/metrics` has the SPEC §5 series with their
-/// labels and counts, and no event ID anywhere in the text.
 /// An unguarded request is counted before its answer goes out: a sender
 /// that reads `/metrics` right after each answer finds every one counted
 /// (the count once came from pingora's `logging` hook, after the answer).
@@ -172,6 +170,8 @@ fn unguarded_requests_are_counted_before_their_answer() {
     }
 }
 
+/// After a mix of outcomes, `/metrics` has the SPEC §5 series with their
+/// labels and counts, and no event ID anywhere in the text.
 #[test]
 fn metrics_after_a_mix() {
     let dir = TempDir::new("routes-metrics");
