@@ -34,8 +34,7 @@ const LEN: usize = 16;
 /// One process's mapping of the counter file.
 pub(super) struct ChangeCounter {
     path: PathBuf,
-    /// Keeps the mapping's file open for as long as the mapping lives.
-    _file: File,
+    /// The shared mapping; it outlives the file descriptor it was made from.
     cells: NonNull<[AtomicU64; 2]>,
 }
 
@@ -80,11 +79,7 @@ impl ChangeCounter {
         }
         let cells = NonNull::new(ptr.cast::<[AtomicU64; 2]>())
             .ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(ChangeCounter {
-            path,
-            _file: file,
-            cells,
-        })
+        Ok(ChangeCounter { path, cells })
     }
 
     fn open_file(path: &Path) -> io::Result<File> {

@@ -78,6 +78,11 @@ impl DeliveredCache {
         }
     }
 
+    /// The counter that keeps the entries right; changes count themselves in it.
+    pub(super) fn changes(&self) -> &Arc<ChangeCounter> {
+        &self.changes
+    }
+
     fn shard(&self, fingerprint: u64) -> &Mutex<Shard> {
         // bits the map itself does not use much (it takes the low ones for
         // the bucket and the top seven as tags)

@@ -43,11 +43,11 @@ pub struct SqliteStore {
     /// Duplicate lookups.
     readers: direct::Readers,
     path: PathBuf,
-    /// The change counter shared with every process on the file, and the
-    /// cache of delivered records it keeps right; `Err` says why there is
-    /// neither (the cache is then off, and releases and sweeps refuse to
-    /// run: a change must count itself).
-    changes: Result<(Arc<changes::ChangeCounter>, delivered::DeliveredCache), String>,
+    /// The cache of delivered records, with the change counter it shares
+    /// with every process on the file; `Err` says why there is neither (the
+    /// cache is then off, and releases and sweeps refuse to run: a change
+    /// must count itself).
+    delivered: Result<delivered::DeliveredCache, String>,
 }
 
 impl SqliteStore {
@@ -76,7 +76,7 @@ impl SqliteStore {
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(opts.clone())
             .await?;
-        let changes = changes::ChangeCounter::open(&path)
+        let delivered = changes::ChangeCounter::open(&path)
             .map(|counter| {
                 match counter.repair_if_abandoned() {
                     Ok(false) => {}
@@ -90,8 +90,7 @@ impl SqliteStore {
                         "cannot check the change counter"
                     ),
                 }
-                let counter = Arc::new(counter);
-                (counter.clone(), delivered::DeliveredCache::new(counter))
+                delivered::DeliveredCache::new(Arc::new(counter))
             })
             .map_err(|e| {
                 let counter = changes::counter_path(&path);
@@ -108,7 +107,7 @@ impl SqliteStore {
             writer: writer::Writer::start(path.clone())?,
             readers: direct::Readers::new(path.clone()),
             path,
-            changes,
+            delivered,
         })
     }
 
@@ -171,7 +170,7 @@ impl SqliteStore {
         digest: &str,
         now: Millis,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let cache = self.changes.as_ref().ok().map(|(_, cache)| cache);
+        let cache = self.delivered.as_ref().ok();
         if let Some(hit) = cache.and_then(|c| c.answer(route, event_id, digest, now)) {
             return Ok(Some(hit));
         }
@@ -210,8 +209,8 @@ impl SqliteStore {
         &self,
         change: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let counter = match &self.changes {
-            Ok((counter, _)) => counter.clone(),
+        let counter = match &self.delivered {
+            Ok(cache) => cache.changes().clone(),
             Err(why) => {
                 return Err(StoreError::Unavailable(format!(
                     "{why}; a release or sweep must count itself there so that \
