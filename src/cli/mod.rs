@@ -4,6 +4,7 @@
 mod demo;
 mod events;
 pub mod log_buffer;
+mod log_line;
 mod serve;
 
 use std::path::PathBuf;
@@ -159,13 +160,15 @@ pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, guard) = log_buffer::LogBuffer::new(std::io::stderr());
+    // colour codes only for a person at a terminal, not in log files
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        // colour codes only for a person at a terminal, not in log files
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(terminal)
         .with_writer(writer);
     let installed = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text if terminal => builder.try_init(),
+        LogFormat::Text => builder.event_format(log_line::PlainText).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
     if installed.is_ok() {

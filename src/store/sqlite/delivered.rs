@@ -334,13 +334,13 @@ mod tests {
     #[test]
     fn the_budget_bounds_memory_and_the_oldest_go_first() {
         // 16 shards of 16 KiB: a 1 KiB body is ~1.2 KiB an entry
-        let cache = DeliveredCache::with_budget(counter("budget"), 16 * 16 << 10);
+        let cache = DeliveredCache::with_budget(counter("budget"), (16 * 16) << 10);
         let tag = cache.fill_tag().unwrap();
         for i in 0..2_000 {
             cache.fill("r", &format!("e{i}"), &delivered("d", 1024), tag);
         }
         let bytes: usize = cache.shards.iter().map(|s| s.lock().unwrap().bytes).sum();
-        assert!(bytes <= 16 * 16 << 10, "{bytes}");
+        assert!(bytes <= (16 * 16) << 10, "{bytes}");
         assert!(cache.len() > 100, "{}", cache.len());
         assert!(
             cache.answer("r", "e1999", "d", now()).is_some(),
