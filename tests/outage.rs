@@ -414,3 +414,43 @@ fn settle_failing_after_the_upstream_answered_is_retried_then_counted() {
     assert!(r.header("Retry-After").is_some());
     assert_eq!(up.count(&id), 1);
 }
+
+/// The server ends every connection while staying up (a restart between
+/// two deliveries, an idle-session timeout, a pooler's recycling): the
+/// connections the proxy keeps between batches are replaced by the next
+/// batch, not kept failing. At most the first delivery of each kind of
+/// batch finds its connection dead.
+#[test]
+fn connections_ended_by_the_server_are_replaced() {
+    let Some(s) = setup("ended") else { return };
+    let (px, up) = (&s.px, &s.up);
+    for round in 0..3 {
+        let id = eid(&format!("before-{round}"));
+        assert_eq!(px.deliver(PATH, Some(&id), br#"{"n":1}"#).status, 200);
+        s.relay.close_all();
+        let after = eid(&format!("after-{round}"));
+        let t = Instant::now();
+        let mut unavailable = 0;
+        loop {
+            let r = px.deliver(PATH, Some(&after), br#"{"n":1}"#);
+            if r.status == 200 {
+                break;
+            }
+            assert_eq!(r.status, 503, "{after}: {:?}", r.json());
+            unavailable += 1;
+            assert!(
+                unavailable <= 2 && t.elapsed() < RECOVERY,
+                "round {round}: {unavailable} 503s in {:?}\n{}",
+                t.elapsed(),
+                px.log()
+            );
+        }
+        assert_eq!(up.count(&after), 1);
+        let replay = px.deliver(PATH, Some(&after), br#"{"n":1}"#);
+        assert_eq!(
+            replay.header("Idempotent-Replayed"),
+            Some("true"),
+            "round {round}"
+        );
+    }
+}

@@ -5,11 +5,19 @@
 //! (the executor's start-up, the commit, the WAL flush, the driver), which
 //! was most of the durable path's time.
 //!
-//! Each kind has a dispatcher that waits for a free slot (at most
-//! [`SLOTS`] statements of a kind in flight), then takes everything queued
-//! and runs it. Under light load a batch is one operation and costs what the
-//! single statement did; under heavy load the queue fills while the slots
-//! are busy, and batches grow.
+//! Each kind has a dispatcher that runs one batch at a time: it takes
+//! everything queued, runs it, answers, and takes what queued meanwhile.
+//! Under light load a batch is one operation and costs what the single
+//! statement did; under heavy load the queue fills while a batch runs, and
+//! batches grow.
+//!
+//! A dispatcher keeps its connection from one batch to the next (when the
+//! pool has room for that, see [`Batchers::start`]): sqlx pings a
+//! connection on every return to the pool, a round trip per batch that cost
+//! more of both processes' CPU than anything but the statement itself
+//! (perf, load scenario d). A batch that fails keeps the connection only if
+//! a ping then answers; one that runs past [`BATCH_TIMEOUT`] (a connection
+//! gone silent) closes it.
 //!
 //! Every batch is one statement, so no transaction spans a round trip. Keys
 //! go in sorted order, so that two replicas' batches lock shared rows in the
@@ -20,11 +28,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::time::Duration;
 
-use sqlx::postgres::PgPool;
-use sqlx::{PgConnection, Row};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgPool, Postgres};
+use sqlx::{Connection, PgConnection, Row};
+use tokio::sync::{mpsc, oneshot};
 
 use super::PostgresStore;
 use crate::claim::SettleResult;
@@ -34,13 +44,20 @@ use crate::store::{ClaimOutcome, StoreError};
 
 /// Most operations in one statement.
 const MAX_BATCH: usize = 128;
-/// Statements of one kind in flight at once. One: while it runs, the next
-/// batch fills, so the batch size follows the load; a second slot only
-/// splits the same operations over more statements. Measured with the load
-/// harness (scenario d, 64 connections, server on the same 2 cores): 3 slots
-/// 7.8-8.8k events/s at 77-83 µs of server CPU per event, 2 slots 8.4-9.1k at
-/// 67-73 µs, 1 slot 9.4-10.2k at 55-60 µs.
-pub(super) const SLOTS: usize = 1;
+/// One statement of a kind in flight at a time: while it runs, the next
+/// batch fills, so the batch size follows the load; more in flight only
+/// split the same operations over more statements. Measured with the load
+/// harness (scenario d, 64 connections, server on the same 2 cores): 3 in
+/// flight 7.8-8.8k events/s at 77-83 µs of server CPU per event, 2 8.4-9.1k
+/// at 67-73 µs, 1 9.4-10.2k at 55-60 µs.
+///
+/// How long one batch may take, fallbacks included, before its connection
+/// is given up as silent: above the server's statement timeout, so that
+/// one fires first when the server is merely slow.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections the dispatchers keep: one each.
+pub(super) const KEPT_CONNECTIONS: u32 = 3;
 
 /// Claims of keys not in the table yet, or reclaimable: [`sql::CLAIM`] over
 /// arrays. $1 routes, $2 event_ids, $3 digests, $4 lease_until, $5 now,
@@ -91,12 +108,16 @@ pub(super) struct Batchers {
 }
 
 impl Batchers {
-    /// Starts the dispatchers on the current runtime.
-    pub(super) fn start(pool: &PgPool) -> Self {
+    /// Starts the dispatchers on the current runtime. They keep their
+    /// connections between batches when `pool_size` leaves at least one
+    /// more for the rest (failed settles); otherwise each batch takes one
+    /// from the pool and gives it back.
+    pub(super) fn start(pool: &PgPool, pool_size: u32) -> Self {
+        let keep = pool_size > KEPT_CONNECTIONS;
         Batchers {
-            lookups: dispatch(pool.clone(), read_batch),
-            claims: dispatch(pool.clone(), claim_batch),
-            delivered: dispatch(pool.clone(), deliver_batch),
+            lookups: dispatch(pool.clone(), keep, read_batch),
+            claims: dispatch(pool.clone(), keep, claim_batch),
+            delivered: dispatch(pool.clone(), keep, deliver_batch),
         }
     }
 
@@ -121,26 +142,38 @@ async fn ask<I, O>(queue: &mpsc::Sender<(I, Reply<O>)>, item: I) -> Result<O, St
     rx.await.map_err(|_| gone())?
 }
 
-/// Runs batches of `run` with at most [`SLOTS`] in flight; stops when every
-/// sender is gone.
-fn dispatch<I, O, F, Fut>(pool: PgPool, run: F) -> mpsc::Sender<(I, Reply<O>)>
+/// What a dispatcher runs: one batch on a connection.
+type BatchFuture<'c, O> = Pin<Box<dyn Future<Output = Vec<Result<O, StoreError>>> + Send + 'c>>;
+
+/// Runs the batches of `run` one at a time; stops when every sender is gone.
+fn dispatch<I, O>(
+    pool: PgPool,
+    keep: bool,
+    run: for<'c> fn(&'c mut PgConnection, Vec<I>) -> BatchFuture<'c, O>,
+) -> mpsc::Sender<(I, Reply<O>)>
 where
     I: Send + 'static,
     O: Send + 'static,
-    F: Fn(PgPool, Vec<I>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Vec<Result<O, StoreError>>> + Send + 'static,
 {
     let (queue, mut jobs) = mpsc::channel::<(I, Reply<O>)>(4 * MAX_BATCH);
-    let run = Arc::new(run);
     tokio::spawn(async move {
-        let slots = Arc::new(Semaphore::new(SLOTS));
+        let mut kept: Option<PoolConnection<Postgres>> = None;
+        // A closing pool waits for every connection to come back.
+        let mut closing = std::pin::pin!(pool.close_event());
+        let mut keep = keep;
         loop {
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                break;
+            let next = match kept {
+                None => jobs.recv().await,
+                Some(_) => tokio::select! {
+                    biased;
+                    job = jobs.recv() => job,
+                    () = &mut closing => {
+                        (kept, keep) = (None, false);
+                        continue;
+                    }
+                },
             };
-            let Some(first) = jobs.recv().await else {
-                break;
-            };
+            let Some(first) = next else { break };
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match jobs.try_recv() {
@@ -149,17 +182,51 @@ where
                 }
             }
             let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
-            let (run, pool) = (run.clone(), pool.clone());
-            tokio::spawn(async move {
-                let results = run(pool, items).await;
-                for (reply, result) in replies.into_iter().zip(results) {
-                    let _ = reply.send(result);
+            let conn = match kept.take() {
+                Some(conn) => Ok(conn),
+                None => pool.acquire().await,
+            };
+            let results = match conn {
+                Err(e) => all_failed(items.len(), &e.into()),
+                Ok(mut conn) => {
+                    let n = items.len();
+                    match tokio::time::timeout(BATCH_TIMEOUT, run(&mut conn, items)).await {
+                        Ok(results) => {
+                            let failed = results.iter().any(Result::is_err);
+                            if keep && still_good(&mut conn, failed).await {
+                                kept = Some(conn);
+                            }
+                            results
+                        }
+                        Err(_) => {
+                            // cut off mid-statement: the connection's state is unknown
+                            drop(conn.detach());
+                            let e = StoreError::Unavailable(format!(
+                                "the database did not answer a batch within {BATCH_TIMEOUT:?}"
+                            ));
+                            all_failed(n, &e)
+                        }
+                    }
                 }
-                drop(slot);
-            });
+            };
+            for (reply, result) in replies.into_iter().zip(results) {
+                let _ = reply.send(result);
+            }
         }
     });
     queue
+}
+
+/// Whether a connection may run the next batch: yes after a batch without
+/// errors; after one with errors, if it answers a ping.
+async fn still_good(conn: &mut PgConnection, failed: bool) -> bool {
+    if !failed {
+        return true;
+    }
+    matches!(
+        tokio::time::timeout(BATCH_TIMEOUT, conn.ping()).await,
+        Ok(Ok(()))
+    )
 }
 
 /// The indexes of the batch's items in key order, each key's first
@@ -221,16 +288,19 @@ async fn read_many(
         .collect()
 }
 
-async fn read_batch(pool: PgPool, items: Vec<Lookup>) -> Vec<Result<Option<Readback>, StoreError>> {
-    let mut conn = match pool.acquire().await {
-        Ok(c) => c,
-        Err(e) => return all_failed(items.len(), &e.into()),
-    };
+fn read_batch(conn: &mut PgConnection, items: Vec<Lookup>) -> BatchFuture<'_, Option<Readback>> {
+    Box::pin(read_batch_on(conn, items))
+}
+
+async fn read_batch_on(
+    conn: &mut PgConnection,
+    items: Vec<Lookup>,
+) -> Vec<Result<Option<Readback>, StoreError>> {
     let keys: Vec<(&str, &str)> = items
         .iter()
         .map(|l| (l.route.as_str(), l.event_id.as_str()))
         .collect();
-    match read_many(&mut conn, &keys).await {
+    match read_many(conn, &keys).await {
         Ok(mut found) => keys
             .iter()
             .map(|(r, e)| Ok(found.remove(&(r.to_string(), e.to_string()))))
@@ -239,14 +309,14 @@ async fn read_batch(pool: PgPool, items: Vec<Lookup>) -> Vec<Result<Option<Readb
     }
 }
 
-async fn claim_batch(
-    pool: PgPool,
+fn claim_batch(conn: &mut PgConnection, items: Vec<OwnedClaim>) -> BatchFuture<'_, ClaimOutcome> {
+    Box::pin(claim_batch_on(conn, items))
+}
+
+async fn claim_batch_on(
+    conn: &mut PgConnection,
     items: Vec<OwnedClaim>,
 ) -> Vec<Result<ClaimOutcome, StoreError>> {
-    let mut conn = match pool.acquire().await {
-        Ok(c) => c,
-        Err(e) => return all_failed(items.len(), &e.into()),
-    };
     // repeats of a key are left undecided: they run one by one below
     let firsts = firsts_by_key(
         items
@@ -255,13 +325,13 @@ async fn claim_batch(
     );
     let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
         (0..items.len()).map(|_| None).collect();
-    if let Err(e) = claim_many(&mut conn, &items, &firsts, &mut results).await {
+    if let Err(e) = claim_many(conn, &items, &firsts, &mut results).await {
         tracing::debug!(error = %e, "batched claim refused; claiming one by one");
     }
     // what the batch did not decide (repeats of a key among it), one by one
     for i in 0..items.len() {
         if results[i].is_none() {
-            results[i] = Some(PostgresStore::claim_on(&mut conn, &items[i].req()).await);
+            results[i] = Some(PostgresStore::claim_on(conn, &items[i].req()).await);
         }
     }
     done(results)
@@ -333,14 +403,17 @@ async fn claim_many(
     Ok(())
 }
 
-async fn deliver_batch(
-    pool: PgPool,
+fn deliver_batch(
+    conn: &mut PgConnection,
+    items: Vec<OwnedSettle>,
+) -> BatchFuture<'_, SettleResult> {
+    Box::pin(deliver_batch_on(conn, items))
+}
+
+async fn deliver_batch_on(
+    conn: &mut PgConnection,
     items: Vec<OwnedSettle>,
 ) -> Vec<Result<SettleResult, StoreError>> {
-    let mut conn = match pool.acquire().await {
-        Ok(c) => c,
-        Err(e) => return all_failed(items.len(), &e.into()),
-    };
     // repeats of a key are left undecided: they run one by one below
     let firsts = firsts_by_key(
         items
@@ -349,7 +422,7 @@ async fn deliver_batch(
     );
     let mut results: Vec<Option<Result<SettleResult, StoreError>>> =
         (0..items.len()).map(|_| None).collect();
-    match deliver_many(&mut conn, &items, &firsts).await {
+    match deliver_many(conn, &items, &firsts).await {
         Ok(updated) => {
             for &i in &firsts {
                 let key = (items[i].route.clone(), items[i].event_id.clone());
@@ -364,7 +437,7 @@ async fn deliver_batch(
     }
     for i in 0..items.len() {
         if results[i].is_none() {
-            results[i] = Some(PostgresStore::settle_on(&mut conn, &items[i].req()).await);
+            results[i] = Some(PostgresStore::settle_on(conn, &items[i].req()).await);
         }
     }
     done(results)

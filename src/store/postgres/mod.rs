@@ -3,7 +3,8 @@
 //! unique key on (route, event_id) makes exactly one concurrent claim win.
 //!
 //! Failure is fast and recovery needs no restart: the pool connects lazily,
-//! a connection that fails is dropped (sqlx pings it on release), and every
+//! a connection that fails is dropped (sqlx pings it on release; a batch
+//! dispatcher pings the one it keeps after a failed batch), and every
 //! operation is bounded, so with the database unreachable a request gets its
 //! 503 within [`ACQUIRE_TIMEOUT`] (refused connections) or
 //! [`PostgresStore::OP_TIMEOUT`] (silence), and the first request after the
@@ -95,12 +96,13 @@ impl PostgresStore {
                 .connect_lazy_with(opts.clone())
         };
         // The hot path takes a dead connection's error (a 503 the sender
-        // retries) over a ping per batch. The rest is rare, and `/readyz`
+        // retries) over a ping before each batch; its dispatchers keep their
+        // connections, so sqlx's ping on release is gone too. The rest is rare, and `/readyz`
         // must not report the database down for a connection that died
         // while it was away: there a connection is pinged before use.
         let (hot, cold) = (pool(hot_max, false), pool(cold_max, true));
         Ok(PostgresStore {
-            batchers: batch::Batchers::start(&hot),
+            batchers: batch::Batchers::start(&hot, hot_max),
             hot,
             rt: tokio::runtime::Handle::current(),
             write: cold.clone(),
