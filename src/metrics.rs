@@ -2,9 +2,11 @@
 //! server has its own). Event IDs never become label values: every label here
 //! is a route name or a fixed word.
 
+use std::sync::OnceLock;
+
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Request outcomes: the `outcome` label and the `Idempotency-Status` header.
@@ -62,9 +64,22 @@ pub struct Metrics {
     pub settles: IntCounterVec,
     pub upstream_duration: HistogramVec,
     pub store_duration: HistogramVec,
+    /// `store_duration`'s lookup, claim and settle series, resolved once: a
+    /// labelled observation hashes its label values on every call.
+    store_hot: [Histogram; 3],
     pub processing_oldest_age: GaugeVec,
     pub records_swept: IntCounter,
 }
+
+/// Outcomes there are, for [`RequestCounters`].
+const OUTCOMES: usize = Outcome::NoRoute as usize + 1;
+
+/// One route's `idemgate_requests_total` series, each resolved the first
+/// time it is counted (a series still appears only once it has happened)
+/// and kept, so that counting a request needs no label lookup. Held by the
+/// route, for the one [`Metrics`] its proxy counts into.
+#[derive(Default)]
+pub struct RequestCounters([OnceLock<IntCounter>; OUTCOMES]);
 
 /// Buckets for sub-millisecond store commits up to multi-second upstreams.
 const DURATION_BUCKETS: &[f64] = &[
@@ -138,6 +153,8 @@ impl Metrics {
         registry
             .register(Box::new(records_swept.clone()))
             .expect("metric registered once");
+        let store_hot =
+            ["lookup", "claim", "settle"].map(|op| store_duration.with_label_values(&[op]));
         Metrics {
             registry,
             requests,
@@ -146,6 +163,7 @@ impl Metrics {
             settles,
             upstream_duration,
             store_duration,
+            store_hot,
             processing_oldest_age,
             records_swept,
         }
@@ -176,6 +194,13 @@ impl Metrics {
             .inc();
     }
 
+    /// [`Metrics::request`] through the route's resolved series.
+    pub fn route_request(&self, counters: &RequestCounters, route: &str, outcome: Outcome) {
+        counters.0[outcome as usize]
+            .get_or_init(|| self.requests.with_label_values(&[route, outcome.as_str()]))
+            .inc();
+    }
+
     /// The upstream answered `status` after `elapsed`.
     pub fn upstream_answered(&self, route: &str, status: u16, elapsed: std::time::Duration) {
         self.upstream_responses
@@ -187,9 +212,15 @@ impl Metrics {
     }
 
     pub fn store_time(&self, operation: &str, seconds: f64) {
-        self.store_duration
-            .with_label_values(&[operation])
-            .observe(seconds);
+        match operation {
+            "lookup" => self.store_hot[0].observe(seconds),
+            "claim" => self.store_hot[1].observe(seconds),
+            "settle" => self.store_hot[2].observe(seconds),
+            other => self
+                .store_duration
+                .with_label_values(&[other])
+                .observe(seconds),
+        }
     }
 
     /// The Prometheus text exposition.
@@ -237,6 +268,53 @@ mod tests {
             text.contains(r#"idemgate_requests_total{outcome="no_route",route=""} 1"#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn resolved_series_count_into_the_labelled_ones() {
+        let m = Metrics::new();
+        let counters = RequestCounters::default();
+        let all = [
+            Outcome::Forwarded,
+            Outcome::Replayed,
+            Outcome::InFlight,
+            Outcome::DigestMismatch,
+            Outcome::MissingId,
+            Outcome::InvalidId,
+            Outcome::InvalidBody,
+            Outcome::BodyTooLarge,
+            Outcome::InvalidSignature,
+            Outcome::StoreUnavailable,
+            Outcome::Unguarded,
+            Outcome::NoRoute,
+        ];
+        assert_eq!(all.len(), OUTCOMES);
+        for (i, outcome) in all.into_iter().enumerate() {
+            for _ in 0..=i {
+                m.route_request(&counters, "r", outcome);
+            }
+            m.request("r", outcome);
+        }
+        let text = String::from_utf8(m.render()).unwrap();
+        for (i, outcome) in all.into_iter().enumerate() {
+            let line = format!(
+                "idemgate_requests_total{{outcome=\"{}\",route=\"r\"}} {}\n",
+                outcome.as_str(),
+                i + 2
+            );
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        for (op, n) in [("lookup", 1), ("claim", 2), ("settle", 3), ("sweep", 4)] {
+            for _ in 0..n {
+                m.store_time(op, 0.001);
+            }
+            let line = format!("idemgate_store_duration_seconds_count{{operation=\"{op}\"}} {n}\n");
+            assert!(text_of(&m).contains(&line), "{line}");
+        }
+    }
+
+    fn text_of(m: &Metrics) -> String {
+        String::from_utf8(m.render()).unwrap()
     }
 
     #[test]

@@ -267,7 +267,8 @@ impl Gate {
             Ok(Claimed::Answer(recorded)) => {
                 summary.outcome = Outcome::Replayed;
                 summary.upstream_status = recorded.status;
-                self.metrics.request(name, Outcome::Replayed);
+                self.metrics
+                    .route_request(&route.requests, name, Outcome::Replayed);
                 respond::replay(session, &recorded).await?;
                 return Ok(true);
             }
@@ -480,7 +481,8 @@ impl Gate {
                     UpstreamFailure::Timeout => ProblemKind::UpstreamTimeout,
                 };
                 let p = Problem::new(kind, error).with_event_id(Some(event_id));
-                self.metrics.request(name, Outcome::Forwarded);
+                self.metrics
+                    .route_request(&route.requests, name, Outcome::Forwarded);
                 respond::problem(session, &p, Outcome::Forwarded.as_str(), false).await?;
                 return Ok(true);
             }
@@ -546,7 +548,8 @@ impl Gate {
             )
             .await;
         }
-        self.metrics.request(name, Outcome::Forwarded);
+        self.metrics
+            .route_request(&route.requests, name, Outcome::Forwarded);
         let header = forward::downstream_header(&answered.header, Outcome::Forwarded.as_str())?;
         forward::relay(
             session,
@@ -572,7 +575,8 @@ impl Gate {
     ) -> Handled {
         let name = route.name();
         let req = self.upstream_request(session, route, body.len(), None)?;
-        self.metrics.request(name, Outcome::Unguarded);
+        self.metrics
+            .route_request(&route.requests, name, Outcome::Unguarded);
         match forward::exchange(
             &self.connector,
             &route.peer,

@@ -210,7 +210,8 @@ impl Gate {
         }
         ctx.counted = true;
         let name = route.name();
-        self.metrics.request(name, Outcome::Unguarded);
+        self.metrics
+            .route_request(&route.requests, name, Outcome::Unguarded);
         let class = match (status, failure) {
             (Some(s), _) => status_class(s),
             (None, Some(e))

@@ -26,6 +26,8 @@ pub struct RouteRt {
     pub retention_ms: i64,
     /// Duplicates held by `in_flight: wait` right now (capped by `max_waiters`).
     pub waiters: std::sync::atomic::AtomicUsize,
+    /// This route's `idemgate_requests_total` series.
+    pub requests: crate::metrics::RequestCounters,
 }
 
 impl RouteRt {
@@ -81,6 +83,7 @@ impl RouteRt {
             ignore,
             verifier,
             waiters: Default::default(),
+            requests: Default::default(),
         })
     }
 
