@@ -454,3 +454,44 @@ fn connections_ended_by_the_server_are_replaced() {
         );
     }
 }
+
+/// Claims queued behind a batch stuck on a silent database, whose senders
+/// got their 503 meanwhile, are not made once the database answers again:
+/// the sender's retry is forwarded at once instead of finding its own
+/// orphaned claim in flight (409) until the lease ends. The claim that was
+/// already on the wire may have committed: that one is in flight.
+#[test]
+fn claims_whose_senders_gave_up_are_not_made_late() {
+    let Some(s) = setup("abandon") else { return };
+    let (px, up) = (&s.px, &s.up);
+    // a first delivery opens the connections, so the stall catches them open
+    assert_eq!(
+        px.deliver(PATH, Some(&eid("warm")), br#"{"n":1}"#).status,
+        200
+    );
+    s.relay.stall();
+    let stuck = eid("stuck");
+    let queued: Vec<String> = (0..3).map(|i| eid(&format!("queued-{i}"))).collect();
+    std::thread::scope(|sc| {
+        let first = sc.spawn(|| expect_503(px, &stuck));
+        // the first claim's batch is on the wire; these queue behind it
+        std::thread::sleep(Duration::from_millis(300));
+        let rest: Vec<_> = queued
+            .iter()
+            .map(|id| sc.spawn(move || expect_503(px, id)))
+            .collect();
+        first.join().unwrap();
+        for h in rest {
+            h.join().unwrap();
+        }
+    });
+    s.relay.restore();
+    for id in &queued {
+        let r = px.deliver(PATH, Some(id), br#"{"n":1}"#);
+        assert_eq!(r.status, 200, "{id}: {:?}\n{}", r.json(), px.log());
+        assert_eq!(up.count(id), 1);
+    }
+    let r = px.deliver(PATH, Some(&stuck), br#"{"n":1}"#);
+    assert!(matches!(r.status, 200 | 409), "{stuck}: {}", r.status);
+    assert!(up.count(&stuck) <= 1);
+}

@@ -115,9 +115,9 @@ impl Batchers {
     pub(super) fn start(pool: &PgPool, pool_size: u32) -> Self {
         let keep = pool_size > KEPT_CONNECTIONS;
         Batchers {
-            lookups: dispatch(pool.clone(), keep, read_batch),
-            claims: dispatch(pool.clone(), keep, claim_batch),
-            delivered: dispatch(pool.clone(), keep, deliver_batch),
+            lookups: dispatch(pool.clone(), keep, Abandoned::Drop, read_batch),
+            claims: dispatch(pool.clone(), keep, Abandoned::Drop, claim_batch),
+            delivered: dispatch(pool.clone(), keep, Abandoned::Run, deliver_batch),
         }
     }
 
@@ -145,10 +145,22 @@ async fn ask<I, O>(queue: &mpsc::Sender<(I, Reply<O>)>, item: I) -> Result<O, St
 /// What a dispatcher runs: one batch on a connection.
 type BatchFuture<'c, O> = Pin<Box<dyn Future<Output = Vec<Result<O, StoreError>>> + Send + 'c>>;
 
+/// What becomes of an operation whose requester stopped waiting before its
+/// batch ran (the request timed out with a 503 while a batch was stuck).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Abandoned {
+    /// Not run: a claim made after the sender was told to retry would only
+    /// hold the event in flight until its lease ends.
+    Drop,
+    /// Run anyway: a delivery recorded late beats one left in flight.
+    Run,
+}
+
 /// Runs the batches of `run` one at a time; stops when every sender is gone.
 fn dispatch<I, O>(
     pool: PgPool,
     keep: bool,
+    abandoned: Abandoned,
     run: for<'c> fn(&'c mut PgConnection, Vec<I>) -> BatchFuture<'c, O>,
 ) -> mpsc::Sender<(I, Reply<O>)>
 where
@@ -179,6 +191,12 @@ where
                 match jobs.try_recv() {
                     Ok(job) => batch.push(job),
                     Err(_) => break,
+                }
+            }
+            if abandoned == Abandoned::Drop {
+                batch.retain(|(_, reply)| !reply.is_closed());
+                if batch.is_empty() {
+                    continue;
                 }
             }
             let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
