@@ -44,13 +44,6 @@ use crate::store::{ClaimOutcome, StoreError};
 
 /// Most operations in one statement.
 const MAX_BATCH: usize = 128;
-/// One statement of a kind in flight at a time: while it runs, the next
-/// batch fills, so the batch size follows the load; more in flight only
-/// split the same operations over more statements. Measured with the load
-/// harness (scenario d, 64 connections, server on the same 2 cores): 3 in
-/// flight 7.8-8.8k events/s at 77-83 µs of server CPU per event, 2 8.4-9.1k
-/// at 67-73 µs, 1 9.4-10.2k at 55-60 µs.
-///
 /// How long one batch may take, fallbacks included, before its connection
 /// is given up as silent: above the server's statement timeout, so that
 /// one fires first when the server is merely slow.
@@ -157,6 +150,13 @@ enum Abandoned {
 }
 
 /// Runs the batches of `run` one at a time; stops when every sender is gone.
+///
+/// One statement of a kind in flight at a time: while it runs, the next
+/// batch fills, so the batch size follows the load; more in flight only
+/// split the same operations over more statements. Measured with the load
+/// harness (scenario d, 64 connections, server on the same 2 cores): 3 in
+/// flight 7.8-8.8k events/s at 77-83 µs of server CPU per event, 2 8.4-9.1k
+/// at 67-73 µs, 1 9.4-10.2k at 55-60 µs.
 fn dispatch<I, O>(
     pool: PgPool,
     keep: bool,
