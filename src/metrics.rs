@@ -23,6 +23,7 @@ pub enum Outcome {
     InvalidSignature,
     StoreUnavailable,
     Unguarded,
+    /// Stays last: [`RequestCounters`] has one slot per outcome up to it.
     NoRoute,
 }
 

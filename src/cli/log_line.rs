@@ -103,25 +103,17 @@ impl Fields<'_, '_> {
         if self.result.is_err() || name.starts_with("log.") {
             return false;
         }
-        if !self.first {
-            if let Err(e) = self.out.write_char(' ') {
-                self.result = Err(e);
-                return false;
-            }
-        }
+        let separator = if self.first { "" } else { " " };
         self.first = false;
+        self.result = self.out.write_str(separator);
         if name != "message" {
             let name = name.strip_prefix("r#").unwrap_or(name);
-            if let Err(e) = self
-                .out
-                .write_str(name)
-                .and_then(|()| self.out.write_char('='))
-            {
-                self.result = Err(e);
-                return false;
-            }
+            self.result = self
+                .result
+                .and_then(|()| self.out.write_str(name))
+                .and_then(|()| self.out.write_char('='));
         }
-        true
+        self.result.is_ok()
     }
 
     fn value(&mut self, args: fmt::Arguments<'_>) {
@@ -129,6 +121,8 @@ impl Fields<'_, '_> {
     }
 }
 
+/// Numbers and booleans take `Visit`'s defaults, which pass them to
+/// `record_debug`: their `Debug` is what the default format writes.
 impl Visit for Fields<'_, '_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if !self.begin(field) {
@@ -141,37 +135,13 @@ impl Visit for Fields<'_, '_> {
             .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
         {
             // what `Debug` writes for printable ASCII, without its char loop
-            self.result = (|| {
-                self.out.write_char('"')?;
-                self.out.write_str(value)?;
-                self.out.write_char('"')
-            })();
+            self.result = self
+                .out
+                .write_char('"')
+                .and_then(|()| self.out.write_str(value))
+                .and_then(|()| self.out.write_char('"'));
         } else {
             self.value(format_args!("{value:?}"));
-        }
-    }
-
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        if self.begin(field) {
-            self.value(format_args!("{value}"));
-        }
-    }
-
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        if self.begin(field) {
-            self.value(format_args!("{value}"));
-        }
-    }
-
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        if self.begin(field) {
-            self.value(format_args!("{value:?}"));
-        }
-    }
-
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        if self.begin(field) {
-            self.value(format_args!("{value}"));
         }
     }
 

@@ -97,9 +97,10 @@ impl PostgresStore {
         };
         // The hot path takes a dead connection's error (a 503 the sender
         // retries) over a ping before each batch; its dispatchers keep their
-        // connections, so sqlx's ping on release is gone too. The rest is rare, and `/readyz`
-        // must not report the database down for a connection that died
-        // while it was away: there a connection is pinged before use.
+        // connections, so sqlx's ping on release is gone too. The rest is
+        // rare, and `/readyz` must not report the database down for a
+        // connection that died while it was away: there a connection is
+        // pinged before use.
         let (hot, cold) = (pool(hot_max, false), pool(cold_max, true));
         Ok(PostgresStore {
             batchers: batch::Batchers::start(&hot, hot_max),
