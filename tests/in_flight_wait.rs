@@ -174,7 +174,8 @@ fn held_duplicates_across_two_replicas_on_postgres() {
     let Some(base) = pg_url() else { return };
     let dir = TempDir::new("wait-pg");
     let up = Consumer::start().unwrap();
-    let store = pg_schema_url(&base, "wait");
+    let schema = PgSchema::create(&base, "wait");
+    let store = schema.url();
     let routes = route("w", "/hooks/w", &up.url(), "    in_flight: wait\n");
     let (a, b) = (
         Proxy::start(&dir, &store, &routes),

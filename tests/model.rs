@@ -599,39 +599,14 @@ fn sqlite_store_agrees_with_the_model() {
     rt.block_on(store.close());
 }
 
-/// Drops the test schema when the test ends, pass or fail.
-struct Schema {
-    base: String,
-    name: String,
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .args([
-                &self.base,
-                "-q",
-                "-c",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
-            ])
-            .output();
-    }
-}
-
 #[test]
 fn postgres_store_agrees_with_the_model() {
     let Some(base) = common::pg_url() else {
         return;
     };
-    let url = common::pg_schema_url(&base, "model");
-    let _schema = Schema {
-        base,
-        name: url
-            .rsplit("search_path%3D")
-            .next()
-            .expect("a schema URL")
-            .to_string(),
-    };
+    // dropped when the test ends, pass or fail
+    let schema = common::PgSchema::create(&base, "model");
+    let url = schema.url();
     let rt = runtime();
     let store = rt.block_on(async {
         let s = store::open(&url, 4).await.expect("open postgres");

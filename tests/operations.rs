@@ -223,8 +223,15 @@ fn operator_commands(store: &str, dir: &TempDir) {
         (rec["state"].as_str(), rec["lease_until"].is_null()),
         (Some("failed"), true)
     );
-    assert_eq!(px.deliver("/hooks/o", Some(&a), b"{}").status, 200);
-    assert_eq!(up.count(&a), 2, "the released event was forwarded again");
+    let again = px.deliver("/hooks/o", Some(&a), b"{}");
+    assert_eq!(
+        (again.status, up.count(&a)),
+        (200, 2),
+        "the released event is forwarded again; answered {:?}; record now {}; proxy log:\n{}",
+        again.header("Idempotency-Status"),
+        show(store, "o", &a),
+        px.log()
+    );
     let (code, _, _) = cli(&[
         "events", "release", "--store", store, "--route", "o", "absent",
     ]);
@@ -246,8 +253,8 @@ fn operator_commands_on_sqlite() {
 fn operator_commands_on_postgres() {
     let Some(base) = pg_url() else { return };
     let dir = TempDir::new("ops-pg");
-    let store = pg_schema_url(&base, "ops");
-    operator_commands(&store, &dir);
+    let schema = PgSchema::create(&base, "ops");
+    operator_commands(&schema.url(), &dir);
 }
 
 /// `/readyz` says ready only once the proxy port accepts: pingora starts

@@ -182,22 +182,13 @@ struct Setup {
     px: Proxy,
     up: Consumer,
     relay: Relay,
-    base: String,
-    schema: String,
+    _schema: PgSchema,
     _dir: TempDir,
 }
 
 impl Drop for Setup {
     fn drop(&mut self) {
         self.px.stop(Duration::from_secs(10));
-        let _ = std::process::Command::new("psql")
-            .args([
-                self.base.as_str(),
-                "-q",
-                "-c",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema),
-            ])
-            .output();
     }
 }
 
@@ -207,16 +198,15 @@ fn setup(tag: &str) -> Option<Setup> {
     let (upstream, _) = through(&base, "127.0.0.1:1".parse().unwrap());
     let relay = Relay::start(upstream);
     let (_, relayed) = through(&base, relay.addr);
-    let url = pg_schema_url(&relayed, tag);
-    let schema = url.rsplit("search_path%3D").next().unwrap().to_string();
+    let schema = PgSchema::create(&base, tag);
+    let url = schema.url_via(&relayed);
     let up = Consumer::start().unwrap();
     let px = Proxy::start(&dir, &url, &route("r", PATH, &up.url(), ""));
     Some(Setup {
         px,
         up,
         relay,
-        base,
-        schema,
+        _schema: schema,
         _dir: dir,
     })
 }

@@ -22,41 +22,25 @@ const WORKERS: usize = 32;
 /// A store both replicas use, and what removes it afterwards.
 struct SharedStore {
     url: String,
-    pg_schema: Option<(String, String)>,
+    _pg_schema: Option<PgSchema>,
     dir: TempDir,
-}
-
-impl Drop for SharedStore {
-    fn drop(&mut self) {
-        if let Some((base, schema)) = &self.pg_schema {
-            let _ = std::process::Command::new("psql")
-                .args([
-                    base.as_str(),
-                    "-q",
-                    "-c",
-                    &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
-                ])
-                .output();
-        }
-    }
 }
 
 fn sqlite_store(tag: &str) -> SharedStore {
     let dir = TempDir::new(tag);
     SharedStore {
         url: dir.sqlite_url("shared.db"),
-        pg_schema: None,
+        _pg_schema: None,
         dir,
     }
 }
 
 fn postgres_store(tag: &str) -> Option<SharedStore> {
     let base = pg_url()?;
-    let url = pg_schema_url(&base, tag);
-    let schema = url.rsplit("search_path%3D").next().unwrap().to_string();
+    let schema = PgSchema::create(&base, tag);
     Some(SharedStore {
-        url,
-        pg_schema: Some((base, schema)),
+        url: schema.url(),
+        _pg_schema: Some(schema),
         dir: TempDir::new(tag),
     })
 }

@@ -28,35 +28,7 @@ pub struct Backend {
     /// The same database for raw SQL (PostgreSQL only).
     pub url: String,
     _dir: Option<common::TempDir>,
-    schema: Option<(String, String)>,
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        if let Some((base, schema)) = &self.schema {
-            drop_schema(base, schema);
-        }
-    }
-}
-
-/// Removes a test schema (best effort).
-pub fn drop_schema(base: &str, schema: &str) {
-    let _ = std::process::Command::new("psql")
-        .args([
-            base,
-            "-q",
-            "-c",
-            &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
-        ])
-        .output();
-}
-
-/// The schema a `pg_schema_url` URL selects.
-pub fn schema_of(url: &str) -> String {
-    url.rsplit("search_path%3D")
-        .next()
-        .expect("a pg_schema_url URL")
-        .to_string()
+    _schema: Option<common::PgSchema>,
 }
 
 async fn sqlite_backend() -> Backend {
@@ -68,21 +40,21 @@ async fn sqlite_backend() -> Backend {
         store,
         url,
         _dir: Some(dir),
-        schema: None,
+        _schema: None,
     }
 }
 
 async fn postgres_backend() -> Option<Backend> {
     let base = common::pg_url()?;
-    let url = common::pg_schema_url(&base, "contract");
-    let schema = schema_of(&url);
+    let schema = common::PgSchema::create(&base, "contract");
+    let url = schema.url();
     let store = store::open(&url, 8).await.expect("open postgres");
     store.migrate().await.expect("migrate postgres");
     Some(Backend {
         store,
         url,
         _dir: None,
-        schema: Some((base, schema)),
+        _schema: Some(schema),
     })
 }
 

@@ -21,8 +21,7 @@ pub struct TempDir(pub PathBuf);
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("idemgate-test-{tag}-{}-{n}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("idemgate-test-{tag}-{}-{n}", run_token()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("temp dir");
         TempDir(dir)
@@ -41,11 +40,27 @@ impl Drop for TempDir {
     }
 }
 
-/// A unique event ID for this test process.
+/// Names this test process apart from every other run, past ones included:
+/// the pid alone is not enough, because a PostgreSQL server outlives the
+/// runs that use it, and identical fresh machines running the same steps
+/// hand out the same pids. A test that reused an earlier run's schema found
+/// that run's records (its first delivery was answered as a duplicate).
+fn run_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_nanos();
+        format!("{}_{:x}", std::process::id(), nanos % (1 << 48))
+    })
+}
+
+/// A unique event ID for this test run.
 pub fn eid(tag: &str) -> String {
     format!(
         "{tag}-{}-{}",
-        std::process::id(),
+        run_token(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
@@ -81,30 +96,60 @@ pub fn pg_url() -> Option<String> {
     None
 }
 
-/// A PostgreSQL URL whose connections land in a fresh schema of their own
-/// (created here), so concurrent test runs never see each other's records.
-pub fn pg_schema_url(base: &str, tag: &str) -> String {
-    let schema = format!(
-        "t_{tag}_{}_{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    );
-    let out = Command::new("psql")
-        .args([
-            base,
-            "-q",
-            "-c",
-            &format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
-        ])
-        .output()
-        .expect("psql runs");
-    assert!(
-        out.status.success(),
-        "creating schema: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let sep = if base.contains('?') { '&' } else { '?' };
-    format!("{base}{sep}options=-csearch_path%3D{schema}")
+/// A fresh PostgreSQL schema for one test, so that tests and runs never
+/// see each other's records; dropped with everything in it when this drops
+/// (declare it before the proxies that use it, so that they stop first).
+pub struct PgSchema {
+    base: String,
+    pub name: String,
+}
+
+impl PgSchema {
+    pub fn create(base: &str, tag: &str) -> PgSchema {
+        let name = format!(
+            "t_{tag}_{}_{}",
+            run_token(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        // not IF NOT EXISTS: a schema that exists belongs to another run
+        let out = Command::new("psql")
+            .args([base, "-q", "-c", &format!("CREATE SCHEMA {name}")])
+            .output()
+            .expect("psql runs");
+        assert!(
+            out.status.success(),
+            "creating schema: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PgSchema {
+            base: base.to_string(),
+            name,
+        }
+    }
+
+    /// A URL whose connections land in this schema.
+    pub fn url(&self) -> String {
+        self.url_via(&self.base)
+    }
+
+    /// Like [`PgSchema::url`], for another way to the same server (a relay).
+    pub fn url_via(&self, server: &str) -> String {
+        let sep = if server.contains('?') { '&' } else { '?' };
+        format!("{server}{sep}options=-csearch_path%3D{}", self.name)
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([
+                self.base.as_str(),
+                "-q",
+                "-c",
+                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+            ])
+            .output();
+    }
 }
 
 /// One `idemgate serve` process.
