@@ -101,7 +101,12 @@ pub fn pg_url() -> Option<String> {
 /// (declare it before the proxies that use it, so that they stop first).
 pub struct PgSchema {
     base: String,
-    pub name: String,
+    name: String,
+}
+
+/// Runs one SQL command through `psql` on `base`.
+fn psql(base: &str, sql: &str) -> std::io::Result<std::process::Output> {
+    Command::new("psql").args([base, "-q", "-c", sql]).output()
 }
 
 impl PgSchema {
@@ -112,10 +117,7 @@ impl PgSchema {
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         // not IF NOT EXISTS: a schema that exists belongs to another run
-        let out = Command::new("psql")
-            .args([base, "-q", "-c", &format!("CREATE SCHEMA {name}")])
-            .output()
-            .expect("psql runs");
+        let out = psql(base, &format!("CREATE SCHEMA {name}")).expect("psql runs");
         assert!(
             out.status.success(),
             "creating schema: {}",
@@ -141,14 +143,10 @@ impl PgSchema {
 
 impl Drop for PgSchema {
     fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([
-                self.base.as_str(),
-                "-q",
-                "-c",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
-            ])
-            .output();
+        let _ = psql(
+            &self.base,
+            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+        );
     }
 }
 
