@@ -1,6 +1,7 @@
 //! The HTTP side of a guarded route (SPEC §4 "Connections"): keep-alive after
 //! every response idemgate writes itself, bodies past pingora's 64 KiB retry
-//! buffer both ways, and `Expect: 100-continue`.
+//! buffer both ways, `Expect: 100-continue`, and a small request's single
+//! write to the upstream.
 
 mod common;
 mod core_util;
@@ -279,8 +280,20 @@ fn small_requests_reach_the_upstream_in_one_write() {
     let addr = listener.local_addr().unwrap();
     // One connection, kept alive: for each request, what the first read
     // returned and the whole request.
+    listener.set_nonblocking(true).unwrap();
     let upstream = std::thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut conn = loop {
+            match listener.accept() {
+                Ok((conn, _)) => break conn,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(std::time::Instant::now() < deadline, "no connection");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        };
+        conn.set_nonblocking(false).unwrap();
         conn.set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
         let mut seen: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
