@@ -5,12 +5,14 @@
 
 mod common;
 mod core_util;
+mod raw_upstream;
 
 use std::io::Write;
 use std::time::Duration;
 
 use common::*;
 use core_util::*;
+use raw_upstream::{response, Behavior, RawUpstream};
 
 /// Every short-circuit answer leaves the connection usable: 422, 400 (missing
 /// ID), 400 (invalid ID), 409, replay and 404 on one connection, then a
@@ -267,88 +269,38 @@ fn expect_100_continue() {
 }
 
 /// A guarded request with a small body reaches the upstream in one piece:
-/// the header and the body in one write, so the upstream's first read holds
-/// the whole request (one segment and one wake-up of the consumer, not
-/// two), on a new upstream connection and on a pooled one. A larger body
-/// still arrives whole, after its header.
+/// the header and the body in one write, so one read of the upstream's
+/// holds the whole request (one segment and one wake-up of the consumer,
+/// not two), on a new upstream connection and on a pooled one. A larger
+/// body still arrives whole, after its header.
 #[test]
 fn small_requests_reach_the_upstream_in_one_write() {
-    use std::io::Read;
-    use std::net::TcpListener;
-
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    // One connection, kept alive: for each request, what the first read
-    // returned and the whole request.
-    listener.set_nonblocking(true).unwrap();
-    let upstream = std::thread::spawn(move || {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let mut conn = loop {
-            match listener.accept() {
-                Ok((conn, _)) => break conn,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    assert!(std::time::Instant::now() < deadline, "no connection");
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(e) => panic!("accept: {e}"),
-            }
-        };
-        conn.set_nonblocking(false).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let mut seen: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        let mut buf = vec![0u8; 256 * 1024];
-        while seen.len() < 3 {
-            let n = conn.read(&mut buf).unwrap();
-            assert!(n > 0, "the proxy closed the upstream connection");
-            let first = buf[..n].to_vec();
-            let mut request = first.clone();
-            while !whole_request(&request) {
-                let n = conn.read(&mut buf).unwrap();
-                assert!(n > 0, "the request broke off");
-                request.extend_from_slice(&buf[..n]);
-            }
-            seen.push((first, request));
-            conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                .unwrap();
-        }
-        seen
-    });
-
+    let up = RawUpstream::start(|_, _| Behavior::Respond(response(200, b"ok")));
     let dir = TempDir::new("http-one-write");
     let store = dir.sqlite_url("core.db");
-    let url = format!("http://{addr}");
     let extra = "    max_body: 1MiB\n";
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &url, extra));
+    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), extra));
     let bodies = [payload(1024, 1), payload(3000, 2), payload(200_000, 3)];
     for body in &bodies {
         let r = px.deliver("/hooks/r", Some(&eid("one-write")), body);
         assert_eq!(r.status, 200, "{r:?}");
     }
-    let seen = upstream.join().expect("the upstream saw three requests");
-    for ((first, request), body) in seen.iter().zip(&bodies) {
-        assert!(request.ends_with(body), "the body arrives byte for byte");
-        if body.len() <= 64 * 1024 {
+    let got = up.received();
+    assert_eq!(got.len(), 3);
+    assert_eq!(
+        up.connections(),
+        1,
+        "the later requests went on the pooled connection"
+    );
+    for (request, body) in got.iter().zip(&bodies) {
+        assert!(&request.body == body, "the body arrives byte for byte");
+        if body.len() <= 3000 {
             assert_eq!(
-                first.len(),
-                request.len(),
-                "a {}-byte body came in the first read with its header",
+                request.reads,
+                1,
+                "a {}-byte body came in the same read as its header",
                 body.len()
             );
         }
     }
-}
-
-/// Whether `bytes` hold a complete request header and its Content-Length body.
-fn whole_request(bytes: &[u8]) -> bool {
-    let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else {
-        return false;
-    };
-    let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
-    let length = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map(|v| v.trim().parse::<usize>().unwrap())
-        .unwrap_or(0);
-    bytes.len() >= end + 4 + length
 }

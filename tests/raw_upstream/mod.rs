@@ -46,6 +46,9 @@ pub struct RawRequest {
     /// The request line and headers, up to and including the blank line.
     pub head: Vec<u8>,
     pub body: Vec<u8>,
+    /// Socket reads it took to gather this request (0: it was already
+    /// buffered behind the previous one).
+    pub reads: usize,
 }
 
 impl RawRequest {
@@ -178,6 +181,7 @@ async fn serve(
 ) -> std::io::Result<()> {
     let mut buf: Vec<u8> = Vec::new();
     loop {
+        let mut reads = 0;
         // The head, then a Content-Length body.
         let head_end = loop {
             if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -188,12 +192,14 @@ async fn serve(
             if n == 0 {
                 return Ok(());
             }
+            reads += 1;
             buf.extend_from_slice(&chunk[..n]);
         };
         let head: Vec<u8> = buf.drain(..head_end).collect();
         let mut req = RawRequest {
             head,
             body: Vec::new(),
+            reads: 0,
         };
         let len: usize = req
             .header("Content-Length")
@@ -206,9 +212,11 @@ async fn serve(
             if n == 0 {
                 return Ok(());
             }
+            reads += 1;
             buf.extend_from_slice(&chunk[..n]);
         }
         req.body = buf.drain(..len).collect();
+        req.reads = reads;
         let n = counter.fetch_add(1, Ordering::SeqCst);
         let behavior = script(&req, n);
         received.lock().unwrap().push(req);
