@@ -124,14 +124,13 @@ pub async fn exchange(
                 .map_err(|e| connect_failure(&e))?;
             client.set_read_timeout(Some(timeout));
             client.set_write_timeout(Some(timeout));
-            let whole = coalesces(&client, &req, &body);
-            let written = if whole {
-                write_whole(client, &req, &body, peer, timeout).await
-            } else {
-                client
+            let whole = matches!(client, HttpSession::H1(_)) && coalesces(&req, &body);
+            let written = match client {
+                HttpSession::H1(h1) if whole => write_whole(h1, &req, &body, peer, timeout).await,
+                mut client => client
                     .write_request_header(Box::new(req.clone()))
                     .await
-                    .map(|()| client)
+                    .map(|()| client),
             };
             let mut client = match written {
                 Ok(client) => client,
@@ -180,17 +179,14 @@ pub async fn exchange(
     }
 }
 
-/// Whether the request goes out in one write: an HTTP/1 connection, a body
-/// of at most [`COALESCE_LIMIT`], and not `HEAD`. The session that reads the
-/// answer is then built afresh on the connection and does not know the
-/// request; for what it reads that is the same, because the request carries
-/// an exact `Content-Length` and no `Connection` or `Upgrade` header
+/// Whether the request goes out in one write (on an HTTP/1 connection): a
+/// body of at most [`COALESCE_LIMIT`], and not `HEAD`. The session that
+/// reads the answer is then built afresh on the connection and does not know
+/// the request; for what it reads that is the same, because the request
+/// carries an exact `Content-Length` and no `Connection` or `Upgrade` header
 /// ([`upstream_request`] drops them), and a `HEAD` is written the usual way.
-fn coalesces(client: &HttpSession, req: &RequestHeader, body: &[u8]) -> bool {
-    matches!(client, HttpSession::H1(_))
-        && !body.is_empty()
-        && body.len() <= COALESCE_LIMIT
-        && req.method != http::Method::HEAD
+fn coalesces(req: &RequestHeader, body: &[u8]) -> bool {
+    !body.is_empty() && body.len() <= COALESCE_LIMIT && req.method != http::Method::HEAD
 }
 
 /// Writes the request header and body with one write and one flush, and
@@ -198,19 +194,13 @@ fn coalesces(client: &HttpSession, req: &RequestHeader, body: &[u8]) -> bool {
 /// and writes, to read the answer with. The write itself is bounded by the
 /// caller's deadline.
 async fn write_whole(
-    client: HttpSession,
+    h1: Http1Session,
     req: &RequestHeader,
     body: &[u8],
     peer: &HttpPeer,
     timeout: Duration,
 ) -> pingora::Result<HttpSession> {
     use tokio::io::AsyncWriteExt;
-    let HttpSession::H1(h1) = client else {
-        return Err(pingora::Error::explain(
-            ErrorType::InternalError,
-            "a coalesced write needs an HTTP/1 connection",
-        ));
-    };
     let mut wire = http_req_header_to_wire(req).ok_or_else(|| {
         pingora::Error::explain(
             ErrorType::InvalidHTTPHeader,
