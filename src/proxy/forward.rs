@@ -189,28 +189,29 @@ fn coalesces(req: &RequestHeader, body: &[u8]) -> bool {
     !body.is_empty() && body.len() <= COALESCE_LIMIT && req.method != http::Method::HEAD
 }
 
-/// Writes the request header and body with one write and one flush, and
-/// returns a session on the same connection, with `timeout` for its reads
-/// and writes, to read the answer with. The write itself is bounded by the
-/// caller's deadline.
+/// Writes the request header and body with one vectored write (the body is
+/// not copied) and one flush, and returns a session on the same connection,
+/// with `timeout` for its reads and writes, to read the answer with. The
+/// write itself is bounded by the caller's deadline.
 async fn write_whole(
     h1: Http1Session,
     req: &RequestHeader,
-    body: &[u8],
+    body: &Bytes,
     peer: &HttpPeer,
     timeout: Duration,
 ) -> pingora::Result<HttpSession> {
+    use bytes::Buf;
     use tokio::io::AsyncWriteExt;
-    let mut wire = http_req_header_to_wire(req).ok_or_else(|| {
+    let head = http_req_header_to_wire(req).ok_or_else(|| {
         pingora::Error::explain(
             ErrorType::InvalidHTTPHeader,
             "the request line holds a forbidden byte",
         )
     })?;
-    wire.extend_from_slice(body);
+    let mut request = head.chain(body.clone());
     let mut stream = h1.into_inner();
     let written = async {
-        stream.write_all(&wire).await?;
+        stream.write_all_buf(&mut request).await?;
         stream.flush().await
     };
     written.await.map_err(|e| {
