@@ -16,6 +16,7 @@ use pingora::services::listening::Service;
 use crate::admin::Admin;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::proxy::idle::PruneIdle;
 use crate::proxy::routes::RouteTable;
 use crate::proxy::{Gate, InFlightRequests};
 use crate::store::ClaimStore;
@@ -104,6 +105,9 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
     server.bootstrap();
     let conf = server.configuration.clone();
 
+    let prune_idle = PruneIdle {
+        routes: gate.routes.iter().cloned().collect(),
+    };
     let mut proxy = pingora::proxy::http_proxy_service_with_name(&conf, gate, "idemgate proxy");
     proxy.add_tcp(&config.listen.to_string());
     server.add_service(proxy);
@@ -128,6 +132,7 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
         routes: config.routes.iter().map(|r| r.name.clone()).collect(),
     };
     server.add_service(background_service("sweeper", sweeper));
+    server.add_service(background_service("idle upstream connections", prune_idle));
 
     spawn_drain_watch(
         server.watch_execution_phase(),

@@ -15,6 +15,7 @@ use pingora::proxy::Session;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::ErrorType;
 
+use super::idle::IdleConnections;
 use super::respond::IDEMPOTENCY_STATUS;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and `Expect`, which idemgate answered.
@@ -102,11 +103,13 @@ pub fn upstream_request(
 const COALESCE_LIMIT: usize = 64 * 1024;
 
 /// Sends the request and waits for the final response header, all within
-/// `timeout`. A pooled connection that turns out to be closed before the
-/// request was written is replaced once; nothing is retried after the upstream
-/// may have seen the request.
+/// `timeout`, on one of the route's idle connections or a new one. A kept
+/// connection that turns out to be closed before the request was written is
+/// replaced once; nothing is retried after the upstream may have seen the
+/// request.
 pub async fn exchange(
     connector: &Connector,
+    idle: &IdleConnections,
     peer: &HttpPeer,
     req: RequestHeader,
     body: Bytes,
@@ -118,10 +121,16 @@ pub async fn exchange(
         let mut tries = 0;
         loop {
             tries += 1;
-            let (mut client, reused) = connector
-                .get_http_session(peer)
-                .await
-                .map_err(|e| connect_failure(&e))?;
+            let (mut client, reused) = match idle.take() {
+                Some(stream) => (
+                    HttpSession::H1(Http1Session::new_with_options(stream, peer)),
+                    true,
+                ),
+                None => connector
+                    .get_http_session(peer)
+                    .await
+                    .map_err(|e| connect_failure(&e))?,
+            };
             client.set_read_timeout(Some(timeout));
             client.set_write_timeout(Some(timeout));
             let whole = matches!(client, HttpSession::H1(_)) && coalesces(&req, &body);
@@ -259,12 +268,13 @@ pub fn bodiless(method: &http::Method, status: u16) -> bool {
     method == http::Method::HEAD || status == 204 || status == 304 || (100..200).contains(&status)
 }
 
-/// Streams the rest of the upstream's body to the sender and returns the
-/// upstream connection to the pool when it is reusable. `prefix` is body that
-/// was already read (to be stored for replay).
+/// Streams the rest of the upstream's body to the sender and keeps the
+/// upstream connection among the route's idle ones when it is reusable.
+/// `prefix` is body that was already read (to be stored for replay).
 pub async fn relay(
     session: &mut Session,
     connector: &Connector,
+    idle: &IdleConnections,
     peer: &HttpPeer,
     mut answered: Answered,
     header: ResponseHeader,
@@ -291,9 +301,19 @@ pub async fn relay(
         session.write_response_body(None, true).await?;
     }
     if answered.client.response_done() {
-        connector
-            .release_http_session(answered.client, peer, peer.options.idle_timeout)
-            .await;
+        match answered.client {
+            HttpSession::H1(mut h1) => {
+                h1.respect_keepalive();
+                if let Some(stream) = h1.reuse().await {
+                    idle.put(stream);
+                }
+            }
+            other => {
+                connector
+                    .release_http_session(other, peer, peer.options.idle_timeout)
+                    .await
+            }
+        }
     } else {
         answered.client.shutdown().await;
     }

@@ -446,6 +446,7 @@ impl Gate {
         crate::failpoint::hit("after_claim");
         let result = forward::exchange(
             &self.connector,
+            &route.idle,
             &route.peer,
             req,
             body,
@@ -554,6 +555,7 @@ impl Gate {
         forward::relay(
             session,
             &self.connector,
+            &route.idle,
             &route.peer,
             answered,
             header,
@@ -579,6 +581,7 @@ impl Gate {
             .route_request(&route.requests, name, Outcome::Unguarded);
         match forward::exchange(
             &self.connector,
+            &route.idle,
             &route.peer,
             req,
             body,
@@ -597,6 +600,7 @@ impl Gate {
                 forward::relay(
                     session,
                     &self.connector,
+                    &route.idle,
                     &route.peer,
                     answered,
                     header,

@@ -6,6 +6,7 @@
 pub mod body;
 pub mod forward;
 mod guard;
+pub mod idle;
 pub mod respond;
 pub mod routes;
 pub mod seen;

@@ -12,6 +12,11 @@ use crate::claim::json_pointer;
 use crate::config::{EventIdSource, Route};
 use crate::verify::Verifier;
 
+use super::idle::IdleConnections;
+
+/// How long an upstream connection is kept idle for reuse.
+const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A route as the proxy uses it.
 pub struct RouteRt {
     pub cfg: Route,
@@ -28,6 +33,8 @@ pub struct RouteRt {
     pub waiters: std::sync::atomic::AtomicUsize,
     /// This route's `idemgate_requests_total` series.
     pub requests: crate::metrics::RequestCounters,
+    /// Upstream connections kept for the next forward.
+    pub idle: IdleConnections,
 }
 
 impl RouteRt {
@@ -54,7 +61,7 @@ impl RouteRt {
         peer.options.total_connection_timeout = Some(t);
         peer.options.read_timeout = Some(t);
         peer.options.write_timeout = Some(t);
-        peer.options.idle_timeout = Some(Duration::from_secs(60));
+        peer.options.idle_timeout = Some(UPSTREAM_IDLE_TIMEOUT);
         let id_pointer = match &cfg.event_id {
             EventIdSource::JsonPointer(p) => Some(
                 json_pointer::parse_pointer(p)
@@ -84,6 +91,7 @@ impl RouteRt {
             verifier,
             waiters: Default::default(),
             requests: Default::default(),
+            idle: IdleConnections::new(UPSTREAM_IDLE_TIMEOUT),
         })
     }
 
