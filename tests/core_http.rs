@@ -304,3 +304,63 @@ fn small_requests_reach_the_upstream_in_one_write() {
         }
     }
 }
+
+/// Unguarded requests with a small body of known length go out as guarded
+/// ones do: header and body in one write, on the route's kept connection,
+/// counted once each. A GET without a body goes on without a length; a body
+/// past 64 KiB still streams through pingora's path (on a connection of its
+/// own pool).
+#[test]
+fn small_unguarded_requests_reach_the_upstream_in_one_write() {
+    let up = RawUpstream::start(|_, _| Behavior::Respond(response(200, b"ok")));
+    let dir = TempDir::new("http-one-write-unguarded");
+    let store = dir.sqlite_url("core.db");
+    let px = Proxy::start(
+        &dir,
+        &store,
+        &route("p", "/plain", &up.url(), "    guard_methods: []\n"),
+    );
+    let mut c = px.client();
+    let small = [payload(1024, 4), payload(3000, 5)];
+    for body in &small {
+        let r = c.request("POST", "/plain", &[], body).unwrap();
+        assert_eq!(
+            (r.status, r.header("Idempotency-Status")),
+            (200, Some("unguarded"))
+        );
+    }
+    c.send_raw(b"GET /plain/x?q=1 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let r = c.read_response(false).unwrap();
+    assert_eq!(
+        (r.status, r.header("Idempotency-Status")),
+        (200, Some("unguarded"))
+    );
+    let big = payload(200_000, 6);
+    let r = c.request("POST", "/plain", &[], &big).unwrap();
+    assert_eq!(r.status, 200);
+
+    let got = up.received();
+    assert_eq!(got.len(), 4);
+    for (request, body) in got.iter().zip(&small) {
+        assert!(&request.body == body, "the body arrives byte for byte");
+        assert_eq!(
+            request.reads,
+            1,
+            "a {}-byte body came in the same read as its header",
+            body.len()
+        );
+    }
+    assert!(got[2].head.starts_with(b"GET /plain/x?q=1 "));
+    assert_eq!(got[2].header("Content-Length"), None, "no body, no length");
+    assert!(got[3].body == big, "the large body arrives whole");
+    assert_eq!(
+        up.connections(),
+        2,
+        "the small requests and the GET on one kept connection, the large one on its own"
+    );
+    assert_eq!(
+        px.metric(r#"idemgate_requests_total{outcome="unguarded",route="p"}"#),
+        4.0
+    );
+}

@@ -31,6 +31,26 @@ pub fn content_length(session: &Session) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Largest body of an unguarded request read before forwarding.
+pub const BUFFERED_PASS_LIMIT: u64 = 64 * 1024;
+
+/// Whether an unguarded request is read whole before it is forwarded, as
+/// nginx buffers request bodies by default: a declared length of at most
+/// [`BUFFERED_PASS_LIMIT`] (neither `Content-Length` nor
+/// `Transfer-Encoding`: no body), and nothing that needs pingora's streaming
+/// path — no chunked body, no `Expect: 100-continue`, no protocol upgrade.
+pub fn buffered_pass_through(session: &Session) -> bool {
+    let headers = &session.req_header().headers;
+    let small = match headers.get(http::header::CONTENT_LENGTH) {
+        None => true,
+        Some(_) => content_length(session).is_some_and(|n| n <= BUFFERED_PASS_LIMIT),
+    };
+    small
+        && !headers.contains_key(http::header::TRANSFER_ENCODING)
+        && !headers.contains_key(http::header::EXPECT)
+        && !headers.contains_key(http::header::UPGRADE)
+}
+
 /// Whether the sender waits for `100 Continue` before sending the body.
 pub fn expects_continue(session: &Session) -> bool {
     session

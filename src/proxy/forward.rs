@@ -60,8 +60,9 @@ pub struct Answered {
 }
 
 /// The request as the upstream gets it: the sender's header with the path
-/// rewritten, hop-by-hop headers dropped, an exact `Content-Length`, and the
-/// idempotency key (replacing any the sender set).
+/// rewritten, hop-by-hop headers dropped, an exact `Content-Length` (none if
+/// the sender sent neither body nor length), and the idempotency key
+/// (replacing any the sender set).
 pub fn upstream_request(
     original: &RequestHeader,
     path_and_query: &str,
@@ -89,7 +90,11 @@ pub fn upstream_request(
     {
         req.remove_header(h);
     }
-    req.insert_header(http::header::CONTENT_LENGTH, body_len)?;
+    // A request that came with neither body nor length (a GET) goes on
+    // without one: no body is what an absent length means (RFC 9112 §6.3).
+    if body_len > 0 || original.headers.contains_key(http::header::CONTENT_LENGTH) {
+        req.insert_header(http::header::CONTENT_LENGTH, body_len)?;
+    }
     if let Some((name, key)) = idempotency_key {
         req.insert_header(name.clone(), key)?;
     }

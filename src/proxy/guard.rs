@@ -236,7 +236,9 @@ impl Gate {
                 OnMissingId::BodyDigest => digest_hex.clone(),
                 OnMissingId::Forward => {
                     summary.outcome = Outcome::Unguarded;
-                    return Box::pin(self.forward_unguarded(session, route, body, summary)).await;
+                    summary.upstream_status =
+                        Box::pin(self.forward_unguarded(session, route, body)).await?;
+                    return Ok(true);
                 }
                 OnMissingId::Reject => unreachable!("rejected above"),
             },
@@ -258,7 +260,9 @@ impl Gate {
                     "store unavailable: forwarding unguarded"
                 );
                 summary.outcome = Outcome::Unguarded;
-                return Box::pin(self.forward_unguarded(session, route, body, summary)).await;
+                summary.upstream_status =
+                    Box::pin(self.forward_unguarded(session, route, body)).await?;
+                return Ok(true);
             }
             Err(p) => {
                 summary.outcome = p.kind.outcome();
@@ -566,15 +570,45 @@ impl Gate {
         Ok(true)
     }
 
-    /// Forwards a request whose body was read, without a claim
-    /// (`on_missing_id: forward`, `on_store_error: forward`).
+    /// An unguarded request whose body is read before it is forwarded
+    /// ([`body::buffered_pass_through`]): it goes out as guarded requests
+    /// do, header and body in one write on one of the route's kept
+    /// connections. No claim and no log line, as on pingora's path.
+    pub(super) async fn pass_buffered(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+    ) -> Handled {
+        match body::read_full(session, body::BUFFERED_PASS_LIMIT).await {
+            Ok(body) => {
+                self.forward_unguarded(session, route, body).await?;
+            }
+            Err(e) => {
+                let detail = match e {
+                    BodyError::Timeout => "the request body did not arrive in time",
+                    BodyError::TooLarge | BodyError::Broken(_) => {
+                        "the request body is malformed or its framing is inconsistent"
+                    }
+                };
+                self.metrics
+                    .route_request(&route.requests, route.name(), Outcome::Unguarded);
+                let p = Problem::new(ProblemKind::InvalidBody, detail);
+                respond::problem(session, &p, Outcome::Unguarded.as_str(), true).await?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Forwards a request whose body was read, without a claim (unguarded
+    /// requests read whole, `on_missing_id: forward`, `on_store_error:
+    /// forward`), and answers the sender. Returns the upstream's status, if
+    /// it answered.
     async fn forward_unguarded(
         &self,
         session: &mut Session,
         route: &Arc<RouteRt>,
         body: Bytes,
-        summary: &mut Summary,
-    ) -> Handled {
+    ) -> Result<Option<u16>> {
         let name = route.name();
         let req = self.upstream_request(session, route, body.len(), None)?;
         self.metrics
@@ -591,7 +625,6 @@ impl Gate {
         {
             Ok(answered) => {
                 let status = answered.header.status.as_u16();
-                summary.upstream_status = Some(status);
                 self.metrics
                     .upstream_answered(name, status, answered.elapsed);
                 let no_body = forward::bodiless(&session.req_header().method, status);
@@ -608,6 +641,7 @@ impl Gate {
                     no_body,
                 )
                 .await?;
+                Ok(Some(status))
             }
             Err(failure) => {
                 self.metrics
@@ -628,9 +662,9 @@ impl Gate {
                     false,
                 )
                 .await?;
+                Ok(None)
             }
         }
-        Ok(true)
     }
 
     fn upstream_request(

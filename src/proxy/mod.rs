@@ -1,7 +1,10 @@
 //! The pingora side: one `ProxyHttp` implementation whose hooks gather facts
 //! and call plain functions. Guarded requests are decided and forwarded in
 //! `request_filter` (read body → verify → claim → forward → settle → answer);
-//! unguarded requests take pingora's ordinary proxy path.
+//! so are unguarded requests with a small body of known length (read, then
+//! forwarded as a guarded request is, without the claim); other unguarded
+//! requests (chunked or large bodies, upgrades) take pingora's streaming
+//! proxy path.
 
 pub mod body;
 pub mod forward;
@@ -113,6 +116,10 @@ impl ProxyHttp for Gate {
         let guarded = route.guards(&req.method);
         ctx.route = Some(route.clone());
         if !guarded {
+            if body::buffered_pass_through(session) {
+                ctx.counted = true; // counted where it is forwarded
+                return self.pass_buffered(session, &route).await;
+            }
             return Ok(false);
         }
         self.guard(session, &route).await
