@@ -72,11 +72,7 @@ impl IdleConnections {
         let now = Instant::now();
         let dropped = {
             let mut stack = self.lock();
-            let expired = stack
-                .iter()
-                .take_while(|i| now.duration_since(i.since) >= self.idle_timeout)
-                .count();
-            let mut dropped: Vec<Idle> = stack.drain(..expired).collect();
+            let mut dropped = self.expired(&mut stack, now);
             if stack.len() >= MAX_IDLE {
                 dropped.extend(stack.pop_front());
             }
@@ -88,15 +84,18 @@ impl IdleConnections {
 
     /// Closes the connections idle past the timeout; returns how many.
     pub fn prune(&self, now: Instant) -> usize {
-        let expired: Vec<Idle> = {
-            let mut stack = self.lock();
-            let n = stack
-                .iter()
-                .take_while(|i| now.duration_since(i.since) >= self.idle_timeout)
-                .count();
-            stack.drain(..n).collect()
-        };
-        expired.len()
+        let expired = self.expired(&mut self.lock(), now);
+        expired.len() // closed here, outside the lock
+    }
+
+    /// Takes the connections idle past the timeout off the stack (they are
+    /// at its bottom: the stack is in the order they were put back).
+    fn expired(&self, stack: &mut VecDeque<Idle>, now: Instant) -> Vec<Idle> {
+        let n = stack
+            .iter()
+            .take_while(|i| now.duration_since(i.since) >= self.idle_timeout)
+            .count();
+        stack.drain(..n).collect()
     }
 
     /// Idle connections kept now.
