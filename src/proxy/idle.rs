@@ -27,7 +27,7 @@ use tokio::io::AsyncReadExt;
 use super::routes::RouteRt;
 
 /// Most idle connections one route keeps (as pingora's pool size).
-pub const MAX_IDLE: usize = 256;
+const MAX_IDLE: usize = 256;
 
 /// One route's idle upstream connections, most recently used on top.
 pub struct IdleConnections {
@@ -98,12 +98,14 @@ impl IdleConnections {
         stack.drain(..n).collect()
     }
 
-    /// Idle connections kept now.
-    pub fn len(&self) -> usize {
+    /// Idle connections kept now (for the tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.lock().len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
@@ -120,7 +122,7 @@ pub struct PruneIdle {
 }
 
 /// How often [`PruneIdle`] looks.
-pub const PRUNE_EVERY: Duration = Duration::from_secs(10);
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
 
 #[async_trait]
 impl BackgroundService for PruneIdle {
