@@ -57,6 +57,9 @@
 //! - `LOAD_SYSCALLS=a,c`: likewise under `perf trace -s`: syscalls per request
 //!   of the process under test (`target/load-syscalls-KEY.txt`).
 //! - `LOAD_KEEP=1`: keep `target/tmp/load-PID/` (configs, logs, scripts).
+//! - `LOAD_LOGS_ON_DISK=1`: write idemgate's logs into the run dir, beside
+//!   the SQLite file, instead of `/dev/shm/idemgate-load-PID/` (see
+//!   [`log_dir`]).
 //! - `LOAD_BIN=/path/to/idemgate`: load another build (say, a baseline built
 //!   from an older commit) instead of this package's release binary.
 //!
@@ -91,6 +94,7 @@ struct Settings {
     perf_callgraph: bool,
     syscalls: Vec<char>,
     keep: bool,
+    logs_on_disk: bool,
     bin: String,
 }
 
@@ -155,6 +159,7 @@ impl Settings {
             perf_callgraph: env_or("LOAD_PERF_CALLGRAPH", 0u8) != 0,
             syscalls: keys(env_list("LOAD_SYSCALLS", "")),
             keep: env_or("LOAD_KEEP", 0u8) != 0,
+            logs_on_disk: env_or("LOAD_LOGS_ON_DISK", 0u8) != 0,
             bin: env_list("LOAD_BIN", env!("CARGO_BIN_EXE_idemgate")),
         }
     }
@@ -261,12 +266,13 @@ fn scenario(key: char) -> &'static Scenario {
 static CHILDREN: Mutex<Vec<(String, Child)>> = Mutex::new(Vec::new());
 /// Things to remove at the end: the run dir (unless kept) and the PG schema.
 static LEFTOVERS: Mutex<Leftovers> = Mutex::new(Leftovers {
-    dir: None,
+    dirs: Vec::new(),
     pg: None,
 });
 
 struct Leftovers {
-    dir: Option<PathBuf>,
+    /// The run dir and, when apart from it, the log dir.
+    dirs: Vec<PathBuf>,
     pg: Option<(String, String)>,
 }
 
@@ -337,7 +343,7 @@ fn cleanup() {
     if let Some((base, schema)) = left.pg.take() {
         let _ = pg_exec(&base, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
     }
-    if let Some(dir) = left.dir.take() {
+    for dir in left.dirs.drain(..) {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
@@ -553,6 +559,7 @@ struct Idemgate {
 
 fn start_idemgate(
     dir: &Path,
+    logs: &Path,
     name: &'static str,
     s: &Settings,
     store_url: &str,
@@ -588,7 +595,7 @@ fn start_idemgate(
     }
     let conf_path = dir.join(format!("{name}.yaml"));
     std::fs::write(&conf_path, cfg).unwrap();
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    let log = std::fs::File::create(logs.join(format!("{name}.log"))).unwrap();
     let mut cmd = command(&s.bin);
     cmd.args(["serve", "--config"])
         .arg(&conf_path)
@@ -599,7 +606,7 @@ fn start_idemgate(
     let admin = loopback(admin);
     let ready = sample::wait_ready(admin, "/readyz", Duration::from_secs(30));
     if !ready {
-        let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        let log = std::fs::read_to_string(logs.join(format!("{name}.log"))).unwrap_or_default();
         panic!("{name} did not become ready; its log:\n{log}");
     }
     Idemgate {
@@ -1459,12 +1466,17 @@ fn summarise(rep: &mut Report, s: &Settings, runs: &[Run], w: &World) {
 /// died with it): run dirs and PostgreSQL schemas whose pid is gone.
 fn remove_stale(pg_url: Option<&str>) {
     let alive = |pid: &str| Path::new("/proc").join(pid).exists();
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    for e in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = name.strip_prefix("load-") {
-            if pid.parse::<u32>().is_ok() && !alive(pid) {
-                let _ = std::fs::remove_dir_all(e.path());
+    let places = [
+        (Path::new(env!("CARGO_TARGET_TMPDIR")), "load-"),
+        (Path::new(SHM), LOG_DIR_PREFIX),
+    ];
+    for (parent, prefix) in places {
+        for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix(prefix) {
+                if pid.parse::<u32>().is_ok() && !alive(pid) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
             }
         }
     }
@@ -1489,6 +1501,24 @@ fn sh(cmd: &str, args: &[&str]) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+const SHM: &str = "/dev/shm";
+const LOG_DIR_PREFIX: &str = "idemgate-load-";
+
+/// Where idemgate's logs go: on tmpfs, away from the SQLite file, unless
+/// `LOAD_LOGS_ON_DISK` or there is no tmpfs. At info level idemgate writes a
+/// line per guarded request, 20+ MB/s under (c) and (e); written beside the
+/// database, those pages reach the disk in the kernel's writeback, whenever
+/// it comes, and an (b) run that meets it has its fsyncs queued behind
+/// hundreds of MB: p99 20–90 ms instead of 5. That measures the machine's
+/// writeback, not idemgate; a deployment keeps a busy log off the store's
+/// disk too (a pipe to journald or a collector).
+fn log_dir(s: &Settings, run_dir: &Path) -> PathBuf {
+    if s.logs_on_disk || fs_type(Path::new(SHM)) != "tmpfs" {
+        return run_dir.to_path_buf();
+    }
+    Path::new(SHM).join(format!("{LOG_DIR_PREFIX}{}", std::process::id()))
 }
 
 fn fs_type(path: &Path) -> String {
@@ -1574,8 +1604,14 @@ fn main() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("load-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("run dir");
+    let logs = log_dir(&s, &dir);
+    std::fs::create_dir_all(&logs).expect("log dir");
     if !s.keep {
-        lock(&LEFTOVERS).dir = Some(dir.clone());
+        let mut left = lock(&LEFTOVERS);
+        left.dirs.push(dir.clone());
+        if logs != dir {
+            left.dirs.push(logs.clone());
+        }
     }
     let fs = fs_type(&dir);
     rep.line(format!(
@@ -1587,6 +1623,11 @@ fn main() {
             ""
         }
     ));
+    rep.line(if logs == dir {
+        "idemgate's logs: in the run dir, on the database's disk (their writeback can queue (b)'s fsyncs)".to_string()
+    } else {
+        format!("idemgate's logs: {} (tmpfs, off the database's disk; LOAD_LOGS_ON_DISK=1 puts them beside it)", logs.display())
+    });
 
     let upstream = start_nginx(
         &dir,
@@ -1609,6 +1650,7 @@ fn main() {
     });
     let sqlite = start_idemgate(
         &dir,
+        &logs,
         "idemgate-sqlite",
         &s,
         &format!("sqlite://{}", dir.join("claims.db").display()),
@@ -1637,6 +1679,7 @@ fn main() {
                 let url = format!("{}{sep}options=-csearch_path%3D{schema}", s.pg_url);
                 Some(start_idemgate(
                     &dir,
+                    &logs,
                     "idemgate-postgres",
                     &s,
                     &url,
@@ -1758,6 +1801,14 @@ fn main() {
         rep.line(run_line(&runs, r));
     }
     summarise(&mut rep, &s, &runs, &w);
+    for name in ["idemgate-sqlite", "idemgate-postgres"] {
+        if let Ok(m) = std::fs::metadata(logs.join(format!("{name}.log"))) {
+            rep.line(format!(
+                "  {name} log: {:.0} MiB written in the run",
+                m.len() as f64 / (1024.0 * 1024.0)
+            ));
+        }
+    }
 
     let path = target_dir().join("load-report.txt");
     if std::fs::write(&path, &rep.0).is_ok() {
@@ -1765,6 +1816,9 @@ fn main() {
     }
     if s.keep {
         println!("run dir kept: {}", w.dir.display());
+        if logs != w.dir {
+            println!("log dir kept: {}", logs.display());
+        }
     }
     cleanup();
 }
