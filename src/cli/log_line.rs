@@ -121,7 +121,7 @@ impl Fields<'_, '_> {
     }
 }
 
-/// Numbers and booleans take `Visit`'s defaults, which pass them to
+/// Floats and booleans take `Visit`'s defaults, which pass them to
 /// `record_debug`: their `Debug` is what the default format writes.
 impl Visit for Fields<'_, '_> {
     fn record_str(&mut self, field: &Field, value: &str) {
@@ -161,6 +161,20 @@ impl Visit for Fields<'_, '_> {
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         if self.begin(field) {
             self.value(format_args!("{value:?}"));
+        }
+    }
+
+    // Integers are what `Debug` writes, without the formatting machinery:
+    // the request line has three of them.
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        if self.begin(field) {
+            self.result = self.out.write_str(itoa::Buffer::new().format(value));
+        }
+    }
+
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if self.begin(field) {
+            self.result = self.out.write_str(itoa::Buffer::new().format(value));
         }
     }
 }
