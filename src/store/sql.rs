@@ -11,6 +11,14 @@ macro_rules! claim_insert {
 }
 pub(crate) use claim_insert;
 
+/// A new record's values for [`claim_insert!`], from the claim's parameters.
+macro_rules! claim_values {
+    () => {
+        "VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6)\n"
+    };
+}
+pub(crate) use claim_values;
+
 /// The reclaim rule every claim statement ends with (before `RETURNING`):
 /// take over a record with the same digest that failed, or is processing
 /// with an expired lease. Mirrors `claim::decide`.
@@ -37,7 +45,7 @@ pub(crate) use claim_on_conflict;
 /// $1 route, $2 event_id, $3 digest, $4 lease_until, $5 now, $6 expires_at
 pub const CLAIM: &str = concat!(
     claim_insert!(),
-    "VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6)\n",
+    claim_values!(),
     claim_on_conflict!(),
     "RETURNING attempts, lease_until, claimed_from"
 );

@@ -105,6 +105,14 @@ pub(super) fn read_back(
     }))
 }
 
+/// A claim of a (route, event ID) that has no record: `CLAIM`'s insert,
+/// without its takeover rule. Same parameters.
+const CLAIM_NEW: &str = concat!(
+    sql::claim_insert!(),
+    sql::claim_values!(),
+    "ON CONFLICT (route, event_id) DO NOTHING"
+);
+
 /// The claim, on the writer's connection inside its batch transaction.
 pub(super) fn claim_in(
     conn: &Connection,
@@ -112,6 +120,26 @@ pub(super) fn claim_in(
 ) -> Result<ClaimOutcome, StoreError> {
     let lease_until = req.now + req.lease_ms;
     let expires_at = req.now + req.retention_ms;
+    // Most claims are of events never seen: a plain insert decides them.
+    // SQLite runs a RETURNING clause through an ephemeral table, so the
+    // upsert below is kept for the records that exist already.
+    {
+        let mut st = conn.prepare_cached(CLAIM_NEW)?;
+        bind_numbered(
+            &mut st,
+            &[
+                &req.route,
+                &req.event_id,
+                &req.digest,
+                &lease_until,
+                &req.now,
+                &expires_at,
+            ],
+        )?;
+        if st.raw_execute()? == 1 {
+            return Ok(sql::claimed(1, None, lease_until));
+        }
+    }
     // Inside the writer's transaction nobody else can change the record
     // between the refused claim and its read-back; the loop is for form.
     for _ in 0..4 {
