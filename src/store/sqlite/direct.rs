@@ -120,49 +120,27 @@ pub(super) fn claim_in(
 ) -> Result<ClaimOutcome, StoreError> {
     let lease_until = req.now + req.lease_ms;
     let expires_at = req.now + req.retention_ms;
-    // Most claims are of events never seen: a plain insert decides them.
-    // SQLite runs a RETURNING clause through an ephemeral table, so the
-    // upsert below is kept for the records that exist already.
-    {
-        let mut st = conn.prepare_cached(CLAIM_NEW)?;
-        bind_numbered(
-            &mut st,
-            &[
-                &req.route,
-                &req.event_id,
-                &req.digest,
-                &lease_until,
-                &req.now,
-                &expires_at,
-            ],
-        )?;
-        if st.raw_execute()? == 1 {
-            return Ok(sql::claimed(1, None, lease_until));
-        }
-    }
-    // Inside the writer's transaction nobody else can change the record
-    // between the refused claim and its read-back; the loop is for form.
+    let params: [&dyn ToSql; 6] = [
+        &req.route,
+        &req.event_id,
+        &req.digest,
+        &lease_until,
+        &req.now,
+        &expires_at,
+    ];
+    // Most claims are of events never seen, which a plain insert decides;
+    // a refused one (a duplicate in flight or delivered) is decided by the
+    // read-back. Only a record the claim may take over (failed, or its lease
+    // expired) runs the upsert: SQLite carries a RETURNING clause through an
+    // ephemeral table, a cost the common cases need not pay. Inside the
+    // writer's transaction nobody else changes the record between these
+    // statements; the loop is for form.
     for _ in 0..4 {
         {
-            let mut st = conn.prepare_cached(sql::CLAIM)?;
-            bind_numbered(
-                &mut st,
-                &[
-                    &req.route,
-                    &req.event_id,
-                    &req.digest,
-                    &lease_until,
-                    &req.now,
-                    &expires_at,
-                ],
-            )?;
-            let mut rows = st.raw_query();
-            if let Some(row) = rows.next()? {
-                let attempt: i64 = row.get(0)?;
-                let claimed_from: Option<String> = row.get(2)?;
-                // step to the end so the statement is done before the next
-                while rows.next()?.is_some() {}
-                return Ok(sql::claimed(attempt, claimed_from.as_deref(), lease_until));
+            let mut st = conn.prepare_cached(CLAIM_NEW)?;
+            bind_numbered(&mut st, &params)?;
+            if st.raw_execute()? == 1 {
+                return Ok(sql::claimed(1, None, lease_until));
             }
         }
         let Some(found) = read_back(conn, req.route, req.event_id)? else {
@@ -170,6 +148,16 @@ pub(super) fn claim_in(
         };
         if let Some(outcome) = found.outcome(req.digest, req.now)? {
             return Ok(outcome);
+        }
+        let mut st = conn.prepare_cached(sql::CLAIM)?;
+        bind_numbered(&mut st, &params)?;
+        let mut rows = st.raw_query();
+        if let Some(row) = rows.next()? {
+            let attempt: i64 = row.get(0)?;
+            let claimed_from: Option<String> = row.get(2)?;
+            // step to the end so the statement is done before the next
+            while rows.next()?.is_some() {}
+            return Ok(sql::claimed(attempt, claimed_from.as_deref(), lease_until));
         }
     }
     Err(StoreError::Unavailable(
