@@ -264,7 +264,8 @@ fn scenario(key: char) -> &'static Scenario {
 
 /// Every process the harness started, stopped by [`cleanup`].
 static CHILDREN: Mutex<Vec<(String, Child)>> = Mutex::new(Vec::new());
-/// Things to remove at the end: the run dir (unless kept) and the PG schema.
+/// Things to remove at the end: the run and log dirs (unless kept) and the
+/// PG schema.
 static LEFTOVERS: Mutex<Leftovers> = Mutex::new(Leftovers {
     dirs: Vec::new(),
     pg: None,
@@ -1513,7 +1514,7 @@ const LOG_DIR_PREFIX: &str = "idemgate-load-";
 /// it comes, and an (b) run that meets it has its fsyncs queued behind
 /// hundreds of MB: p99 20–90 ms instead of 5. That measures the machine's
 /// writeback, not idemgate; a deployment keeps a busy log off the store's
-/// disk too (a pipe to journald or a collector).
+/// disk too (a collector over a pipe or the network, or another disk).
 fn log_dir(s: &Settings, run_dir: &Path) -> PathBuf {
     if s.logs_on_disk || fs_type(Path::new(SHM)) != "tmpfs" {
         return run_dir.to_path_buf();

@@ -370,6 +370,7 @@ mod tests {
             "escaped strings"
         );
         tracing::warn!(ok = true, n = -5i64, "bools and negatives");
+        tracing::warn!(min = i64::MIN, max = u64::MAX, zero = 0u64, "extremes");
         tracing::error!(error = %Outer(Inner), "display field");
         let e = Outer(Inner);
         tracing::error!(

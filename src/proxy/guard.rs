@@ -104,7 +104,7 @@ impl Gate {
             outcome = summary.outcome.as_str(),
             upstream_status = summary.upstream_status.map(i64::from).unwrap_or(0),
             attempt = summary.attempt.unwrap_or(0),
-            // to the microsecond: `0.0133`, not `0.013316999999999999`
+            // to the microsecond: `0.013`, not `0.013316999999999999`
             duration_ms = started.elapsed().as_micros() as f64 / 1000.0,
             "guarded request"
         );
