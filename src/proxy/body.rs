@@ -21,6 +21,20 @@ pub enum BodyError {
     Broken(Box<pingora::Error>),
 }
 
+impl BodyError {
+    /// The `invalid-body` problem's detail for a body that could not be
+    /// read. A body past a declared length within the limit (`TooLarge`
+    /// where the limit is that length) is a framing fault too.
+    pub fn invalid_detail(&self) -> &'static str {
+        match self {
+            BodyError::Timeout => "the request body did not arrive in time",
+            BodyError::TooLarge | BodyError::Broken(_) => {
+                "the request body is malformed or its framing is inconsistent"
+            }
+        }
+    }
+}
+
 /// The declared `Content-Length`, if any and well-formed.
 pub fn content_length(session: &Session) -> Option<u64> {
     session

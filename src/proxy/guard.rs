@@ -162,22 +162,14 @@ impl Gate {
                 );
                 return self.respond_problem(session, name, p, true).await;
             }
-            Err(BodyError::Timeout) => {
+            Err(e) => {
+                // a timeout, or malformed framing: answer, then close (the
+                // stream is unusable)
                 summary.outcome = Outcome::InvalidBody;
-                let p = Problem::new(
-                    ProblemKind::InvalidBody,
-                    "the request body did not arrive in time",
-                );
-                return self.respond_problem(session, name, p, true).await;
-            }
-            Err(BodyError::Broken(e)) => {
-                // malformed framing: answer, then close (the stream is unusable)
-                summary.outcome = Outcome::InvalidBody;
-                tracing::debug!(route = name, error = %e, "unreadable request body");
-                let p = Problem::new(
-                    ProblemKind::InvalidBody,
-                    "the request body is malformed or its framing is inconsistent",
-                );
+                if let BodyError::Broken(cause) = &e {
+                    tracing::debug!(route = name, error = %cause, "unreadable request body");
+                }
+                let p = Problem::new(ProblemKind::InvalidBody, e.invalid_detail());
                 return self.respond_problem(session, name, p, true).await;
             }
         };
@@ -585,15 +577,9 @@ impl Gate {
                 self.forward_unguarded(session, route, body).await?;
             }
             Err(e) => {
-                let detail = match e {
-                    BodyError::Timeout => "the request body did not arrive in time",
-                    BodyError::TooLarge | BodyError::Broken(_) => {
-                        "the request body is malformed or its framing is inconsistent"
-                    }
-                };
                 self.metrics
                     .route_request(&route.requests, route.name(), Outcome::Unguarded);
-                let p = Problem::new(ProblemKind::InvalidBody, detail);
+                let p = Problem::new(ProblemKind::InvalidBody, e.invalid_detail());
                 respond::problem(session, &p, Outcome::Unguarded.as_str(), true).await?;
             }
         }
