@@ -677,3 +677,35 @@ fn ten_thousand_distinct_events_on_one_connection() {
     assert_eq!(sample::get(s.px.admin, "/readyz").unwrap().status, 200);
     s.bystander("10,000 deliveries");
 }
+
+/// An unguarded request whose body is read before it is forwarded (a small
+/// declared length) but never arrives whole gets the same `invalid-body`
+/// answer as a guarded one, marked unguarded, and never reaches the
+/// consumer; it is counted once.
+#[test]
+fn a_short_body_on_an_unguarded_route_is_refused() {
+    let dir = TempDir::new("hostile-unguarded-short");
+    let up = Consumer::start().unwrap();
+    let px = Proxy::start(
+        &dir,
+        &dir.sqlite_url("hostile.db"),
+        &route("plain", "/plain", &up.url(), "    guard_methods: []\n"),
+    );
+    let bytes = b"POST /plain HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\nshort";
+    let got = exchange(px.addr, bytes, true, Duration::from_secs(15));
+    let Got::Response(status, head, body) = &got else {
+        panic!("expected an answer, got {}", brief(&got));
+    };
+    assert_eq!(*status, 400, "{head}");
+    assert_eq!(problem_type(body), "urn:idemgate:problem:invalid-body");
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("idempotency-status: unguarded")),
+        "{head}"
+    );
+    assert_eq!(up.total(), 0, "the short request reached the consumer");
+    assert_eq!(
+        px.metric(r#"idemgate_requests_total{outcome="unguarded",route="plain"}"#),
+        1.0
+    );
+}
