@@ -55,8 +55,9 @@ impl IdleConnections {
         loop {
             let idle = self.lock().pop_back()?;
             if now.duration_since(idle.since) >= self.idle_timeout {
-                // everything below it is older still; closed outside the lock
-                let expired = std::mem::take(&mut *self.lock());
+                // everything below it is older still (but not what another
+                // thread put back meanwhile); closed outside the lock
+                let expired = self.expired(&mut self.lock(), now);
                 drop(expired);
                 return None;
             }
