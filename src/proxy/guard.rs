@@ -18,7 +18,7 @@ use super::respond;
 use super::routes::RouteRt;
 use super::{now_ms, Gate, InFlightRequests};
 use crate::claim::{self, digest, event_id, Decision, Millis, SettleResult};
-use crate::config::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError};
+use crate::config::{DigestMode, InFlight, OnMissingId, OnStoreError};
 use crate::metrics::Outcome;
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{ClaimOutcome, ClaimRequest, Recorded, SettleOutcome, SettleRequest};
@@ -131,7 +131,7 @@ impl Gate {
             return self.respond_problem(session, name, p, true).await;
         }
         let mut header_id: Option<String> = None;
-        if let EventIdSource::Header(h) = &cfg.event_id {
+        if let Some(h) = cfg.event_id.header_for(&session.req_header().headers) {
             match header_event_id(&session.req_header().headers, h, cfg.on_missing_id) {
                 Ok(id) => header_id = id,
                 Err(p) => {
