@@ -522,17 +522,35 @@ impl Gate {
                 Some((ct, b)) => (ct.as_deref(), Some(&b[..])),
                 None => (None, None),
             };
-            self.settle(
-                route,
-                event_id,
-                attempt,
-                SettleOutcome::Delivered {
-                    status,
-                    content_type: ct,
-                    body: b,
-                },
-            )
-            .await;
+            let settled = self
+                .settle(
+                    route,
+                    event_id,
+                    attempt,
+                    SettleOutcome::Delivered {
+                        status,
+                        content_type: ct,
+                        body: b,
+                    },
+                )
+                .await;
+            if settled.is_none() {
+                // The settle commits before the answer is passed on (SPEC
+                // §3); this one did not. A 2xx now would be a delivery the
+                // store does not know: a sender that saw it never retries,
+                // and the claim ends as an expired lease. Told to retry, the
+                // sender meets the claim in flight, then (its lease over) a
+                // re-attempt with the same Idempotency-Key that records it.
+                summary.outcome = Outcome::StoreUnavailable;
+                drop(answered); // its connection is not reused
+                let p = Problem::new(
+                    ProblemKind::StoreUnavailable,
+                    "the upstream's answer could not be recorded; retry later",
+                )
+                .with_event_id(Some(event_id))
+                .with_retry_after(1);
+                return self.respond_problem(session, name, p, false).await;
+            }
         } else {
             let error = format!("upstream answered {status}");
             self.settle(
