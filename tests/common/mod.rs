@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 pub use idemgate::sample::{self, Client, Consumer, Reply, Response};
 
+pub mod pg_cluster;
+pub mod tmpfs;
+
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// A fresh temp dir, removed on drop.
