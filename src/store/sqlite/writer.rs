@@ -50,8 +50,52 @@ enum Op {
 /// The async side of the writer thread.
 pub(super) struct Writer {
     queue: mpsc::Sender<Op>,
-    /// Why the last batch failed; `None` once one commits again.
-    failed: Arc<Mutex<Option<String>>>,
+    /// How the last batch of claims or settles went.
+    health: Arc<Mutex<Health>>,
+    /// The database file, for its file system's free space.
+    path: PathBuf,
+}
+
+/// Free space a full disk must have again before `/readyz` says ready
+/// (with no batch committed since it failed): room for a few batches.
+const READY_ROOM: u64 = 4 << 20;
+
+/// How the writer's last batch of claims or settles went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Health {
+    /// None has run yet: nobody knows that writes can commit.
+    Unknown,
+    Ok,
+    Failed(String),
+}
+
+impl Health {
+    fn set_ok_if_unknown(&mut self) {
+        if *self == Health::Unknown {
+            *self = Health::Ok;
+        }
+    }
+}
+
+/// Bytes available to this process on the file system holding `path`.
+fn free_bytes(path: &std::path::Path) -> Result<u64, StoreError> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| StoreError::Unavailable(format!("{}: {e}", dir.display())))?;
+    // SAFETY: a NUL-terminated path and a zeroed struct statvfs fills in
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(StoreError::Unavailable(format!(
+            "statvfs {}: {e}",
+            dir.display()
+        )));
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 impl Writer {
@@ -62,13 +106,18 @@ impl Writer {
         // Until a first batch commits, nobody knows that writes can: the
         // first `/readyz` probes (a process started on a full disk is not
         // ready).
-        let failed = Arc::new(Mutex::new(Some("nothing committed yet".to_string())));
-        let health = Health(failed.clone());
+        let health = Arc::new(Mutex::new(Health::Unknown));
+        let record = Record(health.clone());
+        let thread_path = path.clone();
         std::thread::Builder::new()
             .name("idemgate-sqlite-writer".into())
-            .spawn(move || run(path, ops, health))
+            .spawn(move || run(thread_path, ops, record))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the SQLite writer: {e}")))?;
-        Ok(Writer { queue, failed })
+        Ok(Writer {
+            queue,
+            health,
+            path,
+        })
     }
 
     /// The claim, withdrawn if no batch takes it within `limit`.
@@ -105,25 +154,52 @@ impl Writer {
         }
     }
 
-    /// `Ok` unless the last batch failed (or none has run yet) and a write
-    /// still fails: then a write that changes nothing is tried, so that
-    /// `/readyz` turns ready again by itself once, say, the disk has room,
-    /// with no claim needed. A probe that commits counts as a batch that did.
+    /// `/readyz`'s part: `Ok` unless the last batch failed, or none has run
+    /// yet. Then a write that changes nothing is tried (so that readiness
+    /// comes back by itself, with no claim needed, once writes can commit).
+    /// After a failed batch that is not enough: a one-page write may fit in
+    /// the room a full disk has left in the WAL while a batch does not, so
+    /// the file system must also have [`READY_ROOM`] free — until a batch of
+    /// claims or settles commits again.
     pub(super) async fn probe(&self, limit: Duration) -> Result<(), StoreError> {
-        let failed = self
-            .failed
+        let health = self
+            .health
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let Some(_) = failed else { return Ok(()) };
+        if health == Health::Ok {
+            return Ok(());
+        }
         let (tx, rx) = oneshot::channel();
         self.send(Op::Probe(tx), limit).await?;
         match tokio::time::timeout(limit, rx).await {
-            Ok(res) => res.map_err(|_| writer_gone())?,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "the SQLite writer did not answer within {}",
-                humantime::format_duration(limit)
-            ))),
+            Ok(res) => res.map_err(|_| writer_gone())??,
+            Err(_) => {
+                return Err(StoreError::Unavailable(format!(
+                    "the SQLite writer did not answer within {}",
+                    humantime::format_duration(limit)
+                )))
+            }
+        }
+        match health {
+            Health::Failed(why) => {
+                let free = free_bytes(&self.path)?;
+                if free < READY_ROOM {
+                    return Err(StoreError::Unavailable(format!(
+                        "the last write failed ({why}); {} has {free} bytes free",
+                        self.path.display()
+                    )));
+                }
+                Ok(())
+            }
+            _ => {
+                // nothing had been written yet, and now a write committed
+                self.health
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .set_ok_if_unknown();
+                Ok(())
+            }
         }
     }
 
@@ -141,15 +217,18 @@ fn writer_gone() -> StoreError {
 }
 
 /// The writer thread's record of its last batch.
-struct Health(Arc<Mutex<Option<String>>>);
+struct Record(Arc<Mutex<Health>>);
 
-impl Health {
+impl Record {
     fn set(&self, failed: Option<String>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = failed;
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = match failed {
+            None => Health::Ok,
+            Some(why) => Health::Failed(why),
+        };
     }
 }
 
-fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Health) {
+fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
     let mut conn: Option<Connection> = None;
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     while let Some(op) = ops.blocking_recv() {
@@ -178,7 +257,7 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Health) {
             if let Some(c) = conn.as_ref() {
                 match commit_batch(c, &mut batch) {
                     Ok(true) => health.set(None),
-                    Ok(false) => {} // nothing was left to run
+                    Ok(false) => {} // nothing but probes: says nothing of batches
                     Err(e) => {
                         tracing::warn!(error = %e, "SQLite batch failed; reconnecting");
                         health.set(Some(e.to_string()));
@@ -217,7 +296,8 @@ enum Done {
     Skipped,
 }
 
-/// Runs and commits the batch; `Ok(false)` when nothing of it was left to run.
+/// Runs and commits the batch; `Ok(false)` when no claim or settle of it
+/// ran (all withdrawn, or only probes).
 fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreError> {
     // Withdrawn while the batch filled: not worth the transaction.
     batch.retain(|op| match op {
@@ -227,6 +307,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
     if batch.is_empty() {
         return Ok(false);
     }
+    let mut ran = false;
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let e = StoreError::from(e);
         fail_all(batch, &e.to_string());
@@ -238,8 +319,14 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
         // ran out while this batch waited for the lock has withdrawn.
         let result = match op {
             Op::Claim(_, t, _) | Op::Settle(_, t, _) if !t.take() => Done::Skipped,
-            Op::Claim(c, _, _) => Done::Claim(direct::claim_in(conn, &c.req())),
-            Op::Settle(s, _, _) => Done::Settle(direct::settle_in(conn, &s.req())),
+            Op::Claim(c, _, _) => {
+                ran = true;
+                Done::Claim(direct::claim_in(conn, &c.req()))
+            }
+            Op::Settle(s, _, _) => {
+                ran = true;
+                Done::Settle(direct::settle_in(conn, &s.req()))
+            }
             Op::Probe(_) => Done::Probe(rewrite_user_version(conn)),
             Op::Close(_) => unreachable!("close requests are split off the batch"),
         };
@@ -281,7 +368,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
             _ => {} // skipped: nobody waits
         }
     }
-    Ok(true)
+    Ok(ran)
 }
 
 /// Writes the header page with what it holds: the write a probe commits.
