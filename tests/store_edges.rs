@@ -145,7 +145,8 @@ fn postgres_a_claim_that_commits_late_is_not_reported_failed() {
     );
     let t = Instant::now();
     let first = deliver_in_thread(px.addr, &a);
-    std::thread::sleep(Duration::from_millis(300));
+    // A's batch must be the one on the wire when B queues
+    std::thread::sleep(Duration::from_millis(500));
     let second = deliver_in_thread(px.addr, &b);
     let (ra, rb) = (first.join().unwrap(), second.join().unwrap());
     let took = t.elapsed();
