@@ -595,14 +595,19 @@ fn sqlite_disk_fills_mid_load_then_frees() {
             )
         });
     let full_answers = fresh_refused(full_from, freed);
-    let wrong: Vec<&(u16, String)> = full_answers
+    // 503 (fail closed); a claim that still found room in the WAL commits,
+    // durably, and is forwarded (its record is checked below with the rest)
+    let refused_full = full_answers
         .iter()
-        .filter(|(s, h)| !(*s == 503 && h == "store_unavailable"))
-        .collect();
+        .filter(|(s, h)| *s == 503 && h == "store_unavailable")
+        .count();
+    let committed_full = full_answers
+        .iter()
+        .filter(|(s, h)| *s == 200 && matches!(h.as_str(), "forwarded" | "replayed"))
+        .count();
     assert!(
-        wrong.is_empty() && !full_answers.is_empty(),
-        "fresh deliveries while full: {} answers, not 503: {wrong:?}",
-        full_answers.len()
+        refused_full > 0 && refused_full + committed_full == full_answers.len(),
+        "fresh deliveries while full: {full_answers:?}"
     );
     // Nothing reached the consumer without a committed claim, and every
     // forwarded event whose settle did not commit was counted.
@@ -650,8 +655,6 @@ fn sqlite_disk_fills_mid_load_then_frees() {
             "no claim was refused on a full disk again"
         );
     });
-    let id = eid("full-again");
-    assert_eq!(attempt(px.addr, &id).0, 503, "a claim on a full disk");
     let before = records_of(&db);
     px.kill();
     px.spawn_answering();
@@ -673,7 +676,14 @@ fn sqlite_disk_fills_mid_load_then_frees() {
         wait_until(Duration::from_secs(10), || readyz(&px) == 503),
         "restarted on a full disk, refusing claims, and ready"
     );
-    assert_eq!(attempt(px.addr, &eid("restarted-full")).0, 503);
+    // (a claim that finds room in the WAL still commits, durably: refused
+    // or recorded, never forwarded without its record)
+    let late = eid("restarted-full");
+    match attempt(px.addr, &late) {
+        (503, _) => {}
+        (200, how) if how == "forwarded" => assert!(records_of(&db).contains_key(&late)),
+        other => panic!("{late} on a full disk: {other:?}"),
+    }
     // reads still answer: a delivered event is replayed
     let delivered = before
         .iter()
@@ -719,7 +729,8 @@ fn sqlite_disk_fills_mid_load_then_frees() {
     let fresh = eid("end");
     assert_eq!(attempt(px.addr, &fresh), (200, "forwarded".into()));
     eprintln!(
-        "sqlite disk full: {total} deliveries, {n_full} fresh ones while full (all 503), \
+        "sqlite disk full: {total} deliveries, {n_full} fresh ones while full ({refused_full} 503, \
+         {committed_full} committed in room the WAL still had), \
          /readyz 503 {readyz_503_after:?} after the fill was seen, {} records; forwarded without a claim 0; \
          {unsettled} forwarded events unsettled = {settle_errors} settle errors counted; \
          freed: service after {resumed_after:?}, /readyz 200 after {readyz_200_after:?}, no restart; \
