@@ -24,6 +24,9 @@ use tokio::sync::oneshot;
 
 use super::StoreError;
 
+/// The longest a requester waits for a batch that took its operation.
+const TAKEN_BACKSTOP: Duration = Duration::from_secs(60);
+
 const QUEUED: u8 = 0;
 const TAKEN: u8 = 1;
 const WITHDRAWN: u8 = 2;
@@ -104,7 +107,17 @@ impl<O> Waiter<O> {
             }
             Err(_) => {}
         }
-        (&mut self.rx).await.map_err(|_| gone())?
+        // Taken: the batch's own bound ends this (PostgreSQL's batch
+        // timeout, SQLite's busy timeout); this one only catches a batch
+        // stuck in a call that never returns (a hung disk).
+        match tokio::time::timeout(TAKEN_BACKSTOP, &mut self.rx).await {
+            Ok(res) => res.map_err(|_| gone())?,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the store took the operation but gave no answer within {}; \
+                 whether it committed is unknown",
+                humantime::format_duration(TAKEN_BACKSTOP)
+            ))),
+        }
     }
 }
 
