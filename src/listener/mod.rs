@@ -139,7 +139,9 @@ impl ServerApp for Downstream {
             // pingora gave the TCP stream as it accepted it (no TLS on its side)
             Some(acceptor) => match stream.into_any().downcast::<L4Stream>().ok() {
                 None => return None,
-                Some(tcp) => match acceptor.tls_handshake(*tcp).await {
+                // boxed: inline, the handshake's state would make every
+                // connection's future as large as a TLS handshake's
+                Some(tcp) => match Box::pin(acceptor.tls_handshake(*tcp)).await {
                     Ok(tls) => Box::new(tls),
                     Err(e) => {
                         if conn.closed() {
@@ -166,7 +168,7 @@ impl ServerApp for Downstream {
             let prefix = match got {
                 Head::Complete(buf) => buf,
                 Head::TooLarge => {
-                    self.too_large(&mut stream).await;
+                    Box::pin(self.too_large(&mut stream)).await;
                     return None;
                 }
                 Head::Closed | Head::Started(_) => return None,
