@@ -11,7 +11,8 @@
 //! idemgate's RSS (`/proc/PID/status`) after each batch has settled:
 //! 1. idle kept-alive: one `GET` answered, then nothing;
 //! 2. waiting for a head: half a request head sent;
-//! 3. silent: connected, nothing sent.
+//! 3. silent: connected, nothing sent;
+//! 4. a guarded request waiting for its body: head and 10 of 1,024 bytes sent.
 //!
 //! The figure per connection is the RSS growth of the batch over `CONN_N`.
 //! A binary that does not know `downstream` (an older build) gets a config
@@ -94,8 +95,10 @@ fn main() {
     let admin = sample::free_port().unwrap();
     let base = format!(
         "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin}\"\nthreads: 2\n\
-         store:\n  url: \"sqlite://{}/c.db\"\nroutes:\n  - name: pass\n    match:\n      path_prefix: /pass\n    upstream: \"{}\"\n    guard_methods: []\n",
+         store:\n  url: \"sqlite://{}/c.db\"\nroutes:\n  - name: pass\n    match:\n      path_prefix: /pass\n    upstream: \"{}\"\n    guard_methods: []\n\
+         \x20 - name: h\n    match:\n      path_prefix: /h\n    upstream: \"{}\"\n    event_id:\n      header: X-Event-ID\n",
         dir.display(),
+        up.url(),
         up.url()
     );
     let config = dir.join("c.yaml");
@@ -176,16 +179,33 @@ fn main() {
     let r3 = settled_rss(pid);
     report("silent (connected, nothing sent)", r3, r2, n);
 
+    let mut bodies = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let head = format!(
+            "POST /h/x HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: body-{i}\r\nContent-Length: 1024\r\n\r\n0123456789"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        bodies.push(s);
+    }
+    let r4 = settled_rss(pid);
+    report(
+        "waiting for its body (guarded, 10 of 1,024 bytes)",
+        r4,
+        r3,
+        n,
+    );
+
     // every idle connection still works
     for s in idle.iter_mut().step_by(97) {
         get_ok(s);
     }
     println!(
         "total: {:.1} MiB for {} connections",
-        r3 as f64 / 1024.0,
-        3 * n
+        r4 as f64 / 1024.0,
+        4 * n
     );
-    drop((idle, heads, silent));
+    drop((idle, heads, silent, bodies));
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);

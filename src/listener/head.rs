@@ -18,8 +18,10 @@ use bytes::BytesMut;
 use pingora::protocols::Stream;
 use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
-/// The first read of a request: room for the head and a small body.
-const FIRST_READ: usize = 8 * 1024;
+/// The first read of a request: room for the head and a small body (as
+/// pingora's own head buffer). A guarded request keeps it until its answer,
+/// so it is what a connection dripping its body costs beyond its head.
+const FIRST_READ: usize = 4 * 1024;
 /// Largest head read here: idemgate refuses header sections over
 /// [`crate::proxy::MAX_HEADER_SECTION`] bytes, plus room for the request line.
 pub const MAX_HEAD: usize = crate::proxy::MAX_HEADER_SECTION + 8 * 1024;
@@ -61,6 +63,13 @@ pub async fn first_bytes(stream: &mut Stream) -> Head {
         Ok(buf) => match head_end(&buf, 0) {
             Some(_) => Head::Complete(buf),
             None if buf.len() > MAX_HEAD => Head::TooLarge,
+            // a head that comes in pieces (a slow sender, or one dripping
+            // it on purpose) keeps a buffer its size, not the first read's
+            None if buf.len() < FIRST_READ / 4 => {
+                let mut small = BytesMut::with_capacity(buf.len().max(256) * 2);
+                small.extend_from_slice(&buf);
+                Head::Started(small)
+            }
             None => Head::Started(buf),
         },
         Err(_) => Head::Closed,
