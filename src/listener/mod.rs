@@ -165,8 +165,8 @@ impl ServerApp for Downstream {
                 }
                 got = head::read_rest(&mut stream, buf).await;
             }
-            let prefix = match got {
-                Head::Complete(buf) => buf,
+            let (mut prefix, end) = match got {
+                Head::Complete(buf, end) => (buf, end),
                 Head::TooLarge => {
                     Box::pin(self.too_large(&mut stream)).await;
                     return None;
@@ -175,6 +175,21 @@ impl ServerApp for Downstream {
             };
             if !conn.activate() {
                 return None; // closed here while its head arrived: nothing began
+            }
+            // a small body is read here, within body_timeout; what is left of
+            // that time bounds pingora's reading (the guard answers 408)
+            let mut body_time = self.limits.body_timeout;
+            if let Some(len) = head::preread_len(&prefix[..end]) {
+                if prefix.len() < end + len {
+                    let started = std::time::Instant::now();
+                    let read = head::read_body(&mut stream, &mut prefix, end + len);
+                    // short (the sender closed) or late, pingora's reading
+                    // finds it so too, and the answer says which
+                    let _ = tokio::time::timeout(body_time, read).await;
+                    body_time = body_time
+                        .saturating_sub(started.elapsed())
+                        .max(std::time::Duration::from_millis(1));
+                }
             }
             let mut session = ServerSession::new_http1(stream);
             session.set_pipelined_prefix(prefix);
@@ -186,7 +201,7 @@ impl ServerApp for Downstream {
             session.set_write_timeout(Some(self.limits.write_timeout));
             // per read of a body that streams through pingora; bodies
             // idemgate reads whole have the whole body_timeout
-            session.set_read_timeout(Some(self.limits.body_timeout));
+            session.set_read_timeout(Some(body_time));
             let reused = self.proxy.process_new_http(session, shutdown).await?;
             let (s, _settings) = reused.consume();
             stream = s;

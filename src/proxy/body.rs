@@ -111,9 +111,10 @@ pub fn conflicting_framing(session: &Session) -> bool {
 }
 
 /// Reads the whole body, at most `max_body` bytes, within the session's read
-/// timeout — which the listener sets to `downstream.body_timeout` for every
-/// session, so that it bounds the whole body here and each read of a body
-/// that streams through pingora — or [`DEFAULT_BODY_TIMEOUT`] without one.
+/// timeout — which the listener sets for every session to what is left of
+/// `downstream.body_timeout` (it reads small bodies itself first), so that
+/// it bounds the whole body here and each read of a body that streams
+/// through pingora — or [`DEFAULT_BODY_TIMEOUT`] without one.
 /// Conflicting framing ([`conflicting_framing`]) is `Broken` before any of
 /// the body is read: the connection is closed without forwarding anything.
 pub async fn read_full(session: &mut Session, max_body: u64) -> Result<Bytes, BodyError> {
