@@ -222,7 +222,7 @@ fn body_timeout_answers_408_and_closes_with_nothing_claimed() {
                 std::thread::sleep(Duration::from_millis(50));
                 s.set_nonblocking(true).unwrap();
                 let mut b = [0u8; 1];
-                let answered = matches!(s.read(&mut b), Ok(_));
+                let answered = s.read(&mut b).is_ok();
                 s.set_nonblocking(false).unwrap();
                 if answered {
                     break;

@@ -48,7 +48,7 @@ pub fn raise() -> std::io::Result<u64> {
             lim.rlim_cur = lim.rlim_max;
         }
     }
-    Ok(lim.rlim_cur as u64)
+    Ok(lim.rlim_cur)
 }
 
 /// Raises the limit and checks that `config` fits in it; the error is a
