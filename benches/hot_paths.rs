@@ -378,7 +378,7 @@ fn request_bookkeeping(c: &mut Criterion) {
     let line = "2026-11-30T10:00:00.000000Z  INFO idemgate::proxy::guard: guarded request \
                 route=\"stripe\" event_id=\"evt_1NXb2c\" outcome=\"forwarded\" \
                 upstream_status=200 attempt=1 duration_ms=1.234\n";
-    let (buf, guard) = LogBuffer::new(std::io::sink());
+    let (buf, guard) = LogBuffer::new(std::io::sink(), |_| {});
     g.bench_function("log_line/log_buffer", |b| {
         b.iter(|| buf.make_writer().write_all(black_box(line.as_bytes())))
     });

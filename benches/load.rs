@@ -60,6 +60,16 @@
 //! - `LOAD_LOGS_ON_DISK=1`: write idemgate's logs into the run dir, beside
 //!   the SQLite file, instead of `/dev/shm/idemgate-load-PID/` (see
 //!   [`log_dir`]).
+//! - `LOAD_ATTACK=10000`: after the rounds, the "under attack" scenario
+//!   (issue 19): (b) at the highest connection count without, then with that
+//!   many attack connections held (a third each idle kept-alive, dribbled
+//!   heads, dribbled bodies; see `load_attack/`), reporting delivered/s and
+//!   p99 of both, idemgate's peak RSS and open descriptors, when every attack
+//!   connection was closed, and the store afterwards (no record left
+//!   `processing`, every answered delivery `delivered`). idemgate then runs
+//!   with `downstream` limits of header 5 s, body 8 s, keep-alive 10 s and
+//!   `max_connections` attack + 2,000; give runs of 20 s or more
+//!   (`LOAD_DURATION`) so that every kind meets its timeout.
 //! - `LOAD_BIN=/path/to/idemgate`: load another build (say, a baseline built
 //!   from an older commit) instead of this package's release binary.
 //!
@@ -76,6 +86,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use idemgate::sample;
+
+#[path = "load_attack/mod.rs"]
+mod attack;
 
 // ---------------------------------------------------------------- settings
 
@@ -96,6 +109,7 @@ struct Settings {
     keep: bool,
     logs_on_disk: bool,
     bin: String,
+    attack: usize,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -161,6 +175,7 @@ impl Settings {
             keep: env_or("LOAD_KEEP", 0u8) != 0,
             logs_on_disk: env_or("LOAD_LOGS_ON_DISK", 0u8) != 0,
             bin: env_list("LOAD_BIN", env!("CARGO_BIN_EXE_idemgate")),
+            attack: env_or("LOAD_ATTACK", 0usize),
         }
     }
 }
@@ -551,6 +566,9 @@ fn start_nginx(dir: &Path, name: &str, workers: &str, server_block: &str) -> Ngi
     Nginx { pid, addr }
 }
 
+/// The attack run's header, body and keep-alive timeouts, in seconds.
+const ATTACK_TIMEOUTS: (u64, u64, u64) = (5, 8, 10);
+
 struct Idemgate {
     name: &'static str,
     pid: u32,
@@ -573,6 +591,15 @@ fn start_idemgate(
     );
     if let Some(t) = s.idemgate_threads {
         writeln!(cfg, "threads: {t}").unwrap();
+    }
+    if s.attack > 0 {
+        let (h, b, k) = ATTACK_TIMEOUTS;
+        write!(
+            cfg,
+            "downstream:\n  header_timeout: {h}s\n  body_timeout: {b}s\n  keepalive_timeout: {k}s\n  max_connections: {}\n",
+            s.attack + 2000
+        )
+        .unwrap();
     }
     write!(
         cfg,
@@ -1071,6 +1098,154 @@ fn measure(
         mix,
         problems,
         wrk,
+    }
+}
+
+// ---------------------------------------------------------------- attack
+
+/// Resident memory (KiB) and open descriptors of `pid`, sampled until `stop`.
+fn sample_peaks(
+    pid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(u64, usize)> {
+    std::thread::spawn(move || {
+        let (mut rss, mut fds) = (0u64, 0usize);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                if let Some(v) = st
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                {
+                    rss = rss.max(v);
+                }
+            }
+            if let Ok(d) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+                fds = fds.max(d.count());
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        (rss, fds)
+    })
+}
+
+/// Records of the SQLite store: (processing anywhere, delivered with `prefix`).
+fn store_counts(w: &World, prefix: &str) -> (i64, i64) {
+    let db = rusqlite::Connection::open_with_flags(
+        w.dir.join("claims.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .expect("the store opens");
+    let processing: i64 = db
+        .query_row(
+            "SELECT count(*) FROM records WHERE state = 'processing'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let delivered: i64 = db
+        .query_row(
+            "SELECT count(*) FROM records WHERE state = 'delivered' AND event_id LIKE ?1",
+            [format!("{prefix}-%")],
+            |r| r.get(0),
+        )
+        .unwrap();
+    (processing, delivered)
+}
+
+/// (b) without and with the attack, in one run; see `LOAD_ATTACK`.
+fn under_attack(s: &Settings, w: &World, rep: &mut Report, serial: &mut usize, conns: usize) {
+    let sc = scenario('b');
+    let mut results = Vec::new();
+    rep.line("");
+    rep.line(format!(
+        "under attack: (b) at {conns} connections, {} s runs",
+        s.duration
+    ));
+    for with_attack in [false, true] {
+        *serial += 1;
+        let prefix = id_prefix(sc.key, *serial % 100);
+        let mut held = None;
+        if with_attack {
+            let (h, b, k) = ATTACK_TIMEOUTS;
+            let a = attack::Attack::start(attack::Settings {
+                addr: w.sqlite.addr,
+                connections: s.attack,
+                keepalive: Duration::from_secs(k),
+                header: Duration::from_secs(h),
+                body: Duration::from_secs(b),
+                sources: (2..=5)
+                    .map(|x| std::net::Ipv4Addr::new(127, 0, 0, x))
+                    .collect(),
+            });
+            let t = Instant::now();
+            while a.open() < s.attack && t.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            rep.line(format!(
+                "  attack: {} of {} connections open after {:.1} s",
+                a.open(),
+                s.attack,
+                t.elapsed().as_secs_f64()
+            ));
+            held = Some(a);
+        }
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let peaks = sample_peaks(w.sqlite.pid, stop.clone());
+        let r = measure(s, w, sc, conns, 0, *serial, false, false);
+        let open_at_end = held.as_ref().map(|a| a.open());
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (rss, fds) = peaks.join().unwrap();
+        let report = held.map(|a| a.stop());
+        quiesce(w);
+        let (processing, delivered) = store_counts(w, &prefix);
+        let p99 = r.wrk.p99_us / 1000.0;
+        rep.line(format!(
+            "  {:14} {:8.0} delivered/s  p99 {:6.2} ms  peak RSS {:6.1} MiB  open fds (peak) {:6}{}",
+            if with_attack { "with attack" } else { "without attack" },
+            r.rps,
+            p99,
+            rss as f64 / 1024.0,
+            fds,
+            open_at_end.map(|n| format!("  attack connections open at the end {n}")).unwrap_or_default(),
+        ));
+        let answered = r.wrk.requests as i64;
+        rep.line(format!(
+            "    store: {processing} records processing; {delivered} delivered for {answered} answered by wrk ({})",
+            if processing == 0 && delivered >= answered && delivered <= answered + conns as i64 {
+                "nothing lost"
+            } else {
+                "MISMATCH"
+            }
+        ));
+        for p in &r.problems {
+            // the attack's own requests (its GETs on /pass, its 408s) move
+            // the counters the mix check reads
+            let attack_traffic = p.starts_with("route pass moved")
+                || p == "unexpected outcome invalid_body"
+                || p.starts_with("idemgate counted");
+            if !(with_attack && attack_traffic) {
+                rep.line(format!("    problem: {p}"));
+            }
+        }
+        if let Some((lines, ok)) = report {
+            for l in lines {
+                rep.line(format!("  {l}"));
+            }
+            rep.line(format!(
+                "  every attack connection closed within its timeout + 1 s: {}",
+                if ok { "yes" } else { "NO" }
+            ));
+        }
+        results.push((r.rps, p99, rss));
+    }
+    if let [(rps0, p0, _), (rps1, p1, rss1)] = results[..] {
+        rep.line(format!(
+            "  under attack: {:.2} x the delivered/s (target >= 0.8), p99 {:.2} x (target <= 2), peak RSS {:.1} MiB (target <= 256)",
+            rps1 / rps0.max(1.0),
+            p1 / p0.max(0.001),
+            rss1 as f64 / 1024.0
+        ));
     }
 }
 
@@ -1792,6 +1967,10 @@ fn main() {
             let r = measure(&s, &w, scenario(k), top, 0, serial, perf, trace);
             println!("probed run (not in the figures):\n{}", run_line(&runs, &r));
         }
+    }
+
+    if s.attack > 0 {
+        under_attack(&s, &w, &mut rep, &mut serial, top);
     }
 
     // The full table again, with every ratio known.

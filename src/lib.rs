@@ -10,6 +10,7 @@
 //! - [`claim`]: the state machine as data (`decide`, `settle`), event IDs, digests.
 //! - [`store`]: the `ClaimStore` trait; SQLite and PostgreSQL implementations.
 //! - [`proxy`]: the pingora hooks, route matching and guarded forwarding.
+//! - [`listener`]: client connections: limits, timeouts, TLS, head reading.
 //! - [`problem`]: problem+json responses and request outcomes.
 //! - [`metrics`]: the metric set over an owned Prometheus registry.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
@@ -25,6 +26,7 @@ pub mod claim;
 pub mod cli;
 pub mod config;
 pub mod failpoint;
+pub mod listener;
 pub mod metrics;
 pub mod problem;
 pub mod proxy;

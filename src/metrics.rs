@@ -2,12 +2,17 @@
 //! server has its own). Event IDs never become label values: every label here
 //! is a route name or a fixed word.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+/// Log lines dropped because the log's output stalled (the log writer
+/// counts here; every [`Metrics`] of the process shows it).
+pub static LOG_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// Request outcomes: the `outcome` label and the `Idempotency-Status` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +51,36 @@ impl Outcome {
     }
 }
 
+/// Why idemgate closed a connection: `idemgate_connections_closed_total{reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    HeaderTimeout,
+    BodyTimeout,
+    KeepaliveTimeout,
+    WriteTimeout,
+    Limit,
+}
+
+impl CloseReason {
+    pub const ALL: [CloseReason; 5] = [
+        CloseReason::HeaderTimeout,
+        CloseReason::BodyTimeout,
+        CloseReason::KeepaliveTimeout,
+        CloseReason::WriteTimeout,
+        CloseReason::Limit,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::HeaderTimeout => "header_timeout",
+            CloseReason::BodyTimeout => "body_timeout",
+            CloseReason::KeepaliveTimeout => "keepalive_timeout",
+            CloseReason::WriteTimeout => "write_timeout",
+            CloseReason::Limit => "limit",
+        }
+    }
+}
+
 /// The `class` label of `idemgate_upstream_responses_total`.
 pub fn status_class(status: u16) -> &'static str {
     match status {
@@ -70,6 +105,13 @@ pub struct Metrics {
     store_hot: [Histogram; 3],
     pub processing_oldest_age: GaugeVec,
     pub records_swept: IntCounter,
+    /// `idemgate_connections{state}`: active, idle, reading.
+    pub connections: IntGaugeVec,
+    /// `idemgate_connections_closed_total{reason}`.
+    pub connections_closed: IntCounterVec,
+    /// `idemgate_log_lines_dropped_total`, brought up to
+    /// [`LOG_LINES_DROPPED`] at each scrape.
+    log_lines_dropped: IntCounter,
 }
 
 /// Outcomes there are, for [`RequestCounters`].
@@ -154,6 +196,58 @@ impl Metrics {
         registry
             .register(Box::new(records_swept.clone()))
             .expect("metric registered once");
+        let connections = IntGaugeVec::new(
+            Opts::new(
+                "idemgate_connections",
+                "Open client connections: active (a request in progress), idle (kept alive, \
+                 between requests), reading (before the first request's head is complete).",
+            ),
+            &["state"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(connections.clone()))
+            .expect("metric registered once");
+        for state in ["active", "idle", "reading"] {
+            connections.with_label_values(&[state]);
+        }
+        let connections_closed = counter(
+            "idemgate_connections_closed_total",
+            "Client connections idemgate closed: header, body, keep-alive and write timeouts, \
+             and the connection limit.",
+            &["reason"],
+        );
+        for reason in CloseReason::ALL {
+            connections_closed.with_label_values(&[reason.as_str()]);
+        }
+        let log_lines_dropped = IntCounter::new(
+            "idemgate_log_lines_dropped_total",
+            "Log lines dropped because the log's output did not take them.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(log_lines_dropped.clone()))
+            .expect("metric registered once");
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "idemgate_build_info",
+                "Always 1; the version of this build.",
+            ),
+            &["version"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(build_info.clone()))
+            .expect("metric registered once");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        // CPU, memory, open and maximum file descriptors, start time
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("metric registered once");
         let store_hot =
             ["lookup", "claim", "settle"].map(|op| store_duration.with_label_values(&[op]));
         Metrics {
@@ -167,7 +261,17 @@ impl Metrics {
             store_hot,
             processing_oldest_age,
             records_swept,
+            connections,
+            connections_closed,
+            log_lines_dropped,
         }
+    }
+
+    /// Counts a connection idemgate closed for `reason`.
+    pub fn connection_closed(&self, reason: CloseReason) {
+        self.connections_closed
+            .with_label_values(&[reason.as_str()])
+            .inc();
     }
 
     /// Creates the series of every route at zero, so dashboards and rates see
@@ -226,6 +330,11 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> Vec<u8> {
+        let dropped = LOG_LINES_DROPPED.load(Ordering::Relaxed);
+        let shown = self.log_lines_dropped.get();
+        if dropped > shown {
+            self.log_lines_dropped.inc_by(dropped - shown);
+        }
         let mut out = Vec::with_capacity(8 * 1024);
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
@@ -262,6 +371,15 @@ mod tests {
             "# TYPE idemgate_store_duration_seconds histogram",
             "# TYPE idemgate_processing_oldest_age_seconds gauge",
             "# TYPE idemgate_records_swept_total counter",
+            "# TYPE idemgate_connections gauge",
+            "# TYPE idemgate_connections_closed_total counter",
+            "# TYPE idemgate_log_lines_dropped_total counter",
+            "# TYPE idemgate_build_info gauge",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE process_open_fds gauge",
+            "# TYPE process_max_fds gauge",
+            "# TYPE process_cpu_seconds_total counter",
+            "# TYPE process_start_time_seconds gauge",
         ] {
             assert!(text.contains(name), "missing {name}");
         }
@@ -269,6 +387,36 @@ mod tests {
             text.contains(r#"idemgate_requests_total{outcome="no_route",route=""} 1"#),
             "{text}"
         );
+        let version = format!(
+            "idemgate_build_info{{version=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&version), "{text}");
+        for state in ["active", "idle", "reading"] {
+            let line = format!("idemgate_connections{{state=\"{state}\"}} 0\n");
+            assert!(text.contains(&line), "{line}");
+        }
+        for reason in CloseReason::ALL {
+            let line = format!(
+                "idemgate_connections_closed_total{{reason=\"{}\"}} 0\n",
+                reason.as_str()
+            );
+            assert!(text.contains(&line), "{line}");
+        }
+    }
+
+    #[test]
+    fn dropped_log_lines_show_at_the_next_scrape() {
+        let m = Metrics::new();
+        let before = LOG_LINES_DROPPED.load(Ordering::Relaxed);
+        LOG_LINES_DROPPED.fetch_add(3, Ordering::Relaxed);
+        let text = text_of(&m);
+        let shown: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("idemgate_log_lines_dropped_total "))
+            .and_then(|v| v.parse().ok())
+            .expect("the counter is exposed");
+        assert!(shown >= before + 3, "{shown} < {before} + 3");
     }
 
     #[test]

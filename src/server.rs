@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
+use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::ServerConf;
 use pingora::server::{ExecutionPhase, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
 use pingora::services::background::background_service;
@@ -15,6 +16,7 @@ use pingora::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::listener::{self, Downstream};
 use crate::metrics::Metrics;
 use crate::proxy::idle::PruneIdle;
 use crate::proxy::routes::RouteTable;
@@ -108,9 +110,20 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
     let prune_idle = PruneIdle {
         routes: gate.routes.iter().cloned().collect(),
     };
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(&conf, gate, "idemgate proxy");
-    proxy.add_tcp(&config.listen.to_string());
+    let downstream = Downstream::new(
+        pingora::proxy::http_proxy(&conf, gate),
+        &config.downstream,
+        config.tls.as_ref(),
+        &metrics,
+    );
+    let reaper = downstream.reaper();
+    let mut proxy = Service::new("idemgate proxy".to_string(), downstream);
+    proxy.add_listener(
+        ListenerConfig::tcp(config.listen.to_string())
+            .l4_buffer(L4BufferSettings::default().read(listener::L4_READ_BUFFER)),
+    );
     server.add_service(proxy);
+    server.add_service(background_service("client connections", reaper));
 
     let mut admin = Service::new(
         "idemgate admin".to_string(),
@@ -139,7 +152,13 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
         in_flight,
         config.shutdown_grace,
     );
-    tracing::info!(listen = %config.listen, admin = %config.admin_listen, "idemgate serving");
+    tracing::info!(
+        listen = %config.listen,
+        admin = %config.admin_listen,
+        tls = config.tls.is_some(),
+        max_connections = config.downstream.max_connections,
+        "idemgate serving"
+    );
     server.run(RunArgs {
         shutdown_signal: Box::new(StopOnSignal),
     });

@@ -45,7 +45,23 @@ fn read(path: &str) -> String {
 #[test]
 fn dashboard_and_alerts_reference_only_exported_metrics() {
     let exported = exported();
-    assert_eq!(exported.len(), 8, "SPEC §5 has eight metrics: {exported:?}");
+    let own = exported
+        .iter()
+        .filter(|n| n.starts_with("idemgate_"))
+        .count();
+    assert_eq!(
+        own, 12,
+        "SPEC §5 has twelve idemgate_ metrics: {exported:?}"
+    );
+    for process in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(exported.contains(process), "{process} in {exported:?}");
+    }
     for file in [
         "config/monitoring/grafana-dashboard.json",
         "config/monitoring/alerts.yaml",

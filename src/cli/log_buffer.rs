@@ -8,12 +8,17 @@
 //! copy; under load the thread wakes about once per [`LINGER`] and writes
 //! everything that gathered in one call, and when idle it sleeps.
 //!
-//! Nothing is dropped: a writer that finds [`HARD_LIMIT`] bytes waiting (the
-//! output is stuck) waits for the write-out. Lines reach the output in the
-//! order they were appended, at most [`LINGER`] late; [`LogGuard`]'s drop
-//! writes out the rest, and lines after that go straight to the output.
+//! The log never blocks the proxy (SPEC §9): a line that finds
+//! [`HARD_LIMIT`] bytes waiting (the output is stuck: a pipe nobody reads, a
+//! paused terminal) is dropped and counted
+//! ([`crate::metrics::LOG_LINES_DROPPED`], `idemgate_log_lines_dropped_total`),
+//! and once the output takes lines again one warning says how many were
+//! dropped. Lines reach the output in the order they were appended, at most
+//! [`LINGER`] late; [`LogGuard`]'s drop writes out the rest, and lines after
+//! that go straight to the output.
 
 use std::io::{self, Write};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,13 +27,16 @@ use std::time::Duration;
 pub const LINGER: Duration = Duration::from_millis(5);
 /// Past this many waiting bytes the thread writes out without lingering.
 const SOFT_LIMIT: usize = 256 * 1024;
-/// Past this many waiting bytes, writers wait for the write-out.
+/// Past this many waiting bytes, lines are dropped.
 pub const HARD_LIMIT: usize = 8 * 1024 * 1024;
 /// How long closing waits for the rest to be written: an output that does
 /// not take it (a paused terminal, a pipe nobody reads) must not hang exit.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 type Output = Box<dyn Write + Send>;
+/// Says that `n` lines were dropped; called on the writer thread once the
+/// output took lines again (it may log: the buffer has room then).
+type Report = Box<dyn Fn(u64) + Send + Sync>;
 
 struct Shared {
     pending: Mutex<Pending>,
@@ -39,6 +47,7 @@ struct Shared {
     drained: Condvar,
     /// Taken only by whoever writes to the output, never while `pending` is.
     output: Mutex<Output>,
+    report: Report,
 }
 
 struct Pending {
@@ -52,6 +61,8 @@ struct Pending {
     finished: bool,
     /// Write-outs completed so far.
     written: u64,
+    /// Lines dropped since the last report.
+    dropped: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -63,10 +74,12 @@ impl Shared {
     /// `urgent`: a warning or an error, written out without lingering.
     fn append(&self, bytes: &[u8], urgent: bool) -> io::Result<()> {
         let mut p = lock(&self.pending);
-        while p.buf.len() >= HARD_LIMIT && !p.closed {
-            p.urgent = true;
-            self.work.notify_one();
-            p = self.drained.wait(p).unwrap_or_else(|e| e.into_inner());
+        if p.buf.len() >= HARD_LIMIT && !p.closed {
+            // the output is stuck: never wait for it (a request would)
+            p.dropped += 1;
+            drop(p);
+            crate::metrics::LOG_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
         }
         if p.closed {
             drop(p);
@@ -142,8 +155,13 @@ impl Shared {
             let mut p = lock(&self.pending);
             p.written += 1;
             p.writing = false;
+            let dropped = std::mem::take(&mut p.dropped);
             drop(p);
             self.drained.notify_all();
+            if dropped > 0 {
+                // the output took a batch: there is room again
+                (self.report)(dropped);
+            }
         }
     }
 }
@@ -169,11 +187,19 @@ pub struct LogGuard {
 
 impl LogBuffer {
     /// Starts the background thread writing to `output`.
-    pub fn new(output: impl Write + Send + 'static) -> (LogBuffer, LogGuard) {
-        Self::with_linger(output, LINGER)
+    /// `report(n)` says that n lines were dropped (see the module comment).
+    pub fn new(
+        output: impl Write + Send + 'static,
+        report: impl Fn(u64) + Send + Sync + 'static,
+    ) -> (LogBuffer, LogGuard) {
+        Self::with_linger(output, LINGER, report)
     }
 
-    fn with_linger(output: impl Write + Send + 'static, linger: Duration) -> (LogBuffer, LogGuard) {
+    fn with_linger(
+        output: impl Write + Send + 'static,
+        linger: Duration,
+        report: impl Fn(u64) + Send + Sync + 'static,
+    ) -> (LogBuffer, LogGuard) {
         let shared = Arc::new(Shared {
             pending: Mutex::new(Pending {
                 buf: Vec::new(),
@@ -182,10 +208,12 @@ impl LogBuffer {
                 writing: false,
                 finished: false,
                 written: 0,
+                dropped: 0,
             }),
             work: Condvar::new(),
             drained: Condvar::new(),
             output: Mutex::new(Box::new(output)),
+            report: Box::new(report),
         });
         let worker = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -321,7 +349,7 @@ mod tests {
     #[test]
     fn lines_arrive_in_order_after_the_linger() {
         let sink = Sink::default();
-        let (buf, _guard) = LogBuffer::with_linger(sink.clone(), Duration::from_millis(20));
+        let (buf, _guard) = LogBuffer::with_linger(sink.clone(), Duration::from_millis(20), |_| {});
         for i in 0..100 {
             writeln!(buf.make_writer(), "line {i}").unwrap();
         }
@@ -336,7 +364,7 @@ mod tests {
     #[test]
     fn warnings_and_errors_are_written_out_without_lingering() {
         let sink = Sink::default();
-        let (buf, _guard) = LogBuffer::with_linger(sink.clone(), Duration::from_secs(3600));
+        let (buf, _guard) = LogBuffer::with_linger(sink.clone(), Duration::from_secs(3600), |_| {});
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
             .with_writer(buf.clone())
@@ -362,7 +390,7 @@ mod tests {
     fn flush_writes_out_at_once() {
         let sink = Sink::default();
         // A linger far longer than the test: only flush can write these out.
-        let (buf, _guard) = LogBuffer::with_linger(sink.clone(), Duration::from_secs(3600));
+        let (buf, _guard) = LogBuffer::with_linger(sink.clone(), Duration::from_secs(3600), |_| {});
         buf.make_writer().write_all(b"a\n").unwrap();
         buf.make_writer().write_all(b"b\n").unwrap();
         buf.make_writer().flush().unwrap();
@@ -375,7 +403,7 @@ mod tests {
     #[test]
     fn dropping_the_guard_writes_out_the_rest_and_later_lines_go_straight_through() {
         let sink = Sink::default();
-        let (buf, guard) = LogBuffer::with_linger(sink.clone(), Duration::from_secs(3600));
+        let (buf, guard) = LogBuffer::with_linger(sink.clone(), Duration::from_secs(3600), |_| {});
         buf.make_writer().write_all(b"before\n").unwrap();
         drop(guard);
         assert_eq!(sink.text(), "before\n");
@@ -386,7 +414,7 @@ mod tests {
     #[test]
     fn closing_gives_up_on_a_stuck_output_instead_of_hanging() {
         let gate = Gate::default();
-        let (buf, guard) = LogBuffer::with_linger(gate.clone(), Duration::from_millis(1));
+        let (buf, guard) = LogBuffer::with_linger(gate.clone(), Duration::from_millis(1), |_| {});
         buf.make_writer().write_all(b"stuck\n").unwrap();
         let t = Instant::now();
         drop(guard);
@@ -398,7 +426,7 @@ mod tests {
     #[test]
     fn many_threads_lose_no_line_and_keep_each_threads_order() {
         let sink = Sink::default();
-        let (buf, guard) = LogBuffer::with_linger(sink.clone(), Duration::from_millis(1));
+        let (buf, guard) = LogBuffer::with_linger(sink.clone(), Duration::from_millis(1), |_| {});
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let buf = buf.clone();
@@ -428,28 +456,52 @@ mod tests {
     }
 
     #[test]
-    fn a_stuck_output_holds_writers_back_instead_of_growing_without_bound() {
+    fn a_stuck_output_drops_lines_instead_of_blocking_and_reports_them_later() {
         let gate = Gate::default();
-        let (buf, guard) = LogBuffer::with_linger(gate.clone(), Duration::from_millis(1));
-        let line = vec![b'x'; 64 * 1024];
-        let writer = {
-            let buf = buf.clone();
-            let line = line.clone();
-            std::thread::spawn(move || {
-                for _ in 0..(3 * HARD_LIMIT / line.len()) {
-                    buf.make_writer().write_all(&line).unwrap();
-                }
+        let reported = Arc::new(Mutex::new(Vec::new()));
+        let (buf, guard) = {
+            let reported = reported.clone();
+            LogBuffer::with_linger(gate.clone(), Duration::from_millis(1), move |n| {
+                lock(&reported).push(n)
             })
         };
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(
-            !writer.is_finished(),
-            "the writer must wait while the output is stuck"
-        );
+        let line = vec![b'x'; 64 * 1024];
+        let before = crate::metrics::LOG_LINES_DROPPED.load(Ordering::Relaxed);
+        let lines = 3 * HARD_LIMIT / line.len();
+        let t = Instant::now();
+        for _ in 0..lines {
+            buf.make_writer().write_all(&line).unwrap();
+        }
+        // every write returned although nothing reached the output
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(gate.sink.text().is_empty());
         assert!(lock(&buf.shared.pending).buf.len() <= HARD_LIMIT + line.len());
+        let dropped = lock(&buf.shared.pending).dropped;
+        // the thread holds one batch (being written) and the buffer up to the limit
+        assert!(
+            dropped as usize >= lines - 2 * (HARD_LIMIT / line.len()) - 2,
+            "{dropped}"
+        );
+        assert!(crate::metrics::LOG_LINES_DROPPED.load(Ordering::Relaxed) >= before + dropped);
+        assert!(
+            lock(&reported).is_empty(),
+            "no report while the output is stuck"
+        );
         gate.open();
-        writer.join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&reported).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(*lock(&reported), vec![dropped], "one report with the count");
+        // lines go through again
+        buf.make_writer().write_all(b"after\n").unwrap();
         drop(guard);
-        assert_eq!(gate.sink.text().len(), 3 * HARD_LIMIT);
+        let text = gate.sink.text();
+        assert!(text.ends_with("after\n"));
+        assert_eq!(
+            text.len() as u64,
+            (lines as u64 - dropped) * line.len() as u64 + 6,
+            "every line not dropped was written whole"
+        );
     }
 }

@@ -159,7 +159,12 @@ static LOG_GUARD: std::sync::Mutex<Option<log_buffer::LogGuard>> = std::sync::Mu
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) = log_buffer::LogBuffer::new(std::io::stderr());
+    let (writer, guard) = log_buffer::LogBuffer::new(std::io::stderr(), |dropped| {
+        tracing::warn!(
+            dropped,
+            "log lines dropped: the log's output did not take them (idemgate_log_lines_dropped_total)"
+        )
+    });
     // colour codes only for a person at a terminal, not in log files
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -39,6 +39,14 @@ pub fn serve(args: ServeArgs) -> i32 {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // SPEC §9: the hard limit, and exit 2 when max_connections cannot fit
+    match crate::listener::fds::raise_and_check(&cfg) {
+        Ok(limit) => tracing::debug!(limit, "open-files limit"),
+        Err(e) => {
+            eprintln!("{e}");
+            return exit::BAD_CONFIG;
+        }
+    }
     // The store lives on its own runtime for the whole process: pooled
     // connections and their timers must outlive any one pingora service.
     let store_rt = tokio::runtime::Builder::new_multi_thread()

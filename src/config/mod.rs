@@ -31,6 +31,7 @@ mod model;
 mod positions;
 mod raw;
 mod route;
+mod tls;
 mod units;
 mod validate;
 mod verify;
@@ -42,8 +43,8 @@ use std::fmt;
 use std::path::Path;
 
 pub use model::{
-    Config, DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, Provider, Route,
-    Scheme, SettleOn, StoreConfig, StoreKind, SweeperConfig, UpstreamUrl, Verify,
+    Config, DigestMode, Downstream, EventIdSource, InFlight, OnMissingId, OnStoreError, Provider,
+    Route, Scheme, SettleOn, StoreConfig, StoreKind, SweeperConfig, Tls, UpstreamUrl, Verify,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 

@@ -26,6 +26,61 @@ pub struct Config {
     pub sweeper: SweeperConfig,
     /// Worker threads for the proxy; `None` lets the runtime decide.
     pub threads: Option<usize>,
+    /// What one client connection may hold (SPEC §9).
+    pub downstream: Downstream,
+    /// HTTPS on the proxy listener, when configured.
+    pub tls: Option<Tls>,
+}
+
+/// The `downstream` section: the bounds on client connections (SPEC §9).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Downstream {
+    /// A request head must be complete within it, counted from the accept
+    /// (first request) or from its first byte on a kept-alive connection.
+    pub header_timeout: Duration,
+    /// A body idemgate reads must be complete within it (else 408, close).
+    pub body_timeout: Duration,
+    /// A kept-alive connection idle (no byte of a next request) this long is closed.
+    pub keepalive_timeout: Duration,
+    /// A response write that makes no progress this long closes the connection.
+    pub write_timeout: Duration,
+    /// Open client connections at most.
+    pub max_connections: usize,
+    /// `file:line:col` of `downstream.max_connections` (or of what stands for
+    /// it), for the open-files check at start, which is a config error too.
+    pub max_connections_at: String,
+}
+
+impl Default for Downstream {
+    /// SPEC §2's defaults.
+    fn default() -> Self {
+        Downstream {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
+            max_connections: 10_000,
+            max_connections_at: "(defaults)".to_string(),
+        }
+    }
+}
+
+/// The listener's TLS: the files as given and the server config built from
+/// them (parsed, and the key checked against the certificate, at load).
+#[derive(Clone)]
+pub struct Tls {
+    pub cert_path: std::path::PathBuf,
+    pub key_path: std::path::PathBuf,
+    pub server_config: std::sync::Arc<pingora::tls::ServerConfig>,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field("cert_path", &self.cert_path)
+            .field("key_path", &self.key_path)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The claim store. `Debug` hides the URL's password.

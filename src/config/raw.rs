@@ -65,6 +65,8 @@ pub struct RawConfig {
     pub shutdown_grace: Option<Text>,
     pub sweeper: Option<RawSweeper>,
     pub threads: Option<u64>,
+    pub downstream: Option<RawDownstream>,
+    pub tls: Option<RawTls>,
 }
 
 impl RawConfig {
@@ -79,6 +81,8 @@ impl RawConfig {
             shutdown_grace,
             sweeper,
             threads,
+            downstream,
+            tls,
         } = self;
         listen.is_none()
             && admin_listen.is_none()
@@ -88,6 +92,8 @@ impl RawConfig {
             && shutdown_grace.is_none()
             && sweeper.is_none()
             && threads.is_none()
+            && downstream.is_none()
+            && tls.is_none()
     }
 }
 
@@ -96,6 +102,25 @@ impl RawConfig {
 pub struct RawStore {
     pub url: Option<String>,
     pub max_connections: Option<u64>,
+}
+
+/// What one client connection may hold (SPEC §9).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDownstream {
+    pub header_timeout: Option<Text>,
+    pub body_timeout: Option<Text>,
+    pub keepalive_timeout: Option<Text>,
+    pub write_timeout: Option<Text>,
+    pub max_connections: Option<u64>,
+}
+
+/// The listener's certificate and key, as `file:` references.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: Option<String>,
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

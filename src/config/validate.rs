@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use super::fields;
 use super::layer::parse_defaults;
-use super::model::{Config, StoreConfig, StoreKind, SweeperConfig};
+use super::model::{Config, Downstream, StoreConfig, StoreKind, SweeperConfig};
 use super::positions::PosIndex;
-use super::raw::{RawConfig, RawStore, RawSweeper, Text};
+use super::raw::{RawConfig, RawDownstream, RawStore, RawSweeper, Text};
 use super::route::parse_route;
 use super::units::parse_duration;
 use super::ConfigError;
@@ -80,6 +80,17 @@ impl<'a> Ctx<'a> {
         self.warnings.push((pos.line, pos.col, line));
     }
 
+    /// `file:line:col` of the value (or key) at `path`, for messages that
+    /// are written after validation (the open-files check at start).
+    pub fn position(&self, path: &str, value: bool) -> String {
+        let pos = if value {
+            self.index.value(path)
+        } else {
+            self.index.key(path)
+        };
+        format!("{}:{}:{}", self.file, pos.line, pos.col)
+    }
+
     /// Errors recorded so far (a route compares before and after).
     pub fn error_count(&self) -> usize {
         self.errors.len()
@@ -137,6 +148,8 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         shutdown_grace,
         sweeper,
         threads,
+        downstream,
+        tls,
     } = raw;
 
     let listen = socket_addr(ctx, "listen", listen.as_ref());
@@ -181,6 +194,12 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
                 None
             }
         },
+    };
+
+    let downstream = downstream_config(ctx, downstream);
+    let tls = match tls {
+        None => Some(None),
+        Some(raw) => super::tls::tls_config(ctx, raw).map(Some),
     };
 
     let defaults = parse_defaults(ctx, defaults.unwrap_or_default());
@@ -251,8 +270,69 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         shutdown_grace,
         sweeper: sweeper?,
         threads: threads?,
+        downstream: downstream?,
+        tls: tls?,
     })
 }
+
+fn downstream_config(ctx: &mut Ctx, raw: Option<RawDownstream>) -> Option<Downstream> {
+    let present = raw.is_some();
+    let RawDownstream {
+        header_timeout,
+        body_timeout,
+        keepalive_timeout,
+        write_timeout,
+        max_connections,
+    } = raw.unwrap_or_default();
+    let d = Downstream::default();
+    let before = ctx.error_count();
+    let header_timeout = ctx.duration("downstream.header_timeout", header_timeout.as_ref());
+    let body_timeout = ctx.duration("downstream.body_timeout", body_timeout.as_ref());
+    let keepalive_timeout =
+        ctx.duration("downstream.keepalive_timeout", keepalive_timeout.as_ref());
+    let write_timeout = ctx.duration("downstream.write_timeout", write_timeout.as_ref());
+    let max = match max_connections {
+        None => d.max_connections,
+        Some(0) => {
+            ctx.at_value(
+                "downstream.max_connections",
+                "max_connections must be at least 1",
+            );
+            0
+        }
+        Some(n) => match usize::try_from(n) {
+            Ok(n) if n <= MAX_DOWNSTREAM_CONNECTIONS => n,
+            _ => {
+                ctx.at_value(
+                    "downstream.max_connections",
+                    format!("max_connections is too large (at most {MAX_DOWNSTREAM_CONNECTIONS})"),
+                );
+                0
+            }
+        },
+    };
+    let at = if max_connections.is_some() {
+        ctx.position("downstream.max_connections", true)
+    } else if present {
+        ctx.position("downstream", false)
+    } else {
+        d.max_connections_at.clone()
+    };
+    if ctx.error_count() > before {
+        return None;
+    }
+    Some(Downstream {
+        header_timeout: header_timeout.unwrap_or(d.header_timeout),
+        body_timeout: body_timeout.unwrap_or(d.body_timeout),
+        keepalive_timeout: keepalive_timeout.unwrap_or(d.keepalive_timeout),
+        write_timeout: write_timeout.unwrap_or(d.write_timeout),
+        max_connections: max,
+        max_connections_at: at,
+    })
+}
+
+/// More client connections than this is a typo: each costs a file descriptor.
+const MAX_DOWNSTREAM_CONNECTIONS: usize = 10_000_000;
 
 /// Whether two listeners would take the same connections: one port (not 0,
 /// which the kernel picks) on the same address, or on a wildcard that covers

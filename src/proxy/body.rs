@@ -6,16 +6,18 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 
-/// Longest wait for one read of the request body.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest time for the whole body (slow senders cannot hold a worker).
-pub const TOTAL_TIMEOUT: Duration = Duration::from_secs(30);
+use crate::problem::ProblemKind;
+
+/// Longest time for the whole body when the session names none (SPEC §2's
+/// `downstream.body_timeout` default). The listener sets the session's read
+/// timeout to `downstream.body_timeout` (see [`read_full`]).
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug)]
 pub enum BodyError {
     /// More than `max_body` bytes.
     TooLarge,
-    /// The sender stopped sending, or took longer than [`TOTAL_TIMEOUT`].
+    /// The body did not arrive within the body timeout.
     Timeout,
     /// Malformed framing or a broken connection.
     Broken(Box<pingora::Error>),
@@ -31,6 +33,15 @@ impl BodyError {
             BodyError::TooLarge | BodyError::Broken(_) => {
                 "the request body is malformed or its framing is inconsistent"
             }
+        }
+    }
+
+    /// The problem for a body that could not be read: 408 when it did not
+    /// arrive in time (SPEC §9), else 400; `invalid-body` either way.
+    pub fn invalid_kind(&self) -> ProblemKind {
+        match self {
+            BodyError::Timeout => ProblemKind::BodyTimeout,
+            BodyError::TooLarge | BodyError::Broken(_) => ProblemKind::InvalidBody,
         }
     }
 }
@@ -99,7 +110,11 @@ pub fn conflicting_framing(session: &Session) -> bool {
     })
 }
 
-/// Reads the whole body, at most `max_body` bytes, within [`TOTAL_TIMEOUT`].
+/// Reads the whole body, at most `max_body` bytes, within the session's read
+/// timeout — which the listener sets for every session to what is left of
+/// `downstream.body_timeout` (it reads small bodies itself first), so that
+/// it bounds the whole body here and each read of a body that streams
+/// through pingora — or [`DEFAULT_BODY_TIMEOUT`] without one.
 /// Conflicting framing ([`conflicting_framing`]) is `Broken` before any of
 /// the body is read: the connection is closed without forwarding anything.
 pub async fn read_full(session: &mut Session, max_body: u64) -> Result<Bytes, BodyError> {
@@ -109,9 +124,14 @@ pub async fn read_full(session: &mut Session, max_body: u64) -> Result<Bytes, Bo
             "the request has both Content-Length and Transfer-Encoding",
         )));
     }
-    let hint = content_length(session).unwrap_or(4096).min(max_body) as usize;
+    // The declared length is a hint only up to 64 KiB: a sender that
+    // announces 1 MiB and sends nothing must not make idemgate hold 1 MiB.
+    let hint = content_length(session)
+        .unwrap_or(4096)
+        .min(max_body)
+        .min(64 * 1024) as usize;
     let mut buf = BytesMut::with_capacity(hint);
-    session.set_read_timeout(Some(READ_TIMEOUT));
+    let total = session.get_read_timeout().unwrap_or(DEFAULT_BODY_TIMEOUT);
     let read = async {
         while let Some(chunk) = session.read_request_body().await.map_err(classify)? {
             if (buf.len() + chunk.len()) as u64 > max_body {
@@ -121,7 +141,7 @@ pub async fn read_full(session: &mut Session, max_body: u64) -> Result<Bytes, Bo
         }
         Ok(())
     };
-    match tokio::time::timeout(TOTAL_TIMEOUT, read).await {
+    match tokio::time::timeout(total, read).await {
         Ok(Ok(())) => Ok(buf.freeze()),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(BodyError::Timeout),

@@ -19,7 +19,7 @@ use super::routes::RouteRt;
 use super::{now_ms, Gate, InFlightRequests};
 use crate::claim::{self, digest, event_id, Decision, Millis, SettleResult};
 use crate::config::{DigestMode, InFlight, OnMissingId, OnStoreError};
-use crate::metrics::Outcome;
+use crate::metrics::{CloseReason, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{ClaimOutcome, ClaimRequest, Recorded, SettleOutcome, SettleRequest};
 
@@ -82,8 +82,16 @@ impl Gate {
         close: bool,
     ) -> Handled {
         self.metrics.request(route, p.kind.outcome());
+        self.count_body_timeout(&p);
         respond::problem(session, &p, p.kind.outcome().as_str(), close).await?;
         Ok(true)
+    }
+
+    /// A 408 closes its connection: counted as a body-timeout close.
+    fn count_body_timeout(&self, p: &Problem) {
+        if p.kind == ProblemKind::BodyTimeout {
+            self.metrics.connection_closed(CloseReason::BodyTimeout);
+        }
     }
 
     /// The guarded request, from the header to the answer.
@@ -169,7 +177,7 @@ impl Gate {
                 if let BodyError::Broken(cause) = &e {
                     tracing::debug!(route = name, error = %cause, "unreadable request body");
                 }
-                let p = Problem::new(ProblemKind::InvalidBody, e.invalid_detail());
+                let p = Problem::new(e.invalid_kind(), e.invalid_detail());
                 return self.respond_problem(session, name, p, true).await;
             }
         };
@@ -290,7 +298,13 @@ impl Gate {
         expect_continue: bool,
         max_body: u64,
     ) -> Handled {
-        let close = expect_continue || body::read_full(session, max_body).await.is_err();
+        let close = expect_continue || {
+            let drained = body::read_full(session, max_body).await;
+            if matches!(drained, Err(BodyError::Timeout)) {
+                self.metrics.connection_closed(CloseReason::BodyTimeout);
+            }
+            drained.is_err()
+        };
         self.respond_problem(session, route, p, close).await
     }
 
@@ -592,12 +606,16 @@ impl Gate {
     ) -> Handled {
         match body::read_full(session, body::BUFFERED_PASS_LIMIT).await {
             Ok(body) => {
-                self.forward_unguarded(session, route, body).await?;
+                // boxed: inline, the exchange (~12 KiB) made the request
+                // filter's future that large for every request, guarded
+                // ones waiting for their body included
+                Box::pin(self.forward_unguarded(session, route, body)).await?;
             }
             Err(e) => {
                 self.metrics
                     .route_request(&route.requests, route.name(), Outcome::Unguarded);
-                let p = Problem::new(ProblemKind::InvalidBody, e.invalid_detail());
+                let p = Problem::new(e.invalid_kind(), e.invalid_detail());
+                self.count_body_timeout(&p);
                 respond::problem(session, &p, Outcome::Unguarded.as_str(), true).await?;
             }
         }

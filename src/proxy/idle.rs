@@ -27,7 +27,7 @@ use tokio::io::AsyncReadExt;
 use super::routes::RouteRt;
 
 /// Most idle connections one route keeps (as pingora's pool size).
-const MAX_IDLE: usize = 256;
+pub const MAX_IDLE: usize = 256;
 
 /// One route's idle upstream connections, most recently used on top.
 pub struct IdleConnections {

@@ -197,6 +197,13 @@ impl ProxyHttp for Gate {
     /// that neither an upstream answer nor a failure counted.
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         self.count_unguarded(session, ctx, None, e);
+        if e.is_some_and(|e| {
+            e.etype() == &ErrorType::WriteTimedout && e.esource() != &pingora::ErrorSource::Upstream
+        }) {
+            // the client did not read its response: the connection closes
+            self.metrics
+                .connection_closed(crate::metrics::CloseReason::WriteTimeout);
+        }
     }
 }
 

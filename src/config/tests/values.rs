@@ -255,3 +255,67 @@ fn admin_listen_needs_a_port_of_its_own() {
         .replace("127.0.0.1:1", "127.0.0.1:0")
         .replace("127.0.0.1:2", "127.0.0.1:0"));
 }
+
+#[test]
+fn downstream_limits_defaults_values_and_errors() {
+    use std::time::Duration;
+    let l = ok(&route(""));
+    let d = &l.config.downstream;
+    assert_eq!(
+        (
+            d.header_timeout,
+            d.body_timeout,
+            d.keepalive_timeout,
+            d.write_timeout
+        ),
+        (
+            Duration::from_secs(10),
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+            Duration::from_secs(30)
+        )
+    );
+    assert_eq!(d.max_connections, 10_000);
+    assert!(l.config.tls.is_none());
+    let l = ok(&format!(
+        "downstream:\n  header_timeout: 500ms\n  body_timeout: 2s\n  keepalive_timeout: 5m\n  write_timeout: 1s\n  max_connections: 64\n{}",
+        route("")
+    ));
+    let d = &l.config.downstream;
+    assert_eq!(d.header_timeout, Duration::from_millis(500));
+    assert_eq!(d.body_timeout, Duration::from_secs(2));
+    assert_eq!(d.keepalive_timeout, Duration::from_secs(300));
+    assert_eq!(d.write_timeout, Duration::from_secs(1));
+    assert_eq!(d.max_connections, 64);
+    assert_eq!(
+        d.max_connections_at, "cfg.yaml:6:20",
+        "for the open-files check"
+    );
+    one_error(
+        &format!("downstream:\n  body_timeout: 0s\n{}", route("")),
+        2,
+        17,
+        "downstream.body_timeout",
+    );
+    one_error(
+        &format!("downstream:\n  max_connections: 0\n{}", route("")),
+        2,
+        20,
+        "max_connections must be at least 1",
+    );
+    one_error(
+        &format!("downstream:\n  idle_timeout: 5s\n{}", route("")),
+        2,
+        3,
+        "unknown field `idle_timeout`",
+    );
+    one_error(
+        &format!(
+            "tls:\n  cert: file:/nonexistent/c.pem\n  key: /k.pem\n{}",
+            route("")
+        ),
+        3,
+        8,
+        "tls.key: must be a `file:PATH` reference",
+    );
+}

@@ -1,0 +1,223 @@
+//! What a client connection costs idemgate in resident memory (issue 19).
+//!
+//! ```sh
+//! cargo bench --bench connections                  # 2,000 of each kind
+//! CONN_N=5000 CONN_BIN=/path/to/idemgate cargo bench --bench connections
+//! ```
+//!
+//! It starts the release binary (or `CONN_BIN`) on loopback with a SQLite
+//! store and a pass-through route in front of the sample consumer, warms it
+//! up, then opens `CONN_N` connections of each kind in turn and reads
+//! idemgate's RSS (`/proc/PID/status`) after each batch has settled:
+//! 1. idle kept-alive: one `GET` answered, then nothing;
+//! 2. waiting for a head: half a request head sent;
+//! 3. silent: connected, nothing sent;
+//! 4. a guarded request waiting for its body: head and 10 of 1,024 bytes sent.
+//!
+//! The figure per connection is the RSS growth of the batch over `CONN_N`.
+//! A binary that does not know `downstream` (an older build) gets a config
+//! without it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idemgate::sample;
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// RSS once it stops moving (idemgate's allocator returns memory lazily).
+fn settled_rss(pid: u32) -> u64 {
+    std::thread::sleep(Duration::from_secs(2));
+    let mut last = rss_kib(pid);
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = rss_kib(pid);
+        if now.abs_diff(last) < 64 {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+}
+
+fn get_ok(s: &mut TcpStream) {
+    s.write_all(b"GET /pass/x HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"ok") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+        if got.len() > 512 {
+            break;
+        }
+    }
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{got:?}");
+}
+
+fn main() {
+    raise_nofile();
+    let n: usize = std::env::var("CONN_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let bin = std::env::var("CONN_BIN").unwrap_or_else(|_| {
+        let dir = std::env::current_exe().unwrap();
+        let target = dir.ancestors().nth(3).unwrap().join("release/idemgate");
+        target.display().to_string()
+    });
+    let up = sample::Consumer::start().unwrap();
+    let dir = std::env::temp_dir().join(format!("idemgate-conn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = sample::free_port().unwrap();
+    let admin = sample::free_port().unwrap();
+    let base = format!(
+        "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin}\"\nthreads: 2\n\
+         store:\n  url: \"sqlite://{}/c.db\"\nroutes:\n  - name: pass\n    match:\n      path_prefix: /pass\n    upstream: \"{}\"\n    guard_methods: []\n\
+         \x20 - name: h\n    match:\n      path_prefix: /h\n    upstream: \"{}\"\n    event_id:\n      header: X-Event-ID\n",
+        dir.display(),
+        up.url(),
+        up.url()
+    );
+    let config = dir.join("c.yaml");
+    let limits =
+        "downstream:\n  header_timeout: 10m\n  keepalive_timeout: 10m\n  max_connections: 12000\n";
+    std::fs::write(&config, format!("{base}{limits}")).unwrap();
+    let known = Command::new(&bin)
+        .args(["check", "--config"])
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    if !known {
+        std::fs::write(&config, &base).unwrap();
+    }
+    let mut child = Command::new(&bin)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+    assert!(sample::wait_ready(
+        admin,
+        "/readyz",
+        Duration::from_secs(30)
+    ));
+
+    // warm-up: allocator arenas and runtimes as under traffic
+    let t = Instant::now();
+    for _ in 0..8 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        for _ in 0..200 {
+            get_ok(&mut s);
+        }
+    }
+    println!(
+        "binary {bin} ({}), {n} connections per kind, warm-up {:?}",
+        if known {
+            "with downstream"
+        } else {
+            "older: no downstream"
+        },
+        t.elapsed()
+    );
+    let r0 = settled_rss(pid);
+    println!("baseline RSS: {:.1} MiB", r0 as f64 / 1024.0);
+
+    let mut idle = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).unwrap();
+        get_ok(&mut s);
+        idle.push(s);
+    }
+    let r1 = settled_rss(pid);
+    report("idle kept-alive (one GET answered)", r1, r0, n);
+
+    let mut heads = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"POST /pass/x HTTP/1.1\r\nHost: localhost\r\nContent-Le")
+            .unwrap();
+        heads.push(s);
+    }
+    let r2 = settled_rss(pid);
+    report("waiting for its head (half a head sent)", r2, r1, n);
+
+    let mut silent = Vec::with_capacity(n);
+    for _ in 0..n {
+        silent.push(TcpStream::connect(addr).unwrap());
+    }
+    let r3 = settled_rss(pid);
+    report("silent (connected, nothing sent)", r3, r2, n);
+
+    let mut bodies = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let head = format!(
+            "POST /h/x HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: body-{i}\r\nContent-Length: 1024\r\n\r\n0123456789"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        bodies.push(s);
+    }
+    let r4 = settled_rss(pid);
+    report(
+        "waiting for its body (guarded, 10 of 1,024 bytes)",
+        r4,
+        r3,
+        n,
+    );
+
+    // every idle connection still works
+    for s in idle.iter_mut().step_by(97) {
+        get_ok(s);
+    }
+    println!(
+        "total: {:.1} MiB for {} connections",
+        r4 as f64 / 1024.0,
+        4 * n
+    );
+    drop((idle, heads, silent, bodies));
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn report(what: &str, after: u64, before: u64, n: usize) {
+    let per = (after.saturating_sub(before) as f64 * 1024.0) / n as f64;
+    println!(
+        "{what}: RSS {:.1} → {:.1} MiB, {:.0} bytes ({:.1} KiB) per connection",
+        before as f64 / 1024.0,
+        after as f64 / 1024.0,
+        per,
+        per / 1024.0
+    );
+}

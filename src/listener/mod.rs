@@ -1,0 +1,241 @@
+//! The proxy listener's connections (SPEC §9): what one client connection
+//! may hold, and how many there may be.
+//!
+//! pingora accepts each connection and hands it to [`Downstream`], which
+//! owns it from then on: it admits it against `max_connections` (closing the
+//! oldest idle kept-alive connection to make room), runs the TLS handshake
+//! when the listener has `tls`, reads each request head itself
+//! ([`head`]), and only then gives the connection to pingora's HTTP/1 proxy
+//! for that one request; a kept-alive connection comes back here to wait for
+//! the next. The connection table ([`table`]) enforces the header and
+//! keep-alive timeouts; body and write timeouts are enforced where those
+//! happen (the guarded body read, pingora's response writes).
+//!
+//! - [`table`]: admission, phases, the reaper, the connection metrics.
+//! - [`head`]: reading a request head without holding buffers while idle.
+//! - [`fds`]: the open-files limit.
+
+pub mod fds;
+pub mod head;
+pub mod table;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::{BufMut, BytesMut};
+use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::listeners::tls::Acceptor;
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::l4::stream::Stream as L4Stream;
+use pingora::protocols::Stream;
+use pingora::proxy::HttpProxy;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use tokio::io::AsyncWriteExt;
+
+use crate::config;
+use crate::metrics::Metrics;
+use crate::problem::{Problem, ProblemKind};
+use crate::proxy::Gate;
+use head::Head;
+pub use table::{Conn, Limits, Reason, Table};
+
+/// pingora's L4 read buffer for the listener: none. Heads are read into a
+/// buffer of their own ([`head`]) and bodies into pingora's body buffer, so
+/// a 64 KiB buffer per connection (pingora's default) would only copy bytes
+/// once more — and stay allocated for as long as the connection is open.
+pub const L4_READ_BUFFER: usize = 0;
+
+/// The `ServerApp` of the proxy listener: see the module comment.
+pub struct Downstream {
+    proxy: Arc<HttpProxy<Gate>>,
+    table: Arc<Table>,
+    tls: Option<Acceptor>,
+    limits: config::Downstream,
+    metrics: Metrics,
+}
+
+impl Downstream {
+    pub fn new(
+        proxy: HttpProxy<Gate>,
+        limits: &config::Downstream,
+        tls: Option<&config::Tls>,
+        metrics: &Metrics,
+    ) -> Downstream {
+        let table = Table::new(
+            Limits {
+                header_timeout: limits.header_timeout,
+                keepalive_timeout: limits.keepalive_timeout,
+                max_connections: limits.max_connections,
+            },
+            metrics,
+        );
+        Downstream {
+            proxy: Arc::new(proxy),
+            table,
+            tls: tls.map(|t| Acceptor::from_server_config(t.server_config.clone())),
+            limits: limits.clone(),
+            metrics: metrics.clone(),
+        }
+    }
+
+    /// The background task that closes connections past their header or
+    /// keep-alive time.
+    pub fn reaper(&self) -> Reaper {
+        Reaper {
+            table: self.table.clone(),
+        }
+    }
+
+    /// pingora's keep-alive for a session, in whole seconds: it bounds
+    /// each read pingora itself makes on a kept-alive session (a streamed
+    /// body), a backstop to this module's own timeouts.
+    fn keepalive_secs(&self) -> u64 {
+        self.limits.keepalive_timeout.as_secs().max(1)
+    }
+
+    /// Answers a head over [`head::MAX_HEAD`] bytes with 431 and closes.
+    async fn too_large(&self, stream: &mut Stream) {
+        let p = Problem::new(
+            ProblemKind::HeadersTooLarge,
+            format!("the request head is larger than {} bytes", head::MAX_HEAD),
+        );
+        let outcome = p.kind.outcome();
+        self.metrics.request("", outcome);
+        let body = p.body();
+        let mut out = BytesMut::with_capacity(256 + body.len());
+        out.put_slice(
+            format!(
+                "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}: {}\r\nConnection: close\r\n\r\n",
+                p.status(),
+                p.kind.title(),
+                crate::problem::CONTENT_TYPE,
+                body.len(),
+                crate::proxy::respond::IDEMPOTENCY_STATUS,
+                outcome.as_str(),
+            )
+            .as_bytes(),
+        );
+        out.put_slice(&body);
+        let write = async {
+            stream.write_all(&out).await?;
+            stream.flush().await
+        };
+        let _ = tokio::time::timeout(self.limits.write_timeout, write).await;
+    }
+}
+
+#[async_trait]
+impl ServerApp for Downstream {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        // counted from the accept: pingora calls this right after it
+        let conn = self.table.admit(stream.id())?;
+        let mut stream = match &self.tls {
+            None => stream,
+            // pingora gave the TCP stream as it accepted it (no TLS on its side)
+            Some(acceptor) => match stream.into_any().downcast::<L4Stream>().ok() {
+                None => return None,
+                // boxed: inline, the handshake's state would make every
+                // connection's future as large as a TLS handshake's
+                Some(tcp) => match Box::pin(acceptor.tls_handshake(*tcp)).await {
+                    Ok(tls) => Box::new(tls),
+                    Err(e) => {
+                        if conn.closed() {
+                            tracing::debug!(error = %e, "TLS handshake cut by the header timeout");
+                        } else {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                        }
+                        return None;
+                    }
+                },
+            },
+        };
+        let mut first = true;
+        loop {
+            let mut got = head::first_bytes(&mut stream).await;
+            if let Head::Started(buf) = got {
+                // a kept-alive connection's next head: the header timeout
+                // runs from here (for a first request, it runs from the accept)
+                if !first && !conn.head_started() {
+                    return None;
+                }
+                got = head::read_rest(&mut stream, buf).await;
+            }
+            let (mut prefix, end) = match got {
+                Head::Complete(buf, end) => (buf, end),
+                Head::TooLarge => {
+                    Box::pin(self.too_large(&mut stream)).await;
+                    return None;
+                }
+                Head::Closed | Head::Started(_) => return None,
+            };
+            if !conn.activate() {
+                return None; // closed here while its head arrived: nothing began
+            }
+            // a small body is read here, within body_timeout; what is left of
+            // that time bounds pingora's reading (the guard answers 408)
+            let mut body_time = self.limits.body_timeout;
+            if let Some(len) = head::preread_len(&prefix[..end]) {
+                if prefix.len() < end + len {
+                    let started = std::time::Instant::now();
+                    let read = head::read_body(&mut stream, &mut prefix, end + len);
+                    // short (the sender closed) or late, pingora's reading
+                    // finds it so too, and the answer says which
+                    let _ = tokio::time::timeout(body_time, read).await;
+                    body_time = body_time
+                        .saturating_sub(started.elapsed())
+                        .max(std::time::Duration::from_millis(1));
+                }
+            }
+            let mut session = ServerSession::new_http1(stream);
+            session.set_pipelined_prefix(prefix);
+            if *shutdown.borrow() {
+                session.set_keepalive(None);
+            } else {
+                session.set_keepalive(Some(self.keepalive_secs()));
+            }
+            session.set_write_timeout(Some(self.limits.write_timeout));
+            // per read of a body that streams through pingora; bodies
+            // idemgate reads whole have the whole body_timeout
+            session.set_read_timeout(Some(body_time));
+            let reused = self.proxy.process_new_http(session, shutdown).await?;
+            let (s, _settings) = reused.consume();
+            stream = s;
+            if *shutdown.borrow() || !conn.idle() {
+                return None;
+            }
+            first = false;
+        }
+    }
+
+    async fn cleanup(&self) {
+        self.table.close_waiting();
+        self.proxy.http_cleanup().await;
+    }
+}
+
+/// Runs [`Table::reap`] every few milliseconds (see [`Table::tick`]).
+pub struct Reaper {
+    table: Arc<Table>,
+}
+
+#[async_trait]
+impl BackgroundService for Reaper {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let tick = self.table.tick();
+        let mut interval = tokio::time::interval(tick);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {
+                    self.table.reap();
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
