@@ -25,6 +25,26 @@ pub struct Config {
     pub sweeper: SweeperConfig,
     /// Worker threads for the proxy; `None` lets the runtime decide.
     pub threads: Option<usize>,
+    /// The admin API's and console's settings (SPEC §11).
+    pub admin: AdminConfig,
+}
+
+/// `admin:`. `Debug` never shows the token.
+#[derive(Debug, Clone, Default)]
+pub struct AdminConfig {
+    /// What `Authorization: Bearer …` must carry for an action; `None`: every
+    /// action is refused (403).
+    pub token: Option<AdminToken>,
+}
+
+/// The admin token's bytes, read from its `env:`/`file:` reference.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(pub Vec<u8>);
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("AdminToken(redacted)")
+    }
 }
 
 /// The claim store. `Debug` hides the URL's password.

@@ -65,6 +65,7 @@ pub struct RawConfig {
     pub shutdown_grace: Option<Text>,
     pub sweeper: Option<RawSweeper>,
     pub threads: Option<u64>,
+    pub admin: Option<RawAdmin>,
 }
 
 impl RawConfig {
@@ -79,6 +80,7 @@ impl RawConfig {
             shutdown_grace,
             sweeper,
             threads,
+            admin,
         } = self;
         listen.is_none()
             && admin_listen.is_none()
@@ -88,6 +90,7 @@ impl RawConfig {
             && shutdown_grace.is_none()
             && sweeper.is_none()
             && threads.is_none()
+            && admin.is_none()
     }
 }
 
@@ -96,6 +99,14 @@ impl RawConfig {
 pub struct RawStore {
     pub url: Option<String>,
     pub max_connections: Option<u64>,
+}
+
+/// `admin:` (SPEC §11): what the admin API's actions need.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// An `env:NAME` or `file:PATH` reference, like a verify secret.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -137,6 +137,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         shutdown_grace,
         sweeper,
         threads,
+        admin,
     } = raw;
 
     let listen = socket_addr(ctx, "listen", listen.as_ref());
@@ -168,6 +169,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         .duration("shutdown_grace", shutdown_grace.as_ref())
         .unwrap_or(Duration::from_secs(30));
     let sweeper = sweeper_config(ctx, sweeper);
+    let admin = super::admin::admin_config(ctx, admin);
     let threads = match threads {
         None => Some(None),
         Some(0) => {
@@ -251,6 +253,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         shutdown_grace,
         sweeper: sweeper?,
         threads: threads?,
+        admin: admin?,
     })
 }
 
