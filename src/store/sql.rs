@@ -89,9 +89,18 @@ SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status, 
        replay_status, replay_content_type, replay_body
 FROM records";
 
-/// $1 route or NULL, $2 state or NULL, $3 limit
+/// The list's filters and keyset page (see `ListFilter`). `substr` rather
+/// than `LIKE`, whose `%` and `_` an event ID may hold; the key comparison is
+/// spelled out because the order mixes DESC and ASC (and uses the same
+/// collation as the `ORDER BY`, so pages agree with it on PostgreSQL too).
+/// $1 route or NULL, $2 state or NULL, $3 limit, $4 ID prefix or NULL,
+/// $5 lease-ended-by or NULL, $6 $7 $8 the key to start after or NULLs
 pub const LIST_WHERE: &str = "\
 WHERE ($1 IS NULL OR route = $1) AND ($2 IS NULL OR state = $2)
+  AND ($4 IS NULL OR substr(event_id, 1, length($4)) = $4)
+  AND ($5 IS NULL OR (state = 'processing' AND (lease_until IS NULL OR lease_until <= $5)))
+  AND ($6 IS NULL OR first_seen_at < $6
+       OR (first_seen_at = $6 AND (route > $7 OR (route = $7 AND event_id > $8))))
 ORDER BY first_seen_at DESC, route, event_id LIMIT $3";
 
 /// Deletes one bounded batch of expired records, never a live lease.
@@ -196,10 +205,16 @@ macro_rules! impl_claim_store {
                         $crate::store::sql::SELECT_RECORD,
                         $crate::store::sql::LIST_WHERE
                     );
+                    let after = filter.after.as_ref();
                     let rows = sqlx::query(&sql)
                         .bind(filter.route.as_deref())
                         .bind(filter.state.map(|s| s.as_str()))
                         .bind(filter.limit)
+                        .bind(filter.id_prefix.as_deref())
+                        .bind(filter.lease_ended_by)
+                        .bind(after.map(|k| k.first_seen_at))
+                        .bind(after.map(|k| k.route.as_str()))
+                        .bind(after.map(|k| k.event_id.as_str()))
                         .fetch_all(&self.read)
                         .await?;
                     rows.iter()
