@@ -224,6 +224,12 @@ impl Metrics {
         }
     }
 
+    /// Every metric's current samples, as `render` would print them (the
+    /// admin API reads its live counters here, so they match `/metrics`).
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 * 1024);
