@@ -91,20 +91,24 @@ impl Api {
         };
         let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
         let get = req.method == Method::GET;
+        let named = |route: &str, id: &str| !route.is_empty() && !id.is_empty();
         match segs.as_slice() {
             ["routes"] if get => self.routes(req.query),
             ["events"] if get => self.list(req.query).await,
-            ["events", route, id] if get && !route.is_empty() && !id.is_empty() => {
+            ["routes"] | ["events"] => Ok(method_not_allowed("GET")),
+            ["events", route, id] if named(route, id) => {
+                if !get {
+                    return Ok(method_not_allowed("GET"));
+                }
                 self.show(route, id, req.query).await
             }
-            ["events", route, id, "release"] if !route.is_empty() && !id.is_empty() => {
+            ["events", route, id, "release"] if named(route, id) => {
                 if req.method != Method::POST {
                     return Ok(method_not_allowed("POST"));
                 }
                 self.authorize(&req.authorization)?;
                 self.release(route, id, req.query, &req.peer).await
             }
-            ["routes"] | ["events"] | ["events", _, _] => Ok(method_not_allowed("GET")),
             _ => Err(ApiProblem::no_endpoint(ENDPOINTS)),
         }
     }
