@@ -469,6 +469,8 @@
     window.addEventListener('hashchange', route);
     setInterval(tick, REFRESH_MS);
     route();
+    // the search's route choice, whichever view the page opened on
+    api('/api/routes').then((d) => fillRouteChoice(d.routes.map((r) => r.name))).catch(showError);
   }
 
   if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start);
