@@ -348,8 +348,10 @@ fn silent_database_fails_closed_then_recovers() {
 
 /// The upstream answered, then the settle cannot reach the database: it is
 /// retried with bounded backoff, counted as an error and logged with the
-/// event ID; the sender still gets the upstream's answer, and the claim
-/// stays in flight until its lease ends (no second forward).
+/// event ID. The settle commits before the answer is passed on (SPEC §3),
+/// and this one did not: the sender gets a 503 to retry (a 2xx would be a
+/// delivery the store never learns of), and the claim stays in flight until
+/// its lease ends (no second forward before that).
 #[test]
 fn settle_failing_after_the_upstream_answered_is_retried_then_counted() {
     let Some(s) = setup("settle") else { return };
@@ -373,8 +375,12 @@ fn settle_failing_after_the_upstream_answered_is_retried_then_counted() {
     });
     let took = t.elapsed();
     eprintln!("settle with the database cut: the sender waited {took:?}");
-    assert_eq!(answer.status, 200);
-    assert_eq!(answer.header("Idempotency-Status"), Some("forwarded"));
+    assert_eq!(answer.status, 503, "{:?}", answer.json());
+    assert_eq!(
+        answer.header("Idempotency-Status"),
+        Some("store_unavailable")
+    );
+    assert_eq!(answer.header("Retry-After"), Some("1"));
     assert!(took < Duration::from_secs(15), "unbounded settle: {took:?}");
     assert_eq!(
         px.metric(r#"idemgate_settles_total{result="error",route="r"}"#),

@@ -539,6 +539,100 @@ fn standard_webhooks_several_signatures_in_one_header() {
     assert_eq!(up.count(&id), 1);
 }
 
+/// Issue 20, "Signature lists": a list holding an entry that is not 32 bytes
+/// (or not base64, or of another version) next to the valid one passes, as
+/// the providers' own libraries skip such entries (SPEC §8); on the
+/// standard-webhooks preset and on both header sets of the svix preset. The
+/// skipped entries never make a forgery pass: with no valid entry the
+/// delivery is refused, claims nothing and never reaches the consumer.
+/// Before the fix, every list with a short entry was refused with 401.
+#[test]
+fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
+    let dir = TempDir::new("lenient");
+    let up = Consumer::start().unwrap();
+    let store = dir.sqlite_url("l.db");
+    let key = b"lenient-list-key";
+    let secret = sign::standard_webhooks_secret(key);
+    let routes = provider_route("standard-webhooks", &up.url(), "[env:SW]", "")
+        + &provider_route("svix", &up.url(), "[env:SW]", "");
+    let px = Proxy::start_with_env(&dir, &store, &routes, &[("SW", &secret)]);
+    let b64 = |bytes: &[u8]| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    };
+    let short = format!("v1,{}", b64(&[7u8; 16]));
+    let wrong = format!("v1,{}", b64(&[3u8; 32]));
+    // (route, header prefix)
+    let targets = [
+        ("standard-webhooks", "webhook"),
+        ("svix", "svix"),
+        ("svix", "webhook"),
+    ];
+    for (route, prefix) in targets {
+        let path = format!("/hooks/{route}");
+        let deliver = |id: &str, list: &dyn Fn(&str) -> String| {
+            let ts = now();
+            let body = standard_webhooks_body(id);
+            let good = sign::standard_webhooks(key, id, ts, body.as_bytes());
+            Delivery::new(body)
+                .header(&format!("{prefix}-id"), id)
+                .header(&format!("{prefix}-timestamp"), ts.to_string())
+                .header(&format!("{prefix}-signature"), list(&good))
+                .post(&px, &path)
+        };
+        for (what, list) in [
+            (
+                "a 16-byte entry first",
+                &(|good: &str| format!("{short} {good}")) as &dyn Fn(&str) -> String,
+            ),
+            ("a 16-byte entry last", &|good: &str| {
+                format!("{good} {short}")
+            }),
+            ("every kind of entry skipped", &|good: &str| {
+                format!("v1,!!!! v1, {short} v1a,Zm9vYmFy junk v2,abc {good}")
+            }),
+        ] {
+            let id = eid(&format!("{route}-{prefix}-ok"));
+            let r = deliver(&id, list);
+            assert_eq!(
+                r.status,
+                200,
+                "{route}/{prefix}, {what}: {:?}",
+                String::from_utf8_lossy(&r.body)
+            );
+            assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
+            assert_eq!(up.count(&id), 1, "{route}/{prefix}, {what}");
+        }
+        let before = up.total();
+        for (what, list, needle) in [
+            (
+                "only skipped entries",
+                &(|_: &str| format!("{short} v1,!!!! v1a,Zm9vYmFy")) as &dyn Fn(&str) -> String,
+                "no `v1,` signature is base64 of 32 bytes",
+            ),
+            (
+                "skipped entries and a wrong one",
+                &|_: &str| format!("{short} {wrong}"),
+                "no signature matches",
+            ),
+        ] {
+            let id = eid(&format!("{route}-{prefix}-forged"));
+            let r = deliver(&id, list);
+            assert_invalid_signature(&r, needle);
+            assert_eq!(
+                show_code(&store, route, &id),
+                3,
+                "{route}/{prefix}, {what}: nothing claimed"
+            );
+        }
+        assert_eq!(
+            up.total(),
+            before,
+            "{route}/{prefix}: no forgery reaches the consumer"
+        );
+    }
+}
+
 // ------------------------------------------------------------ slack url_verification
 
 /// Slack's url_verification handshake has no `event_id`: signed, it reaches

@@ -432,6 +432,8 @@ fn route_settings(r: &Route) -> Value {
         (_, false) => Value::Null,
         (EventIdSource::Header(h), true) => json!({"header": h.as_str()}),
         (EventIdSource::JsonPointer(p), true) => json!({"json_pointer": p}),
+        // the svix preset: the header set that was verified names the ID
+        (EventIdSource::SvixId, true) => json!({"header": "svix-id", "or_header": "webhook-id"}),
     };
     json!({
         "name": r.name,
@@ -556,6 +558,31 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn route_settings_name_the_id_source_and_no_credentials() {
+        let text = "listen: \"127.0.0.1:1\"\nadmin_listen: \"127.0.0.1:2\"\n\
+            store: {url: \"sqlite:///tmp/x.db\"}\nroutes:\n\
+            - {name: s, match: {path_prefix: /s}, upstream: \"https://[::1]:8443/in\", \
+               provider: svix, verify: {secrets: [env:WH]}}\n\
+            - {name: p, match: {path_prefix: /p}, upstream: \"http://h.example\", guard_methods: []}\n";
+        let env = |_: &str| Some("whsec_aGVsbG8=".to_string());
+        let config = crate::config::load_str(text, "c.yaml", &env)
+            .unwrap()
+            .config;
+        let s = route_settings(&config.routes[0]);
+        assert_eq!(
+            s["event_id"],
+            json!({"header": "svix-id", "or_header": "webhook-id"})
+        );
+        assert_eq!(s["provider"], "svix");
+        assert_eq!(s["verify"], "standard-webhooks");
+        assert_eq!(s["upstream"], "https://[::1]:8443/in");
+        let p = route_settings(&config.routes[1]);
+        assert_eq!(p["event_id"], Value::Null);
+        assert_eq!(p["upstream"], "http://h.example:80");
+        assert_eq!(p["guard_methods"], json!([]));
     }
 
     #[test]

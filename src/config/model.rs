@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::units::{format_duration, format_size};
+use crate::verify::{headers as verify_headers, HeaderSet};
 
 /// The whole validated configuration.
 #[derive(Debug, Clone)]
@@ -179,6 +180,30 @@ pub enum EventIdSource {
     Header(http::HeaderName),
     /// Event ID is the JSON body value at this RFC 6901 pointer.
     JsonPointer(String),
+    /// The `svix` preset (SPEC §8): the `svix-id` header, or `webhook-id`
+    /// when the request carries the white-labelled `webhook-*` headers. The
+    /// header is picked by [`HeaderSet::of`], the rule the standard-webhooks
+    /// scheme verifies by, so the event ID is the ID the signature covers.
+    /// Only a preset sets it; the config file cannot name it.
+    SvixId,
+}
+
+impl EventIdSource {
+    /// The header this request's event ID is read from; `None` for a JSON
+    /// pointer.
+    pub fn header_for<'a>(&'a self, headers: &http::HeaderMap) -> Option<&'a http::HeaderName> {
+        static SVIX_ID: http::HeaderName = http::HeaderName::from_static(verify_headers::SVIX_ID);
+        static WEBHOOK_ID: http::HeaderName =
+            http::HeaderName::from_static(verify_headers::WEBHOOK_ID);
+        match self {
+            EventIdSource::Header(h) => Some(h),
+            EventIdSource::JsonPointer(_) => None,
+            EventIdSource::SvixId => Some(match HeaderSet::of(headers) {
+                Some(HeaderSet::Webhook) => &WEBHOOK_ID,
+                Some(HeaderSet::Svix) | None => &SVIX_ID,
+            }),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -353,6 +378,7 @@ impl Route {
         match &self.event_id {
             EventIdSource::Header(h) => format!("header {h}"),
             EventIdSource::JsonPointer(p) => format!("json_pointer {p}"),
+            EventIdSource::SvixId => "header svix-id (webhook-id when white-labelled)".to_string(),
         }
     }
 }

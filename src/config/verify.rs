@@ -52,7 +52,8 @@ pub fn preset_event_id(p: Provider) -> EventIdSource {
         Provider::Shopify => header("x-shopify-event-id"),
         Provider::Slack => EventIdSource::JsonPointer("/event_id".to_string()),
         Provider::StandardWebhooks => header("webhook-id"),
-        Provider::Svix => header("svix-id"),
+        // `svix-id`, or `webhook-id` when Svix sends white-labelled headers.
+        Provider::Svix => EventIdSource::SvixId,
     }
 }
 

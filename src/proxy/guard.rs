@@ -18,7 +18,7 @@ use super::respond;
 use super::routes::RouteRt;
 use super::{now_ms, Gate, InFlightRequests};
 use crate::claim::{self, digest, event_id, Decision, Millis, SettleResult};
-use crate::config::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError};
+use crate::config::{DigestMode, InFlight, OnMissingId, OnStoreError};
 use crate::metrics::Outcome;
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{ClaimOutcome, ClaimRequest, Recorded, SettleOutcome, SettleRequest};
@@ -131,7 +131,7 @@ impl Gate {
             return self.respond_problem(session, name, p, true).await;
         }
         let mut header_id: Option<String> = None;
-        if let EventIdSource::Header(h) = &cfg.event_id {
+        if let Some(h) = cfg.event_id.header_for(&session.req_header().headers) {
             match header_event_id(&session.req_header().headers, h, cfg.on_missing_id) {
                 Ok(id) => header_id = id,
                 Err(p) => {
@@ -522,17 +522,35 @@ impl Gate {
                 Some((ct, b)) => (ct.as_deref(), Some(&b[..])),
                 None => (None, None),
             };
-            self.settle(
-                route,
-                event_id,
-                attempt,
-                SettleOutcome::Delivered {
-                    status,
-                    content_type: ct,
-                    body: b,
-                },
-            )
-            .await;
+            let settled = self
+                .settle(
+                    route,
+                    event_id,
+                    attempt,
+                    SettleOutcome::Delivered {
+                        status,
+                        content_type: ct,
+                        body: b,
+                    },
+                )
+                .await;
+            if settled.is_none() {
+                // The settle commits before the answer is passed on (SPEC
+                // §3); this one did not. A 2xx now would be a delivery the
+                // store does not know: a sender that saw it never retries,
+                // and the claim ends as an expired lease. Told to retry, the
+                // sender meets the claim in flight, then (its lease over) a
+                // re-attempt with the same Idempotency-Key that records it.
+                summary.outcome = Outcome::StoreUnavailable;
+                drop(answered); // its connection is not reused
+                let p = Problem::new(
+                    ProblemKind::StoreUnavailable,
+                    "the upstream's answer could not be recorded; retry later",
+                )
+                .with_event_id(Some(event_id))
+                .with_retry_after(1);
+                return self.respond_problem(session, name, p, false).await;
+            }
         } else {
             let error = format!("upstream answered {status}");
             self.settle(
@@ -695,13 +713,13 @@ impl Gate {
             };
             let t = Instant::now();
             let left = deadline.saturating_duration_since(t);
-            let res = match tokio::time::timeout(left, self.store.settle(&req)).await {
-                Ok(res) => res.map_err(|e| e.to_string()),
-                Err(_) => Err(format!(
-                    "no answer within {}",
-                    humantime::format_duration(SETTLE_DEADLINE)
-                )),
-            };
+            // Not cut off from outside: a settle under way when `left` runs
+            // out is waited for, so an error counted here never committed.
+            let res = self
+                .store
+                .settle_within(&req, left)
+                .await
+                .map_err(|e| e.to_string());
             self.metrics.store_time("settle", t.elapsed().as_secs_f64());
             match res {
                 Ok(result) => {

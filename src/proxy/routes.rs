@@ -67,7 +67,7 @@ impl RouteRt {
                 json_pointer::parse_pointer(p)
                     .map_err(|e| format!("route {}: event_id.json_pointer: {e}", cfg.name))?,
             ),
-            EventIdSource::Header(_) => None,
+            EventIdSource::Header(_) | EventIdSource::SvixId => None,
         };
         let ignore = cfg
             .digest_ignore

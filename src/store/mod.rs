@@ -11,6 +11,7 @@ mod owned;
 pub mod postgres;
 pub(crate) mod sql;
 pub mod sqlite;
+mod ticket;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -185,10 +186,22 @@ pub trait ClaimStore: Send + Sync {
     async fn migrate(&self) -> Result<(), StoreError>;
     /// One cheap round trip: `/readyz`.
     async fn ping(&self) -> Result<(), StoreError>;
-    /// Claims the event atomically, or says why not.
+    /// Claims the event atomically, or says why not. An error means the
+    /// claim did not commit, or (said in the error) that the store could not
+    /// learn whether it did; a claim not yet run when the store's own time
+    /// limit passes is not run at all (SPEC §6).
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
-    /// Closes or releases an attempt's claim.
+    /// Closes or releases an attempt's claim; errors as for `claim`.
     async fn settle(&self, req: &SettleRequest<'_>) -> Result<SettleResult, StoreError>;
+    /// Like `settle`, not run at all unless it is under way within `limit`
+    /// (then its result is waited for). Dropping the future before it
+    /// answers has the same effect; cutting it off with a timeout from
+    /// outside instead would lose the result of a settle under way.
+    async fn settle_within(
+        &self,
+        req: &SettleRequest<'_>,
+        limit: Duration,
+    ) -> Result<SettleResult, StoreError>;
     /// The claim's answer from a plain read, when the record alone decides it
     /// (delivered: replay; other digest: mismatch; live lease: in flight);
     /// `None` when the claim statement must run. Never writes, so duplicates

@@ -172,8 +172,10 @@ pub const OLDEST_PROCESSING: &str = "\
 SELECT route, MIN(updated_at) AS oldest FROM records WHERE state = 'processing' GROUP BY route";
 
 /// Implements [`super::ClaimStore`] for a store struct with `write` and `read`
-/// pools of one sqlx database, `run_migrations()`, `claim_op()`, `settle_op()`,
-/// `peek_op()`, `release_op()`, `sweep_op()` and `close_all()` methods and an
+/// pools of one sqlx database, `run_migrations()`, `write_probe()`,
+/// `claim_op()`, `settle_op()` (which take the time a requester waits for its
+/// operation to be taken, see `ticket`), `peek_op()`, `release_op()`,
+/// `sweep_op()` and `close_all()` methods and an
 /// `OP_TIMEOUT` constant that bounds every other operation on the client side
 /// (a database that stops answering mid-statement, e.g. behind a network
 /// partition, is not caught by a server-side timeout). Written as a macro
@@ -192,23 +194,34 @@ macro_rules! impl_claim_store {
                     sqlx::query("SELECT 1 FROM records LIMIT 1")
                         .execute(&self.read)
                         .await?;
-                    Ok(())
+                    // and, where a write failed last, that one can commit now
+                    self.write_probe(Self::OP_TIMEOUT).await
                 })
                 .await
             }
 
+            // Not `bounded` from outside: an operation a batch has taken is
+            // waited for (its answer says whether it committed).
             async fn claim(
                 &self,
                 req: &$crate::store::ClaimRequest<'_>,
             ) -> Result<$crate::store::ClaimOutcome, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, self.claim_op(req)).await
+                self.claim_op(req, Self::OP_TIMEOUT).await
             }
 
             async fn settle(
                 &self,
                 req: &$crate::store::SettleRequest<'_>,
             ) -> Result<$crate::claim::SettleResult, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, self.settle_op(req)).await
+                self.settle_op(req, Self::OP_TIMEOUT).await
+            }
+
+            async fn settle_within(
+                &self,
+                req: &$crate::store::SettleRequest<'_>,
+                limit: std::time::Duration,
+            ) -> Result<$crate::claim::SettleResult, $crate::store::StoreError> {
+                self.settle_op(req, limit.min(Self::OP_TIMEOUT)).await
             }
 
             async fn peek(

@@ -49,6 +49,63 @@ pub mod headers {
     pub const SVIX_SIGNATURE: &str = "svix-signature";
 }
 
+/// Which names a standard-webhooks delivery uses: `webhook-id`,
+/// `webhook-timestamp`, `webhook-signature` (the specification's, and what a
+/// white-labelled Svix sends), or `svix-id`, `svix-timestamp`,
+/// `svix-signature` (what Svix sends by default).
+///
+/// The sets are never mixed: the `webhook-*` set is the one read as soon as
+/// any of its headers is present, and then every member must be there. The
+/// event-ID source of the `svix` preset picks its header with the same rule
+/// ([`HeaderSet::of`]), so the event ID is always the ID the signature covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderSet {
+    /// `webhook-id`, `webhook-timestamp`, `webhook-signature`.
+    Webhook,
+    /// `svix-id`, `svix-timestamp`, `svix-signature`.
+    Svix,
+}
+
+impl HeaderSet {
+    /// The set a request's headers select: `Webhook` when any `webhook-*`
+    /// header is present, else `Svix` when any `svix-*` header is, else `None`.
+    pub fn of(h: &HeaderMap) -> Option<HeaderSet> {
+        use headers::*;
+        let any = |names: [&str; 3]| names.iter().any(|n| h.contains_key(*n));
+        if any([WEBHOOK_ID, WEBHOOK_TIMESTAMP, WEBHOOK_SIGNATURE]) {
+            Some(HeaderSet::Webhook)
+        } else if any([SVIX_ID, SVIX_TIMESTAMP, SVIX_SIGNATURE]) {
+            Some(HeaderSet::Svix)
+        } else {
+            None
+        }
+    }
+
+    /// The header carrying the message ID (lower case).
+    pub fn id(self) -> &'static str {
+        match self {
+            HeaderSet::Webhook => headers::WEBHOOK_ID,
+            HeaderSet::Svix => headers::SVIX_ID,
+        }
+    }
+
+    /// The header carrying the Unix timestamp (lower case).
+    pub fn timestamp(self) -> &'static str {
+        match self {
+            HeaderSet::Webhook => headers::WEBHOOK_TIMESTAMP,
+            HeaderSet::Svix => headers::SVIX_TIMESTAMP,
+        }
+    }
+
+    /// The header carrying the signature list (lower case).
+    pub fn signature(self) -> &'static str {
+        match self {
+            HeaderSet::Webhook => headers::WEBHOOK_SIGNATURE,
+            HeaderSet::Svix => headers::SVIX_SIGNATURE,
+        }
+    }
+}
+
 /// A signature scheme (`verify.scheme` in the configuration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Scheme {
@@ -343,51 +400,27 @@ impl Verifier {
         body: &[u8],
         now: i64,
     ) -> Result<(), VerifyError> {
-        use headers::*;
-        // The `webhook-*` set wins when any of it is present; otherwise `svix-*`.
-        let webhook_set = [WEBHOOK_ID, WEBHOOK_TIMESTAMP, WEBHOOK_SIGNATURE]
-            .iter()
-            .any(|h| headers.contains_key(*h));
-        let (id_name, ts_name, sig_name) = if webhook_set {
-            (WEBHOOK_ID, WEBHOOK_TIMESTAMP, WEBHOOK_SIGNATURE)
-        } else if [SVIX_ID, SVIX_TIMESTAMP, SVIX_SIGNATURE]
-            .iter()
-            .any(|h| headers.contains_key(*h))
-        {
-            (SVIX_ID, SVIX_TIMESTAMP, SVIX_SIGNATURE)
-        } else {
-            return Err(VerifyError::MissingHeader(WEBHOOK_SIGNATURE.to_owned()));
-        };
-        let sig_value = required(headers, sig_name)?;
-        let id = required(headers, id_name)?;
+        let set = HeaderSet::of(headers)
+            .ok_or_else(|| VerifyError::MissingHeader(headers::WEBHOOK_SIGNATURE.to_owned()))?;
+        let sig_value = required(headers, set.signature())?;
+        let id = required(headers, set.id())?;
         // The signed id must be the only id: a route keyed on `svix-id` would
         // otherwise take its event ID from an unsigned header (a captured
         // `webhook-*` delivery plus any `svix-id` could occupy that ID).
-        if webhook_set
+        if set == HeaderSet::Webhook
             && headers
-                .get_all(SVIX_ID)
+                .get_all(headers::SVIX_ID)
                 .iter()
                 .any(|v| v.as_bytes().trim_ascii() != id.as_bytes())
         {
             return Err(VerifyError::malformed(
-                SVIX_ID,
+                headers::SVIX_ID,
                 "differs from the signed `webhook-id`",
             ));
         }
-        let ts_value = required(headers, ts_name)?;
-        let ts = parse_timestamp(ts_name, ts_value)?;
-        let mut sigs = Vec::new();
-        for entry in sig_value.split_ascii_whitespace() {
-            let (version, sig) = entry.split_once(',').ok_or_else(|| {
-                VerifyError::malformed(sig_name, "an entry is not `version,signature`")
-            })?;
-            if version == "v1" {
-                sigs.push(decode_b64_tag(sig_name, sig)?);
-            } // other versions (e.g. v1a, asymmetric) are ignored
-        }
-        if sigs.is_empty() {
-            return Err(VerifyError::malformed(sig_name, "no `v1,` signature"));
-        }
+        let ts_value = required(headers, set.timestamp())?;
+        let ts = parse_timestamp(set.timestamp(), ts_value)?;
+        let sigs = signature_list(set.signature(), sig_value)?;
         self.check_timestamp(ts, now)?;
         self.check(
             &[id.as_bytes(), b".", ts_value.as_bytes(), b".", body],
@@ -432,6 +465,34 @@ impl Verifier {
 }
 
 // ----------------------------------------------------------------- helpers
+
+/// The candidate signatures of a standard-webhooks signature list: its
+/// space-separated `v1,<base64>` entries that decode to 32 bytes. As the
+/// providers' own libraries do, every other entry is skipped: other versions
+/// (`v1a,…` asymmetric, future ones), entries without a comma, and `v1`
+/// entries that are not base64 of exactly 32 bytes. A list with no usable
+/// entry is malformed (nothing could ever match it).
+fn signature_list(name: &str, value: &str) -> Result<Vec<[u8; 32]>, VerifyError> {
+    let mut sigs = Vec::new();
+    let mut v1_entries = 0usize;
+    for entry in value.split_ascii_whitespace() {
+        let Some(sig) = entry.strip_prefix("v1,") else {
+            continue;
+        };
+        v1_entries += 1;
+        if let Some(tag) = b64_tag(sig) {
+            sigs.push(tag);
+        }
+    }
+    match (sigs.is_empty(), v1_entries) {
+        (false, _) => Ok(sigs),
+        (true, 0) => Err(VerifyError::malformed(name, "no `v1,` signature")),
+        (true, _) => Err(VerifyError::malformed(
+            name,
+            "no `v1,` signature is base64 of 32 bytes",
+        )),
+    }
+}
 
 /// Standard alphabet; padding accepted but not required.
 const B64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
@@ -495,4 +556,10 @@ fn decode_b64_tag(name: &str, s: &str) -> Result<[u8; 32], VerifyError> {
         .map_err(|_| VerifyError::malformed(name, "the signature is not valid base64"))?;
     <[u8; 32]>::try_from(bytes.as_slice())
         .map_err(|_| VerifyError::malformed(name, "the signature is not 32 bytes"))
+}
+
+/// [`decode_b64_tag`] without the why, for list entries that are skipped.
+fn b64_tag(s: &str) -> Option<[u8; 32]> {
+    let bytes = B64.decode(s.as_bytes()).ok()?;
+    <[u8; 32]>::try_from(bytes.as_slice()).ok()
 }

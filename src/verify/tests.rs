@@ -704,6 +704,215 @@ fn standard_webhooks_several_signatures() {
     );
 }
 
+/// SPEC §8: a signature list passes when any `v1` entry matches; entries of
+/// other versions, or that do not decode to 32 bytes, are skipped, as the
+/// providers' libraries skip them (issue 20). On both header sets.
+#[test]
+fn standard_webhooks_lists_skip_entries_that_cannot_be_signatures() {
+    let ver = sw_verifier();
+    let short = format!("v1,{}", B64.encode([7u8; 16]));
+    let long = format!("v1,{}", B64.encode([7u8; 33]));
+    let url_safe = "v1,g0hM9SsE-OTPJTGt_tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+    let skipped = [
+        short.as_str(),                                    // a v1 entry of 16 bytes
+        long.as_str(),                                     // of 33 bytes
+        "v1,!!!!",                                         // not base64
+        "v1,",                                             // empty
+        url_safe,                                          // another alphabet
+        "garbage",                                         // no comma
+        "v1",                                              // no comma
+        "v1a,Zm9vYmFy",                                    // asymmetric
+        "V1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=", // versions are case-sensitive
+        ",",
+    ];
+    for prefix in ["webhook", "svix"] {
+        for bad in skipped {
+            for value in [format!("{bad} {SW_SIG}"), format!("{SW_SIG} {bad}")] {
+                let h = sw_headers(prefix, SW_ID, &SW_TS.to_string(), value.as_bytes());
+                assert_eq!(ver.verify(&h, SW_BODY, SW_TS), Ok(()), "{prefix}: {value}");
+            }
+        }
+        // every kind at once, the valid entry last
+        let all = format!("{} {SW_SIG}", skipped.join(" "));
+        let h = sw_headers(prefix, SW_ID, &SW_TS.to_string(), all.as_bytes());
+        assert_eq!(ver.verify(&h, SW_BODY, SW_TS), Ok(()), "{prefix}: {all}");
+    }
+}
+
+/// Leniency never turns into a pass: skipped entries next to a well-formed
+/// but wrong signature are a mismatch, and a list of nothing but skipped
+/// entries is malformed, with a reason that tells the two cases apart.
+#[test]
+fn standard_webhooks_lists_without_a_usable_entry_are_refused() {
+    let ver = sw_verifier();
+    let wrong = format!("v1,{}", B64.encode([3u8; 32]));
+    let short = format!("v1,{}", B64.encode([7u8; 16]));
+    assert_eq!(
+        ver.verify(&sw(&format!("{short} v1,!!!! {wrong}")), SW_BODY, SW_TS),
+        Err(VerifyError::Mismatch)
+    );
+    // the valid signature of another key is as wrong as any other
+    let foreign = sign::standard_webhooks(&[9u8; 24], SW_ID, SW_TS, SW_BODY);
+    assert_eq!(
+        ver.verify(&sw(&format!("{short} {foreign}")), SW_BODY, SW_TS),
+        Err(VerifyError::Mismatch)
+    );
+    let why = |value: &str| match ver.verify(&sw(value), SW_BODY, SW_TS) {
+        Err(VerifyError::MalformedHeader { header, why }) => {
+            assert_eq!(header, "webhook-signature");
+            why
+        }
+        other => panic!("{value}: expected malformed, got {other:?}"),
+    };
+    assert_eq!(
+        why(&format!("{short} v1,!!!!")),
+        "no `v1,` signature is base64 of 32 bytes"
+    );
+    assert_eq!(why("v1a,Zm9vYmFy v2,abc"), "no `v1,` signature");
+    assert_eq!(why("   "), "the value is empty");
+    // a skipped entry's content never reaches the message
+    let marker = "v1,SECRETMARKER";
+    let e = ver.verify(&sw(marker), SW_BODY, SW_TS).unwrap_err();
+    assert!(!e.to_string().contains("SECRETMARKER"), "{e}");
+    // skipping is not a way around the timestamp check
+    assert_eq!(
+        ver.verify(&sw(&format!("{short} {SW_SIG}")), SW_BODY, SW_TS + 301),
+        Err(VerifyError::StaleTimestamp { age_secs: 301 })
+    );
+}
+
+/// The rule that picks the header set, shared by the verifier and the
+/// `svix` preset's event-ID source: `webhook-*` as soon as any of it is
+/// present, `svix-*` otherwise.
+#[test]
+fn header_set_selection() {
+    assert_eq!(HeaderSet::of(&HeaderMap::new()), None);
+    assert_eq!(HeaderSet::of(&hm(&[("x-other", b"1")])), None);
+    for name in ["svix-id", "svix-timestamp", "svix-signature"] {
+        assert_eq!(
+            HeaderSet::of(&hm(&[(name, b"x")])),
+            Some(HeaderSet::Svix),
+            "{name}"
+        );
+    }
+    for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
+        assert_eq!(
+            HeaderSet::of(&hm(&[(name, b"x")])),
+            Some(HeaderSet::Webhook),
+            "{name}"
+        );
+        let with_svix = hm(&[
+            ("svix-id", b"a"),
+            ("svix-timestamp", b"1"),
+            ("svix-signature", b"v1,x"),
+            (name, b"x"),
+        ]);
+        assert_eq!(
+            HeaderSet::of(&with_svix),
+            Some(HeaderSet::Webhook),
+            "{name}"
+        );
+    }
+    // names are case-insensitive on the wire; `http` lower-cases them
+    assert_eq!(
+        HeaderSet::of(&hm(&[("Webhook-Id", b"x")])),
+        Some(HeaderSet::Webhook)
+    );
+    // look-alike names select nothing
+    assert_eq!(
+        HeaderSet::of(&hm(&[("webhook_id", b"x"), ("svix", b"x")])),
+        None
+    );
+    let set = HeaderSet::Webhook;
+    assert_eq!(
+        (set.id(), set.timestamp(), set.signature()),
+        (
+            headers::WEBHOOK_ID,
+            headers::WEBHOOK_TIMESTAMP,
+            headers::WEBHOOK_SIGNATURE
+        )
+    );
+    let set = HeaderSet::Svix;
+    assert_eq!(
+        (set.id(), set.timestamp(), set.signature()),
+        (
+            headers::SVIX_ID,
+            headers::SVIX_TIMESTAMP,
+            headers::SVIX_SIGNATURE
+        )
+    );
+}
+
+/// An attacker holds one genuine delivery of message `A` (signed under
+/// either name) and sends any mix of the two header sets, each header
+/// absent, genuine, or naming another message `B`, once or twice. Whenever
+/// verification passes, the `svix` preset's event-ID header holds `A` —
+/// the ID the signature covers — and so does every `svix-id` the consumer
+/// could read. 3^6 × 2 header combinations, every one checked.
+#[test]
+fn svix_event_id_is_always_the_signed_id() {
+    use crate::config::EventIdSource;
+    let ver = sw_verifier();
+    let ts = SW_TS.to_string();
+    let (a, b) = (SW_ID, "msg_someone_elses_id");
+    // a genuine signature over `A`; any signature over `B` would be a forgery
+    let forged_b = sign::standard_webhooks(&[1u8; 24], b, SW_TS, SW_BODY);
+    let names = [
+        "svix-id",
+        "svix-timestamp",
+        "svix-signature",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    ];
+    let choices = |name: &str| -> [Option<String>; 3] {
+        let genuine = if name.ends_with("-id") {
+            a.to_string()
+        } else if name.ends_with("-timestamp") {
+            ts.clone()
+        } else {
+            SW_SIG.to_string()
+        };
+        let other = if name.ends_with("-id") {
+            b.to_string()
+        } else if name.ends_with("-timestamp") {
+            (SW_TS + 1).to_string()
+        } else {
+            forged_b.clone()
+        };
+        [None, Some(genuine), Some(other)]
+    };
+    let mut passed = 0;
+    for combo in 0..3usize.pow(6) {
+        for doubled in [false, true] {
+            let mut h = HeaderMap::new();
+            let mut n = combo;
+            for name in names {
+                if let Some(value) = &choices(name)[n % 3] {
+                    let value = HeaderValue::from_str(value).unwrap();
+                    h.append(name, value.clone());
+                    if doubled && name.ends_with("-id") {
+                        h.append(name, value);
+                    }
+                }
+                n /= 3;
+            }
+            if ver.verify(&h, SW_BODY, SW_TS).is_err() {
+                continue;
+            }
+            passed += 1;
+            let id_header = EventIdSource::SvixId.header_for(&h).unwrap();
+            let ids: Vec<_> = h.get_all(id_header).iter().collect();
+            assert!(!ids.is_empty() && ids.iter().all(|v| *v == a), "{h:?}");
+            assert!(h.get_all("svix-id").iter().all(|v| v == a), "{h:?}");
+        }
+    }
+    // What passes, and only that: the genuine svix-* set alone (1), and the
+    // genuine webhook-* set with svix-id absent or `A` and svix-timestamp,
+    // svix-signature anything (2 × 3 × 3); never with a repeated ID header.
+    assert_eq!(passed, 19);
+}
+
 #[test]
 fn standard_webhooks_tolerance_and_rotation() {
     let ver = Verifier::new(Scheme::StandardWebhooks, vec![vec![1u8; 32], sw_key()]);

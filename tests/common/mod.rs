@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 pub use idemgate::sample::{self, Client, Consumer, Reply, Response};
 
+pub mod pg_cluster;
+pub mod tmpfs;
+
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// A fresh temp dir, removed on drop.
@@ -210,8 +213,18 @@ impl Proxy {
         p
     }
 
-    /// (Re)starts the process with the same config.
+    /// (Re)starts the process with the same config; waits for `/readyz` 200.
     pub fn spawn(&mut self) {
+        self.spawn_until(|status| status == 200);
+    }
+
+    /// (Re)starts the process; waits until `/readyz` answers at all (a
+    /// store that cannot take writes yet answers 503).
+    pub fn spawn_answering(&mut self) {
+        self.spawn_until(|_| true);
+    }
+
+    fn spawn_until(&mut self, ready: impl Fn(u16) -> bool) {
         assert!(self.child.is_none(), "already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -240,7 +253,7 @@ impl Proxy {
                     self.log()
                 );
             }
-            if sample::get(self.admin, "/readyz").is_ok_and(|r| r.status == 200) {
+            if sample::get(self.admin, "/readyz").is_ok_and(|r| ready(r.status)) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(25));

@@ -135,7 +135,7 @@
 
   function eventSource(src) {
     if (!src) return 'none (pass-through)';
-    if (src.header) return 'header ' + src.header;
+    if (src.header) return 'header ' + src.header + (src.or_header ? ' or ' + src.or_header : '');
     return 'JSON ' + src.json_pointer;
   }
 

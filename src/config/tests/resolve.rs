@@ -178,7 +178,7 @@ fn provider_presets_fill_event_id_and_scheme() {
         ),
         (
             "svix",
-            header("svix-id"),
+            EventIdSource::SvixId,
             Scheme::StandardWebhooks,
             Provider::Svix,
         ),
@@ -231,6 +231,66 @@ fn explicit_route_fields_beat_the_preset() {
         r.event_id,
         EventIdSource::Header(http::HeaderName::from_static("x-github-delivery"))
     );
+}
+
+/// The svix preset reads `svix-id`, or `webhook-id` when the white-labelled
+/// set is sent (SPEC §8); a route that names its header keeps that header.
+#[test]
+fn svix_preset_reads_the_id_of_the_header_set_sent() {
+    let r = &ok(&provider_route("svix", "")).config.routes[0];
+    assert_eq!(r.event_id, EventIdSource::SvixId);
+    assert_eq!(
+        r.event_id_source_text(),
+        "header svix-id (webhook-id when white-labelled)"
+    );
+    let headers = |names: &[&'static str]| {
+        let mut h = http::HeaderMap::new();
+        for n in names {
+            h.insert(*n, http::HeaderValue::from_static("x"));
+        }
+        h
+    };
+    let picked = |names: &[&'static str]| {
+        r.event_id
+            .header_for(&headers(names))
+            .map(|h| h.as_str().to_owned())
+    };
+    assert_eq!(picked(&[]).as_deref(), Some("svix-id"));
+    assert_eq!(
+        picked(&["svix-id", "svix-timestamp", "svix-signature"]).as_deref(),
+        Some("svix-id")
+    );
+    assert_eq!(
+        picked(&["webhook-id", "webhook-timestamp", "webhook-signature"]).as_deref(),
+        Some("webhook-id")
+    );
+    // any webhook-* header selects that set, as verification does
+    assert_eq!(
+        picked(&["svix-id", "svix-timestamp", "webhook-signature"]).as_deref(),
+        Some("webhook-id")
+    );
+    // the other sources
+    let explicit = &ok(&provider_route(
+        "svix",
+        "    event_id: {header: svix-id}
+",
+    ))
+    .config
+    .routes[0];
+    assert_eq!(
+        explicit.event_id,
+        EventIdSource::Header(http::HeaderName::from_static("svix-id"))
+    );
+    let webhook_set = headers(&["webhook-id", "webhook-timestamp", "webhook-signature"]);
+    assert_eq!(
+        explicit
+            .event_id
+            .header_for(&webhook_set)
+            .map(|h| h.as_str()),
+        Some("svix-id")
+    );
+    let stripe = &ok(&provider_route("stripe", "")).config.routes[0];
+    assert_eq!(stripe.event_id.header_for(&webhook_set), None);
 }
 
 #[test]

@@ -40,14 +40,17 @@ use super::PostgresStore;
 use crate::claim::SettleResult;
 use crate::store::owned::{OwnedClaim, OwnedSettle};
 use crate::store::sql::{self, Readback};
+use crate::store::ticket::{self, Ticket};
 use crate::store::{ClaimOutcome, StoreError};
 
 /// Most operations in one statement.
 const MAX_BATCH: usize = 128;
 /// How long one batch may take, fallbacks included, before its connection
 /// is given up as silent: above the server's statement timeout, so that
-/// one fires first when the server is merely slow.
-const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// one fires first when the server is merely slow. Its requesters wait for
+/// it (see `ticket`), so it is also how long a request that reached the
+/// database waits for its 503 when the database goes silent.
+pub(super) const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connections the dispatchers keep: one each.
 pub(super) const KEPT_CONNECTIONS: u32 = 3;
@@ -86,6 +89,8 @@ RETURNING records.route, records.event_id";
 
 type Key = (String, String);
 type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
+/// A queued operation: the item, its hand-off (see `ticket`), its answer.
+type Job<I, O> = (I, Ticket, Reply<O>);
 
 /// A duplicate lookup: the key; answered with the record's decisive columns.
 pub(super) struct Lookup {
@@ -95,9 +100,9 @@ pub(super) struct Lookup {
 
 /// The queues of the three dispatchers.
 pub(super) struct Batchers {
-    lookups: mpsc::Sender<(Lookup, Reply<Option<Readback>>)>,
-    claims: mpsc::Sender<(OwnedClaim, Reply<ClaimOutcome>)>,
-    delivered: mpsc::Sender<(OwnedSettle, Reply<SettleResult>)>,
+    lookups: mpsc::Sender<Job<Lookup, Option<Readback>>>,
+    claims: mpsc::Sender<Job<OwnedClaim, ClaimOutcome>>,
+    delivered: mpsc::Sender<Job<OwnedSettle, SettleResult>>,
 }
 
 impl Batchers {
@@ -108,48 +113,68 @@ impl Batchers {
     pub(super) fn start(pool: &PgPool, pool_size: u32) -> Self {
         let keep = pool_size > KEPT_CONNECTIONS;
         Batchers {
-            lookups: dispatch(pool.clone(), keep, Abandoned::Drop, read_batch),
-            claims: dispatch(pool.clone(), keep, Abandoned::Drop, claim_batch),
-            delivered: dispatch(pool.clone(), keep, Abandoned::Run, deliver_batch),
+            lookups: dispatch(pool.clone(), keep, read_batch),
+            claims: dispatch(pool.clone(), keep, claim_batch),
+            delivered: dispatch(pool.clone(), keep, deliver_batch),
         }
     }
 
-    pub(super) async fn lookup(&self, item: Lookup) -> Result<Option<Readback>, StoreError> {
-        ask(&self.lookups, item).await
+    pub(super) async fn lookup(
+        &self,
+        item: Lookup,
+        limit: Duration,
+    ) -> Result<Option<Readback>, StoreError> {
+        ask(&self.lookups, item, limit).await
     }
 
-    pub(super) async fn claim(&self, item: OwnedClaim) -> Result<ClaimOutcome, StoreError> {
-        ask(&self.claims, item).await
+    pub(super) async fn claim(
+        &self,
+        item: OwnedClaim,
+        limit: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        ask(&self.claims, item, limit).await
     }
 
     /// A delivered settle (failed ones are rare and run alone).
-    pub(super) async fn deliver(&self, item: OwnedSettle) -> Result<SettleResult, StoreError> {
-        ask(&self.delivered, item).await
+    pub(super) async fn deliver(
+        &self,
+        item: OwnedSettle,
+        limit: Duration,
+    ) -> Result<SettleResult, StoreError> {
+        ask(&self.delivered, item, limit).await
     }
 }
 
-async fn ask<I, O>(queue: &mpsc::Sender<(I, Reply<O>)>, item: I) -> Result<O, StoreError> {
+/// Queues `item`; withdrawn unless a batch takes it within `limit`.
+async fn ask<I, O>(
+    queue: &mpsc::Sender<Job<I, O>>,
+    item: I,
+    limit: Duration,
+) -> Result<O, StoreError> {
     let gone = || StoreError::Unavailable("the PostgreSQL batcher stopped".into());
-    let (tx, rx) = oneshot::channel();
-    queue.send((item, tx)).await.map_err(|_| gone())?;
-    rx.await.map_err(|_| gone())?
+    let (ticket, tx, waiter) = ticket::new();
+    match tokio::time::timeout(limit, queue.send((item, ticket, tx))).await {
+        Ok(sent) => sent.map_err(|_| gone())?,
+        Err(_) => {
+            return Err(StoreError::Unavailable(
+                "not run: the PostgreSQL batcher's queue stayed full".into(),
+            ))
+        }
+    }
+    waiter.answer(limit).await
 }
 
 /// What a dispatcher runs: one batch on a connection.
 type BatchFuture<'c, O> = Pin<Box<dyn Future<Output = Vec<Result<O, StoreError>>> + Send + 'c>>;
 
-/// What becomes of an operation whose requester stopped waiting before its
-/// batch ran (the request timed out with a 503 while a batch was stuck).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Abandoned {
-    /// Not run: a claim made after the sender was told to retry would only
-    /// hold the event in flight until its lease ends.
-    Drop,
-    /// Run anyway: a delivery recorded late beats one left in flight.
-    Run,
-}
-
 /// Runs the batches of `run` one at a time; stops when every sender is gone.
+///
+/// An operation is taken (see `ticket`) once the batch has its connection,
+/// right before the statement: one withdrawn by then — its requester's time
+/// ran out while earlier batches were stuck, and the sender was told to
+/// retry — is not run. A claim made behind its back would only hold the
+/// event in flight until its lease ends; a settle, contradict the error the
+/// proxy counted.
 ///
 /// One statement of a kind in flight at a time: while it runs, the next
 /// batch fills, so the batch size follows the load; more in flight only
@@ -160,14 +185,13 @@ enum Abandoned {
 fn dispatch<I, O>(
     pool: PgPool,
     keep: bool,
-    abandoned: Abandoned,
     run: for<'c> fn(&'c mut PgConnection, Vec<I>) -> BatchFuture<'c, O>,
-) -> mpsc::Sender<(I, Reply<O>)>
+) -> mpsc::Sender<Job<I, O>>
 where
     I: Send + 'static,
     O: Send + 'static,
 {
-    let (queue, mut jobs) = mpsc::channel::<(I, Reply<O>)>(4 * MAX_BATCH);
+    let (queue, mut jobs) = mpsc::channel::<Job<I, O>>(4 * MAX_BATCH);
     tokio::spawn(async move {
         let mut kept: Option<PoolConnection<Postgres>> = None;
         // A closing pool waits for every connection to come back.
@@ -193,17 +217,31 @@ where
                     Err(_) => break,
                 }
             }
-            if abandoned == Abandoned::Drop {
-                batch.retain(|(_, reply)| !reply.is_closed());
-                if batch.is_empty() {
-                    continue;
-                }
+            batch.retain(|(_, ticket, _)| !ticket.withdrawn());
+            if batch.is_empty() {
+                continue;
             }
-            let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch.into_iter().unzip();
             let conn = match kept.take() {
                 Some(conn) => Ok(conn),
                 None => pool.acquire().await,
             };
+            let conn = match conn {
+                Ok(conn) => {
+                    batch.retain(|(_, ticket, _)| ticket.take());
+                    if batch.is_empty() {
+                        if keep {
+                            kept = Some(conn);
+                        }
+                        continue;
+                    }
+                    Ok(conn)
+                }
+                Err(e) => Err(e),
+            };
+            let (items, replies): (Vec<I>, Vec<Reply<O>>) = batch
+                .into_iter()
+                .map(|(item, _, reply)| (item, reply))
+                .unzip();
             let results = match conn {
                 Err(e) => all_failed(items.len(), &e.into()),
                 Ok(mut conn) => {
@@ -220,7 +258,8 @@ where
                             // cut off mid-statement: the connection's state is unknown
                             drop(conn.detach());
                             let e = StoreError::Unavailable(format!(
-                                "the database did not answer a batch within {BATCH_TIMEOUT:?}"
+                                "the database did not answer a batch within {BATCH_TIMEOUT:?}; \
+                                 whether it committed is unknown"
                             ));
                             all_failed(n, &e)
                         }

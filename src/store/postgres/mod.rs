@@ -73,6 +73,9 @@ impl PostgresStore {
                     "statement_timeout",
                     STATEMENT_TIMEOUT.as_millis().to_string(),
                 ),
+                // SPEC §6: a claim is durable before the forward, whatever
+                // the server's (or the role's, or the database's) default.
+                ("synchronous_commit", "on".to_string()),
                 // Every hot statement finds its rows by key. Planning a
                 // batch's statement afresh cost ~0.3 ms of server CPU, a
                 // quarter of its run, so each connection plans a statement
@@ -163,30 +166,55 @@ impl PostgresStore {
     async fn claim_op(
         &self,
         req: &super::ClaimRequest<'_>,
+        limit: Duration,
     ) -> Result<super::ClaimOutcome, StoreError> {
-        self.batchers.claim(OwnedClaim::new(req)).await
+        self.batchers.claim(OwnedClaim::new(req), limit).await
     }
 
     async fn settle_op(
         &self,
         req: &super::SettleRequest<'_>,
+        limit: Duration,
     ) -> Result<crate::claim::SettleResult, StoreError> {
         match req.outcome {
             super::SettleOutcome::Delivered { .. } => {
-                self.batchers.deliver(OwnedSettle::new(req)).await
+                self.batchers.deliver(OwnedSettle::new(req), limit).await
             }
             super::SettleOutcome::Failed { .. } => {
-                // on the store's runtime, like the batches (see `hot`)
+                // on the store's runtime, like the batches (see `hot`); run
+                // only if taken before the requester withdrew it (`ticket`)
                 let (hot, owned) = (self.hot.clone(), OwnedSettle::new(req));
-                self.rt
-                    .spawn(async move {
-                        let mut conn = hot.acquire().await?;
-                        Self::settle_on(&mut conn, &owned.req()).await
-                    })
-                    .await
-                    .map_err(|e| StoreError::Unavailable(format!("settle stopped: {e}")))?
+                let (ticket, tx, waiter) = super::ticket::new();
+                self.rt.spawn(async move {
+                    let res = match hot.acquire().await {
+                        Err(e) => Err(e.into()),
+                        Ok(_) if !ticket.take() => return,
+                        Ok(mut conn) => {
+                            let req = owned.req();
+                            let run = Self::settle_on(&mut conn, &req);
+                            match tokio::time::timeout(batch::BATCH_TIMEOUT, run).await {
+                                Ok(res) => res,
+                                Err(_) => {
+                                    drop(conn.detach());
+                                    Err(StoreError::Unavailable(format!(
+                                        "the database did not answer within {:?}; \
+                                         whether the settle committed is unknown",
+                                        batch::BATCH_TIMEOUT
+                                    )))
+                                }
+                            }
+                        }
+                    };
+                    let _ = tx.send(res);
+                });
+                waiter.answer(limit).await
             }
         }
+    }
+
+    /// Nothing to add: every PostgreSQL write goes to the server `ping` reached.
+    async fn write_probe(&self, _limit: Duration) -> Result<(), StoreError> {
+        Ok(())
     }
 
     async fn peek_op(
@@ -200,7 +228,7 @@ impl PostgresStore {
             route: route.to_owned(),
             event_id: event_id.to_owned(),
         };
-        match self.batchers.lookup(lookup).await? {
+        match self.batchers.lookup(lookup, Self::OP_TIMEOUT).await? {
             Some(found) => found.outcome(digest, now),
             None => Ok(None),
         }

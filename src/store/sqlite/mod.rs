@@ -164,12 +164,26 @@ pub fn path_of(url: &str) -> Result<PathBuf, StoreError> {
 }
 
 impl SqliteStore {
-    async fn claim_op(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        self.writer.claim(req).await
+    async fn claim_op(
+        &self,
+        req: &ClaimRequest<'_>,
+        limit: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.writer.claim(req, limit).await
     }
 
-    async fn settle_op(&self, req: &SettleRequest<'_>) -> Result<SettleResult, StoreError> {
-        self.writer.settle(req).await
+    async fn settle_op(
+        &self,
+        req: &SettleRequest<'_>,
+        limit: Duration,
+    ) -> Result<SettleResult, StoreError> {
+        self.writer.settle(req, limit).await
+    }
+
+    /// A file that can be read may still refuse writes (a full disk, an I/O
+    /// error): after a failed batch, ready only once a write commits again.
+    async fn write_probe(&self, limit: Duration) -> Result<(), StoreError> {
+        self.writer.probe(limit).await
     }
 
     /// Inline, without an await: the delivered record in hand, else one

@@ -5,8 +5,16 @@
 //! operation is answered before its batch has committed: durability is that
 //! of one commit per claim. A thread rather than a task because every step
 //! here is a blocking SQLite call, the fsync included.
+//!
+//! An operation whose requester withdrew it (see `ticket`) is skipped; one
+//! taken is answered with what its batch did. A statement error that rolls
+//! the whole transaction back (disk full, I/O) ends the batch there: what
+//! follows it is not run in autocommit, and nothing of it is reported done.
+//! The last batch's failure is kept for `/readyz` (see [`Writer::probe`]).
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
@@ -14,6 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::direct::{self, Role};
 use crate::claim::SettleResult;
 use crate::store::owned::{OwnedClaim, OwnedSettle};
+use crate::store::ticket::{self, Ticket};
 use crate::store::{ClaimOutcome, ClaimRequest, SettleRequest, StoreError};
 
 /// Most operations committed together.
@@ -23,12 +32,17 @@ const MAX_BATCH: usize = 256;
 enum Op {
     Claim(
         OwnedClaim,
+        Ticket,
         oneshot::Sender<Result<ClaimOutcome, StoreError>>,
     ),
     Settle(
         OwnedSettle,
+        Ticket,
         oneshot::Sender<Result<SettleResult, StoreError>>,
     ),
+    /// A write that changes nothing (`/readyz` after a failed batch): one
+    /// frame through the WAL and its fsync, as a claim's commit needs.
+    Probe(oneshot::Sender<Result<(), StoreError>>),
     /// Close the connection and stop (the store is closing).
     Close(oneshot::Sender<()>),
 }
@@ -36,6 +50,52 @@ enum Op {
 /// The async side of the writer thread.
 pub(super) struct Writer {
     queue: mpsc::Sender<Op>,
+    /// How the last batch of claims or settles went.
+    health: Arc<Mutex<Health>>,
+    /// The database file, for its file system's free space.
+    path: PathBuf,
+}
+
+/// Free space a full disk must have again before `/readyz` says ready
+/// (with no batch committed since it failed): room for a few batches.
+const READY_ROOM: u64 = 4 << 20;
+
+/// How the writer's last batch of claims or settles went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Health {
+    /// None has run yet: nobody knows that writes can commit.
+    Unknown,
+    Ok,
+    Failed(String),
+}
+
+impl Health {
+    fn set_ok_if_unknown(&mut self) {
+        if *self == Health::Unknown {
+            *self = Health::Ok;
+        }
+    }
+}
+
+/// Bytes available to this process on the file system holding `path`.
+fn free_bytes(path: &std::path::Path) -> Result<u64, StoreError> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| StoreError::Unavailable(format!("{}: {e}", dir.display())))?;
+    // SAFETY: a NUL-terminated path and a zeroed struct statvfs fills in
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(StoreError::Unavailable(format!(
+            "statvfs {}: {e}",
+            dir.display()
+        )));
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 impl Writer {
@@ -43,29 +103,104 @@ impl Writer {
     /// failed one, and stops when the store (every sender) is gone.
     pub(super) fn start(path: PathBuf) -> Result<Self, StoreError> {
         let (queue, ops) = mpsc::channel(4 * MAX_BATCH);
+        // Until a first batch commits, nobody knows that writes can: the
+        // first `/readyz` probes (a process started on a full disk is not
+        // ready).
+        let health = Arc::new(Mutex::new(Health::Unknown));
+        let record = Record(health.clone());
+        let thread_path = path.clone();
         std::thread::Builder::new()
             .name("idemgate-sqlite-writer".into())
-            .spawn(move || run(path, ops))
+            .spawn(move || run(thread_path, ops, record))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the SQLite writer: {e}")))?;
-        Ok(Writer { queue })
+        Ok(Writer {
+            queue,
+            health,
+            path,
+        })
     }
 
-    pub(super) async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let (tx, rx) = oneshot::channel();
-        self.queue
-            .send(Op::Claim(OwnedClaim::new(req), tx))
-            .await
-            .map_err(|_| writer_gone())?;
-        rx.await.map_err(|_| writer_gone())?
+    /// The claim, withdrawn if no batch takes it within `limit`.
+    pub(super) async fn claim(
+        &self,
+        req: &ClaimRequest<'_>,
+        limit: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let (ticket, tx, waiter) = ticket::new();
+        self.send(Op::Claim(OwnedClaim::new(req), ticket, tx), limit)
+            .await?;
+        waiter.answer(limit).await
     }
 
-    pub(super) async fn settle(&self, req: &SettleRequest<'_>) -> Result<SettleResult, StoreError> {
+    /// The settle, withdrawn if no batch takes it within `limit`.
+    pub(super) async fn settle(
+        &self,
+        req: &SettleRequest<'_>,
+        limit: Duration,
+    ) -> Result<SettleResult, StoreError> {
+        let (ticket, tx, waiter) = ticket::new();
+        self.send(Op::Settle(OwnedSettle::new(req), ticket, tx), limit)
+            .await?;
+        waiter.answer(limit).await
+    }
+
+    async fn send(&self, op: Op, limit: Duration) -> Result<(), StoreError> {
+        match tokio::time::timeout(limit, self.queue.send(op)).await {
+            Ok(sent) => sent.map_err(|_| writer_gone()),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "not run: the SQLite writer's queue stayed full for {}",
+                humantime::format_duration(limit)
+            ))),
+        }
+    }
+
+    /// `/readyz`'s part: `Ok` unless the last batch failed, or none has run
+    /// yet. Then a write that changes nothing is tried (so that readiness
+    /// comes back by itself, with no claim needed, once writes can commit).
+    /// After a failed batch that is not enough: a one-page write may fit in
+    /// the room a full disk has left in the WAL while a batch does not, so
+    /// the file system must also have [`READY_ROOM`] free — until a batch of
+    /// claims or settles commits again.
+    pub(super) async fn probe(&self, limit: Duration) -> Result<(), StoreError> {
+        let health = self
+            .health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if health == Health::Ok {
+            return Ok(());
+        }
         let (tx, rx) = oneshot::channel();
-        self.queue
-            .send(Op::Settle(OwnedSettle::new(req), tx))
-            .await
-            .map_err(|_| writer_gone())?;
-        rx.await.map_err(|_| writer_gone())?
+        self.send(Op::Probe(tx), limit).await?;
+        match tokio::time::timeout(limit, rx).await {
+            Ok(res) => res.map_err(|_| writer_gone())??,
+            Err(_) => {
+                return Err(StoreError::Unavailable(format!(
+                    "the SQLite writer did not answer within {}",
+                    humantime::format_duration(limit)
+                )))
+            }
+        }
+        match health {
+            Health::Failed(why) => {
+                let free = free_bytes(&self.path)?;
+                if free < READY_ROOM {
+                    return Err(StoreError::Unavailable(format!(
+                        "the last write failed ({why}); {} has {free} bytes free",
+                        self.path.display()
+                    )));
+                }
+                Ok(())
+            }
+            _ => {
+                // nothing had been written yet, and now a write committed
+                self.health
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .set_ok_if_unknown();
+                Ok(())
+            }
+        }
     }
 
     /// Waits for the queued operations to commit, then closes the connection.
@@ -81,7 +216,19 @@ fn writer_gone() -> StoreError {
     StoreError::Unavailable("the SQLite writer stopped".into())
 }
 
-fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>) {
+/// The writer thread's record of its last batch.
+struct Record(Arc<Mutex<Health>>);
+
+impl Record {
+    fn set(&self, failed: Option<String>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = match failed {
+            None => Health::Ok,
+            Some(why) => Health::Failed(why),
+        };
+    }
+}
+
+fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
     let mut conn: Option<Connection> = None;
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     while let Some(op) = ops.blocking_recv() {
@@ -101,13 +248,21 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>) {
             if conn.is_none() {
                 match direct::open(&path, Role::Writer) {
                     Ok(c) => conn = Some(c),
-                    Err(e) => fail_all(&mut batch, &e.to_string()),
+                    Err(e) => {
+                        health.set(Some(e.to_string()));
+                        fail_all(&mut batch, &e.to_string());
+                    }
                 }
             }
             if let Some(c) = conn.as_ref() {
-                if let Err(e) = commit_batch(c, &mut batch) {
-                    tracing::warn!(error = %e, "SQLite batch failed; reconnecting");
-                    conn = None; // a fresh connection for the next batch
+                match commit_batch(c, &mut batch) {
+                    Ok(true) => health.set(None),
+                    Ok(false) => {} // nothing but probes: says nothing of batches
+                    Err(e) => {
+                        tracing::warn!(error = %e, "SQLite batch failed; reconnecting");
+                        health.set(Some(e.to_string()));
+                        conn = None; // a fresh connection for the next batch
+                    }
                 }
             }
         }
@@ -132,58 +287,119 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>) {
     }
 }
 
-fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<(), StoreError> {
+/// What one operation of a batch did inside the transaction.
+enum Done {
+    Claim(Result<ClaimOutcome, StoreError>),
+    Settle(Result<SettleResult, StoreError>),
+    Probe(Result<(), StoreError>),
+    /// Withdrawn by its requester before the batch took it: not run.
+    Skipped,
+}
+
+/// Runs and commits the batch; `Ok(false)` when no claim or settle of it
+/// ran (all withdrawn, or only probes).
+fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreError> {
+    // Withdrawn while the batch filled: not worth the transaction.
+    batch.retain(|op| match op {
+        Op::Claim(_, t, _) | Op::Settle(_, t, _) => !t.withdrawn(),
+        Op::Probe(_) | Op::Close(_) => true,
+    });
+    if batch.is_empty() {
+        return Ok(false);
+    }
+    let mut ran = false;
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let e = StoreError::from(e);
         fail_all(batch, &e.to_string());
         return Err(e);
     }
-    let mut claims = Vec::new();
-    let mut settles = Vec::new();
+    let mut done = Vec::with_capacity(batch.len());
     for op in batch.iter() {
-        match op {
-            Op::Claim(c, _) => claims.push(direct::claim_in(conn, &c.req())),
-            Op::Settle(s, _) => settles.push(direct::settle_in(conn, &s.req())),
+        // Taken only now, with the transaction begun: a requester whose time
+        // ran out while this batch waited for the lock has withdrawn.
+        let result = match op {
+            Op::Claim(_, t, _) | Op::Settle(_, t, _) if !t.take() => Done::Skipped,
+            Op::Claim(c, _, _) => {
+                ran = true;
+                Done::Claim(direct::claim_in(conn, &c.req()))
+            }
+            Op::Settle(s, _, _) => {
+                ran = true;
+                Done::Settle(direct::settle_in(conn, &s.req()))
+            }
+            Op::Probe(_) => Done::Probe(rewrite_user_version(conn)),
             Op::Close(_) => unreachable!("close requests are split off the batch"),
+        };
+        let failed = matches!(
+            &result,
+            Done::Claim(Err(_)) | Done::Settle(Err(_)) | Done::Probe(Err(_))
+        );
+        done.push(result);
+        // Some errors (disk full, I/O) roll the whole transaction back.
+        // Then nothing of the batch is on disk, whatever the statements
+        // said, and the rest must not run: each would commit on its own
+        // (autocommit) while reported failed with the batch.
+        if failed && conn.is_autocommit() {
+            let e = StoreError::Unavailable(format!(
+                "the batch transaction was rolled back: {}",
+                first_error(&done)
+            ));
+            fail_all(batch, &e.to_string());
+            return Err(e);
         }
     }
-    // Some errors (disk full, I/O) roll the whole transaction back; then
-    // nothing of the batch is on disk, whatever the statements said.
-    let committed = if conn.is_autocommit() {
-        Err(StoreError::Unavailable(
-            "the batch transaction was rolled back".into(),
-        ))
-    } else {
-        conn.execute_batch("COMMIT").map_err(StoreError::from)
-    };
-    if let Err(e) = committed {
+    if let Err(e) = conn.execute_batch("COMMIT") {
+        let e = StoreError::from(e);
         let _ = conn.execute_batch("ROLLBACK");
         fail_all(batch, &e.to_string());
         return Err(e);
     }
-    let (mut claims, mut settles) = (claims.into_iter(), settles.into_iter());
-    for op in batch.drain(..) {
-        match op {
-            Op::Claim(_, reply) => {
-                let _ = reply.send(claims.next().expect("one result per claim"));
+    for (op, result) in batch.drain(..).zip(done) {
+        match (op, result) {
+            (Op::Claim(_, _, reply), Done::Claim(r)) => {
+                let _ = reply.send(r);
             }
-            Op::Settle(_, reply) => {
-                let _ = reply.send(settles.next().expect("one result per settle"));
+            (Op::Settle(_, _, reply), Done::Settle(r)) => {
+                let _ = reply.send(r);
             }
-            Op::Close(_) => {}
+            (Op::Probe(reply), Done::Probe(r)) => {
+                let _ = reply.send(r);
+            }
+            _ => {} // skipped: nobody waits
         }
     }
+    Ok(ran)
+}
+
+/// Writes the header page with what it holds: the write a probe commits.
+fn rewrite_user_version(conn: &Connection) -> Result<(), StoreError> {
+    let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    conn.execute_batch(&format!("PRAGMA user_version = {v}"))?;
     Ok(())
+}
+
+fn first_error(done: &[Done]) -> String {
+    done.iter()
+        .find_map(|d| match d {
+            Done::Claim(Err(e)) => Some(e.to_string()),
+            Done::Settle(Err(e)) => Some(e.to_string()),
+            Done::Probe(Err(e)) => Some(e.to_string()),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 fn fail_all(batch: &mut Vec<Op>, why: &str) {
     for op in batch.drain(..) {
         let e = || StoreError::Unavailable(why.to_string());
         match op {
-            Op::Claim(_, reply) => {
+            Op::Claim(_, _, reply) => {
                 let _ = reply.send(Err(e()));
             }
-            Op::Settle(_, reply) => {
+            Op::Settle(_, _, reply) => {
+                let _ = reply.send(Err(e()));
+            }
+            Op::Probe(reply) => {
                 let _ = reply.send(Err(e()));
             }
             Op::Close(done) => {
