@@ -1,5 +1,7 @@
 //! The admin listener: `/healthz` (the process runs), `/readyz` (the proxy
-//! listener accepts and the store answers), `/metrics` (Prometheus text).
+//! listener accepts and the store answers), `/metrics` (Prometheus text),
+//! the JSON admin API under `/api/` and the operator console at `/`
+//! (SPEC §11; see [`api`] and [`console`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +16,10 @@ use pingora::protocols::http::ServerSession;
 use crate::metrics::Metrics;
 use crate::store::ClaimStore;
 
+pub mod api;
+pub mod console;
+mod web;
+
 /// `/readyz` waits no longer than this for the store.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -26,6 +32,11 @@ pub struct Admin {
     pub proxy_listen: SocketAddr,
     /// Set once a connection to `proxy_listen` succeeded.
     pub proxy_up: AtomicBool,
+    /// `/api/…` and the console.
+    pub api: api::Api,
+    /// The admin listener is on loopback: the API and the console answer
+    /// only a loopback `Host` (see [`web::loopback_host`]).
+    pub loopback_only: bool,
 }
 
 impl Admin {
@@ -58,6 +69,9 @@ fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let plain = "text/plain; charset=utf-8";
+        if let Some(resp) = self.api_or_console(session).await {
+            return resp;
+        }
         match session.req_header().uri.path() {
             "/healthz" => text(StatusCode::OK, plain, b"ok\n".to_vec()),
             "/readyz" => {
@@ -93,8 +107,72 @@ impl ServeHttp for Admin {
             _ => text(
                 StatusCode::NOT_FOUND,
                 plain,
-                b"not found: try /healthz, /readyz or /metrics\n".to_vec(),
+                b"not found: try /, /api/routes, /healthz, /readyz or /metrics\n".to_vec(),
             ),
         }
+    }
+}
+
+impl Admin {
+    /// The console's files and `/api/…`; `None` for the other paths.
+    async fn api_or_console(&self, session: &mut ServerSession) -> Option<Response<Vec<u8>>> {
+        let req = session.req_header();
+        let path = req.uri.path();
+        let is_api = path == "/api" || path.starts_with("/api/");
+        let asset = if is_api { None } else { console::asset(path) };
+        if !is_api && asset.is_none() {
+            return None;
+        }
+        if self.loopback_only {
+            let host = req
+                .headers
+                .get(http::header::HOST)
+                .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+            if host.is_some_and(|h| !web::loopback_host(h)) {
+                return Some(
+                    web::ApiProblem::new(
+                        StatusCode::MISDIRECTED_REQUEST,
+                        "misdirected-request",
+                        "Not a loopback host name",
+                        "the admin listener is on loopback and answers only Host: localhost, \
+                         127.0.0.1 or [::1] (a page that points another name here is refused)",
+                    )
+                    .into_response(),
+                );
+            }
+        }
+        if let Some(resp) = asset {
+            return Some(resp);
+        }
+        // An action takes no body: rather than read one, close after answering.
+        let has_body = req.headers.contains_key(http::header::TRANSFER_ENCODING)
+            || req
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .is_some_and(|v| v.as_bytes() != b"0");
+        let method = req.method.clone();
+        let path = path.to_owned();
+        let query = req.uri.query().map(str::to_owned);
+        let authorization: Vec<Vec<u8>> = req
+            .headers
+            .get_all(http::header::AUTHORIZATION)
+            .iter()
+            .map(|v| v.as_bytes().to_vec())
+            .collect();
+        let peer = session
+            .client_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        if has_body {
+            session.set_keepalive(None);
+        }
+        let request = api::ApiRequest {
+            method: &method,
+            path: &path,
+            query: query.as_deref(),
+            authorization: authorization.iter().map(Vec::as_slice).collect(),
+            peer,
+        };
+        Some(self.api.respond(&request).await)
     }
 }

@@ -13,7 +13,7 @@
 //! - [`listener`]: client connections: limits, timeouts, TLS, head reading.
 //! - [`problem`]: problem+json responses and request outcomes.
 //! - [`metrics`]: the metric set over an owned Prometheus registry.
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, the JSON admin API and the operator console.
 //! - [`server`]: assembles and runs the pingora server, with graceful stop.
 //! - [`sweeper`]: background deletion of expired records, the oldest-processing gauge.
 //! - [`verify`]: provider signature schemes, checked before the claim.

@@ -328,6 +328,12 @@ impl Metrics {
         }
     }
 
+    /// Every metric's current samples, as `render` would print them (the
+    /// admin API reads its live counters here, so they match `/metrics`).
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> Vec<u8> {
         let dropped = LOG_LINES_DROPPED.load(Ordering::Relaxed);

@@ -134,17 +134,35 @@ impl Problem {
 
     /// The problem+json document.
     pub fn body(&self) -> Vec<u8> {
-        let mut doc = serde_json::json!({
-            "type": format!("urn:idemgate:problem:{}", self.kind.name()),
-            "title": self.kind.title(),
-            "status": self.kind.status(),
-            "detail": self.detail,
-        });
-        if let Some(id) = &self.event_id {
-            doc["event_id"] = serde_json::Value::String(id.clone());
-        }
-        serde_json::to_vec(&doc).expect("a JSON value always serialises")
+        document(
+            self.kind.name(),
+            self.kind.title(),
+            self.kind.status(),
+            &self.detail,
+            self.event_id.as_deref(),
+        )
     }
+}
+
+/// A problem+json document of type `urn:idemgate:problem:NAME` (also the
+/// admin API's, whose problems are its own).
+pub fn document(
+    name: &str,
+    title: &str,
+    status: u16,
+    detail: &str,
+    event_id: Option<&str>,
+) -> Vec<u8> {
+    let mut doc = serde_json::json!({
+        "type": format!("urn:idemgate:problem:{name}"),
+        "title": title,
+        "status": status,
+        "detail": detail,
+    });
+    if let Some(id) = event_id {
+        doc["event_id"] = serde_json::Value::String(id.to_owned());
+    }
+    serde_json::to_vec(&doc).expect("a JSON value always serialises")
 }
 
 pub const CONTENT_TYPE: &str = "application/problem+json";

@@ -132,6 +132,8 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
             metrics: metrics.clone(),
             proxy_listen: config.listen,
             proxy_up: Default::default(),
+            api: crate::admin::api::Api::new(&config, store.clone(), metrics.clone()),
+            loopback_only: config.admin_listen.ip().is_loopback(),
         },
     );
     admin.add_tcp(&config.admin_listen.to_string());

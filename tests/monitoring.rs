@@ -121,3 +121,75 @@ fn alert_rules_and_dashboard_parse_and_cover_the_operational_risks() {
         );
     }
 }
+
+/// The promtool unit tests of the alerts (the minute-scale ones, and the
+/// day-scale one evaluated less often).
+const ALERT_TESTS: [&str; 2] = ["alerts.test.yaml", "alerts-daily.test.yaml"];
+
+/// `promtool test rules` (Prometheus's own tool, Debian package
+/// `prometheus`) runs `config/monitoring/alerts*.test.yaml`, in which every
+/// alert of `alerts.yaml` has a case where it fires and one where it stays
+/// quiet. Without promtool: SKIP, or a failure in CI.
+#[test]
+fn every_alert_passes_its_promtool_unit_tests() {
+    let rules: serde_yaml::Value =
+        serde_yaml::from_str(&read("config/monitoring/alerts.yaml")).unwrap();
+    let mut fires = BTreeSet::new();
+    let mut quiet = BTreeSet::new();
+    let files: Vec<serde_yaml::Value> = ALERT_TESTS
+        .iter()
+        .map(|f| serde_yaml::from_str(&read(&format!("config/monitoring/{f}"))).unwrap())
+        .collect();
+    for case in files.iter().flat_map(|f| f["tests"].as_sequence().unwrap()) {
+        for t in case["alert_rule_test"].as_sequence().unwrap() {
+            let name = t["alertname"].as_str().unwrap().to_string();
+            if t["exp_alerts"].as_sequence().unwrap().is_empty() {
+                quiet.insert(name);
+            } else {
+                fires.insert(name);
+            }
+        }
+    }
+    for rule in rules["groups"][0]["rules"].as_sequence().unwrap() {
+        let alert = rule["alert"].as_str().unwrap();
+        assert!(
+            fires.contains(alert),
+            "no promtool case where {alert} fires"
+        );
+        assert!(
+            quiet.contains(alert),
+            "no promtool case where {alert} stays quiet"
+        );
+    }
+
+    let promtool = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("promtool"))
+            .find(|p| p.is_file())
+    });
+    let Some(promtool) = promtool else {
+        if std::env::var_os("CI").is_some() {
+            panic!("promtool is missing, and CI requires it: apt-get install -y prometheus");
+        }
+        eprintln!(
+            "SKIP: promtool not found (apt-get install -y prometheus); alert unit tests skipped"
+        );
+        return;
+    };
+    let dir = format!("{}/config/monitoring", env!("CARGO_MANIFEST_DIR"));
+    let test_args: Vec<&str> = ["test", "rules"].into_iter().chain(ALERT_TESTS).collect();
+    for args in [vec!["check", "rules", "alerts.yaml"], test_args] {
+        let out = std::process::Command::new(&promtool)
+            .args(&args)
+            .current_dir(&dir)
+            .output()
+            .expect("promtool runs");
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -775,6 +775,7 @@ mod cases {
             route: route.map(str::to_owned),
             state,
             limit,
+            ..Default::default()
         };
         assert_eq!(
             ids(s.list(&list(None, None, 100)).await.unwrap()),
@@ -824,6 +825,166 @@ mod cases {
         // The listed record is the whole record.
         let all = s.list(&list(Some("a"), None, 100)).await.unwrap();
         assert_eq!(all[2], get_route(s, "a", "a2").await);
+    }
+
+    /// Claims `route/id` first seen at `now`.
+    async fn put(s: &dyn ClaimStore, route: &str, id: &str, now: Millis) {
+        let out = s
+            .claim(&ClaimRequest {
+                route,
+                ..claim_req(id, D1, now)
+            })
+            .await
+            .unwrap();
+        assert!(matches!(out, ClaimOutcome::Claimed { .. }), "{route}/{id}");
+    }
+
+    fn keys(v: &[Record]) -> Vec<String> {
+        v.iter()
+            .map(|r| format!("{}/{}", r.route, r.event_id))
+            .collect()
+    }
+
+    /// Pages that start after the previous page's last record add up to
+    /// the whole list, in order, even with ties on `first_seen_at` and with
+    /// records arriving between pages (at the top, and at the very instant
+    /// of the page boundary).
+    pub async fn list_pages_after_a_key(b: &Backend) {
+        let s = &*b.store;
+        let mut n = 0;
+        for t in [0, 10, 10, 10, 20, 30, 30, 40] {
+            for route in ["a", "b"] {
+                n += 1;
+                put(s, route, &format!("e{n:02}"), T0 + t).await;
+            }
+        }
+        let all = |filter: ListFilter| async move { s.list(&filter).await.unwrap() };
+        let everything = || {
+            all(ListFilter {
+                limit: 1_000,
+                ..Default::default()
+            })
+        };
+        assert_eq!(everything().await.len(), 16);
+        for limit in [1, 2, 3, 5, 16] {
+            let before = everything().await;
+            let arrived = |r: &Record| !before.iter().any(|o| o.list_key() == r.list_key());
+            let mut seen: Vec<Record> = Vec::new();
+            let mut after = None;
+            let mut pages = 0;
+            loop {
+                let page = all(ListFilter {
+                    limit,
+                    after: after.clone(),
+                    ..Default::default()
+                })
+                .await;
+                assert!(page.len() as i64 <= limit);
+                pages += 1;
+                assert!(pages < 40, "paging does not end");
+                let Some(last) = page.last() else { break };
+                after = Some(last.list_key());
+                seen.extend(page.iter().cloned());
+                // newer records arrive at the top: never on a later page
+                n += 1;
+                put(s, "a", &format!("new{n:03}"), T0 + 1_000 + n).await;
+            }
+            assert!(
+                !seen.iter().any(arrived),
+                "limit {limit}: a record that arrived later showed on a later page"
+            );
+            assert_eq!(
+                keys(&seen),
+                keys(&before),
+                "limit {limit}: every record once, in order"
+            );
+        }
+        // With a filter: the key and the filter combine.
+        let first = all(ListFilter {
+            route: Some("b".into()),
+            limit: 3,
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(keys(&first), ["b/e16", "b/e12", "b/e14"]);
+        let next = all(ListFilter {
+            route: Some("b".into()),
+            limit: 3,
+            after: Some(first[2].list_key()),
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(keys(&next), ["b/e10", "b/e04", "b/e06"]);
+        // A record joining at the boundary's own instant, after the key in
+        // the order, is found on the next page; one before it is not
+        // repeated.
+        put(s, "b", "e05", T0 + 10).await;
+        put(s, "a", "d00", T0 + 10).await;
+        let key = s.get("b", "e04").await.unwrap().unwrap().list_key();
+        let rest = all(ListFilter {
+            limit: 100,
+            after: Some(key),
+            ..Default::default()
+        })
+        .await;
+        let rest = keys(&rest);
+        assert_eq!(rest, ["b/e05", "b/e06", "b/e08", "a/e01", "b/e02"]);
+        assert!(!rest.contains(&"a/d00".to_string()), "{rest:?}");
+        assert!(!rest.contains(&"b/e04".to_string()), "{rest:?}");
+    }
+
+    /// The ID prefix is plain text (`%` and `_` match only themselves), and
+    /// `lease_ended_by` finds the processing records whose lease is over.
+    pub async fn list_by_id_prefix_and_ended_lease(b: &Backend) {
+        let s = &*b.store;
+        for (i, id) in ["evt_1", "evt%1", "evtX1", "ev_t", "x/evt_2", "evt_/3"]
+            .into_iter()
+            .enumerate()
+        {
+            put(s, R, id, T0 + i as Millis).await;
+        }
+        let by_prefix = |p: &str| ListFilter {
+            id_prefix: Some(p.to_string()),
+            limit: 100,
+            ..Default::default()
+        };
+        let ids = |v: Vec<Record>| -> Vec<String> { v.into_iter().map(|r| r.event_id).collect() };
+        assert_eq!(
+            ids(s.list(&by_prefix("evt_")).await.unwrap()),
+            ["evt_/3", "evt_1"]
+        );
+        assert_eq!(ids(s.list(&by_prefix("evt%")).await.unwrap()), ["evt%1"]);
+        assert_eq!(ids(s.list(&by_prefix("x/")).await.unwrap()), ["x/evt_2"]);
+        assert_eq!(
+            ids(s.list(&by_prefix("EVT")).await.unwrap()),
+            Vec::<String>::new()
+        );
+        assert_eq!(s.list(&by_prefix("")).await.unwrap().len(), 6);
+
+        // lease ends at T0 + i + LEASE; one failed, one delivered, one reclaimed later
+        settle(s, "evt%1", 1, T0 + 100, failed(Some(500))).await;
+        settle(s, "evtX1", 1, T0 + 100, delivered(200)).await;
+        assert_eq!(own(s, "ev_t", T0 + LEASE + 3).await, 2);
+        let ended = |at: Millis| ListFilter {
+            lease_ended_by: Some(at),
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(s.list(&ended(T0 + LEASE - 1)).await.unwrap()),
+            Vec::<String>::new()
+        );
+        assert_eq!(ids(s.list(&ended(T0 + LEASE)).await.unwrap()), ["evt_1"]);
+        assert_eq!(
+            ids(s.list(&ended(T0 + LEASE + 5)).await.unwrap()),
+            ["evt_/3", "x/evt_2", "evt_1"],
+            "processing past the lease only; ev_t was reclaimed with a new lease"
+        );
+        let both = ListFilter {
+            id_prefix: Some("evt_".into()),
+            ..ended(T0 + LEASE + 5)
+        };
+        assert_eq!(ids(s.list(&both).await.unwrap()), ["evt_/3", "evt_1"]);
     }
 
     async fn get_route(s: &dyn ClaimStore, route: &str, id: &str) -> Record {
@@ -1075,6 +1236,8 @@ contract!(
     operator_release,
     sweep_deletes_only_expired_in_batches,
     list_order_filters_and_limit,
+    list_pages_after_a_key,
+    list_by_id_prefix_and_ended_lease,
     oldest_processing_per_route,
     migrations_are_idempotent,
     concurrent_claims_one_winner,

@@ -1,13 +1,12 @@
 //! `migrate`, `events list|show|release` and `sweep`: the operator's view of
 //! the store.
 
-use std::time::{Duration, UNIX_EPOCH};
-
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{block_on, exit, EventsCommand, ListArgs, ReleaseArgs, ShowArgs, StoreArg, SweepArgs};
-use crate::claim::{Millis, State};
+use crate::claim::State;
 use crate::proxy::now_ms;
+use crate::store::json::{record_json, timestamp};
 use crate::store::{self, ClaimStore, ListFilter, Record, ReleaseOutcome, StoreError};
 
 async fn open(url: &str) -> Result<std::sync::Arc<dyn ClaimStore>, StoreError> {
@@ -79,6 +78,7 @@ fn list(args: ListArgs) -> i32 {
         route: args.route,
         state,
         limit: args.limit,
+        ..Default::default()
     };
     let res = block_on(async {
         let s = open(&args.store.store).await?;
@@ -167,37 +167,6 @@ fn release(args: ReleaseArgs) -> i32 {
         )),
         Err(e) => fail(e),
     }
-}
-
-/// RFC 3339 UTC with milliseconds.
-pub fn timestamp(ms: Millis) -> String {
-    let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
-/// A record as JSON: the SPEC §3 field names; `null` where unset.
-pub fn record_json(r: &Record) -> Value {
-    let ts = |v: Option<Millis>| v.map(timestamp);
-    let mut doc = json!({
-        "route": r.route,
-        "event_id": r.event_id,
-        "body_sha256": r.body_sha256,
-        "state": r.state,
-        "attempts": r.attempts,
-        "lease_until": ts(r.lease_until),
-        "last_status": r.last_status,
-        "last_error": r.last_error,
-        "first_seen_at": timestamp(r.first_seen_at),
-        "updated_at": timestamp(r.updated_at),
-        "delivered_at": ts(r.delivered_at),
-        "expires_at": timestamp(r.expires_at),
-    });
-    if r.replay_status.is_some() {
-        doc["replay_status"] = json!(r.replay_status);
-        doc["replay_content_type"] = json!(r.replay_content_type);
-        doc["replay_body_bytes"] = json!(r.replay_body_bytes);
-    }
-    doc
 }
 
 fn print_table(records: &[Record]) {

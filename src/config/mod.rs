@@ -15,16 +15,17 @@
 //!
 //! Environment variables: `${NAME}` is expanded in `store.url` only (so a
 //! database password need not sit in the file). Secrets come from
-//! `env:NAME` / `file:PATH` references in `verify.secrets`; a relative
+//! `env:NAME` / `file:PATH` references in `verify.secrets` and `admin.token`; a relative
 //! `file:` path is relative to the working directory, like a SQLite path.
 //!
 //! Layout: `raw.rs` (serde types), `units.rs` (durations and sizes),
 //! `positions.rs` (path → line:col), `validate.rs` (top level, store,
 //! duplicates), `layer.rs` (fields shared with `defaults`), `route.rs` (one
-//! route and its resolution), `fields.rs` (small
+//! route and its resolution), `admin.rs` (the admin token), `fields.rs` (small
 //! value parsers: upstream URL, JSON pointer, header), `verify.rs` (provider
 //! presets, secrets, warnings), `model.rs` (the output).
 
+mod admin;
 mod fields;
 mod layer;
 mod model;
@@ -43,8 +44,9 @@ use std::fmt;
 use std::path::Path;
 
 pub use model::{
-    Config, DigestMode, Downstream, EventIdSource, InFlight, OnMissingId, OnStoreError, Provider,
-    Route, Scheme, SettleOn, StoreConfig, StoreKind, SweeperConfig, Tls, UpstreamUrl, Verify,
+    AdminConfig, AdminToken, Config, DigestMode, Downstream, EventIdSource, InFlight, OnMissingId,
+    OnStoreError, Provider, Route, Scheme, SettleOn, StoreConfig, StoreKind, SweeperConfig, Tls,
+    UpstreamUrl, Verify,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 

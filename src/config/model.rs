@@ -30,6 +30,8 @@ pub struct Config {
     pub downstream: Downstream,
     /// HTTPS on the proxy listener, when configured.
     pub tls: Option<Tls>,
+    /// The admin API's and console's settings (SPEC §11).
+    pub admin: AdminConfig,
 }
 
 /// The `downstream` section: the bounds on client connections (SPEC §9).
@@ -80,6 +82,24 @@ impl fmt::Debug for Tls {
             .field("cert_path", &self.cert_path)
             .field("key_path", &self.key_path)
             .finish_non_exhaustive()
+    }
+}
+
+/// `admin:`. `Debug` never shows the token.
+#[derive(Debug, Clone, Default)]
+pub struct AdminConfig {
+    /// What `Authorization: Bearer …` must carry for an action; `None`: every
+    /// action is refused (403).
+    pub token: Option<AdminToken>,
+}
+
+/// The admin token's bytes, read from its `env:`/`file:` reference.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(pub Vec<u8>);
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("AdminToken(redacted)")
     }
 }
 

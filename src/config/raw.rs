@@ -67,6 +67,7 @@ pub struct RawConfig {
     pub threads: Option<u64>,
     pub downstream: Option<RawDownstream>,
     pub tls: Option<RawTls>,
+    pub admin: Option<RawAdmin>,
 }
 
 impl RawConfig {
@@ -83,6 +84,7 @@ impl RawConfig {
             threads,
             downstream,
             tls,
+            admin,
         } = self;
         listen.is_none()
             && admin_listen.is_none()
@@ -94,6 +96,7 @@ impl RawConfig {
             && threads.is_none()
             && downstream.is_none()
             && tls.is_none()
+            && admin.is_none()
     }
 }
 
@@ -121,6 +124,14 @@ pub struct RawDownstream {
 pub struct RawTls {
     pub cert: Option<String>,
     pub key: Option<String>,
+}
+
+/// `admin:` (SPEC §11): what the admin API's actions need.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// An `env:NAME` or `file:PATH` reference, like a verify secret.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -150,6 +150,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         threads,
         downstream,
         tls,
+        admin,
     } = raw;
 
     let listen = socket_addr(ctx, "listen", listen.as_ref());
@@ -181,6 +182,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         .duration("shutdown_grace", shutdown_grace.as_ref())
         .unwrap_or(Duration::from_secs(30));
     let sweeper = sweeper_config(ctx, sweeper);
+    let admin = super::admin::admin_config(ctx, admin);
     let threads = match threads {
         None => Some(None),
         Some(0) => {
@@ -272,6 +274,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         threads: threads?,
         downstream: downstream?,
         tls: tls?,
+        admin: admin?,
     })
 }
 

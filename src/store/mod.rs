@@ -6,6 +6,7 @@
 //! the claim is an `INSERT … ON CONFLICT DO UPDATE … WHERE <reclaimable>
 //! RETURNING`, a release is an `UPDATE … WHERE attempts = $attempt`.
 
+pub mod json;
 mod owned;
 pub mod postgres;
 pub(crate) mod sql;
@@ -129,12 +130,43 @@ impl Record {
     }
 }
 
-/// Filter of `events list`.
+/// Filter of `events list` and `GET /api/events`.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     pub route: Option<String>,
     pub state: Option<State>,
     pub limit: i64,
+    /// Only event IDs that start with this text (compared byte for byte:
+    /// `%` and `_` are plain characters).
+    pub id_prefix: Option<String>,
+    /// Only `processing` records whose lease had ended by this time: claims
+    /// whose attempt died or hangs.
+    pub lease_ended_by: Option<Millis>,
+    /// Only records after this one in the list's order (a page's last).
+    pub after: Option<ListKey>,
+}
+
+/// A record's place in the list's order (newest first, then route, then event
+/// ID). Records only ever join the list at its top (`first_seen_at` never
+/// changes), so the records after a key stay the same while others arrive:
+/// a page that starts after the previous page's last record neither repeats
+/// nor skips one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListKey {
+    pub first_seen_at: Millis,
+    pub route: String,
+    pub event_id: String,
+}
+
+impl Record {
+    /// This record's place in the list's order.
+    pub fn list_key(&self) -> ListKey {
+        ListKey {
+            first_seen_at: self.first_seen_at,
+            route: self.route.clone(),
+            event_id: self.event_id.clone(),
+        }
+    }
 }
 
 /// What an operator's release did.
@@ -182,7 +214,7 @@ pub trait ClaimStore: Send + Sync {
         now: Millis,
     ) -> Result<Option<ClaimOutcome>, StoreError>;
     async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError>;
-    /// Newest first.
+    /// Newest first (then by route and event ID), at most `filter.limit`.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError>;
     /// Operator release: `processing`/`failed` (or, forced, `delivered`) to `failed` with no lease.
     async fn release(

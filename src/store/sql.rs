@@ -89,10 +89,67 @@ SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status, 
        replay_status, replay_content_type, replay_body
 FROM records";
 
-/// $1 route or NULL, $2 state or NULL, $3 limit
-pub const LIST_WHERE: &str = "\
-WHERE ($1 IS NULL OR route = $1) AND ($2 IS NULL OR state = $2)
-ORDER BY first_seen_at DESC, route, event_id LIMIT $3";
+/// A value bound to a [`list_statement`].
+pub(crate) enum ListParam<'a> {
+    Text(&'a str),
+    Int(i64),
+}
+
+/// The list statement for `filter` and the values to bind, in order. Only
+/// the conditions the filter sets are written, and a state as a literal, so
+/// that each store can use its indexes: `state = 'failed'` and
+/// `state = 'processing'` reach their partial indexes (the console asks for
+/// failed and stuck records every few seconds; with none of them, a generic
+/// `($2 IS NULL OR state = $2)` scanned the whole table each time), and
+/// `route = $1` the primary key. `substr` rather than `LIKE`, whose `%` and
+/// `_` an event ID may hold. The page key's comparison is spelled out
+/// because the order mixes DESC and ASC; it uses the `ORDER BY`'s collation,
+/// so pages agree with the order on PostgreSQL too.
+pub(crate) fn list_statement<'a>(filter: &'a super::ListFilter) -> (String, Vec<ListParam<'a>>) {
+    let mut params = Vec::new();
+    let mut bind = |p: ListParam<'a>| -> String {
+        params.push(p);
+        format!("${}", params.len())
+    };
+    let mut conds: Vec<String> = Vec::new();
+    if let Some(route) = &filter.route {
+        conds.push(format!("route = {}", bind(ListParam::Text(route))));
+    }
+    if let Some(state) = filter.state {
+        // a closed set of words, never the caller's text
+        conds.push(format!("state = '{}'", state.as_str()));
+    }
+    if let Some(prefix) = &filter.id_prefix {
+        let p = bind(ListParam::Text(prefix));
+        conds.push(format!("substr(event_id, 1, length({p})) = {p}"));
+    }
+    if let Some(at) = filter.lease_ended_by {
+        let t = bind(ListParam::Int(at));
+        conds.push(format!(
+            "state = 'processing' AND (lease_until IS NULL OR lease_until <= {t})"
+        ));
+    }
+    if let Some(key) = &filter.after {
+        let t = bind(ListParam::Int(key.first_seen_at));
+        let r = bind(ListParam::Text(&key.route));
+        let e = bind(ListParam::Text(&key.event_id));
+        conds.push(format!(
+            "(first_seen_at < {t} OR (first_seen_at = {t} AND (route > {r} OR (route = {r} AND event_id > {e}))))"
+        ));
+    }
+    let limit = bind(ListParam::Int(filter.limit));
+    let filter = if conds.is_empty() {
+        String::new()
+    } else {
+        format!("\nWHERE {}", conds.join("\n  AND "))
+    };
+    (
+        format!(
+            "{SELECT_RECORD}{filter}\nORDER BY first_seen_at DESC, route, event_id LIMIT {limit}"
+        ),
+        params,
+    )
+}
 
 /// Deletes one bounded batch of expired records, never a live lease.
 /// The condition is repeated outside the subquery on purpose: under READ
@@ -204,17 +261,16 @@ macro_rules! impl_claim_store {
                 filter: &$crate::store::ListFilter,
             ) -> Result<Vec<$crate::store::Record>, $crate::store::StoreError> {
                 $crate::store::bounded(Self::OP_TIMEOUT, async {
-                    let sql = format!(
-                        "{} {}",
-                        $crate::store::sql::SELECT_RECORD,
-                        $crate::store::sql::LIST_WHERE
-                    );
-                    let rows = sqlx::query(&sql)
-                        .bind(filter.route.as_deref())
-                        .bind(filter.state.map(|s| s.as_str()))
-                        .bind(filter.limit)
-                        .fetch_all(&self.read)
-                        .await?;
+                    use $crate::store::sql::ListParam;
+                    let (sql, params) = $crate::store::sql::list_statement(filter);
+                    let mut query = sqlx::query(&sql);
+                    for p in params {
+                        query = match p {
+                            ListParam::Text(t) => query.bind(t),
+                            ListParam::Int(n) => query.bind(n),
+                        };
+                    }
+                    let rows = query.fetch_all(&self.read).await?;
                     rows.iter()
                         .map($crate::store::sql::record_from_row)
                         .collect()
@@ -390,4 +446,100 @@ where
         replay_content_type: row.try_get("replay_content_type")?,
         replay_body_bytes: replay_body.map(|b| b.len() as i64),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim::State;
+    use crate::store::{ListFilter, ListKey};
+
+    fn every_filter() -> ListFilter {
+        ListFilter {
+            route: Some("r'; DROP TABLE records; --".into()),
+            state: Some(State::Processing),
+            limit: 21,
+            id_prefix: Some("evt_%'".into()),
+            lease_ended_by: Some(5),
+            after: Some(ListKey {
+                first_seen_at: 7,
+                route: "k'".into(),
+                event_id: "e'".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn the_callers_text_is_only_ever_bound() {
+        let filter = every_filter();
+        let (sql, params) = list_statement(&filter);
+        assert!(
+            !sql.contains("DROP") && !sql.contains("evt_") && !sql.contains("k'"),
+            "{sql}"
+        );
+        assert_eq!(
+            params.len(),
+            7,
+            "route, prefix, lease, three for the key, limit: {sql}"
+        );
+        assert!(sql.contains("$7") && !sql.contains("$8"), "{sql}");
+        let none = ListFilter {
+            limit: 3,
+            ..Default::default()
+        };
+        let (plain, params) = list_statement(&none);
+        assert!(!plain.contains("WHERE"), "{plain}");
+        assert!(matches!(params.as_slice(), [ListParam::Int(3)]));
+    }
+
+    /// The lists the console asks for every few seconds find their rows by
+    /// index, not by a scan of every record (SQLite's plan; PostgreSQL's is
+    /// measured in docs/performance.md).
+    #[test]
+    fn failed_stuck_and_route_lists_use_an_index() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        for sql in [
+            include_str!("../../migrations/sqlite/0001_records.sql"),
+            include_str!("../../migrations/sqlite/0002_failed_index.sql"),
+        ] {
+            conn.execute_batch(sql).unwrap();
+        }
+        let plan = |filter: ListFilter| -> String {
+            let (sql, params) = list_statement(&filter);
+            let values = params.into_iter().map(|p| match p {
+                ListParam::Text(t) => rusqlite::types::Value::Text(t.to_owned()),
+                ListParam::Int(n) => rusqlite::types::Value::Integer(n),
+            });
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let rows = stmt
+                .query_map(rusqlite::params_from_iter(values), |r| {
+                    r.get::<_, String>(3)
+                })
+                .unwrap()
+                .map(Result::unwrap)
+                .collect::<Vec<_>>();
+            rows.join("; ")
+        };
+        let base = || ListFilter {
+            limit: 21,
+            ..Default::default()
+        };
+        let failed = plan(ListFilter {
+            state: Some(State::Failed),
+            ..base()
+        });
+        assert!(failed.contains("records_failed"), "{failed}");
+        let stuck = plan(ListFilter {
+            lease_ended_by: Some(1),
+            ..base()
+        });
+        assert!(stuck.contains("records_processing"), "{stuck}");
+        let route = plan(ListFilter {
+            route: Some("r".into()),
+            ..base()
+        });
+        assert!(route.contains("PRIMARY KEY"), "{route}");
+        let newest = plan(base());
+        assert!(newest.contains("records_first_seen_at"), "{newest}");
+    }
 }

@@ -1,5 +1,6 @@
 //! Config tests: every rule with its reported position.
 
+mod admin;
 mod resolve;
 mod rules;
 mod secrets;
@@ -19,6 +20,9 @@ pub fn test_env(name: &str) -> Option<String> {
         "WH_SECRET_BAD" => Some("whsec_not*base64!".to_string()),
         "WH_SECRET_NOPREFIX" => Some("aGVsbG8=".to_string()),
         "PLAIN" => Some("plain-secret".to_string()),
+        "ADMIN_TOKEN" => Some("0123456789abcdef-admin".to_string()),
+        "SHORT_TOKEN" => Some("abc".to_string()),
+        "SPACED_TOKEN" => Some("has a space in it, long enough".to_string()),
         _ => None,
     }
 }

@@ -135,15 +135,26 @@ impl PostgresStore {
 
     pub(crate) fn migrator() -> Migrator {
         Migrator {
-            migrations: Cow::Owned(vec![Migration::new(
-                1,
-                Cow::Borrowed("records"),
-                MigrationType::Simple,
-                Cow::Borrowed(include_str!(
-                    "../../../migrations/postgres/0001_records.sql"
-                )),
-                false,
-            )]),
+            migrations: Cow::Owned(vec![
+                Migration::new(
+                    1,
+                    Cow::Borrowed("records"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(include_str!(
+                        "../../../migrations/postgres/0001_records.sql"
+                    )),
+                    false,
+                ),
+                Migration::new(
+                    2,
+                    Cow::Borrowed("failed index"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(include_str!(
+                        "../../../migrations/postgres/0002_failed_index.sql"
+                    )),
+                    false,
+                ),
+            ]),
             ignore_missing: false,
             locking: true,
             no_tx: false,

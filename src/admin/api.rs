@@ -1,0 +1,598 @@
+//! The JSON admin API (SPEC §11) on the admin listener:
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /api/routes` | every route, its settings and live counters |
+//! | `GET /api/events?route&state&prefix&stuck&limit&before` | records, newest first, and a `next` cursor |
+//! | `GET /api/events/{route}/{event_id}` | one record |
+//! | `POST /api/events/{route}/{event_id}/release[?force=true]` | release it (needs the token) |
+//!
+//! Records are the documents of `events … --json` ([`record_json`]). Reads
+//! are open; an action needs `Authorization: Bearer <admin.token>`, compared
+//! in constant time (403 when no token is configured, 401 when it is missing
+//! or wrong). Every refusal is problem+json.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use http::{Method, Response, StatusCode};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::web::{json, method_not_allowed, query_pairs, segments, shown, ApiProblem};
+use crate::claim::State;
+use crate::config::{format_duration, Config, EventIdSource, Route};
+use crate::metrics::Metrics;
+use crate::proxy::now_ms;
+use crate::store::json::record_json;
+use crate::store::{ClaimStore, ListFilter, ListKey, ReleaseOutcome, StoreError};
+
+/// `limit` when the request names none, and the most it may name.
+const DEFAULT_LIMIT: i64 = 50;
+const MAX_LIMIT: i64 = 500;
+/// A cursor longer than this was not made here.
+const MAX_CURSOR: usize = 1024;
+
+/// The parts of a request the API looks at (a seam for unit tests).
+pub struct ApiRequest<'a> {
+    pub method: &'a Method,
+    /// Still percent-encoded.
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    /// Every `Authorization` header's value.
+    pub authorization: Vec<&'a [u8]>,
+    /// For the log line of an action.
+    pub peer: String,
+}
+
+pub struct Api {
+    store: Arc<dyn ClaimStore>,
+    metrics: Metrics,
+    /// Each route's settings as `GET /api/routes` shows them.
+    routes: Vec<(String, Value)>,
+    /// SHA-256 of `admin.token`: comparing digests takes the same time
+    /// whatever the length or content of what was presented.
+    token: Option<[u8; 32]>,
+}
+
+impl Api {
+    pub fn new(config: &Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Api {
+        Api {
+            store,
+            metrics,
+            routes: config
+                .routes
+                .iter()
+                .map(|r| (r.name.clone(), route_settings(r)))
+                .collect(),
+            token: config
+                .admin
+                .token
+                .as_ref()
+                .map(|t| Sha256::digest(&t.0).into()),
+        }
+    }
+
+    /// Answers a request under `/api/`.
+    pub async fn respond(&self, req: &ApiRequest<'_>) -> Response<Vec<u8>> {
+        match self.route_request(req).await {
+            Ok(resp) => resp,
+            Err(problem) => problem.into_response(),
+        }
+    }
+
+    async fn route_request(&self, req: &ApiRequest<'_>) -> Result<Response<Vec<u8>>, ApiProblem> {
+        let segs = match segments(req.path, "/api/") {
+            Some(s) => s?,
+            None => return Err(ApiProblem::no_endpoint(ENDPOINTS)),
+        };
+        let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+        let get = req.method == Method::GET;
+        let named = |route: &str, id: &str| !route.is_empty() && !id.is_empty();
+        match segs.as_slice() {
+            ["routes"] if get => self.routes(req.query),
+            ["events"] if get => self.list(req.query).await,
+            ["routes"] | ["events"] => Ok(method_not_allowed("GET")),
+            ["events", route, id] if named(route, id) => {
+                if !get {
+                    return Ok(method_not_allowed("GET"));
+                }
+                self.show(route, id, req.query).await
+            }
+            ["events", route, id, "release"] if named(route, id) => {
+                if req.method != Method::POST {
+                    return Ok(method_not_allowed("POST"));
+                }
+                self.authorize(&req.authorization)?;
+                self.release(route, id, req.query, &req.peer).await
+            }
+            _ => Err(ApiProblem::no_endpoint(ENDPOINTS)),
+        }
+    }
+
+    /// 403 without a configured token, 401 unless exactly one
+    /// `Authorization: Bearer <token>` carries it.
+    fn authorize(&self, headers: &[&[u8]]) -> Result<(), ApiProblem> {
+        let Some(expected) = &self.token else {
+            return Err(ApiProblem::new(
+                StatusCode::FORBIDDEN,
+                "actions-disabled",
+                "Admin actions are disabled",
+                "no admin.token is configured, so every action is refused; \
+                 set admin.token (env:NAME or file:PATH) to enable them",
+            ));
+        };
+        let unauthorized = |detail: &str| {
+            ApiProblem::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Admin token required",
+                detail,
+            )
+        };
+        let presented = match headers {
+            [] => {
+                return Err(unauthorized(
+                    "this action needs an `Authorization: Bearer <admin.token>` header",
+                ))
+            }
+            [one] => bearer(one).ok_or_else(|| {
+                unauthorized("the Authorization header must be `Bearer <admin.token>`")
+            })?,
+            _ => return Err(unauthorized("send one Authorization header, not several")),
+        };
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        if bool::from(digest.ct_eq(expected)) {
+            Ok(())
+        } else {
+            Err(unauthorized("the admin token is wrong"))
+        }
+    }
+
+    fn routes(&self, query: Option<&str>) -> Result<Response<Vec<u8>>, ApiProblem> {
+        no_params(query)?;
+        let live = Live::read(&self.metrics);
+        let routes: Vec<Value> = self
+            .routes
+            .iter()
+            .map(|(name, settings)| {
+                let mut doc = settings.clone();
+                doc["counters"] = live.route(name);
+                doc
+            })
+            .collect();
+        Ok(json(
+            StatusCode::OK,
+            &json!({
+                "routes": routes,
+                "unrouted": live.route(""),
+                "store": {"duration_seconds": live.store},
+            }),
+        ))
+    }
+
+    async fn list(&self, query: Option<&str>) -> Result<Response<Vec<u8>>, ApiProblem> {
+        let mut filter = ListFilter {
+            limit: DEFAULT_LIMIT,
+            ..Default::default()
+        };
+        let mut stuck = false;
+        for (k, v) in query_pairs(query)? {
+            match k.as_str() {
+                "route" => filter.route = Some(route_param(&v)?),
+                "state" => {
+                    filter.state = Some(State::parse(&v).ok_or_else(|| {
+                        ApiProblem::bad_query(format!(
+                            "state `{}`: expected processing, delivered or failed",
+                            shown(&v)
+                        ))
+                    })?)
+                }
+                "prefix" if v.is_empty() => {}
+                "prefix" if v.len() > crate::claim::event_id::MAX_EVENT_ID_LEN => {
+                    return Err(ApiProblem::bad_query(
+                        "prefix is longer than any event ID can be",
+                    ))
+                }
+                "prefix" => filter.id_prefix = Some(v),
+                "stuck" => stuck = bool_param("stuck", &v)?,
+                "limit" => {
+                    filter.limit = v
+                        .parse::<i64>()
+                        .ok()
+                        .filter(|n| (1..=MAX_LIMIT).contains(n))
+                        .ok_or_else(|| {
+                            ApiProblem::bad_query(format!(
+                                "limit `{}`: expected a whole number from 1 to {MAX_LIMIT}",
+                                shown(&v)
+                            ))
+                        })?
+                }
+                "before" => filter.after = Some(decode_cursor(&v)?),
+                other => {
+                    return Err(ApiProblem::bad_query(format!(
+                        "unknown parameter `{}`: this endpoint takes route, state, prefix, \
+                         stuck, limit and before",
+                        shown(other)
+                    )))
+                }
+            }
+        }
+        if stuck {
+            if filter.state.is_some_and(|s| s != State::Processing) {
+                return Err(ApiProblem::bad_query(
+                    "stuck=true lists processing records; it cannot be combined with another state",
+                ));
+            }
+            filter.lease_ended_by = Some(now_ms());
+        }
+        let limit = filter.limit;
+        // one more than asked, to know whether a next page exists
+        filter.limit += 1;
+        let mut records = self.store.list(&filter).await.map_err(store_problem)?;
+        let next = if records.len() as i64 > limit {
+            records.truncate(limit as usize);
+            records.last().map(|r| encode_cursor(&r.list_key()))
+        } else {
+            None
+        };
+        let events: Vec<Value> = records.iter().map(record_json).collect();
+        Ok(json(
+            StatusCode::OK,
+            &json!({"events": events, "next": next}),
+        ))
+    }
+
+    async fn show(
+        &self,
+        route: &str,
+        id: &str,
+        query: Option<&str>,
+    ) -> Result<Response<Vec<u8>>, ApiProblem> {
+        no_params(query)?;
+        match self.store.get(route, id).await.map_err(store_problem)? {
+            Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
+            None => Err(not_found(route, id)),
+        }
+    }
+
+    async fn release(
+        &self,
+        route: &str,
+        id: &str,
+        query: Option<&str>,
+        peer: &str,
+    ) -> Result<Response<Vec<u8>>, ApiProblem> {
+        let mut force = false;
+        for (k, v) in query_pairs(query)? {
+            match k.as_str() {
+                "force" => force = bool_param("force", &v)?,
+                other => {
+                    return Err(ApiProblem::bad_query(format!(
+                        "unknown parameter `{}`: this endpoint takes force",
+                        shown(other)
+                    )))
+                }
+            }
+        }
+        let outcome = self
+            .store
+            .release(route, id, force, now_ms())
+            .await
+            .map_err(store_problem)?;
+        match outcome {
+            ReleaseOutcome::Released { previous } => {
+                tracing::info!(
+                    route,
+                    event_id = id,
+                    previous = previous.as_str(),
+                    force,
+                    peer,
+                    "released by the admin API; the next delivery will be forwarded"
+                );
+                match self.store.get(route, id).await.map_err(store_problem)? {
+                    Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
+                    // swept in between: there is nothing left to show
+                    None => Err(not_found(route, id)),
+                }
+            }
+            ReleaseOutcome::NotFound => Err(not_found(route, id)),
+            ReleaseOutcome::RefusedDelivered => Err(ApiProblem::new(
+                StatusCode::CONFLICT,
+                "delivered",
+                "Event already delivered",
+                "the event is delivered: releasing it makes the next delivery reach the \
+                 consumer again; add ?force=true if that is what you want",
+            )
+            .with_event_id(id)),
+        }
+    }
+}
+
+const ENDPOINTS: &str = "the admin API has GET /api/routes, GET /api/events, \
+    GET /api/events/{route}/{event_id} and POST /api/events/{route}/{event_id}/release \
+    (write a `/` inside an event ID as %2F)";
+
+fn not_found(route: &str, id: &str) -> ApiProblem {
+    ApiProblem::new(
+        StatusCode::NOT_FOUND,
+        "not-found",
+        "No such record",
+        format!("route `{}` has no record of this event ID", shown(route)),
+    )
+    .with_event_id(id)
+}
+
+/// The store's own error text goes to the log, not to the client.
+fn store_problem(e: StoreError) -> ApiProblem {
+    tracing::warn!(error = %e, "admin API: store operation failed");
+    ApiProblem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Claim store unavailable",
+        "the claim store did not answer; idemgate's log says why",
+    )
+}
+
+fn no_params(query: Option<&str>) -> Result<(), ApiProblem> {
+    match query_pairs(query)?.first() {
+        None => Ok(()),
+        Some((k, _)) => Err(ApiProblem::bad_query(format!(
+            "unknown parameter `{}`: this endpoint takes none",
+            shown(k)
+        ))),
+    }
+}
+
+fn bool_param(name: &str, v: &str) -> Result<bool, ApiProblem> {
+    match v {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(ApiProblem::bad_query(format!(
+            "{name} `{}`: expected true or false",
+            shown(v)
+        ))),
+    }
+}
+
+/// A route name has the config's grammar, `[a-z0-9_-]{1,64}`; a route that
+/// is no longer configured may still have records.
+fn route_param(v: &str) -> Result<String, ApiProblem> {
+    let ok = !v.is_empty()
+        && v.len() <= 64
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if ok {
+        Ok(v.to_owned())
+    } else {
+        Err(ApiProblem::bad_query(format!(
+            "route `{}` is not a route name ([a-z0-9_-], 1 to 64)",
+            shown(v)
+        )))
+    }
+}
+
+/// The token of `Bearer <token>` (scheme case-insensitive, RFC 7235).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// A page boundary as an opaque text: the key, as JSON, in URL-safe base64.
+fn encode_cursor(key: &ListKey) -> String {
+    let doc = json!([key.first_seen_at, key.route, key.event_id]);
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(&doc).expect("JSON"))
+}
+
+fn decode_cursor(text: &str) -> Result<ListKey, ApiProblem> {
+    let bad = || {
+        ApiProblem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-cursor",
+            "Invalid cursor",
+            "`before` must be a `next` value from an earlier answer",
+        )
+    };
+    if text.len() > MAX_CURSOR {
+        return Err(bad());
+    }
+    let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| bad())?;
+    let (first_seen_at, route, event_id): (i64, String, String) =
+        serde_json::from_slice(&bytes).map_err(|_| bad())?;
+    if route_param(&route).is_err() || event_id.chars().any(char::is_control) {
+        return Err(bad());
+    }
+    Ok(ListKey {
+        first_seen_at,
+        route,
+        event_id,
+    })
+}
+
+/// A route's settings for `GET /api/routes`: what it matches, where it goes
+/// (scheme, host, port and base path only: never credentials), where its
+/// event ID comes from, its provider, lease and retention.
+fn route_settings(r: &Route) -> Value {
+    let u = &r.upstream;
+    let host = if u.host.contains(':') {
+        format!("[{}]", u.host)
+    } else {
+        u.host.clone()
+    };
+    let scheme = if u.tls { "https" } else { "http" };
+    let guarded = !r.guard_methods.is_empty();
+    let event_id = match (&r.event_id, guarded) {
+        (_, false) => Value::Null,
+        (EventIdSource::Header(h), true) => json!({"header": h.as_str()}),
+        (EventIdSource::JsonPointer(p), true) => json!({"json_pointer": p}),
+        // the svix preset: the header set that was verified names the ID
+        (EventIdSource::SvixId, true) => json!({"header": "svix-id", "or_header": "webhook-id"}),
+    };
+    json!({
+        "name": r.name,
+        "match": {"host": r.host, "path_prefix": r.path_prefix},
+        "upstream": format!("{scheme}://{host}:{}{}", u.port, u.base_path),
+        "event_id": event_id,
+        "guard_methods": r.guard_methods.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
+        "provider": r.provider.map(|p| p.as_str()),
+        "verify": r.verify.as_ref().map(|v| v.scheme.as_str()),
+        "lease": format_duration(r.lease),
+        "retention": format_duration(r.retention),
+    })
+}
+
+/// The live counters, read from the same registry `/metrics` renders.
+#[derive(Default)]
+struct Live {
+    /// route → outcome → count (route `""`: requests no route took).
+    requests: BTreeMap<String, BTreeMap<String, u64>>,
+    /// route → class → count.
+    upstream: BTreeMap<String, BTreeMap<String, u64>>,
+    /// route → seconds.
+    oldest: BTreeMap<String, f64>,
+    /// operation → `{count, sum, buckets: [[le, cumulative count], …]}`.
+    store: BTreeMap<String, Value>,
+}
+
+impl Live {
+    fn read(metrics: &Metrics) -> Live {
+        let mut live = Live::default();
+        for family in metrics.gather() {
+            for m in family.get_metric() {
+                let label = |name: &str| {
+                    m.get_label()
+                        .iter()
+                        .find(|l| l.name() == name)
+                        .map(|l| l.value().to_owned())
+                        .unwrap_or_default()
+                };
+                match family.name() {
+                    "idemgate_requests_total" => {
+                        live.requests
+                            .entry(label("route"))
+                            .or_default()
+                            .insert(label("outcome"), m.get_counter().get_value() as u64);
+                    }
+                    "idemgate_upstream_responses_total" => {
+                        live.upstream
+                            .entry(label("route"))
+                            .or_default()
+                            .insert(label("class"), m.get_counter().get_value() as u64);
+                    }
+                    "idemgate_processing_oldest_age_seconds" => {
+                        live.oldest
+                            .insert(label("route"), m.get_gauge().get_value());
+                    }
+                    "idemgate_store_duration_seconds" => {
+                        let h = m.get_histogram();
+                        let buckets: Vec<Value> = h
+                            .get_bucket()
+                            .iter()
+                            .map(|b| json!([b.upper_bound(), b.cumulative_count()]))
+                            .collect();
+                        live.store.insert(
+                            label("operation"),
+                            json!({
+                                "count": h.get_sample_count(),
+                                "sum": h.get_sample_sum(),
+                                "buckets": buckets,
+                            }),
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+        live
+    }
+
+    fn route(&self, name: &str) -> Value {
+        let mut doc = json!({
+            "requests": self.requests.get(name).cloned().unwrap_or_default(),
+        });
+        if !name.is_empty() {
+            doc["upstream_responses"] = json!(self.upstream.get(name).cloned().unwrap_or_default());
+            doc["processing_oldest_age_seconds"] =
+                json!(self.oldest.get(name).copied().unwrap_or(0.0));
+        }
+        doc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_refuse_anything_else() {
+        let key = ListKey {
+            first_seen_at: 1_700_000_000_123,
+            route: "orders".into(),
+            event_id: "evt/1?x=<b>&y=\"z\"".into(),
+        };
+        let c = encode_cursor(&key);
+        assert!(c
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert_eq!(decode_cursor(&c).unwrap(), key);
+        for bad in [
+            "",
+            "!!!",
+            "bm90IGpzb24", // "not json"
+            &URL_SAFE_NO_PAD.encode(b"[1,\"Bad Route\",\"e\"]"),
+            &URL_SAFE_NO_PAD.encode(b"[1,\"r\",\"a\\u0000b\"]"),
+            &URL_SAFE_NO_PAD.encode(b"[\"1\",\"r\",\"e\"]"),
+            &"A".repeat(MAX_CURSOR + 4),
+        ] {
+            let e = decode_cursor(bad).unwrap_err();
+            assert_eq!(
+                (e.status, e.name),
+                (StatusCode::BAD_REQUEST, "invalid-cursor"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn route_settings_name_the_id_source_and_no_credentials() {
+        let text = "listen: \"127.0.0.1:1\"\nadmin_listen: \"127.0.0.1:2\"\n\
+            store: {url: \"sqlite:///tmp/x.db\"}\nroutes:\n\
+            - {name: s, match: {path_prefix: /s}, upstream: \"https://[::1]:8443/in\", \
+               provider: svix, verify: {secrets: [env:WH]}}\n\
+            - {name: p, match: {path_prefix: /p}, upstream: \"http://h.example\", guard_methods: []}\n";
+        let env = |_: &str| Some("whsec_aGVsbG8=".to_string());
+        let config = crate::config::load_str(text, "c.yaml", &env)
+            .unwrap()
+            .config;
+        let s = route_settings(&config.routes[0]);
+        assert_eq!(
+            s["event_id"],
+            json!({"header": "svix-id", "or_header": "webhook-id"})
+        );
+        assert_eq!(s["provider"], "svix");
+        assert_eq!(s["verify"], "standard-webhooks");
+        assert_eq!(s["upstream"], "https://[::1]:8443/in");
+        let p = route_settings(&config.routes[1]);
+        assert_eq!(p["event_id"], Value::Null);
+        assert_eq!(p["upstream"], "http://h.example:80");
+        assert_eq!(p["guard_methods"], json!([]));
+    }
+
+    #[test]
+    fn bearer_tokens() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"bearer  abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"BEARER abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"Bearer "), None);
+        assert_eq!(bearer(b"Basic YWJj"), None);
+        assert_eq!(bearer(b"Bearerabc"), None);
+        assert_eq!(bearer(b"abc"), None);
+    }
+}

@@ -1,0 +1,41 @@
+//! A record as JSON: the one document that `events show|list --json` and the
+//! admin API (SPEC §11) both print, so the two never disagree.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+use super::Record;
+use crate::claim::Millis;
+
+/// RFC 3339 UTC with milliseconds.
+pub fn timestamp(ms: Millis) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// A record as JSON: the SPEC §3 field names; `null` where unset. The
+/// replay body itself is never part of it, only its size.
+pub fn record_json(r: &Record) -> Value {
+    let ts = |v: Option<Millis>| v.map(timestamp);
+    let mut doc = json!({
+        "route": r.route,
+        "event_id": r.event_id,
+        "body_sha256": r.body_sha256,
+        "state": r.state,
+        "attempts": r.attempts,
+        "lease_until": ts(r.lease_until),
+        "last_status": r.last_status,
+        "last_error": r.last_error,
+        "first_seen_at": timestamp(r.first_seen_at),
+        "updated_at": timestamp(r.updated_at),
+        "delivered_at": ts(r.delivered_at),
+        "expires_at": timestamp(r.expires_at),
+    });
+    if r.replay_status.is_some() {
+        doc["replay_status"] = json!(r.replay_status);
+        doc["replay_content_type"] = json!(r.replay_content_type);
+        doc["replay_body_bytes"] = json!(r.replay_body_bytes);
+    }
+    doc
+}
