@@ -42,17 +42,7 @@ pub struct StoreConfig {
 impl StoreConfig {
     /// The URL with any password replaced by `***`, safe for logs and output.
     pub fn redacted_url(&self) -> String {
-        let Some((scheme, rest)) = self.url.split_once("://") else {
-            return self.url.clone();
-        };
-        let authority_end = rest.find('/').unwrap_or(rest.len());
-        match rest[..authority_end].rfind('@') {
-            Some(at) => match rest[..at].split_once(':') {
-                Some((user, _password)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-                None => self.url.clone(),
-            },
-            None => self.url.clone(),
-        }
+        crate::store::redact_url(&self.url)
     }
 }
 
