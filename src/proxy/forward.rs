@@ -17,6 +17,7 @@ use pingora::ErrorType;
 
 use super::idle::IdleConnections;
 use super::respond::IDEMPOTENCY_STATUS;
+use crate::problem::ProblemKind;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and `Expect`, which idemgate answered.
 const HOP_BY_HOP: [&str; 8] = [
@@ -45,6 +46,24 @@ impl UpstreamFailure {
             UpstreamFailure::Connect(_) => "connect_error",
             UpstreamFailure::Timeout => "timeout",
         }
+    }
+
+    /// The problem a sender gets for it.
+    pub fn kind(&self) -> ProblemKind {
+        match self {
+            UpstreamFailure::Connect(_) => ProblemKind::UpstreamUnreachable,
+            UpstreamFailure::Timeout => ProblemKind::UpstreamTimeout,
+        }
+    }
+}
+
+/// The `detail` of a 502 or 504: what happened, never where or the
+/// connector's words (SPEC §4: the upstream's address and the error text go
+/// to the warn log and the record's `last_error`, not to senders).
+pub fn failure_detail(kind: ProblemKind) -> &'static str {
+    match kind {
+        ProblemKind::UpstreamTimeout => "the upstream did not answer in time",
+        _ => "the upstream could not be reached, or closed the connection before answering",
     }
 }
 

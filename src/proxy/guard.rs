@@ -464,6 +464,15 @@ impl Gate {
                         humantime::format_duration(cfg.upstream_timeout)
                     ),
                 };
+                // where and why go to the log and the record, not to the sender
+                tracing::warn!(
+                    route = name,
+                    event_id,
+                    attempt,
+                    upstream = %cfg.upstream.original,
+                    error = %error,
+                    "upstream failed; releasing the claim"
+                );
                 self.settle(
                     route,
                     event_id,
@@ -474,11 +483,9 @@ impl Gate {
                     },
                 )
                 .await;
-                let kind = match failure {
-                    UpstreamFailure::Connect(_) => ProblemKind::UpstreamUnreachable,
-                    UpstreamFailure::Timeout => ProblemKind::UpstreamTimeout,
-                };
-                let p = Problem::new(kind, error).with_event_id(Some(event_id));
+                let kind = failure.kind();
+                let p =
+                    Problem::new(kind, forward::failure_detail(kind)).with_event_id(Some(event_id));
                 self.metrics
                     .route_request(&route.requests, name, Outcome::Forwarded);
                 respond::problem(session, &p, Outcome::Forwarded.as_str(), false).await?;
@@ -635,16 +642,16 @@ impl Gate {
                     .upstream_responses
                     .with_label_values(&[name, failure.class()])
                     .inc();
-                let (kind, detail) = match failure {
-                    UpstreamFailure::Connect(e) => (ProblemKind::UpstreamUnreachable, e),
-                    UpstreamFailure::Timeout => (
-                        ProblemKind::UpstreamTimeout,
-                        "no response in time".to_string(),
-                    ),
-                };
+                tracing::warn!(
+                    route = name,
+                    upstream = %route.cfg.upstream.original,
+                    error = ?failure,
+                    "unguarded request: upstream failed"
+                );
+                let kind = failure.kind();
                 respond::problem(
                     session,
-                    &Problem::new(kind, detail),
+                    &Problem::new(kind, forward::failure_detail(kind)),
                     Outcome::Unguarded.as_str(),
                     false,
                 )

@@ -183,8 +183,10 @@ impl ProxyHttp for Gate {
                 };
             }
         };
-        if ctx.route.is_some() && session.response_written().is_none() {
-            let p = Problem::new(kind, e.etype().as_str());
+        if let (Some(route), None) = (&ctx.route, session.response_written()) {
+            // the detail names nothing of the upstream; the log has it
+            tracing::warn!(route = route.name(), upstream = %route.cfg.upstream.original, error = %e, "unguarded request: upstream failed");
+            let p = Problem::new(kind, forward::failure_detail(kind));
             let _ = respond::problem(session, &p, Outcome::Unguarded.as_str(), true).await;
         }
         FailToProxy {
