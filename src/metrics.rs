@@ -70,6 +70,9 @@ pub struct Metrics {
     store_hot: [Histogram; 3],
     pub processing_oldest_age: GaugeVec,
     pub records_swept: IntCounter,
+    /// Requests sent once more after a kept upstream connection failed
+    /// before answering (SPEC §4, "Hop-by-hop").
+    pub upstream_retries: IntCounterVec,
 }
 
 /// Outcomes there are, for [`RequestCounters`].
@@ -154,6 +157,11 @@ impl Metrics {
         registry
             .register(Box::new(records_swept.clone()))
             .expect("metric registered once");
+        let upstream_retries = counter(
+            "idemgate_upstream_retries_total",
+            "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
+            &["route"],
+        );
         let store_hot =
             ["lookup", "claim", "settle"].map(|op| store_duration.with_label_values(&[op]));
         Metrics {
@@ -167,6 +175,7 @@ impl Metrics {
             store_hot,
             processing_oldest_age,
             records_swept,
+            upstream_retries,
         }
     }
 
@@ -180,6 +189,7 @@ impl Metrics {
             self.settles.with_label_values(&[route, "delivered"]);
             self.upstream_responses.with_label_values(&[route, "2xx"]);
             self.upstream_duration.with_label_values(&[route]);
+            self.upstream_retries.with_label_values(&[route]);
             self.processing_oldest_age
                 .with_label_values(&[route])
                 .set(0.0);
@@ -210,6 +220,11 @@ impl Metrics {
         self.upstream_duration
             .with_label_values(&[route])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// A request to `route`'s upstream was sent once more.
+    pub fn upstream_retry(&self, route: &str) {
+        self.upstream_retries.with_label_values(&[route]).inc();
     }
 
     pub fn store_time(&self, operation: &str, seconds: f64) {

@@ -53,6 +53,35 @@ pub fn header_name(name: &str) -> Result<http::HeaderName, String> {
         .map_err(|_| format!("`{name}` is not a valid HTTP header name"))
 }
 
+/// `idempotency_key_header`: a header name idemgate may set on the forwarded
+/// request. Not a framing, hop-by-hop or `Host` header: idemgate drops or
+/// rewrites those itself, and an event ID there (`Transfer-Encoding:
+/// chunked`) would change how the upstream reads the request. Not `Expect`
+/// either, which idemgate answers and strips.
+pub fn idempotency_key_header(name: &str) -> Result<http::HeaderName, String> {
+    let h = header_name(name)?;
+    let s = h.as_str();
+    let reserved = matches!(
+        s,
+        "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "host"
+            | "expect"
+            | "http2-settings"
+    ) || s.starts_with("proxy-");
+    if reserved {
+        return Err(format!(
+            "`{name}` cannot carry the idempotency key: idemgate sets the framing, hop-by-hop and Host headers of the forwarded request itself (use e.g. Idempotency-Key)"
+        ));
+    }
+    Ok(h)
+}
+
 /// An RFC 6901 JSON pointer: `""` or `/…`, where `~` is followed by `0` or `1`.
 pub fn json_pointer(p: &str) -> Result<(), String> {
     if !p.is_empty() && !p.starts_with('/') {

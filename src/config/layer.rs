@@ -241,7 +241,7 @@ pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: Shared) -> Layer {
         .size(&p("replay_body_limit"), replay_body_limit.as_ref())
         .map(|v| at(base, "replay_body_limit", v));
     if let Some(h) = idempotency_key_header {
-        match h.map(|h| fields::header_name(&h)).transpose() {
+        match h.map(|h| fields::idempotency_key_header(&h)).transpose() {
             Ok(v) => layer.idempotency_key_header = Some(at(base, "idempotency_key_header", v)),
             Err(e) => ctx.at_value(&p("idempotency_key_header"), e),
         }

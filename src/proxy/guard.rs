@@ -448,6 +448,7 @@ impl Gate {
             req,
             body,
             cfg.upstream_timeout,
+            &|| self.metrics.upstream_retry(name),
         )
         .await;
         let mut answered = match result {
@@ -614,6 +615,7 @@ impl Gate {
             req,
             body,
             route.cfg.upstream_timeout,
+            &|| self.metrics.upstream_retry(name),
         )
         .await
         {
@@ -674,7 +676,13 @@ impl Gate {
             .path_and_query()
             .map(|p| p.as_str())
             .unwrap_or("/");
-        forward::upstream_request(original, &route.upstream_path(pq), body_len, key)
+        forward::upstream_request(
+            original,
+            &route.upstream_path(pq),
+            body_len,
+            key,
+            &route.host_header,
+        )
     }
 
     /// Commits the settle, retrying a failing store with bounded backoff. A
