@@ -9,6 +9,7 @@
 //! - [`config`]: YAML → validated model (errors with file:line:col).
 //! - [`claim`]: the state machine as data (`decide`, `settle`), event IDs, digests.
 //! - [`store`]: the `ClaimStore` trait; SQLite and PostgreSQL implementations.
+//! - [`path`]: RFC 3986 normalisation of request paths (routes match, and requests carry, the normal form).
 //! - [`proxy`]: the pingora hooks, route matching and guarded forwarding.
 //! - [`problem`]: problem+json responses and request outcomes.
 //! - [`metrics`]: the metric set over an owned Prometheus registry.
@@ -26,6 +27,7 @@ pub mod cli;
 pub mod config;
 pub mod failpoint;
 pub mod metrics;
+pub mod path;
 pub mod problem;
 pub mod proxy;
 pub mod sample;

@@ -23,6 +23,8 @@ pub enum Outcome {
     InvalidSignature,
     StoreUnavailable,
     Unguarded,
+    /// The path has no normal form (SPEC §4, "Paths"): no route was chosen.
+    InvalidPath,
     /// Stays last: [`RequestCounters`] has one slot per outcome up to it.
     NoRoute,
 }
@@ -41,6 +43,7 @@ impl Outcome {
             Outcome::InvalidSignature => "invalid_signature",
             Outcome::StoreUnavailable => "store_unavailable",
             Outcome::Unguarded => "unguarded",
+            Outcome::InvalidPath => "invalid_path",
             Outcome::NoRoute => "no_route",
         }
     }
@@ -302,6 +305,7 @@ mod tests {
             Outcome::InvalidSignature,
             Outcome::StoreUnavailable,
             Outcome::Unguarded,
+            Outcome::InvalidPath,
             Outcome::NoRoute,
         ];
         assert_eq!(all.len(), OUTCOMES);

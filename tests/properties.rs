@@ -589,7 +589,10 @@ fn arb_route(i: usize) -> impl Strategy<Value = RouteSpec> {
         (
             "[a-z0-9_-]{1,20}",
             prop::option::of("[a-z][a-z0-9.-]{0,12}"),
-            "(/[a-z0-9_.-]{1,8}){1,3}/?",
+            // segments in normal form: no `.` or `..` (a prefix must be normal)
+            "(/[a-z0-9_.-]{1,8}){1,3}/?".prop_filter("no dot segments", |p: &String| {
+                p.split('/').all(|s| s != "." && s != "..")
+            }),
             upstream,
             any::<bool>(),
             event_id,

@@ -26,6 +26,17 @@ pub fn path_prefix(prefix: &str) -> Result<String, String> {
             "path_prefix `{prefix}` must be a plain path (no query, fragment or whitespace)"
         ));
     }
+    // Requests are matched in their normal form: a prefix in any other form
+    // could never match.
+    match crate::path::normalise(prefix) {
+        Ok(normal) if normal == prefix => {}
+        Ok(normal) => {
+            return Err(format!(
+                "path_prefix `{prefix}` is not in normal form: requests are matched after RFC 3986 normalisation, write `{normal}`"
+            ))
+        }
+        Err(e) => return Err(format!("path_prefix `{prefix}`: {e}")),
+    }
     let normalised = match prefix.strip_suffix('/') {
         Some(p) if !p.is_empty() => p,
         _ => prefix,

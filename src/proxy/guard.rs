@@ -279,6 +279,16 @@ impl Gate {
         Box::pin(self.forward_guarded(session, route, body, event_id, attempt, summary)).await
     }
 
+    /// A request that reaches no route (no match, or a path with no normal
+    /// form): counted with `route=""`. The path decides it, so a sender
+    /// waiting for `100 Continue` gets the answer at once, on a connection
+    /// that closes; otherwise the body is read and dropped.
+    pub(super) async fn refuse_unrouted(&self, session: &mut Session, p: Problem) -> Handled {
+        let close =
+            body::expects_continue(session) || body::read_full(session, 1 << 20).await.is_err();
+        self.respond_problem(session, "", p, close).await
+    }
+
     /// A refusal decided from the headers alone. With `Expect: 100-continue`
     /// the body never comes: answer at once and close. Otherwise read and
     /// discard the body so the connection stays usable.

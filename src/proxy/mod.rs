@@ -15,6 +15,7 @@ pub mod respond;
 pub mod routes;
 pub mod seen;
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -89,13 +90,37 @@ impl ProxyHttp for Gate {
         Ctx::default()
     }
 
-    /// Phase 1, after the request header: route, and for guarded requests the
-    /// whole protocol. `Ok(true)` means the response was written here.
+    /// Phase 1, after the request header: the path's normal form, the route,
+    /// and for guarded requests the whole protocol. `Ok(true)` means the
+    /// response was written here.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         if session.req_header().version < http::Version::HTTP_11 {
             // RFC 9110 §15.2: no 1xx to an HTTP/1.0 client (pingora would
             // relay an upstream's)
             session.set_ignore_info_resp(true);
+        }
+        // Routes see, and upstreams get, the normal form of the path.
+        let normal = crate::path::normalise(session.req_header().uri.path()).map(Cow::into_owned);
+        let normal = match normal {
+            Ok(p) => p,
+            Err(e) => {
+                let p = Problem::new(ProblemKind::InvalidPath, e.to_string());
+                return self.refuse_unrouted(session, p).await;
+            }
+        };
+        if normal != session.req_header().uri.path() {
+            let req = session.req_header_mut();
+            let pq = match req.uri.query() {
+                Some(q) => format!("{normal}?{q}"),
+                None => normal,
+            };
+            match pq.parse::<http::Uri>() {
+                Ok(uri) => req.set_uri(uri),
+                Err(_) => {
+                    let p = Problem::new(ProblemKind::InvalidPath, "the path is not a valid URI");
+                    return self.refuse_unrouted(session, p).await;
+                }
+            }
         }
         let req = session.req_header();
         let header_bytes: usize = req
@@ -120,11 +145,7 @@ impl ProxyHttp for Gate {
                 ProblemKind::NoRoute,
                 format!("no route matches {}", req.uri.path()),
             );
-            // The path decides it: a sender waiting for `100 Continue` gets
-            // the answer at once, on a connection that closes.
-            let close =
-                body::expects_continue(session) || body::read_full(session, 1 << 20).await.is_err();
-            return self.respond_problem(session, "", p, close).await;
+            return self.refuse_unrouted(session, p).await;
         };
         let guarded = route.guards(&req.method);
         ctx.route = Some(route.clone());
