@@ -1,7 +1,8 @@
-//! Nothing internal reaches a sender (SPEC §4, §5; issue 20): no upstream
-//! address or connector error in a 502/504, no store error on `/readyz`,
-//! no password in a store URL shown in a message. Against the real binary,
-//! a real consumer and a real SQLite store.
+//! Request-level hardening (SPEC §2, §4, §5, §8; issue 20): every method of
+//! a `verify` route is verified (`unverified_methods` the opt-out), nothing
+//! internal reaches a sender (502/504 details, `/readyz`, store URLs in
+//! messages), and `check` warns about guarded routes anyone can fill.
+//! Against the real binary, a real consumer and a real SQLite store.
 
 mod common;
 mod core_util;
@@ -11,7 +12,181 @@ use std::time::Duration;
 
 use common::*;
 use core_util::{payload, problem_type, wait_until};
+use idemgate::verify::sign;
 use raw_upstream::{Behavior, RawUpstream};
+
+const SECRET: &str = "hardening-secret";
+
+fn signed(extra: &str, up: &str) -> String {
+    route(
+        "s",
+        "/hooks/s",
+        up,
+        &format!(
+            "    verify:\n      scheme: hmac-sha256\n      header: X-Signature\n      secrets: [env:HOOK_SECRET]\n{extra}"
+        ),
+    )
+}
+
+fn start_signed(dir: &TempDir, up: &Consumer, extra: &str) -> Proxy {
+    Proxy::start_with_env(
+        dir,
+        &dir.sqlite_url("h.db"),
+        &signed(extra, &up.url()),
+        &[("HOOK_SECRET", SECRET)],
+    )
+}
+
+// ------------------------------------------------------------ every method
+
+/// On a route with `verify`, a method outside `guard_methods` is verified
+/// too: a forged PUT, PATCH, DELETE or GET gets 401 and reaches nothing
+/// (most consumers' handlers ignore the method). A signed one is forwarded
+/// unguarded: no claim, `Idempotency-Status: unguarded`.
+#[test]
+fn every_method_on_a_verify_route_is_verified() {
+    let dir = TempDir::new("hard-methods");
+    let up = Consumer::start().unwrap();
+    let px = start_signed(&dir, &up, "");
+    let store = dir.sqlite_url("h.db");
+    let body = br#"{"type":"refund.created"}"#;
+    let mut c = px.client();
+    for method in ["PUT", "PATCH", "DELETE", "GET", "OPTIONS"] {
+        let id = eid("forged");
+        let r = c
+            .request(method, "/hooks/s", &[("X-Event-ID", &id)], body)
+            .unwrap();
+        assert_eq!(r.status, 401, "{method}: {r:?}");
+        assert_eq!(problem_type(&r), "invalid-signature", "{method}");
+        let forged = sign::hmac_hex(b"not the secret", body);
+        let r = c
+            .request(
+                method,
+                "/hooks/s",
+                &[("X-Event-ID", &id), ("X-Signature", &forged)],
+                body,
+            )
+            .unwrap();
+        assert_eq!(r.status, 401, "{method}, wrong key");
+    }
+    // a big chunked body is read and checked too, not streamed through
+    let big = payload(200_000, 7);
+    let mut raw =
+        b"PUT /hooks/s HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    raw.extend_from_slice(&core_util::chunked(&big));
+    c.send_raw(&raw).unwrap();
+    assert_eq!(c.read_response(false).unwrap().status, 401, "chunked PUT");
+    assert_eq!(up.total(), 0, "nothing forged reached the consumer");
+    assert_eq!(
+        px.metric(r#"idemgate_requests_total{outcome="invalid_signature",route="s"}"#),
+        11.0
+    );
+
+    let signature = sign::hmac_hex(SECRET.as_bytes(), body);
+    for method in ["PUT", "PATCH", "DELETE"] {
+        let id = eid("signed");
+        let r = c
+            .request(
+                method,
+                "/hooks/s",
+                &[("X-Event-ID", &id), ("X-Signature", &signature)],
+                body,
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{method}: {r:?}");
+        assert_eq!(
+            r.header("Idempotency-Status"),
+            Some("unguarded"),
+            "{method}"
+        );
+        let got = up.received().pop().unwrap();
+        assert_eq!(
+            (got.method.as_str(), got.body.as_slice()),
+            (method, &body[..])
+        );
+        assert_eq!(got.header("Idempotency-Key"), None, "{method}: not claimed");
+        let (code, _, _) = cli(&["events", "show", "--store", &store, "--route", "s", &id]);
+        assert_eq!(code, 3, "{method}: no record");
+    }
+    let empty = sign::hmac_hex(SECRET.as_bytes(), b"");
+    let r = c
+        .request("GET", "/hooks/s/status", &[("X-Signature", &empty)], b"")
+        .unwrap();
+    assert_eq!(r.status, 200, "a signed GET");
+    // the guarded method is as before: verified, claimed, forwarded once
+    let id = eid("post");
+    for _ in 0..2 {
+        let r = c
+            .request(
+                "POST",
+                "/hooks/s",
+                &[("X-Event-ID", &id), ("X-Signature", &signature)],
+                body,
+            )
+            .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(up.count(&id), 1);
+}
+
+/// `unverified_methods` (on the route or in `defaults`) lets the listed
+/// methods through unguarded without a signature — for providers' unsigned
+/// GET challenges — and nothing else. A guarded method cannot be listed.
+#[test]
+fn unverified_methods_pass_without_a_signature_and_nothing_else_does() {
+    let dir = TempDir::new("hard-unverified");
+    let up = Consumer::start().unwrap();
+    let px = start_signed(&dir, &up, "    unverified_methods: [get, HEAD]\n");
+    let mut c = px.client();
+    let r = c
+        .request("GET", "/hooks/s?challenge=abc", &[], b"")
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("Idempotency-Status"), Some("unguarded"));
+    assert_eq!(up.received().pop().unwrap().path, "/hooks/s?challenge=abc");
+    let r = c.request("HEAD", "/hooks/s", &[], b"").unwrap();
+    assert_eq!(r.status, 200);
+    for method in ["PUT", "DELETE"] {
+        let r = c.request(method, "/hooks/s", &[], b"{}").unwrap();
+        assert_eq!(r.status, 401, "{method}");
+    }
+    assert_eq!(up.total(), 2);
+    drop(c);
+    drop(px);
+
+    // from defaults
+    let text = format!(
+        "listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{}\"\nstore:\n  url: \"{}\"\ndefaults:\n  unverified_methods: [GET]\nroutes:\n{}",
+        free_port(),
+        free_port(),
+        dir.sqlite_url("d.db"),
+        signed("", &up.url())
+    );
+    let path = dir.path().join("defaults.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let (code, out, err) = cli_env(
+        &["check", "--config", &path.display().to_string()],
+        &[("HOOK_SECRET", SECRET)],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("unverified_methods=[GET]"), "{out}");
+
+    // a guarded method is always verified
+    let bad = text.replace(
+        "unverified_methods: [GET]",
+        "unverified_methods: [GET, post]",
+    );
+    std::fs::write(&path, &bad).unwrap();
+    let (code, _, err) = cli_env(
+        &["check", "--config", &path.display().to_string()],
+        &[("HOOK_SECRET", SECRET)],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("defaults.yaml:6:23: defaults.unverified_methods: POST is in guard_methods"),
+        "{err}"
+    );
+}
 
 // ------------------------------------------------------------ nothing internal
 
@@ -49,12 +224,12 @@ fn upstream_failures_tell_the_sender_nothing_internal() {
     let dead = format!("http://127.0.0.1:{closed}");
     let stall = RawUpstream::start(|_, _| Behavior::Stall(Vec::new()));
     let routes = [
-        route("dead", "/hooks/dead", &dead, ""),
+        route("dead", "/hooks/dead", &dead, "    verify: none\n"),
         route(
             "slow",
             "/hooks/slow",
             &stall.url(),
-            "    upstream_timeout: 1s\n    lease: 5s\n",
+            "    verify: none\n    upstream_timeout: 1s\n    lease: 5s\n",
         ),
         route("plain", "/plain", &dead, "    guard_methods: []\n"),
     ]
@@ -131,7 +306,7 @@ fn readyz_names_no_store_error() {
     let px = Proxy::start(
         &dir,
         &dir.sqlite_url("ready.db"),
-        &route("r", "/hooks/r", &up.url(), ""),
+        &route("r", "/hooks/r", &up.url(), "    verify: none\n"),
     );
     assert_eq!(px.deliver("/hooks/r", Some(&eid("x")), b"{}").status, 200);
     // the file turns to noise under the running proxy
@@ -190,4 +365,80 @@ fn store_urls_in_messages_hide_passwords_holding_at_signs() {
             );
         }
     }
+}
+
+// ------------------------------------------------------------ config
+
+/// `check` warns (exit 0, one line naming file:line:col) about a guarded
+/// route without `verify` — anyone who reaches the listener can occupy its
+/// event IDs — unless it says `verify: none`. Verified and pass-through
+/// routes, and `verify: none`, are quiet; `serve` prints the same warning.
+#[test]
+fn check_warns_about_guarded_routes_without_verify() {
+    let dir = TempDir::new("hard-warn");
+    let up = Consumer::start().unwrap();
+    let routes = [
+        route("open", "/hooks/open", &up.url(), ""),
+        route("acked", "/hooks/acked", &up.url(), "    verify: none\n"),
+        route("plain", "/plain", &up.url(), "    guard_methods: []\n"),
+        "  - name: gh\n    match:\n      path_prefix: /hooks/gh\n    upstream: \"http://127.0.0.1:9\"\n    provider: github\n".to_string(),
+        signed("", &up.url()),
+    ]
+    .concat();
+    let text = config_text(free_port(), free_port(), &dir.sqlite_url("w.db"), &routes);
+    let path = dir.path().join("warn.yaml");
+    std::fs::write(&path, &text).unwrap();
+    let (code, out, err) = cli_env(
+        &["check", "--config", &path.display().to_string()],
+        &[("HOOK_SECRET", SECRET)],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 5, "{out}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
+    let line_of = |name: &str| {
+        text.lines()
+            .position(|l| l.trim() == format!("- name: {name}"))
+            .unwrap()
+            + 1
+    };
+    let want: Vec<String> = ["open", "gh"]
+        .iter()
+        .map(|n| format!("warning: warn.yaml:{}:5: routes[", line_of(n)))
+        .collect();
+    assert_eq!(warnings.len(), 2, "{err}");
+    for (w, prefix) in warnings.iter().zip(&want) {
+        assert!(
+            w.contains(prefix.trim_start_matches("warning: ")),
+            "{w} vs {prefix}"
+        );
+        assert!(
+            w.contains("anyone who can reach the listener can occupy event IDs"),
+            "{w}"
+        );
+        assert!(w.contains("verify: none"), "{w}");
+    }
+    // `serve` says it too, then serves
+    let px = Proxy::start_with_env(
+        &dir,
+        &dir.sqlite_url("w.db"),
+        &routes,
+        &[("HOOK_SECRET", SECRET)],
+    );
+    assert!(
+        px.log().contains("guarded route without `verify`"),
+        "{}",
+        px.log()
+    );
+    // `verify: none` is a word, not any word
+    let typo = text.replace("verify: none", "verify: nothing");
+    std::fs::write(&path, &typo).unwrap();
+    let (code, _, err) = cli_env(
+        &["check", "--config", &path.display().to_string()],
+        &[("HOOK_SECRET", SECRET)],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("routes[1].verify") && err.contains("`none`"),
+        "{err}"
+    );
 }

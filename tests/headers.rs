@@ -81,7 +81,7 @@ fn hop_by_hop_headers_are_dropped_both_ways_on_every_path() {
     let dir = TempDir::new("hop");
     let up = RawUpstream::start(|_, _| Behavior::Respond(upstream_answer(b"ok")));
     let routes = [
-        route("g", "/hooks/g", &up.url(), ""),
+        route("g", "/hooks/g", &up.url(), "    verify: none\n"),
         route("p", "/plain", &up.url(), "    guard_methods: []\n"),
     ]
     .concat();
@@ -161,7 +161,7 @@ fn upgrades_are_never_tunnelled() {
     });
     let routes = [
         route("p", "/ws", &up.url(), "    guard_methods: []\n"),
-        route("g", "/hooks/g", &up.url(), ""),
+        route("g", "/hooks/g", &up.url(), "    verify: none\n"),
     ]
     .concat();
     let px = Proxy::start(&dir, &dir.sqlite_url("u.db"), &routes);
@@ -200,7 +200,7 @@ fn upgrades_are_never_tunnelled() {
     });
     let routes = [
         route("p", "/ws", &rogue.url(), "    guard_methods: []\n"),
-        route("g", "/hooks/g", &rogue.url(), ""),
+        route("g", "/hooks/g", &rogue.url(), "    verify: none\n"),
     ]
     .concat();
     let px = Proxy::start(&dir, &dir.sqlite_url("u2.db"), &routes);
@@ -256,7 +256,7 @@ fn idempotency_key_header_cannot_be_framing_hop_by_hop_or_host() {
                 free_port(),
                 free_port(),
                 dir.sqlite_url("k.db"),
-                route("r", "/hooks/r", "http://127.0.0.1:9", &format!("{extra}"))
+                route("r", "/hooks/r", "http://127.0.0.1:9", &format!("    verify: none\n{extra}"))
             );
             let path = dir.path().join("key.yaml");
             std::fs::write(&path, &text).unwrap();
@@ -359,7 +359,7 @@ fn http_1_0_senders_go_upstream_as_http_1_1() {
     let dir = TempDir::new("hop-http10");
     let consumer = PyConsumer::start(&dir, "0.5");
     let routes = [
-        route("g", "/hooks/g", &consumer.url(), ""),
+        route("g", "/hooks/g", &consumer.url(), "    verify: none\n"),
         route("p", "/plain", &consumer.url(), "    guard_methods: []\n"),
     ]
     .concat();
@@ -412,7 +412,7 @@ fn only_http_1_1_senders_get_100_continue() {
     let dir = TempDir::new("hop-continue");
     let consumer = PyConsumer::start(&dir, "0");
     let routes = [
-        route("g", "/hooks/g", &consumer.url(), ""),
+        route("g", "/hooks/g", &consumer.url(), "    verify: none\n"),
         route("p", "/plain", &consumer.url(), "    guard_methods: []\n"),
     ]
     .concat();
@@ -484,7 +484,7 @@ fn a_kept_connection_closed_before_answering_is_retried_once() {
         }
     });
     let routes = [
-        route("g", "/hooks/g", &up.url(), ""),
+        route("g", "/hooks/g", &up.url(), "    verify: none\n"),
         route("p", "/plain", &up.url(), "    guard_methods: []\n"),
     ]
     .concat();
@@ -557,7 +557,11 @@ fn no_retry_once_a_byte_came_or_on_a_new_connection() {
         _ => Behavior::Respond(response(200, b"ok")),
     });
     let store = dir.sqlite_url("n.db");
-    let px = Proxy::start(&dir, &store, &route("g", "/hooks/g", &up.url(), ""));
+    let px = Proxy::start(
+        &dir,
+        &store,
+        &route("g", "/hooks/g", &up.url(), "    verify: none\n"),
+    );
     let post = |c: &mut Raw, id: &str, kill: &str| {
         c.send(
             format!("POST /hooks/g HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: {id}\r\n{kill}Content-Length: 2\r\n\r\n{{}}")

@@ -175,7 +175,12 @@ fn the_forwarded_path_is_the_normal_one_on_every_path() {
     let dir = TempDir::new("paths-forwarded");
     let up = Consumer::start().unwrap();
     let routes = [
-        route("g", "/g", &format!("{}/base", up.url()), ""),
+        route(
+            "g",
+            "/g",
+            &format!("{}/base", up.url()),
+            "    verify: none\n",
+        ),
         route(
             "p",
             "/p",
@@ -426,7 +431,7 @@ fn routes_and_forwarded_paths_follow_the_normal_form() {
                 extra.push_str("    strip_prefix: true\n");
             }
             extra.push_str(if *guarded {
-                ""
+                "    verify: none\n"
             } else {
                 "    guard_methods: []\n"
             });

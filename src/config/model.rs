@@ -96,6 +96,9 @@ pub struct Route {
     pub digest_ignore: Vec<String>,
     /// Methods that are guarded; others pass through. Empty: a pass-through route.
     pub guard_methods: Vec<http::Method>,
+    /// With `verify`: methods forwarded (unguarded) without a signature
+    /// check; every other method is verified. Never a guarded method.
+    pub unverified_methods: Vec<http::Method>,
     /// What to do with a guarded request that has no event ID (explicit,
     /// else `forward` for the slack preset, else `defaults`).
     pub on_missing_id: OnMissingId,
@@ -359,6 +362,10 @@ impl Config {
                 }
                 if let Some(v) = &r.verify {
                     line.push_str(&format!("  verify={} ({} secret(s))", v.scheme.as_str(), v.secrets.len()));
+                    if !r.unverified_methods.is_empty() {
+                        let m: Vec<&str> = r.unverified_methods.iter().map(http::Method::as_str).collect();
+                        line.push_str(&format!("  unverified_methods=[{}]", m.join(",")));
+                    }
                 }
                 line
             })

@@ -289,6 +289,54 @@ impl Gate {
         self.respond_problem(session, "", p, close).await
     }
 
+    /// A request of a method the route does not guard, on a route with
+    /// `verify` (SPEC §8: every method is verified but `unverified_methods`):
+    /// read whole (bounded by `max_body`), verified, then forwarded
+    /// unguarded. A forged one gets 401 and reaches nothing.
+    pub(super) async fn pass_verified(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+    ) -> Handled {
+        let cfg = &route.cfg;
+        let name = route.name();
+        if body::content_length(session).is_some_and(|n| n > cfg.max_body) {
+            let p = Problem::new(
+                ProblemKind::BodyTooLarge,
+                format!("the body is larger than {} bytes", cfg.max_body),
+            );
+            return self.respond_problem(session, name, p, true).await;
+        }
+        if body::expects_continue(session) {
+            session.set_close_on_response_before_downstream_finish(false);
+            session.write_continue_response().await?;
+            session.set_close_on_response_before_downstream_finish(true);
+        }
+        let body = match body::read_full(session, cfg.max_body).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                let p = Problem::new(
+                    ProblemKind::BodyTooLarge,
+                    format!("the body is larger than {} bytes", cfg.max_body),
+                );
+                return self.respond_problem(session, name, p, true).await;
+            }
+            Err(e) => {
+                let p = Problem::new(ProblemKind::InvalidBody, e.invalid_detail());
+                return self.respond_problem(session, name, p, true).await;
+            }
+        };
+        if let Some(v) = &route.verifier {
+            let now_secs = (now_ms() / 1000) as i64;
+            if let Err(e) = v.verify(&session.req_header().headers, &body, now_secs) {
+                let p = Problem::new(ProblemKind::InvalidSignature, e.to_string());
+                return self.respond_problem(session, name, p, false).await;
+            }
+        }
+        Box::pin(self.forward_unguarded(session, route, body)).await?;
+        Ok(true)
+    }
+
     /// A refusal decided from the headers alone. With `Expect: 100-continue`
     /// the body never comes: answer at once and close. Otherwise read and
     /// discard the body so the connection stays usable.

@@ -147,9 +147,16 @@ impl ProxyHttp for Gate {
             );
             return self.refuse_unrouted(session, p).await;
         };
-        let guarded = route.guards(&req.method);
+        let method = &req.method;
+        let guarded = route.guards(method);
+        let verified = route.verifies(method);
         ctx.route = Some(route.clone());
         if !guarded {
+            if verified {
+                // read, verified, then forwarded unguarded (SPEC §8)
+                ctx.counted = true;
+                return self.pass_verified(session, &route).await;
+            }
             if body::buffered_pass_through(session) {
                 ctx.counted = true; // counted where it is forwarded
                 return self.pass_buffered(session, &route).await;

@@ -124,6 +124,13 @@ impl RouteRt {
         self.cfg.guard_methods.iter().any(|m| m == method)
     }
 
+    /// Whether a request with `method` must pass the signature check: on a
+    /// route with `verify`, every method but the `unverified_methods`
+    /// (never a guarded one: config validation refuses that).
+    pub fn verifies(&self, method: &http::Method) -> bool {
+        self.verifier.is_some() && !self.cfg.unverified_methods.iter().any(|m| m == method)
+    }
+
     /// The path the upstream sees: `strip_prefix` applied, the upstream's base
     /// path prepended. `path_and_query` is the request's, starting with `/`.
     pub fn upstream_path(&self, path_and_query: &str) -> String {
