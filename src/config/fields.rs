@@ -44,7 +44,10 @@ pub fn path_prefix(prefix: &str) -> Result<String, String> {
     Ok(normalised.to_string())
 }
 
-/// A host to match against the `Host` header: lowercased, optional `:port`.
+/// A host to match against the request's host: lowercased, no port (the
+/// request's port is never compared, so a route with one would never
+/// match), one trailing dot dropped as in the request's. An IPv6 literal
+/// keeps its brackets.
 pub fn match_host(host: &str) -> Result<String, String> {
     let h = host.trim();
     let ok = !h.is_empty()
@@ -55,6 +58,33 @@ pub fn match_host(host: &str) -> Result<String, String> {
             "invalid host `{host}`: expected a host name such as hooks.example.com (no scheme or path)"
         ));
     }
+    let port = match h.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, "")) if addr.parse::<std::net::Ipv6Addr>().is_ok() => false,
+            Some((addr, after))
+                if addr.parse::<std::net::Ipv6Addr>().is_ok() && after.starts_with(':') =>
+            {
+                true
+            }
+            _ => {
+                return Err(format!(
+                    "invalid host `{host}`: expected an IPv6 address in brackets such as [::1]"
+                ))
+            }
+        },
+        None if h.contains(['[', ']']) => {
+            return Err(format!(
+                "invalid host `{host}`: brackets only enclose an IPv6 address"
+            ))
+        }
+        None => h.contains(':'),
+    };
+    if port {
+        return Err(format!(
+            "host `{host}` has a port: match.host matches the host name only (the request's port is not compared), write it without `:port`"
+        ));
+    }
+    let h = h.strip_suffix('.').filter(|h| !h.is_empty()).unwrap_or(h);
     Ok(h.to_ascii_lowercase())
 }
 

@@ -78,7 +78,8 @@ pub struct SweeperConfig {
 pub struct Route {
     /// Unique; the scope of event IDs in the store.
     pub name: String,
-    /// Lowercased `Host` to match, without port unless the file gave one; `None` matches any host.
+    /// Lowercased host name to match, without port (one with a port is a
+    /// config error) or trailing dot; `None` matches any host.
     pub host: Option<String>,
     /// Starts with `/`, no trailing `/` except for `/` itself; matches whole segments.
     pub path_prefix: String,
@@ -106,7 +107,8 @@ pub struct Route {
     pub on_store_error: OnStoreError,
     /// What a duplicate gets while the first delivery is in flight.
     pub in_flight: InFlight,
-    /// Most requests held at once per event with `in_flight: wait` (default 64).
+    /// Most duplicates held at once on this route (all its events together)
+    /// with `in_flight: wait`; past it a duplicate gets 409 (default 64).
     pub max_waiters: usize,
     /// Upstream statuses that settle a claim as delivered.
     pub settle_on: SettleOn,

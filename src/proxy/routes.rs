@@ -212,6 +212,11 @@ pub fn request_host(req: &pingora::http::RequestHeader) -> Option<String> {
     } else {
         raw.split(':').next().unwrap_or_default().to_string()
     };
+    // `hooks.example.com.` is the same name (as match_host reads it)
+    let host = host
+        .strip_suffix('.')
+        .filter(|h| !h.is_empty())
+        .unwrap_or(&host);
     Some(host.to_ascii_lowercase())
 }
 
