@@ -79,7 +79,9 @@ pub struct Ctx {
 }
 
 /// Pool keys for retried requests on pingora's path: each retry gets a new
-/// connection (its own pool key), never another kept one.
+/// connection (its own pool key), never another kept one. pingora keeps
+/// that connection afterwards under its key, unused, until its idle
+/// timeout or the pool's size bound lets it go.
 static RETRY_POOL: AtomicU64 = AtomicU64::new(1);
 
 #[async_trait]
@@ -99,16 +101,17 @@ impl ProxyHttp for Gate {
             // relay an upstream's)
             session.set_ignore_info_resp(true);
         }
-        // Routes see, and upstreams get, the normal form of the path.
-        let normal = crate::path::normalise(session.req_header().uri.path()).map(Cow::into_owned);
-        let normal = match normal {
-            Ok(p) => p,
+        // Routes see, and upstreams get, the normal form of the path (the
+        // common, already normal path costs a scan and no allocation).
+        let changed = match crate::path::normalise(session.req_header().uri.path()) {
+            Ok(Cow::Borrowed(_)) => None,
+            Ok(Cow::Owned(normal)) => Some(normal),
             Err(e) => {
                 let p = Problem::new(ProblemKind::InvalidPath, e.to_string());
                 return self.refuse_unrouted(session, p).await;
             }
         };
-        if normal != session.req_header().uri.path() {
+        if let Some(normal) = changed {
             let req = session.req_header_mut();
             let pq = match req.uri.query() {
                 Some(q) => format!("{normal}?{q}"),
