@@ -85,18 +85,28 @@ impl ServeHttp for Admin {
                 let t = std::time::Instant::now();
                 let ping = tokio::time::timeout(READY_TIMEOUT, self.store.ping()).await;
                 self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+                // the body says only that: the store's error text (paths,
+                // hosts, driver messages) goes to the log
+                let unavailable = || {
+                    text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        plain,
+                        b"store: not answering\n".to_vec(),
+                    )
+                };
                 match ping {
                     Ok(Ok(())) => text(StatusCode::OK, plain, b"ready\n".to_vec()),
-                    Ok(Err(e)) => text(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        plain,
-                        format!("store: {e}\n").into_bytes(),
-                    ),
-                    Err(_) => text(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        plain,
-                        b"store: no answer in time\n".to_vec(),
-                    ),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "/readyz: the store does not answer");
+                        unavailable()
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            "/readyz: the store gave no answer within {}",
+                            humantime::format_duration(READY_TIMEOUT)
+                        );
+                        unavailable()
+                    }
                 }
             }
             "/metrics" => text(

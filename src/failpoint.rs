@@ -6,12 +6,19 @@
 //! - `after_claim`: the claim is committed, the upstream not contacted;
 //! - `after_upstream`: the upstream answered, the settle is not committed.
 //!
+//! Only in builds with the `failpoints` cargo feature. The shipped binary
+//! (`cargo build --release`, the Dockerfile) is built without it: there
+//! [`hit`] is empty and the variable is never read, so setting it by mistake
+//! in production does nothing. Test builds get the feature through the
+//! package's dev-dependency on itself (see Cargo.toml), so `cargo test`
+//! runs the crash tests against a binary that honours it.
+//!
 //! Read once at start; when unset a check costs one load and compare.
 
-use std::sync::OnceLock;
+#[cfg(feature = "failpoints")]
+static ARMED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
-static ARMED: OnceLock<Option<String>> = OnceLock::new();
-
+#[cfg(feature = "failpoints")]
 fn armed() -> Option<&'static str> {
     ARMED
         .get_or_init(|| {
@@ -23,6 +30,7 @@ fn armed() -> Option<&'static str> {
 }
 
 /// Aborts the process if `name` is the armed failpoint.
+#[cfg(feature = "failpoints")]
 #[inline]
 pub fn hit(name: &str) {
     if armed() == Some(name) {
@@ -30,3 +38,8 @@ pub fn hit(name: &str) {
         std::process::abort();
     }
 }
+
+/// Without the `failpoints` feature: nothing, whatever the environment says.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}

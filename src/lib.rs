@@ -9,6 +9,7 @@
 //! - [`config`]: YAML → validated model (errors with file:line:col).
 //! - [`claim`]: the state machine as data (`decide`, `settle`), event IDs, digests.
 //! - [`store`]: the `ClaimStore` trait; SQLite and PostgreSQL implementations.
+//! - [`path`]: RFC 3986 normalisation of request paths (routes match, and requests carry, the normal form).
 //! - [`proxy`]: the pingora hooks, route matching and guarded forwarding.
 //! - [`listener`]: client connections: limits, timeouts, TLS, head reading.
 //! - [`problem`]: problem+json responses and request outcomes.
@@ -28,6 +29,7 @@ pub mod config;
 pub mod failpoint;
 pub mod listener;
 pub mod metrics;
+pub mod path;
 pub mod problem;
 pub mod proxy;
 pub mod sample;

@@ -28,6 +28,8 @@ pub enum Outcome {
     InvalidSignature,
     StoreUnavailable,
     Unguarded,
+    /// The path has no normal form (SPEC §4, "Paths"): no route was chosen.
+    InvalidPath,
     /// Stays last: [`RequestCounters`] has one slot per outcome up to it.
     NoRoute,
 }
@@ -46,6 +48,7 @@ impl Outcome {
             Outcome::InvalidSignature => "invalid_signature",
             Outcome::StoreUnavailable => "store_unavailable",
             Outcome::Unguarded => "unguarded",
+            Outcome::InvalidPath => "invalid_path",
             Outcome::NoRoute => "no_route",
         }
     }
@@ -112,6 +115,9 @@ pub struct Metrics {
     /// `idemgate_log_lines_dropped_total`, brought up to
     /// [`LOG_LINES_DROPPED`] at each scrape.
     log_lines_dropped: IntCounter,
+    /// Requests sent once more after a kept upstream connection failed
+    /// before answering (SPEC §4, "Hop-by-hop").
+    pub upstream_retries: IntCounterVec,
 }
 
 /// Outcomes there are, for [`RequestCounters`].
@@ -248,6 +254,11 @@ impl Metrics {
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("metric registered once");
+        let upstream_retries = counter(
+            "idemgate_upstream_retries_total",
+            "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
+            &["route"],
+        );
         let store_hot =
             ["lookup", "claim", "settle"].map(|op| store_duration.with_label_values(&[op]));
         Metrics {
@@ -264,6 +275,7 @@ impl Metrics {
             connections,
             connections_closed,
             log_lines_dropped,
+            upstream_retries,
         }
     }
 
@@ -284,6 +296,7 @@ impl Metrics {
             self.settles.with_label_values(&[route, "delivered"]);
             self.upstream_responses.with_label_values(&[route, "2xx"]);
             self.upstream_duration.with_label_values(&[route]);
+            self.upstream_retries.with_label_values(&[route]);
             self.processing_oldest_age
                 .with_label_values(&[route])
                 .set(0.0);
@@ -314,6 +327,11 @@ impl Metrics {
         self.upstream_duration
             .with_label_values(&[route])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// A request to `route`'s upstream was sent once more.
+    pub fn upstream_retry(&self, route: &str) {
+        self.upstream_retries.with_label_values(&[route]).inc();
     }
 
     pub fn store_time(&self, operation: &str, seconds: f64) {
@@ -441,6 +459,7 @@ mod tests {
             Outcome::InvalidSignature,
             Outcome::StoreUnavailable,
             Outcome::Unguarded,
+            Outcome::InvalidPath,
             Outcome::NoRoute,
         ];
         assert_eq!(all.len(), OUTCOMES);

@@ -19,6 +19,8 @@ pub enum ProblemKind {
     UpstreamUnreachable,
     UpstreamTimeout,
     NoRoute,
+    /// The path has no normal form (SPEC §4, "Paths").
+    InvalidPath,
     /// Not in SPEC §4 (proposed): a header section over idemgate's limit.
     HeadersTooLarge,
 }
@@ -30,7 +32,8 @@ impl ProblemKind {
             ProblemKind::DigestMismatch => 422,
             ProblemKind::MissingEventId
             | ProblemKind::InvalidEventId
-            | ProblemKind::InvalidBody => 400,
+            | ProblemKind::InvalidBody
+            | ProblemKind::InvalidPath => 400,
             ProblemKind::BodyTimeout => 408,
             ProblemKind::BodyTooLarge => 413,
             ProblemKind::InvalidSignature => 401,
@@ -56,6 +59,7 @@ impl ProblemKind {
             ProblemKind::UpstreamUnreachable => "upstream-unreachable",
             ProblemKind::UpstreamTimeout => "upstream-timeout",
             ProblemKind::NoRoute => "no-route",
+            ProblemKind::InvalidPath => "invalid-path",
             ProblemKind::HeadersTooLarge => "headers-too-large",
         }
     }
@@ -74,6 +78,7 @@ impl ProblemKind {
             ProblemKind::UpstreamUnreachable => "Upstream unreachable",
             ProblemKind::UpstreamTimeout => "Upstream timed out",
             ProblemKind::NoRoute => "No route",
+            ProblemKind::InvalidPath => "Invalid request path",
             ProblemKind::HeadersTooLarge => "Request header fields too large",
         }
     }
@@ -92,6 +97,7 @@ impl ProblemKind {
             ProblemKind::StoreUnavailable => Outcome::StoreUnavailable,
             ProblemKind::UpstreamUnreachable | ProblemKind::UpstreamTimeout => Outcome::Forwarded,
             ProblemKind::NoRoute => Outcome::NoRoute,
+            ProblemKind::InvalidPath => Outcome::InvalidPath,
             // the closest of SPEC §5's fixed outcome labels
             ProblemKind::HeadersTooLarge => Outcome::InvalidBody,
         }
@@ -202,6 +208,7 @@ mod tests {
             (UpstreamUnreachable, 502, "forwarded"),
             (UpstreamTimeout, 504, "forwarded"),
             (NoRoute, 404, "no_route"),
+            (InvalidPath, 400, "invalid_path"),
             (HeadersTooLarge, 431, "invalid_body"),
         ];
         for (kind, status, outcome) in table {

@@ -166,3 +166,39 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
         up.total()
     );
 }
+
+/// The shipped binary — `cargo build --release`, without the `failpoints`
+/// feature that test builds get — ignores `IDEMGATE_FAILPOINT`: set by
+/// mistake in production it must not abort the process. CI builds that
+/// binary after the tests and names it in `IDEMGATE_SHIPPED_BIN` (see
+/// `.ci/run`); without it this test has no binary to look at and skips.
+#[test]
+fn the_shipped_binary_ignores_failpoints() {
+    let Some(shipped) = std::env::var_os("IDEMGATE_SHIPPED_BIN") else {
+        eprintln!("SKIP: IDEMGATE_SHIPPED_BIN is not set (CI sets it to the release build)");
+        return;
+    };
+    let shipped = std::path::PathBuf::from(shipped);
+    let dir = TempDir::new("crash-shipped");
+    let up = Consumer::start().unwrap();
+    let store = dir.sqlite_url("shipped.db");
+    for failpoint in ["before_claim", "after_claim", "after_upstream"] {
+        let mut px = Proxy::start_bin(
+            &shipped,
+            &dir,
+            &store,
+            &routes(&up),
+            &[("IDEMGATE_FAILPOINT", failpoint)],
+        );
+        let id = eid("shipped");
+        let r = px.deliver("/hooks/c", Some(&id), b"{\"crash\":false}");
+        assert_eq!(r.status, 200, "{failpoint}: {r:?}\n{}", px.log());
+        assert_eq!(show(&store, "c", &id)["state"], "delivered", "{failpoint}");
+        assert_eq!(
+            px.stop(Duration::from_secs(10)),
+            Some(0),
+            "{failpoint}: still running, exits 0"
+        );
+        assert!(!px.log().contains("failpoint"), "{failpoint}: {}", px.log());
+    }
+}

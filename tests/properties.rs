@@ -589,7 +589,10 @@ fn arb_route(i: usize) -> impl Strategy<Value = RouteSpec> {
         (
             "[a-z0-9_-]{1,20}",
             prop::option::of("[a-z][a-z0-9.-]{0,12}"),
-            "(/[a-z0-9_.-]{1,8}){1,3}/?",
+            // segments in normal form: no `.` or `..` (a prefix must be normal)
+            "(/[a-z0-9_.-]{1,8}){1,3}/?".prop_filter("no dot segments", |p: &String| {
+                p.split('/').all(|s| s != "." && s != "..")
+            }),
             upstream,
             any::<bool>(),
             event_id,
@@ -743,7 +746,15 @@ fn check_model(cfg: &Config, specs: &[RouteSpec]) -> Result<(), TestCaseError> {
     for (r, s) in cfg.routes.iter().zip(specs) {
         let (tls, host, port, base) = &s.upstream;
         prop_assert_eq!(&r.name, &s.name);
-        prop_assert_eq!(&r.host, &s.host, "hosts are lowercased");
+        let host_name = s
+            .host
+            .as_deref()
+            .map(|h| h.strip_suffix('.').filter(|h| !h.is_empty()).unwrap_or(h));
+        prop_assert_eq!(
+            r.host.as_deref(),
+            host_name,
+            "hosts are lowercased, one trailing dot dropped"
+        );
         prop_assert_eq!(&r.path_prefix, &s.prefix, "a trailing slash is dropped");
         prop_assert_eq!(r.upstream.tls, *tls);
         prop_assert_eq!(&r.upstream.host, host);

@@ -54,6 +54,7 @@ routes:
     upstream: "{upstream}"
     event_id:
       header: X-Event-ID
+    verify: none
     lease: 10s
     upstream_timeout: 5s
 "#,

@@ -26,6 +26,17 @@ pub fn path_prefix(prefix: &str) -> Result<String, String> {
             "path_prefix `{prefix}` must be a plain path (no query, fragment or whitespace)"
         ));
     }
+    // Requests are matched in their normal form: a prefix in any other form
+    // could never match.
+    match crate::path::normalise(prefix) {
+        Ok(normal) if normal == prefix => {}
+        Ok(normal) => {
+            return Err(format!(
+                "path_prefix `{prefix}` is not in normal form: requests are matched after RFC 3986 normalisation, write `{normal}`"
+            ))
+        }
+        Err(e) => return Err(format!("path_prefix `{prefix}`: {e}")),
+    }
     let normalised = match prefix.strip_suffix('/') {
         Some(p) if !p.is_empty() => p,
         _ => prefix,
@@ -33,7 +44,10 @@ pub fn path_prefix(prefix: &str) -> Result<String, String> {
     Ok(normalised.to_string())
 }
 
-/// A host to match against the `Host` header: lowercased, optional `:port`.
+/// A host to match against the request's host: lowercased, no port (the
+/// request's port is never compared, so a route with one would never
+/// match), one trailing dot dropped as in the request's. An IPv6 literal
+/// keeps its brackets.
 pub fn match_host(host: &str) -> Result<String, String> {
     let h = host.trim();
     let ok = !h.is_empty()
@@ -44,6 +58,33 @@ pub fn match_host(host: &str) -> Result<String, String> {
             "invalid host `{host}`: expected a host name such as hooks.example.com (no scheme or path)"
         ));
     }
+    let port = match h.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, "")) if addr.parse::<std::net::Ipv6Addr>().is_ok() => false,
+            Some((addr, after))
+                if addr.parse::<std::net::Ipv6Addr>().is_ok() && after.starts_with(':') =>
+            {
+                true
+            }
+            _ => {
+                return Err(format!(
+                    "invalid host `{host}`: expected an IPv6 address in brackets such as [::1]"
+                ))
+            }
+        },
+        None if h.contains(['[', ']']) => {
+            return Err(format!(
+                "invalid host `{host}`: brackets only enclose an IPv6 address"
+            ))
+        }
+        None => h.contains(':'),
+    };
+    if port {
+        return Err(format!(
+            "host `{host}` has a port: match.host matches the host name only (the request's port is not compared), write it without `:port`"
+        ));
+    }
+    let h = h.strip_suffix('.').filter(|h| !h.is_empty()).unwrap_or(h);
     Ok(h.to_ascii_lowercase())
 }
 
@@ -51,6 +92,35 @@ pub fn match_host(host: &str) -> Result<String, String> {
 pub fn header_name(name: &str) -> Result<http::HeaderName, String> {
     http::HeaderName::from_bytes(name.trim().as_bytes())
         .map_err(|_| format!("`{name}` is not a valid HTTP header name"))
+}
+
+/// `idempotency_key_header`: a header name idemgate may set on the forwarded
+/// request. Not a framing, hop-by-hop or `Host` header: idemgate drops or
+/// rewrites those itself, and an event ID there (`Transfer-Encoding:
+/// chunked`) would change how the upstream reads the request. Not `Expect`
+/// either, which idemgate answers and strips.
+pub fn idempotency_key_header(name: &str) -> Result<http::HeaderName, String> {
+    let h = header_name(name)?;
+    let s = h.as_str();
+    let reserved = matches!(
+        s,
+        "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "host"
+            | "expect"
+            | "http2-settings"
+    ) || s.starts_with("proxy-");
+    if reserved {
+        return Err(format!(
+            "`{name}` cannot carry the idempotency key: idemgate sets the framing, hop-by-hop and Host headers of the forwarded request itself (use e.g. Idempotency-Key)"
+        ));
+    }
+    Ok(h)
 }
 
 /// An RFC 6901 JSON pointer: `""` or `/…`, where `~` is followed by `0` or `1`.

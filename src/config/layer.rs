@@ -30,6 +30,7 @@ pub struct Layer {
     pub digest: Option<Set<DigestMode>>,
     pub digest_ignore: Option<Set<Vec<String>>>,
     pub guard_methods: Option<Set<Vec<http::Method>>>,
+    pub unverified_methods: Option<Set<Vec<http::Method>>>,
     pub on_missing_id: Option<Set<OnMissingId>>,
     pub on_store_error: Option<Set<OnStoreError>>,
     pub in_flight: Option<Set<InFlight>>,
@@ -52,6 +53,7 @@ pub fn parse_defaults(ctx: &mut Ctx, raw: RawDefaults) -> Layer {
         digest,
         digest_ignore,
         guard_methods,
+        unverified_methods,
         on_missing_id,
         on_store_error,
         in_flight,
@@ -71,6 +73,7 @@ pub fn parse_defaults(ctx: &mut Ctx, raw: RawDefaults) -> Layer {
         digest,
         digest_ignore,
         guard_methods,
+        unverified_methods,
         on_missing_id,
         on_store_error,
         in_flight,
@@ -94,6 +97,7 @@ pub struct Shared {
     pub digest: Option<RawDigest>,
     pub digest_ignore: Option<Vec<String>>,
     pub guard_methods: Option<Vec<String>>,
+    pub unverified_methods: Option<Vec<String>>,
     pub on_missing_id: Option<RawOnMissingId>,
     pub on_store_error: Option<RawOnStoreError>,
     pub in_flight: Option<RawInFlight>,
@@ -115,6 +119,7 @@ pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: Shared) -> Layer {
         digest,
         digest_ignore,
         guard_methods,
+        unverified_methods,
         on_missing_id,
         on_store_error,
         in_flight,
@@ -195,21 +200,12 @@ pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: Shared) -> Layer {
         }
         layer.digest_ignore = ok.then(|| at(base, "digest_ignore", list));
     }
-    if let Some(list) = guard_methods {
-        let mut methods: Vec<http::Method> = Vec::new();
-        let mut ok = true;
-        for (i, m) in list.iter().enumerate() {
-            match fields::method(m) {
-                Ok(m) if !methods.contains(&m) => methods.push(m),
-                Ok(_) => {}
-                Err(e) => {
-                    ctx.at_value(&format!("{base}.guard_methods[{i}]"), e);
-                    ok = false;
-                }
-            }
-        }
-        layer.guard_methods = ok.then(|| at(base, "guard_methods", methods));
-    }
+    layer.guard_methods = guard_methods
+        .and_then(|list| methods(ctx, base, "guard_methods", &list))
+        .map(|v| at(base, "guard_methods", v));
+    layer.unverified_methods = unverified_methods
+        .and_then(|list| methods(ctx, base, "unverified_methods", &list))
+        .map(|v| at(base, "unverified_methods", v));
     if let Some(n) = max_waiters {
         match usize::try_from(n) {
             Ok(n) => layer.max_waiters = Some(at(base, "max_waiters", n)),
@@ -241,7 +237,7 @@ pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: Shared) -> Layer {
         .size(&p("replay_body_limit"), replay_body_limit.as_ref())
         .map(|v| at(base, "replay_body_limit", v));
     if let Some(h) = idempotency_key_header {
-        match h.map(|h| fields::header_name(&h)).transpose() {
+        match h.map(|h| fields::idempotency_key_header(&h)).transpose() {
             Ok(v) => layer.idempotency_key_header = Some(at(base, "idempotency_key_header", v)),
             Err(e) => ctx.at_value(&p("idempotency_key_header"), e),
         }
@@ -259,6 +255,24 @@ pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: Shared) -> Layer {
         .duration(&p("upstream_timeout"), upstream_timeout.as_ref())
         .map(|v| at(base, "upstream_timeout", v));
     layer
+}
+
+/// A list of HTTP methods at `base.key`, duplicates dropped; `None` when an
+/// entry is invalid (recorded).
+fn methods(ctx: &mut Ctx, base: &str, key: &str, list: &[String]) -> Option<Vec<http::Method>> {
+    let mut methods: Vec<http::Method> = Vec::new();
+    let mut ok = true;
+    for (i, m) in list.iter().enumerate() {
+        match fields::method(m) {
+            Ok(m) if !methods.contains(&m) => methods.push(m),
+            Ok(_) => {}
+            Err(e) => {
+                ctx.at_value(&format!("{base}.{key}[{i}]"), e);
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(methods)
 }
 
 /// Exactly one of `header` / `json_pointer`.

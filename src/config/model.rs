@@ -118,17 +118,7 @@ pub struct StoreConfig {
 impl StoreConfig {
     /// The URL with any password replaced by `***`, safe for logs and output.
     pub fn redacted_url(&self) -> String {
-        let Some((scheme, rest)) = self.url.split_once("://") else {
-            return self.url.clone();
-        };
-        let authority_end = rest.find('/').unwrap_or(rest.len());
-        match rest[..authority_end].rfind('@') {
-            Some(at) => match rest[..at].split_once(':') {
-                Some((user, _password)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-                None => self.url.clone(),
-            },
-            None => self.url.clone(),
-        }
+        crate::store::redact_url(&self.url)
     }
 }
 
@@ -164,7 +154,8 @@ pub struct SweeperConfig {
 pub struct Route {
     /// Unique; the scope of event IDs in the store.
     pub name: String,
-    /// Lowercased `Host` to match, without port unless the file gave one; `None` matches any host.
+    /// Lowercased host name to match, without port (one with a port is a
+    /// config error) or trailing dot; `None` matches any host.
     pub host: Option<String>,
     /// Starts with `/`, no trailing `/` except for `/` itself; matches whole segments.
     pub path_prefix: String,
@@ -182,6 +173,9 @@ pub struct Route {
     pub digest_ignore: Vec<String>,
     /// Methods that are guarded; others pass through. Empty: a pass-through route.
     pub guard_methods: Vec<http::Method>,
+    /// With `verify`: methods forwarded (unguarded) without a signature
+    /// check; every other method is verified. Never a guarded method.
+    pub unverified_methods: Vec<http::Method>,
     /// What to do with a guarded request that has no event ID (explicit,
     /// else `forward` for the slack preset, else `defaults`).
     pub on_missing_id: OnMissingId,
@@ -189,7 +183,8 @@ pub struct Route {
     pub on_store_error: OnStoreError,
     /// What a duplicate gets while the first delivery is in flight.
     pub in_flight: InFlight,
-    /// Most requests held at once per event with `in_flight: wait` (default 64).
+    /// Most duplicates held at once on this route (all its events together)
+    /// with `in_flight: wait`; past it a duplicate gets 409 (default 64).
     pub max_waiters: usize,
     /// Upstream statuses that settle a claim as delivered.
     pub settle_on: SettleOn,
@@ -470,6 +465,10 @@ impl Config {
                 }
                 if let Some(v) = &r.verify {
                     line.push_str(&format!("  verify={} ({} secret(s))", v.scheme.as_str(), v.secrets.len()));
+                    if !r.unverified_methods.is_empty() {
+                        let m: Vec<&str> = r.unverified_methods.iter().map(http::Method::as_str).collect();
+                        line.push_str(&format!("  unverified_methods=[{}]", m.join(",")));
+                    }
                 }
                 line
             })

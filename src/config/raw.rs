@@ -151,6 +151,7 @@ pub struct RawDefaults {
     pub digest: Option<RawDigest>,
     pub digest_ignore: Option<Vec<String>>,
     pub guard_methods: Option<Vec<String>>,
+    pub unverified_methods: Option<Vec<String>>,
     pub on_missing_id: Option<RawOnMissingId>,
     pub on_store_error: Option<RawOnStoreError>,
     pub in_flight: Option<RawInFlight>,
@@ -176,12 +177,13 @@ pub struct RawRoute {
     pub match_: Option<RawMatch>,
     pub upstream: Option<String>,
     pub provider: Option<RawProvider>,
-    pub verify: Option<RawVerify>,
+    pub verify: Option<RawVerifyField>,
     pub strip_prefix: Option<bool>,
     pub event_id: Option<RawEventId>,
     pub digest: Option<RawDigest>,
     pub digest_ignore: Option<Vec<String>>,
     pub guard_methods: Option<Vec<String>>,
+    pub unverified_methods: Option<Vec<String>>,
     pub on_missing_id: Option<RawOnMissingId>,
     pub on_store_error: Option<RawOnStoreError>,
     pub in_flight: Option<RawInFlight>,
@@ -211,6 +213,38 @@ pub struct RawMatch {
 pub struct RawEventId {
     pub header: Option<String>,
     pub json_pointer: Option<String>,
+}
+
+/// `verify:` is a block, or `none` to say on purpose that a guarded route
+/// checks no signature (which silences `check`'s warning about it).
+#[derive(Debug)]
+pub enum RawVerifyField {
+    None,
+    Block(RawVerify),
+}
+
+impl<'de> Deserialize<'de> for RawVerifyField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawVerifyField, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawVerifyField;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a verify block (scheme, secrets, ...) or `none`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawVerifyField, E> {
+                if v == "none" {
+                    Ok(RawVerifyField::None)
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Str(v), &self))
+                }
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawVerifyField, A::Error> {
+                RawVerify::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(RawVerifyField::Block)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -9,7 +9,7 @@ use super::layer::{parse_layer, pick, Layer, Shared};
 use super::model::{
     DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, Route, SettleOn,
 };
-use super::raw::RawRoute;
+use super::raw::{RawRoute, RawVerifyField};
 use super::validate::Ctx;
 use super::verify;
 
@@ -35,6 +35,7 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, raw: RawRoute, defaults: &Layer) -
         digest,
         digest_ignore,
         guard_methods,
+        unverified_methods,
         on_missing_id,
         on_store_error,
         in_flight,
@@ -107,6 +108,7 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, raw: RawRoute, defaults: &Layer) -
         digest,
         digest_ignore,
         guard_methods,
+        unverified_methods,
         on_missing_id,
         on_store_error,
         in_flight,
@@ -185,7 +187,35 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, raw: RawRoute, defaults: &Layer) -
     if let Some(p) = provider {
         verify::retention_warning(ctx, p, retention, retention_path.as_deref().unwrap_or(path));
     }
-    let verify = verify.and_then(|v| verify::verify(ctx, &at("verify"), v, provider));
+    let (unverified_methods, unverified_path) =
+        pick(&own.unverified_methods, &d.unverified_methods, Vec::new());
+    if let Some(m) = unverified_methods
+        .iter()
+        .find(|m| guard_methods.contains(m))
+    {
+        // a guarded request is always verified: its claim must not be forgeable
+        ctx.at_value(
+            unverified_path.as_deref().unwrap_or(path),
+            format!("{m} is in guard_methods: a guarded method is always verified and cannot be unverified"),
+        );
+    }
+    let (verify, verify_none) = match verify {
+        Some(RawVerifyField::Block(v)) => (verify::verify(ctx, &at("verify"), v, provider), false),
+        Some(RawVerifyField::None) => (None, true),
+        None => (None, false),
+    };
+    if !guard_methods.is_empty()
+        && verify.is_none()
+        && !verify_none
+        && ctx.error_count() == errors_before
+    {
+        ctx.warn_value(
+            path,
+            "guarded route without `verify`: anyone who can reach the listener can occupy event IDs \
+             (a forged delivery claims the ID, the genuine one then gets 422); \
+             add a verify block, or `verify: none` to accept that",
+        );
+    }
 
     if ctx.error_count() != errors_before {
         return None;
@@ -200,6 +230,7 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, raw: RawRoute, defaults: &Layer) -
         digest,
         digest_ignore,
         guard_methods,
+        unverified_methods,
         // Like event_id: route > provider preset > defaults.
         on_missing_id: match (
             &own.on_missing_id,

@@ -77,12 +77,15 @@ pub fn buffered_pass_through(session: &Session) -> bool {
 }
 
 /// Whether the sender waits for `100 Continue` before sending the body.
+/// Only an HTTP/1.1 sender does: an HTTP/1.0 one has no 1xx answers, and
+/// its expectation is ignored (RFC 9110 §10.1.1, §15.2).
 pub fn expects_continue(session: &Session) -> bool {
-    session
-        .req_header()
-        .headers
-        .get(http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+    let req = session.req_header();
+    req.version == http::Version::HTTP_11
+        && req
+            .headers
+            .get(http::header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 /// Whether the request header had both `Content-Length` and

@@ -15,20 +15,15 @@ use pingora::proxy::Session;
 use pingora::upstreams::peer::HttpPeer;
 use pingora::ErrorType;
 
+use super::hop;
 use super::idle::IdleConnections;
 use super::respond::IDEMPOTENCY_STATUS;
+use crate::problem::ProblemKind;
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and `Expect`, which idemgate answered.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "expect",
-];
+/// Dropped from a request whose body idemgate read, besides the hop-by-hop
+/// headers ([`hop`]): the framing, which is rewritten from the body read,
+/// and `Expect`, which idemgate answered.
+const REFRAMED: [&str; 2] = ["transfer-encoding", "expect"];
 
 /// Why the upstream gave no usable answer.
 #[derive(Debug)]
@@ -46,6 +41,24 @@ impl UpstreamFailure {
             UpstreamFailure::Timeout => "timeout",
         }
     }
+
+    /// The problem a sender gets for it.
+    pub fn kind(&self) -> ProblemKind {
+        match self {
+            UpstreamFailure::Connect(_) => ProblemKind::UpstreamUnreachable,
+            UpstreamFailure::Timeout => ProblemKind::UpstreamTimeout,
+        }
+    }
+}
+
+/// The `detail` of a 502 or 504: what happened, never where or the
+/// connector's words (SPEC §4: the upstream's address and the error text go
+/// to the warn log and the record's `last_error`, not to senders).
+pub fn failure_detail(kind: ProblemKind) -> &'static str {
+    match kind {
+        ProblemKind::UpstreamTimeout => "the upstream did not answer in time",
+        _ => "the upstream could not be reached, or closed the connection before answering",
+    }
 }
 
 /// An upstream that has answered with a final response header.
@@ -59,36 +72,33 @@ pub struct Answered {
     broken: Option<Box<pingora::Error>>,
 }
 
-/// The request as the upstream gets it: the sender's header with the path
-/// rewritten, hop-by-hop headers dropped, an exact `Content-Length` (none if
-/// the sender sent neither body nor length), and the idempotency key
-/// (replacing any the sender set).
+/// The request as the upstream gets it: the sender's header in HTTP/1.1
+/// whatever the sender spoke (an HTTP/1.0 request without `Connection`
+/// would let the consumer close after answering, and the next request on
+/// the kept connection would fail), with the path rewritten, hop-by-hop
+/// headers dropped ([`hop`]), an exact `Content-Length` (none if the sender
+/// sent neither body nor length), `Host` (the upstream's, `host`, when the
+/// sender gave none, as HTTP/1.0 allows), and the idempotency key (replacing
+/// any the sender set).
 pub fn upstream_request(
     original: &RequestHeader,
     path_and_query: &str,
     body_len: usize,
     idempotency_key: Option<(&http::HeaderName, &str)>,
+    host: &http::HeaderValue,
 ) -> pingora::Result<RequestHeader> {
     let mut req = original.clone();
     let uri: http::Uri = path_and_query.parse().map_err(|_| {
         pingora::Error::explain(ErrorType::InvalidHTTPHeader, "rewritten path is not a URI")
     })?;
     req.set_uri(uri);
-    let named: Vec<String> = original
-        .headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
-        .filter(|t| !t.is_empty())
-        .collect();
-    for h in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
+    req.set_version(http::Version::HTTP_11);
+    hop::strip_request(&mut req);
+    for h in REFRAMED {
         req.remove_header(h);
+    }
+    if !req.headers.contains_key(http::header::HOST) {
+        req.insert_header(http::header::HOST, host.clone())?;
     }
     // A request that came with neither body nor length (a GET) goes on
     // without one: no body is what an absent length means (RFC 9112 §6.3).
@@ -109,9 +119,12 @@ const COALESCE_LIMIT: usize = 64 * 1024;
 
 /// Sends the request and waits for the final response header, all within
 /// `timeout`, on one of the route's idle connections or a new one. A kept
-/// connection that turns out to be closed before the request was written is
-/// replaced once; nothing is retried after the upstream may have seen the
-/// request.
+/// connection that fails before any byte of an answer arrived — it was
+/// closed or reset while idle, or the consumer closed it after the liveness
+/// check ([`IdleConnections::take`]) — gets the request once more, on a new
+/// connection, with the same header (so the same idempotency key):
+/// `on_retry` counts it. Nothing is retried once the upstream has answered
+/// anything, nor on a new connection.
 pub async fn exchange(
     connector: &Connector,
     idle: &IdleConnections,
@@ -119,14 +132,15 @@ pub async fn exchange(
     req: RequestHeader,
     body: Bytes,
     timeout: Duration,
+    on_retry: &(dyn Fn() + Sync),
 ) -> Result<Answered, UpstreamFailure> {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let attempt = async {
-        let mut tries = 0;
+        let mut retried = false;
         loop {
-            tries += 1;
-            let (mut client, reused) = match idle.take() {
+            let kept = if retried { None } else { idle.take() };
+            let (client, reused) = match kept {
                 Some(stream) => (
                     HttpSession::H1(Http1Session::new_with_options(stream, peer)),
                     true,
@@ -136,48 +150,73 @@ pub async fn exchange(
                     .await
                     .map_err(|e| connect_failure(&e))?,
             };
-            client.set_read_timeout(Some(timeout));
-            client.set_write_timeout(Some(timeout));
+            let may_retry = reused && !retried;
             let whole = matches!(client, HttpSession::H1(_)) && coalesces(&req, &body);
             let written = match client {
                 HttpSession::H1(h1) if whole => write_whole(h1, &req, &body, peer, timeout).await,
-                mut client => client
-                    .write_request_header(Box::new(req.clone()))
-                    .await
-                    .map(|()| client),
+                mut client => {
+                    client.set_read_timeout(Some(timeout));
+                    client.set_write_timeout(Some(timeout));
+                    let sent = async {
+                        client.write_request_header(Box::new(req.clone())).await?;
+                        if !body.is_empty() {
+                            client.write_request_body(body.clone(), true).await?;
+                        }
+                        client.finish_request_body().await?;
+                        Ok::<(), Box<pingora::Error>>(())
+                    };
+                    sent.await.map(|()| client)
+                }
             };
             let mut client = match written {
                 Ok(client) => client,
-                // a stale pooled connection: no complete request left
-                Err(_) if reused && tries == 1 => continue,
+                // the kept connection was gone before the request was written
+                Err(e)
+                    if may_retry
+                        && matches!(
+                            e.etype(),
+                            ErrorType::WriteError | ErrorType::ConnectionClosed
+                        ) =>
+                {
+                    retried = true;
+                    on_retry();
+                    continue;
+                }
                 Err(e) => return Err(connect_failure(&e)),
             };
-            let sent = async {
-                let _: &mut HttpSession = &mut client;
-                if !whole {
-                    if !body.is_empty() {
-                        client.write_request_body(body.clone(), true).await?;
-                    }
-                    client.finish_request_body().await?;
-                }
+            let mut interim = false;
+            let answer = async {
                 loop {
                     client.read_response_header().await?;
                     let status = client
                         .response_header()
                         .map(|h| h.status.as_u16())
                         .unwrap_or(0);
-                    // 1xx interim answers are not passed on; 101 would be an upgrade
+                    // 1xx interim answers are not passed on; 101 is refused below
                     if !(100..200).contains(&status) || status == 101 {
                         return Ok::<(), Box<pingora::Error>>(());
                     }
+                    interim = true;
                 }
             };
-            if let Err(e) = sent.await {
-                return Err(connect_failure(&e));
+            match answer.await {
+                Ok(()) => {}
+                Err(e) if may_retry && !interim && closed_before_answer(&e) => {
+                    retried = true;
+                    on_retry();
+                    continue;
+                }
+                Err(e) => return Err(connect_failure(&e)),
             }
             let header = client.response_header().cloned().ok_or_else(|| {
                 UpstreamFailure::Connect("upstream sent no response header".into())
             })?;
+            if header.status == http::StatusCode::SWITCHING_PROTOCOLS {
+                // idemgate never asks for an upgrade (hop::strip_request)
+                return Err(UpstreamFailure::Connect(
+                    "upstream answered 101 Switching Protocols to a request without Upgrade".into(),
+                ));
+            }
             return Ok((client, header));
         }
     };
@@ -191,6 +230,19 @@ pub async fn exchange(
         Ok(Err(e)) => Err(e),
         Err(_) => Err(UpstreamFailure::Timeout),
     }
+}
+
+/// Whether reading the response header failed before a single byte of it
+/// arrived: the connection was closed or reset (pingora marks those
+/// retryable on a reused connection, and says how many bytes it had read).
+pub fn closed_before_answer(e: &pingora::Error) -> bool {
+    matches!(
+        e.etype(),
+        ErrorType::ConnectionClosed | ErrorType::ReadError
+    ) && matches!(e.retry, pingora::RetryType::ReusedOnly)
+        && e.context
+            .as_ref()
+            .is_some_and(|c| c.as_str().ends_with("bytes already read: 0"))
 }
 
 /// Whether the request goes out in one write (on an HTTP/1 connection): a
@@ -248,22 +300,13 @@ fn connect_failure(e: &pingora::Error) -> UpstreamFailure {
 }
 
 /// The upstream's response header as the sender gets it: hop-by-hop headers
-/// dropped except the body framing, plus `Idempotency-Status`.
+/// dropped ([`hop`]; the body framing stays), plus `Idempotency-Status`.
 pub fn downstream_header(
     upstream: &ResponseHeader,
     status_header: &str,
 ) -> pingora::Result<ResponseHeader> {
     let mut resp = upstream.clone();
-    for h in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "upgrade",
-    ] {
-        resp.remove_header(h);
-    }
+    hop::strip_response(&mut resp);
     resp.insert_header(IDEMPOTENCY_STATUS, status_header)?;
     Ok(resp)
 }

@@ -287,6 +287,64 @@ impl Gate {
         Box::pin(self.forward_guarded(session, route, body, event_id, attempt, summary)).await
     }
 
+    /// A request that reaches no route (no match, or a path with no normal
+    /// form): counted with `route=""`. The path decides it, so a sender
+    /// waiting for `100 Continue` gets the answer at once, on a connection
+    /// that closes; otherwise the body is read and dropped.
+    pub(super) async fn refuse_unrouted(&self, session: &mut Session, p: Problem) -> Handled {
+        let close =
+            body::expects_continue(session) || body::read_full(session, 1 << 20).await.is_err();
+        self.respond_problem(session, "", p, close).await
+    }
+
+    /// A request of a method the route does not guard, on a route with
+    /// `verify` (SPEC §8: every method is verified but `unverified_methods`):
+    /// read whole (bounded by `max_body`), verified, then forwarded
+    /// unguarded. A forged one gets 401 and reaches nothing.
+    pub(super) async fn pass_verified(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+    ) -> Handled {
+        let cfg = &route.cfg;
+        let name = route.name();
+        if body::content_length(session).is_some_and(|n| n > cfg.max_body) {
+            let p = Problem::new(
+                ProblemKind::BodyTooLarge,
+                format!("the body is larger than {} bytes", cfg.max_body),
+            );
+            return self.respond_problem(session, name, p, true).await;
+        }
+        if body::expects_continue(session) {
+            session.set_close_on_response_before_downstream_finish(false);
+            session.write_continue_response().await?;
+            session.set_close_on_response_before_downstream_finish(true);
+        }
+        let body = match body::read_full(session, cfg.max_body).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                let p = Problem::new(
+                    ProblemKind::BodyTooLarge,
+                    format!("the body is larger than {} bytes", cfg.max_body),
+                );
+                return self.respond_problem(session, name, p, true).await;
+            }
+            Err(e) => {
+                let p = Problem::new(ProblemKind::InvalidBody, e.invalid_detail());
+                return self.respond_problem(session, name, p, true).await;
+            }
+        };
+        if let Some(v) = &route.verifier {
+            let now_secs = (now_ms() / 1000) as i64;
+            if let Err(e) = v.verify(&session.req_header().headers, &body, now_secs) {
+                let p = Problem::new(ProblemKind::InvalidSignature, e.to_string());
+                return self.respond_problem(session, name, p, false).await;
+            }
+        }
+        Box::pin(self.forward_unguarded(session, route, body)).await?;
+        Ok(true)
+    }
+
     /// A refusal decided from the headers alone. With `Expect: 100-continue`
     /// the body never comes: answer at once and close. Otherwise read and
     /// discard the body so the connection stays usable.
@@ -462,6 +520,7 @@ impl Gate {
             req,
             body,
             cfg.upstream_timeout,
+            &|| self.metrics.upstream_retry(name),
         )
         .await;
         let mut answered = match result {
@@ -478,6 +537,15 @@ impl Gate {
                         humantime::format_duration(cfg.upstream_timeout)
                     ),
                 };
+                // where and why go to the log and the record, not to the sender
+                tracing::warn!(
+                    route = name,
+                    event_id,
+                    attempt,
+                    upstream = %cfg.upstream.original,
+                    error = %error,
+                    "upstream failed; releasing the claim"
+                );
                 self.settle(
                     route,
                     event_id,
@@ -488,11 +556,9 @@ impl Gate {
                     },
                 )
                 .await;
-                let kind = match failure {
-                    UpstreamFailure::Connect(_) => ProblemKind::UpstreamUnreachable,
-                    UpstreamFailure::Timeout => ProblemKind::UpstreamTimeout,
-                };
-                let p = Problem::new(kind, error).with_event_id(Some(event_id));
+                let kind = failure.kind();
+                let p =
+                    Problem::new(kind, forward::failure_detail(kind)).with_event_id(Some(event_id));
                 self.metrics
                     .route_request(&route.requests, name, Outcome::Forwarded);
                 respond::problem(session, &p, Outcome::Forwarded.as_str(), false).await?;
@@ -643,6 +709,7 @@ impl Gate {
             req,
             body,
             route.cfg.upstream_timeout,
+            &|| self.metrics.upstream_retry(name),
         )
         .await
         {
@@ -671,16 +738,16 @@ impl Gate {
                     .upstream_responses
                     .with_label_values(&[name, failure.class()])
                     .inc();
-                let (kind, detail) = match failure {
-                    UpstreamFailure::Connect(e) => (ProblemKind::UpstreamUnreachable, e),
-                    UpstreamFailure::Timeout => (
-                        ProblemKind::UpstreamTimeout,
-                        "no response in time".to_string(),
-                    ),
-                };
+                tracing::warn!(
+                    route = name,
+                    upstream = %route.cfg.upstream.original,
+                    error = ?failure,
+                    "unguarded request: upstream failed"
+                );
+                let kind = failure.kind();
                 respond::problem(
                     session,
-                    &Problem::new(kind, detail),
+                    &Problem::new(kind, forward::failure_detail(kind)),
                     Outcome::Unguarded.as_str(),
                     false,
                 )
@@ -703,7 +770,13 @@ impl Gate {
             .path_and_query()
             .map(|p| p.as_str())
             .unwrap_or("/");
-        forward::upstream_request(original, &route.upstream_path(pq), body_len, key)
+        forward::upstream_request(
+            original,
+            &route.upstream_path(pq),
+            body_len,
+            key,
+            &route.host_header,
+        )
     }
 
     /// Commits the settle, retrying a failing store with bounded backoff. A

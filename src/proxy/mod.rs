@@ -9,12 +9,14 @@
 pub mod body;
 pub mod forward;
 mod guard;
+pub mod hop;
 pub mod idle;
 pub mod respond;
 pub mod routes;
 pub mod seen;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -71,7 +73,16 @@ pub struct Ctx {
     upstream_started: Option<Instant>,
     /// The unguarded request is counted already (see `count_unguarded`).
     counted: bool,
+    /// pingora's path: the request is being sent once more (a kept
+    /// connection failed before answering), on a connection of its own.
+    retried: bool,
 }
+
+/// Pool keys for retried requests on pingora's path: each retry gets a new
+/// connection (its own pool key), never another kept one. pingora keeps
+/// that connection afterwards under its key, unused, until its idle
+/// timeout or the pool's size bound lets it go.
+static RETRY_POOL: AtomicU64 = AtomicU64::new(1);
 
 #[async_trait]
 impl ProxyHttp for Gate {
@@ -81,9 +92,39 @@ impl ProxyHttp for Gate {
         Ctx::default()
     }
 
-    /// Phase 1, after the request header: route, and for guarded requests the
-    /// whole protocol. `Ok(true)` means the response was written here.
+    /// Phase 1, after the request header: the path's normal form, the route,
+    /// and for guarded requests the whole protocol. `Ok(true)` means the
+    /// response was written here.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        if session.req_header().version < http::Version::HTTP_11 {
+            // RFC 9110 §15.2: no 1xx to an HTTP/1.0 client (pingora would
+            // relay an upstream's)
+            session.set_ignore_info_resp(true);
+        }
+        // Routes see, and upstreams get, the normal form of the path (the
+        // common, already normal path costs a scan and no allocation).
+        let changed = match crate::path::normalise(session.req_header().uri.path()) {
+            Ok(Cow::Borrowed(_)) => None,
+            Ok(Cow::Owned(normal)) => Some(normal),
+            Err(e) => {
+                let p = Problem::new(ProblemKind::InvalidPath, e.to_string());
+                return self.refuse_unrouted(session, p).await;
+            }
+        };
+        if let Some(normal) = changed {
+            let req = session.req_header_mut();
+            let pq = match req.uri.query() {
+                Some(q) => format!("{normal}?{q}"),
+                None => normal,
+            };
+            match pq.parse::<http::Uri>() {
+                Ok(uri) => req.set_uri(uri),
+                Err(_) => {
+                    let p = Problem::new(ProblemKind::InvalidPath, "the path is not a valid URI");
+                    return self.refuse_unrouted(session, p).await;
+                }
+            }
+        }
         let req = session.req_header();
         let header_bytes: usize = req
             .headers
@@ -107,15 +148,18 @@ impl ProxyHttp for Gate {
                 ProblemKind::NoRoute,
                 format!("no route matches {}", req.uri.path()),
             );
-            // The path decides it: a sender waiting for `100 Continue` gets
-            // the answer at once, on a connection that closes.
-            let close =
-                body::expects_continue(session) || body::read_full(session, 1 << 20).await.is_err();
-            return self.respond_problem(session, "", p, close).await;
+            return self.refuse_unrouted(session, p).await;
         };
-        let guarded = route.guards(&req.method);
+        let method = &req.method;
+        let guarded = route.guards(method);
+        let verified = route.verifies(method);
         ctx.route = Some(route.clone());
         if !guarded {
+            if verified {
+                // read, verified, then forwarded unguarded (SPEC §8)
+                ctx.counted = true;
+                return self.pass_verified(session, &route).await;
+            }
             if body::buffered_pass_through(session) {
                 ctx.counted = true; // counted where it is forwarded
                 return self.pass_buffered(session, &route).await;
@@ -125,17 +169,24 @@ impl ProxyHttp for Gate {
         self.guard(session, &route).await
     }
 
-    /// Unguarded requests only: the route's upstream.
+    /// Unguarded requests only: the route's upstream (on a retry, on a
+    /// connection of its own).
     async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
         let route = ctx
             .route
             .as_ref()
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route"))?;
         ctx.upstream_started = Some(Instant::now());
-        Ok(Box::new(route.peer.clone()))
+        let mut peer = Box::new(route.peer.clone());
+        if ctx.retried {
+            peer.group_key = RETRY_POOL.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(peer)
     }
 
-    /// Unguarded requests only: the path as the upstream expects it.
+    /// Unguarded requests only: the path as the upstream expects it, the
+    /// hop-by-hop headers dropped ([`hop`]; pingora's own sanitising is off
+    /// so that every path drops the same), HTTP/1.1 with a `Host`.
     async fn upstream_request_filter(
         &self,
         session: &mut Session,
@@ -153,6 +204,16 @@ impl ProxyHttp for Gate {
                 Error::explain(ErrorType::InvalidHTTPHeader, "rewritten path is not a URI")
             })?;
             upstream.set_uri(uri);
+            hop::strip_request(upstream);
+            // pingora frames the streamed body afresh (chunked unless it has a length)
+            upstream.remove_header(&http::header::TRANSFER_ENCODING);
+            if session.req_header().version < http::Version::HTTP_11 {
+                // an HTTP/1.0 expectation is ignored (RFC 9110 §10.1.1)
+                upstream.remove_header(&http::header::EXPECT);
+            }
+            if !upstream.headers.contains_key(http::header::HOST) {
+                upstream.insert_header(http::header::HOST, route.host_header.clone())?;
+            }
         }
         Ok(())
     }
@@ -163,9 +224,45 @@ impl ProxyHttp for Gate {
         upstream: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        if upstream.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            // no upgrade is ever forwarded (hop.rs): a 101 is the upstream's fault
+            return Error::e_explain(
+                ErrorType::InvalidHTTPHeader,
+                "upstream answered 101 Switching Protocols to a request without Upgrade",
+            )
+            .map_err(|e| e.into_up());
+        }
+        hop::strip_response(upstream);
+        if upstream.status.is_informational() {
+            return Ok(()); // an interim answer; the final one is counted
+        }
         self.count_unguarded(session, ctx, Some(upstream.status.as_u16()), None);
         upstream.insert_header(respond::IDEMPOTENCY_STATUS, Outcome::Unguarded.as_str())?;
         Ok(())
+    }
+
+    /// Unguarded requests only, on pingora's path: a kept connection that
+    /// failed before any byte of an answer gets the request once more (SPEC
+    /// §4), when pingora still holds its body (up to 64 KiB).
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let retry = client_reused
+            && !ctx.retried
+            && forward::closed_before_answer(&e)
+            && !session.as_ref().retry_buffer_truncated();
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        e.set_retry(retry);
+        if let (true, Some(route)) = (retry, &ctx.route) {
+            ctx.retried = true;
+            self.metrics.upstream_retry(route.name());
+        }
+        e
     }
 
     /// Unguarded requests only: the upstream failed before answering.
@@ -183,8 +280,10 @@ impl ProxyHttp for Gate {
                 };
             }
         };
-        if ctx.route.is_some() && session.response_written().is_none() {
-            let p = Problem::new(kind, e.etype().as_str());
+        if let (Some(route), None) = (&ctx.route, session.response_written()) {
+            // the detail names nothing of the upstream; the log has it
+            tracing::warn!(route = route.name(), upstream = %route.cfg.upstream.original, error = %e, "unguarded request: upstream failed");
+            let p = Problem::new(kind, forward::failure_detail(kind));
             let _ = respond::problem(session, &p, Outcome::Unguarded.as_str(), true).await;
         }
         FailToProxy {

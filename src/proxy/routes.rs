@@ -6,7 +6,7 @@ use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pingora::upstreams::peer::HttpPeer;
+use pingora::upstreams::peer::{HttpPeer, HttpUpstreamRequestPolicy};
 
 use crate::claim::json_pointer;
 use crate::config::{EventIdSource, Route};
@@ -35,6 +35,9 @@ pub struct RouteRt {
     pub requests: crate::metrics::RequestCounters,
     /// Upstream connections kept for the next forward.
     pub idle: IdleConnections,
+    /// `Host` for a forwarded request whose sender gave none (HTTP/1.0):
+    /// the upstream's host, with its port unless it is the scheme's default.
+    pub host_header: http::HeaderValue,
 }
 
 impl RouteRt {
@@ -62,6 +65,10 @@ impl RouteRt {
         peer.options.read_timeout = Some(t);
         peer.options.write_timeout = Some(t);
         peer.options.idle_timeout = Some(UPSTREAM_IDLE_TIMEOUT);
+        // pingora's streaming path: idemgate drops the hop-by-hop headers
+        // itself (hop.rs, in upstream_request_filter), the same way as on its
+        // own paths, and never forwards an upgrade.
+        peer.options.http_upstream_request_policy = HttpUpstreamRequestPolicy::preserve();
         let id_pointer = match &cfg.event_id {
             EventIdSource::JsonPointer(p) => Some(
                 json_pointer::parse_pointer(p)
@@ -81,7 +88,21 @@ impl RouteRt {
             tolerance: v.tolerance,
             header: v.header.clone(),
         });
+        let default_port = if up.tls { 443 } else { 80 };
+        let host = match (up.host.contains(':'), up.port == default_port) {
+            (true, true) => format!("[{}]", up.host),
+            (true, false) => format!("[{}]:{}", up.host, up.port),
+            (false, true) => up.host.clone(),
+            (false, false) => format!("{}:{}", up.host, up.port),
+        };
+        let host_header = http::HeaderValue::from_str(&host).map_err(|_| {
+            format!(
+                "route {}: upstream host `{host}` is not a header value",
+                cfg.name
+            )
+        })?;
         Ok(RouteRt {
+            host_header,
             lease_ms: cfg.lease.as_millis() as i64,
             retention_ms: cfg.retention.as_millis() as i64,
             cfg,
@@ -101,6 +122,13 @@ impl RouteRt {
 
     pub fn guards(&self, method: &http::Method) -> bool {
         self.cfg.guard_methods.iter().any(|m| m == method)
+    }
+
+    /// Whether a request with `method` must pass the signature check: on a
+    /// route with `verify`, every method but the `unverified_methods`
+    /// (never a guarded one: config validation refuses that).
+    pub fn verifies(&self, method: &http::Method) -> bool {
+        self.verifier.is_some() && !self.cfg.unverified_methods.iter().any(|m| m == method)
     }
 
     /// The path the upstream sees: `strip_prefix` applied, the upstream's base
@@ -184,6 +212,11 @@ pub fn request_host(req: &pingora::http::RequestHeader) -> Option<String> {
     } else {
         raw.split(':').next().unwrap_or_default().to_string()
     };
+    // `hooks.example.com.` is the same name (as match_host reads it)
+    let host = host
+        .strip_suffix('.')
+        .filter(|h| !h.is_empty())
+        .unwrap_or(&host);
     Some(host.to_ascii_lowercase())
 }
 

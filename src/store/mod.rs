@@ -261,18 +261,54 @@ pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn ClaimStore>
     }
 }
 
-/// The URL with any password replaced, for messages.
+/// The URL with any password replaced by `***`, safe for messages and logs
+/// (the one implementation; `StoreConfig::redacted_url` calls it). The
+/// userinfo ends at the *last* `@`, since a password may hold one (the URL
+/// parser reads it so too); when in doubt this hides too much, never too
+/// little. A `password=` query parameter is hidden as well. SQLite URLs
+/// carry no credentials: a path with `@` or `:` is shown as written.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let Some((userinfo, host)) = rest.split_once('@') else {
+    if scheme.eq_ignore_ascii_case("sqlite") {
         return url.to_string();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
     }
+    let mut out = format!("{scheme}://");
+    let after = match rest.rfind('@') {
+        Some(at) => {
+            match rest[..at].split_once(':') {
+                Some((user, _password)) => {
+                    out.push_str(user);
+                    out.push_str(":***");
+                }
+                None => out.push_str(&rest[..at]),
+            }
+            out.push('@');
+            &rest[at + 1..]
+        }
+        None => rest,
+    };
+    match after.split_once('?') {
+        Some((base, query)) => {
+            out.push_str(base);
+            out.push('?');
+            for (i, pair) in query.split('&').enumerate() {
+                if i > 0 {
+                    out.push('&');
+                }
+                match pair.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => {
+                        out.push_str(k);
+                        out.push_str("=***");
+                    }
+                    _ => out.push_str(pair),
+                }
+            }
+        }
+        None => out.push_str(after),
+    }
+    out
 }
 
 /// Builds a [`ClaimOutcome::Existing`] from a record read back after a refused
@@ -350,5 +386,29 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("sqlite:///a/b.db"), "sqlite:///a/b.db");
+    }
+
+    /// A password may hold `@`, `:` and more: the userinfo ends at the last `@`.
+    #[test]
+    fn redacts_passwords_holding_at_signs() {
+        for (url, want) in [
+            ("postgres://u:p@ss@h:5432/db", "postgres://u:***@h:5432/db"),
+            ("postgres://u:p@s:s@w@h/db", "postgres://u:***@h/db"),
+            ("postgresql://u:@@h/db", "postgresql://u:***@h/db"),
+            ("mysql://u:se@cret@h/db", "mysql://u:***@h/db"),
+            (
+                "postgres://u@h/db?sslmode=require&password=pw&x=1",
+                "postgres://u@h/db?sslmode=require&password=***&x=1",
+            ),
+            // hides too much rather than too little
+            (
+                "postgres://u:pw@h/db?application_name=a@b",
+                "postgres://u:***@b",
+            ),
+            ("sqlite:///data/a@b:c.db", "sqlite:///data/a@b:c.db"),
+            ("no scheme:pw@h", "no scheme:pw@h"),
+        ] {
+            assert_eq!(redact_url(url), want, "{url}");
+        }
     }
 }

@@ -161,6 +161,8 @@ pub struct Proxy {
     pub log_path: PathBuf,
     /// Extra environment for the process (e.g. `env:` secrets), kept for respawns.
     env: Vec<(String, String)>,
+    /// The binary to run: this build's `idemgate` unless a test names another.
+    pub bin: PathBuf,
     child: Option<Child>,
 }
 
@@ -194,6 +196,17 @@ impl Proxy {
         routes: &str,
         env: &[(&str, &str)],
     ) -> Proxy {
+        Self::start_bin(Path::new(bin()), dir, store_url, routes, env)
+    }
+
+    /// Like [`Proxy::start_with_env`], running the binary at `bin`.
+    pub fn start_bin(
+        bin: &Path,
+        dir: &TempDir,
+        store_url: &str,
+        routes: &str,
+        env: &[(&str, &str)],
+    ) -> Proxy {
         let (port, admin) = (free_port(), free_port());
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let config_path = dir.path().join(format!("proxy{n}.yaml"));
@@ -207,6 +220,7 @@ impl Proxy {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            bin: bin.to_path_buf(),
             child: None,
         };
         p.spawn();
@@ -231,7 +245,7 @@ impl Proxy {
             .append(true)
             .open(&self.log_path)
             .unwrap();
-        let child = Command::new(bin())
+        let child = Command::new(&self.bin)
             .args(["serve", "--config"])
             .arg(&self.config_path)
             .env(

@@ -1,5 +1,5 @@
 //! A raw TCP upstream for fault tests: it reads each request (head and
-//! `Content-Length` body) as bytes and then does what the test's script says
+//! `Content-Length` or chunked body) as bytes and then does what the test's script says
 //! for that request — answer and keep the connection, answer and close, send
 //! part of an answer and reset (RST), or send part of an answer and go
 //! silent. Loopback only; stops when dropped.
@@ -201,21 +201,47 @@ async fn serve(
             body: Vec::new(),
             reads: 0,
         };
-        let len: usize = req
-            .header("Content-Length")
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        while buf.len() < len {
-            let mut chunk = [0u8; 65536];
-            let n = sock.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(());
+        let chunked = req
+            .header("Transfer-Encoding")
+            .is_some_and(|v| v.eq_ignore_ascii_case(b"chunked"));
+        if chunked {
+            // the whole chunked body (no trailers), decoded
+            loop {
+                let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
+                    if !fill(&mut sock, &mut buf, &mut reads).await? {
+                        return Ok(());
+                    }
+                    continue;
+                };
+                let size = std::str::from_utf8(&buf[..end])
+                    .ok()
+                    .and_then(|l| usize::from_str_radix(l.split(';').next()?.trim(), 16).ok())
+                    .unwrap_or(0);
+                if buf.len() < end + 2 + size + 2 {
+                    if !fill(&mut sock, &mut buf, &mut reads).await? {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                req.body.extend_from_slice(&buf[end + 2..end + 2 + size]);
+                buf.drain(..end + 2 + size + 2);
+                if size == 0 {
+                    break;
+                }
             }
-            reads += 1;
-            buf.extend_from_slice(&chunk[..n]);
+        } else {
+            let len: usize = req
+                .header("Content-Length")
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            while buf.len() < len {
+                if !fill(&mut sock, &mut buf, &mut reads).await? {
+                    return Ok(());
+                }
+            }
+            req.body = buf.drain(..len).collect();
         }
-        req.body = buf.drain(..len).collect();
         req.reads = reads;
         let n = counter.fetch_add(1, Ordering::SeqCst);
         let behavior = script(&req, n);
@@ -255,6 +281,15 @@ async fn serve(
             }
         }
     }
+}
+
+/// One more read into `buf`; false at the end of the stream.
+async fn fill(sock: &mut TcpStream, buf: &mut Vec<u8>, reads: &mut usize) -> std::io::Result<bool> {
+    let mut chunk = [0u8; 65536];
+    let n = sock.read(&mut chunk).await?;
+    *reads += 1;
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(n > 0)
 }
 
 /// Sends `bytes` on a fresh connection to `addr` and reads everything until

@@ -14,7 +14,14 @@ fn days(n: u64) -> Duration {
 #[test]
 fn built_in_defaults() {
     let l = ok(&route(""));
-    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    // a guarded route without `verify` is the one thing the defaults warn about
+    assert_eq!(l.warnings.len(), 1, "{:?}", l.warnings);
+    assert!(
+        l.warnings[0].starts_with("cfg.yaml:6:5: routes[0]: guarded route without `verify`"),
+        "{:?}",
+        l.warnings
+    );
+    assert!(ok(&route("    verify: none\n")).warnings.is_empty());
     let c = &l.config;
     assert_eq!(c.listen.to_string(), "127.0.0.1:1");
     assert_eq!(c.admin_listen.to_string(), "127.0.0.1:2");
@@ -34,6 +41,7 @@ fn built_in_defaults() {
     assert_eq!(r.digest, DigestMode::Raw);
     assert!(r.digest_ignore.is_empty());
     assert_eq!(r.guard_methods, vec![http::Method::POST]);
+    assert!(r.unverified_methods.is_empty());
     assert_eq!(r.on_missing_id, OnMissingId::Reject);
     assert_eq!(r.on_store_error, OnStoreError::Reject);
     assert_eq!(r.in_flight, InFlight::Conflict);

@@ -282,3 +282,90 @@ fn lease_must_exceed_upstream_timeout() {
     assert_eq!(e.path, "routes[0]");
     ok(&route("    lease: 11s\n    upstream_timeout: 10s\n"));
 }
+
+/// Issue 20's rules: a prefix in normal form, a host without a port, an
+/// idempotency key header idemgate does not own, no method both guarded and
+/// unverified, `verify: none` as the only word for "no verification".
+#[test]
+fn issue_20_rules() {
+    one_error(
+        &route("").replace("/hooks/alpha", "/hooks/%61lpha"),
+        8,
+        20,
+        "not in normal form: requests are matched after RFC 3986 normalisation, write `/hooks/alpha`",
+    );
+    one_error(
+        &route("").replace("/hooks/alpha", "/hooks//alpha/./x"),
+        8,
+        20,
+        "write `/hooks/alpha/x`",
+    );
+    one_error(
+        &route("").replace("/hooks/alpha", "/hooks/%2Falpha"),
+        8,
+        20,
+        "encoded `/`",
+    );
+    let with_host = |h: &str| {
+        route("").replace(
+            "      path_prefix",
+            &format!("      host: \"{h}\"\n      path_prefix"),
+        )
+    };
+    one_error(&with_host("a.example:443"), 8, 13, "has a port");
+    one_error(&with_host("[::1]:443"), 8, 13, "has a port");
+    one_error(&with_host("[nope]"), 8, 13, "IPv6");
+    let l = ok(&with_host("A.Example."));
+    assert_eq!(l.config.routes[0].host.as_deref(), Some("a.example"));
+    assert_eq!(
+        ok(&with_host("[::1]")).config.routes[0].host.as_deref(),
+        Some("[::1]")
+    );
+    for h in [
+        "Transfer-Encoding",
+        "host",
+        "proxy-x",
+        "TE",
+        "Expect",
+        "connection",
+    ] {
+        one_error(
+            &route(&format!("    idempotency_key_header: {h}\n")),
+            12,
+            29,
+            "cannot carry the idempotency key",
+        );
+    }
+    one_error(
+        &route("    verify: none\n    unverified_methods: [GET, Post]\n"),
+        13,
+        25,
+        "POST is in guard_methods",
+    );
+    one_error(
+        &route("    unverified_methods: [G ET]\n"),
+        12,
+        26,
+        "not a valid HTTP method",
+    );
+    let l = ok(&route(
+        "    verify: none\n    guard_methods: [PUT]\n    unverified_methods: [post]\n",
+    ));
+    assert_eq!(
+        l.config.routes[0].unverified_methods,
+        vec![http::Method::POST]
+    );
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    one_error(
+        &route("    verify: nope\n"),
+        12,
+        13,
+        "expected a verify block (scheme, secrets, ...) or `none`",
+    );
+    // `null` is no value, as for any key: the route warns
+    assert_eq!(ok(&route("    verify: null\n")).warnings.len(), 1);
+    // a pass-through route needs no verification, a guarded one gets the warning
+    assert!(ok(&route("    guard_methods: []\n")).warnings.is_empty());
+    let l = ok(&route("    guard_methods: [PUT]\n"));
+    assert!(l.warnings[0].contains("anyone who can reach the listener can occupy event IDs"));
+}

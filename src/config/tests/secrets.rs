@@ -195,7 +195,7 @@ fn verify_block_rules() {
 fn retention_shorter_than_redelivery_horizon_warns() {
     let text = |provider: &str, retention: &str| {
         route(&format!(
-            "    provider: {provider}\n    retention: {retention}\n"
+            "    provider: {provider}\n    retention: {retention}\n    verify: none\n"
         ))
         .replace("    event_id:\n      header: X-Event-ID\n", "")
     };
@@ -220,7 +220,9 @@ fn retention_shorter_than_redelivery_horizon_warns() {
         );
     }
     // The built-in 7d covers every horizon; a short default warns at defaults.
-    assert!(ok(&route("    provider: slack\n")).warnings.is_empty());
+    assert!(ok(&route("    provider: slack\n    verify: none\n"))
+        .warnings
+        .is_empty());
     let l = ok(&format!(
         "defaults:\n  retention: 1h\n{}",
         route("    provider: stripe\n")
