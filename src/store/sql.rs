@@ -325,7 +325,7 @@ pub(crate) use impl_claim_store;
 
 /// A [`CLAIM_READBACK`] row, whichever driver read it.
 pub(crate) struct Readback {
-    pub state: String,
+    pub state: crate::claim::State,
     pub lease_until: Option<crate::claim::Millis>,
     pub body_sha256: String,
     pub last_status: Option<i64>,
@@ -364,7 +364,7 @@ impl Readback {
             body: self.replay_body,
         };
         super::existing_outcome(
-            &self.state,
+            self.state,
             self.lease_until,
             self.body_sha256 == digest,
             now,
@@ -401,12 +401,13 @@ where
     R: sqlx::Row,
     for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> &'r str: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     Readback {
-        state: row.try_get("state")?,
+        state: super::state_of(row.try_get("state")?)?,
         lease_until: row.try_get("lease_until")?,
         body_sha256: row.try_get("body_sha256")?,
         last_status: row.try_get("last_status")?,
@@ -423,6 +424,7 @@ where
     R: sqlx::Row,
     for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> &'r str: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
@@ -433,7 +435,7 @@ where
         route: row.try_get("route")?,
         event_id: row.try_get("event_id")?,
         body_sha256: row.try_get("body_sha256")?,
-        state: row.try_get("state")?,
+        state: super::state_of(row.try_get("state")?)?,
         attempts: row.try_get("attempts")?,
         lease_until: row.try_get("lease_until")?,
         last_status: row.try_get("last_status")?,

@@ -243,7 +243,7 @@ where
                 .map(|(item, _, reply)| (item, reply))
                 .unzip();
             let results = match conn {
-                Err(e) => all_failed(items.len(), &e.into()),
+                Err(e) => all_failed(items.len(), e.into()),
                 Ok(mut conn) => {
                     let n = items.len();
                     match tokio::time::timeout(BATCH_TIMEOUT, run(&mut conn, items)).await {
@@ -261,7 +261,7 @@ where
                                 "the database did not answer a batch within {BATCH_TIMEOUT:?}; \
                                  whether it committed is unknown"
                             ));
-                            all_failed(n, &e)
+                            all_failed(n, e)
                         }
                     }
                 }
@@ -305,10 +305,10 @@ fn key_arrays<'a, T>(
     which.iter().map(|&i| key(&items[i])).unzip()
 }
 
-fn all_failed<O>(n: usize, e: &StoreError) -> Vec<Result<O, StoreError>> {
-    (0..n)
-        .map(|_| Err(StoreError::Unavailable(e.to_string())))
-        .collect()
+/// `e` answered to each of `n` operations.
+fn all_failed<O>(n: usize, e: StoreError) -> Vec<Result<O, StoreError>> {
+    let e = std::sync::Arc::new(e);
+    (0..n).map(|_| Err(StoreError::Batch(e.clone()))).collect()
 }
 
 fn done<O>(results: Vec<Option<Result<O, StoreError>>>) -> Vec<Result<O, StoreError>> {
@@ -332,7 +332,7 @@ async fn read_many(
         .map(|row| {
             let key = (row.try_get("route")?, row.try_get("event_id")?);
             let found = Readback {
-                state: row.try_get("state")?,
+                state: crate::store::state_of(row.try_get("state")?)?,
                 lease_until: row.try_get("lease_until")?,
                 body_sha256: row.try_get("body_sha256")?,
                 last_status: row.try_get("last_status")?,
@@ -362,7 +362,7 @@ async fn read_batch_on(
             .iter()
             .map(|(r, e)| Ok(found.remove(&(r.to_string(), e.to_string()))))
             .collect(),
-        Err(e) => all_failed(items.len(), &e),
+        Err(e) => all_failed(items.len(), e),
     }
 }
 

@@ -65,9 +65,9 @@ impl PostgresStore {
     /// server is merely slow.
     const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
-    pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let opts = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::UnsupportedUrl(format!("{}: {e}", super::redact_url(url))))?
+    pub async fn open(url: &super::StoreUrl, max_connections: u32) -> Result<Self, StoreError> {
+        let opts = PgConnectOptions::from_str(url.as_str())
+            .map_err(|e| StoreError::UnsupportedUrl(format!("{url}: {e}")))?
             .options([
                 (
                     "statement_timeout",
@@ -126,7 +126,7 @@ impl PostgresStore {
             Self::migrator()
                 .run_direct(&mut conn)
                 .await
-                .map_err(|e| StoreError::Migration(e.to_string()))
+                .map_err(|e| StoreError::Migration(e.into()))
         }
         .await;
         let _ = conn.close().await;
@@ -268,9 +268,7 @@ impl PostgresStore {
             let Some(before) = before else {
                 return Ok(ReleaseOutcome::NotFound);
             };
-            let state: String = before.try_get("state")?;
-            let previous = State::parse(&state)
-                .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
+            let previous = super::state_of(before.try_get("state")?)?;
             if previous == State::Delivered && !force {
                 return Ok(ReleaseOutcome::RefusedDelivered);
             }

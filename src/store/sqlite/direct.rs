@@ -16,14 +16,8 @@ use super::changes::ChangeCounter;
 use crate::claim::{Millis, SettleResult, State};
 use crate::store::sql::{self, Readback};
 use crate::store::{
-    ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleOutcome, SettleRequest, StoreError,
+    state_of, ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleOutcome, SettleRequest, StoreError,
 };
-
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        StoreError::Unavailable(e.to_string())
-    }
-}
 
 /// How a connection will be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +89,7 @@ pub(super) fn read_back(
         return Ok(None);
     };
     Ok(Some(Readback {
-        state: row.get(0)?,
+        state: state_at(row, 0)?,
         lease_until: row.get(1)?,
         body_sha256: row.get(2)?,
         last_status: row.get(3)?,
@@ -103,6 +97,15 @@ pub(super) fn read_back(
         replay_content_type: row.get(5)?,
         replay_body: row.get(6)?,
     }))
+}
+
+/// Column `i` as a record state, read in place.
+pub(super) fn state_at(row: &rusqlite::Row<'_>, i: usize) -> Result<State, StoreError> {
+    let text = row
+        .get_ref(i)?
+        .as_str()
+        .map_err(|e| StoreError::Corrupt(format!("state: {e}")))?;
+    state_of(text)
 }
 
 /// A claim of a (route, event ID) that has no record: `CLAIM`'s insert,
@@ -230,9 +233,9 @@ pub(super) fn counted<T>(
     change: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let conn = open(path, Role::Writer)?;
-    let _under_way = changes.begin().map_err(|e| {
-        StoreError::Unavailable(format!("cannot lock {}: {e}", changes.path().display()))
-    })?;
+    let _under_way = changes
+        .begin()
+        .map_err(|e| StoreError::io(format_args!("cannot lock {}", changes.path().display()), e))?;
     change(&conn)
 }
 
@@ -247,20 +250,18 @@ pub(super) fn release(
     // Read the state, then release only that state: a record that changed
     // in between (settled, reclaimed) is read again.
     for _ in 0..4 {
-        let before: Option<String> = {
+        let before = {
             let mut st = conn.prepare_cached(sql::STATE_OF)?;
             bind_numbered(&mut st, &[&route, &event_id])?;
             let mut rows = st.raw_query();
             match rows.next()? {
-                Some(row) => Some(row.get(0)?),
+                Some(row) => Some(state_at(row, 0)?),
                 None => None,
             }
         };
-        let Some(state) = before else {
+        let Some(previous) = before else {
             return Ok(ReleaseOutcome::NotFound);
         };
-        let previous =
-            State::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
         if previous == State::Delivered && !force {
             return Ok(ReleaseOutcome::RefusedDelivered);
         }

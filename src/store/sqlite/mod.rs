@@ -22,7 +22,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::{ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleRequest, StoreError};
+use super::{ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleRequest, StoreError, StoreUrl};
 use crate::claim::{Millis, SettleResult};
 
 mod changes;
@@ -51,12 +51,14 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let path = path_of(url)?;
+    pub async fn open(url: &StoreUrl, max_connections: u32) -> Result<Self, StoreError> {
+        let path = url
+            .sqlite_path()
+            .ok_or_else(|| StoreError::UnsupportedUrl(url.redacted()))?
+            .to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
-            })?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::io(format_args!("cannot create {}", dir.display()), e))?;
         }
         let opts = SqliteConnectOptions::from_str("sqlite://")
             .map_err(|e| StoreError::UnsupportedUrl(e.to_string()))?
@@ -119,7 +121,7 @@ impl SqliteStore {
         Self::migrator()
             .run(&self.write)
             .await
-            .map_err(|e| StoreError::Migration(e.to_string()))
+            .map_err(|e| StoreError::Migration(e.into()))
     }
 
     pub(crate) fn migrator() -> Migrator {
@@ -147,20 +149,6 @@ impl SqliteStore {
             no_tx: false,
         }
     }
-}
-
-/// `sqlite://PATH` (absolute `sqlite:///abs/x.db` or relative `sqlite://data/x.db`,
-/// relative to the working directory) or `sqlite:PATH`.
-pub fn path_of(url: &str) -> Result<PathBuf, StoreError> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
-    let rest = rest.split('?').next().unwrap_or_default();
-    if rest.is_empty() {
-        return Err(StoreError::UnsupportedUrl(format!("{url}: no file path")));
-    }
-    Ok(PathBuf::from(rest))
 }
 
 impl SqliteStore {
@@ -264,6 +252,15 @@ super::sql::impl_claim_store!(SqliteStore);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sqlite://PATH` (absolute `sqlite:///abs/x.db` or relative
+    /// `sqlite://data/x.db`, relative to the working directory) or `sqlite:PATH`.
+    fn path_of(url: &str) -> Result<PathBuf, StoreError> {
+        let url: StoreUrl = url.parse()?;
+        let path = url.sqlite_path();
+        path.map(PathBuf::from)
+            .ok_or_else(|| StoreError::UnsupportedUrl(url.redacted()))
+    }
 
     #[test]
     fn paths_from_urls() {

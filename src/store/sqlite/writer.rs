@@ -90,10 +90,7 @@ fn free_bytes(path: &std::path::Path) -> Result<u64, StoreError> {
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(StoreError::Unavailable(format!(
-            "statvfs {}: {e}",
-            dir.display()
-        )));
+        return Err(StoreError::io(format_args!("statvfs {}", dir.display()), e));
     }
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
@@ -250,7 +247,7 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
                     Ok(c) => conn = Some(c),
                     Err(e) => {
                         health.set(Some(e.to_string()));
-                        fail_all(&mut batch, &e.to_string());
+                        fail_all(&mut batch, e);
                     }
                 }
             }
@@ -273,7 +270,9 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
                     Op::Close(done) => {
                         let _ = done.send(());
                     }
-                    other => fail_all(&mut vec![other], "the SQLite store is closing"),
+                    other => {
+                        fail_all(&mut vec![other], closing());
+                    }
                 }
             }
             ops.close();
@@ -281,7 +280,7 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
             while let Ok(op) = ops.try_recv() {
                 late.push(op);
             }
-            fail_all(&mut late, "the SQLite store is closing");
+            fail_all(&mut late, closing());
             return;
         }
     }
@@ -309,9 +308,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
     }
     let mut ran = false;
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let e = StoreError::from(e);
-        fail_all(batch, &e.to_string());
-        return Err(e);
+        return Err(fail_all(batch, e.into()));
     }
     let mut done = Vec::with_capacity(batch.len());
     for op in batch.iter() {
@@ -344,15 +341,12 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
                 "the batch transaction was rolled back: {}",
                 first_error(&done)
             ));
-            fail_all(batch, &e.to_string());
-            return Err(e);
+            return Err(fail_all(batch, e));
         }
     }
     if let Err(e) = conn.execute_batch("COMMIT") {
-        let e = StoreError::from(e);
         let _ = conn.execute_batch("ROLLBACK");
-        fail_all(batch, &e.to_string());
-        return Err(e);
+        return Err(fail_all(batch, e.into()));
     }
     for (op, result) in batch.drain(..).zip(done) {
         match (op, result) {
@@ -389,9 +383,16 @@ fn first_error(done: &[Done]) -> String {
         .unwrap_or_default()
 }
 
-fn fail_all(batch: &mut Vec<Op>, why: &str) {
+fn closing() -> StoreError {
+    StoreError::Unavailable("the SQLite store is closing".into())
+}
+
+/// Answers every operation of the batch with `why` (each its own error
+/// sharing the one cause), and gives that back.
+fn fail_all(batch: &mut Vec<Op>, why: StoreError) -> StoreError {
+    let why = Arc::new(why);
+    let e = || StoreError::Batch(why.clone());
     for op in batch.drain(..) {
-        let e = || StoreError::Unavailable(why.to_string());
         match op {
             Op::Claim(_, _, reply) => {
                 let _ = reply.send(Err(e()));
@@ -407,4 +408,5 @@ fn fail_all(batch: &mut Vec<Op>, why: &str) {
             }
         }
     }
+    e()
 }
