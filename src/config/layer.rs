@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use super::fields;
 use super::model::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, SettleOn};
-use super::raw::{
-    RawDefaults, RawDigest, RawEventId, RawInFlight, RawOnMissingId, RawOnStoreError, Text,
-};
+use super::raw::{route_fields, RawDefaults, RawEventId};
 use super::validate::Ctx;
 
 /// A value and the path that set it.
@@ -18,102 +16,26 @@ pub struct Set<T> {
     pub path: String,
 }
 
-/// The shared route fields of one level (`defaults` or a route), parsed.
-/// A field that failed to parse is `None` (its error is already recorded).
-#[derive(Debug, Default)]
-pub struct Layer {
-    pub strip_prefix: Option<Set<bool>>,
-    pub event_id: Option<Set<EventIdSource>>,
-    /// `event_id` was written but is invalid (its error is recorded), so a
-    /// "missing event_id" error would only repeat it.
-    pub event_id_invalid: bool,
-    pub digest: Option<Set<DigestMode>>,
-    pub digest_ignore: Option<Set<Vec<String>>>,
-    pub guard_methods: Option<Set<Vec<http::Method>>>,
-    pub unverified_methods: Option<Set<Vec<http::Method>>>,
-    pub on_missing_id: Option<Set<OnMissingId>>,
-    pub on_store_error: Option<Set<OnStoreError>>,
-    pub in_flight: Option<Set<InFlight>>,
-    pub max_waiters: Option<Set<usize>>,
-    pub settle_on: Option<Set<SettleOn>>,
-    pub replay_body: Option<Set<bool>>,
-    pub replay_body_limit: Option<Set<u64>>,
-    pub idempotency_key_header: Option<Set<Option<http::HeaderName>>>,
-    pub lease: Option<Set<Duration>>,
-    pub retention: Option<Set<Duration>>,
-    pub max_body: Option<Set<u64>>,
-    pub upstream_timeout: Option<Set<Duration>>,
-}
-
-/// Parses `defaults`.
-pub fn parse_defaults(ctx: &mut Ctx, raw: RawDefaults) -> Layer {
-    let RawDefaults {
-        strip_prefix,
-        event_id,
-        digest,
-        digest_ignore,
-        guard_methods,
-        unverified_methods,
-        on_missing_id,
-        on_store_error,
-        in_flight,
-        max_waiters,
-        settle_on,
-        replay_body,
-        replay_body_limit,
-        idempotency_key_header,
-        lease,
-        retention,
-        max_body,
-        upstream_timeout,
-    } = raw;
-    let shared = Shared {
-        strip_prefix,
-        event_id,
-        digest,
-        digest_ignore,
-        guard_methods,
-        unverified_methods,
-        on_missing_id,
-        on_store_error,
-        in_flight,
-        max_waiters,
-        settle_on,
-        replay_body,
-        replay_body_limit,
-        idempotency_key_header,
-        lease,
-        retention,
-        max_body,
-        upstream_timeout,
+/// Builds [`Layer`] from the field list of [`route_fields!`].
+macro_rules! layer_struct {
+    ($($(#[$attr:meta])* $field:ident: $raw:ty => $parsed:ty,)*) => {
+        /// The shared route fields of one level (`defaults` or a route),
+        /// parsed. A field that failed to parse is `None` (its error is
+        /// already recorded).
+        #[derive(Debug, Default)]
+        pub struct Layer {
+            $(pub $field: Option<Set<$parsed>>,)*
+            /// `event_id` was written but is invalid (its error is recorded), so a
+            /// "missing event_id" error would only repeat it.
+            pub event_id_invalid: bool,
+        }
     };
-    parse_layer(ctx, "defaults", shared)
 }
+route_fields!(layer_struct);
 
-/// The raw shared fields, moved out of either `RawDefaults` or `RawRoute`.
-pub struct Shared {
-    pub strip_prefix: Option<bool>,
-    pub event_id: Option<RawEventId>,
-    pub digest: Option<RawDigest>,
-    pub digest_ignore: Option<Vec<String>>,
-    pub guard_methods: Option<Vec<String>>,
-    pub unverified_methods: Option<Vec<String>>,
-    pub on_missing_id: Option<RawOnMissingId>,
-    pub on_store_error: Option<RawOnStoreError>,
-    pub in_flight: Option<RawInFlight>,
-    pub max_waiters: Option<u64>,
-    pub settle_on: Option<Vec<Text>>,
-    pub replay_body: Option<bool>,
-    pub replay_body_limit: Option<Text>,
-    pub idempotency_key_header: Option<Option<String>>,
-    pub lease: Option<Text>,
-    pub retention: Option<Text>,
-    pub max_body: Option<Text>,
-    pub upstream_timeout: Option<Text>,
-}
-
-pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: Shared) -> Layer {
-    let Shared {
+/// Parses the shared fields of the level at `base` (`defaults`, `routes[1]`).
+pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: RawDefaults) -> Layer {
+    let RawDefaults {
         strip_prefix,
         event_id,
         digest,
@@ -142,47 +64,10 @@ pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: Shared) -> Layer {
     }
     let mut layer = Layer {
         strip_prefix: strip_prefix.map(|v| at(base, "strip_prefix", v)),
-        digest: digest.map(|d| {
-            at(
-                base,
-                "digest",
-                match d {
-                    RawDigest::Raw => DigestMode::Raw,
-                    RawDigest::Json => DigestMode::Json,
-                },
-            )
-        }),
-        on_missing_id: on_missing_id.map(|v| {
-            at(
-                base,
-                "on_missing_id",
-                match v {
-                    RawOnMissingId::Reject => OnMissingId::Reject,
-                    RawOnMissingId::Forward => OnMissingId::Forward,
-                    RawOnMissingId::BodyDigest => OnMissingId::BodyDigest,
-                },
-            )
-        }),
-        on_store_error: on_store_error.map(|v| {
-            at(
-                base,
-                "on_store_error",
-                match v {
-                    RawOnStoreError::Reject => OnStoreError::Reject,
-                    RawOnStoreError::Forward => OnStoreError::Forward,
-                },
-            )
-        }),
-        in_flight: in_flight.map(|v| {
-            at(
-                base,
-                "in_flight",
-                match v {
-                    RawInFlight::Conflict => InFlight::Conflict,
-                    RawInFlight::Wait => InFlight::Wait,
-                },
-            )
-        }),
+        digest: digest.map(|v| at(base, "digest", v)),
+        on_missing_id: on_missing_id.map(|v| at(base, "on_missing_id", v)),
+        on_store_error: on_store_error.map(|v| at(base, "on_store_error", v)),
+        in_flight: in_flight.map(|v| at(base, "in_flight", v)),
         replay_body: replay_body.map(|v| at(base, "replay_body", v)),
         ..Layer::default()
     };

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::fields;
-use super::layer::{parse_layer, pick, Layer, Shared};
+use super::layer::{parse_layer, pick, Layer};
 use super::model::{
     DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, Route, SettleOn,
 };
@@ -23,31 +23,20 @@ fn origin(set_at: Option<&str>) -> &'static str {
 }
 
 /// Parses and resolves one route. `None` when it has errors (recorded).
-pub fn parse_route(ctx: &mut Ctx, path: &str, raw: RawRoute, defaults: &Layer) -> Option<Route> {
+pub fn parse_route(
+    ctx: &mut Ctx,
+    path: &str,
+    mut raw: RawRoute,
+    defaults: &Layer,
+) -> Option<Route> {
+    let shared = raw.take_shared();
     let RawRoute {
         name,
         match_,
         upstream,
         provider,
         verify,
-        strip_prefix,
-        event_id,
-        digest,
-        digest_ignore,
-        guard_methods,
-        unverified_methods,
-        on_missing_id,
-        on_store_error,
-        in_flight,
-        max_waiters,
-        settle_on,
-        replay_body,
-        replay_body_limit,
-        idempotency_key_header,
-        lease,
-        retention,
-        max_body,
-        upstream_timeout,
+        ..
     } = raw;
     let errors_before = ctx.error_count();
     let at = |key: &str| format!("{path}.{key}");
@@ -99,28 +88,6 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, raw: RawRoute, defaults: &Layer) -
             );
             None
         }
-    };
-    let provider = provider.map(verify::provider);
-
-    let shared = Shared {
-        strip_prefix,
-        event_id,
-        digest,
-        digest_ignore,
-        guard_methods,
-        unverified_methods,
-        on_missing_id,
-        on_store_error,
-        in_flight,
-        max_waiters,
-        settle_on,
-        replay_body,
-        replay_body_limit,
-        idempotency_key_header,
-        lease,
-        retention,
-        max_body,
-        upstream_timeout,
     };
     let own = parse_layer(ctx, path, shared);
     let d = defaults;
