@@ -34,9 +34,7 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct PostgresStore {
     /// Everything but the hot path: migrations, operator commands, sweeps,
     /// the readiness probe, held duplicates' reads.
-    write: PgPool,
-    /// Same pool: PostgreSQL has no single-writer constraint.
-    read: PgPool,
+    cold: PgPool,
     /// Lookups, claims and delivered settles, in batches, on `hot`.
     batchers: batch::Batchers,
     /// The hot path's connections, used only by tasks on `rt`: a tokio
@@ -109,8 +107,7 @@ impl PostgresStore {
             batchers: batch::Batchers::start(&hot, hot_max),
             hot,
             rt: tokio::runtime::Handle::current(),
-            write: cold.clone(),
-            read: cold,
+            cold,
         })
     }
 
@@ -118,7 +115,7 @@ impl PostgresStore {
     /// so the setting never reaches the pool. Replicas starting together
     /// take turns on the migrator's advisory lock.
     async fn run_migrations(&self) -> Result<(), StoreError> {
-        let mut conn = self.write.acquire().await?.detach();
+        let mut conn = self.cold.acquire().await?.detach();
         let res = async {
             sqlx::query("SET statement_timeout = 0")
                 .execute(&mut conn)
@@ -239,7 +236,7 @@ impl PostgresStore {
         let done = sqlx::query(super::sql::SWEEP)
             .bind(now)
             .bind(limit)
-            .execute(&self.write)
+            .execute(&self.cold)
             .await?;
         Ok(done.rows_affected())
     }
@@ -263,7 +260,7 @@ impl PostgresStore {
             let before = sqlx::query(super::sql::STATE_OF)
                 .bind(route)
                 .bind(event_id)
-                .fetch_optional(&self.write)
+                .fetch_optional(&self.cold)
                 .await?;
             let Some(before) = before else {
                 return Ok(ReleaseOutcome::NotFound);
@@ -277,7 +274,7 @@ impl PostgresStore {
                 .bind(event_id)
                 .bind(now)
                 .bind(previous.as_str())
-                .execute(&self.write)
+                .execute(&self.cold)
                 .await?;
             if done.rows_affected() == 1 {
                 return Ok(ReleaseOutcome::Released { previous });
@@ -288,9 +285,54 @@ impl PostgresStore {
         ))
     }
 
+    /// Touches the records table itself, not just the connection.
+    async fn ping_op(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1 FROM records LIMIT 1")
+            .execute(&self.cold)
+            .await?;
+        Ok(())
+    }
+
+    async fn get_op(
+        &self,
+        route: &str,
+        event_id: &str,
+    ) -> Result<Option<super::Record>, StoreError> {
+        let row = sqlx::query(super::sql::GET_RECORD)
+            .bind(route)
+            .bind(event_id)
+            .fetch_optional(&self.cold)
+            .await?;
+        row.as_ref().map(record_from_row).transpose()
+    }
+
+    async fn list_op(&self, filter: &super::ListFilter) -> Result<Vec<super::Record>, StoreError> {
+        use super::sql::ListParam;
+        let (sql, params) = super::sql::list_statement(filter);
+        let mut query = sqlx::query(&sql);
+        for p in params {
+            query = match p {
+                ListParam::Text(t) => query.bind(t),
+                ListParam::Int(n) => query.bind(n),
+            };
+        }
+        let rows = query.fetch_all(&self.cold).await?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn oldest_op(&self) -> Result<Vec<(String, crate::claim::Millis)>, StoreError> {
+        use sqlx::Row;
+        let rows = sqlx::query(super::sql::OLDEST_PROCESSING)
+            .fetch_all(&self.cold)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("route")?, r.try_get("oldest")?)))
+            .collect()
+    }
+
     async fn close_all(&self) {
         self.hot.close().await;
-        self.write.close().await;
+        self.cold.close().await;
     }
 }
 
@@ -330,9 +372,7 @@ impl PostgresStore {
                     .fetch_optional(&mut *conn)
                     .await?;
                 let Some(row) = row else { continue };
-                if let Some(outcome) =
-                    crate::store::sql::readback_outcome(&row, req.digest, req.now)?
-                {
+                if let Some(outcome) = readback_outcome(&row, req.digest, req.now)? {
                     return Ok(outcome);
                 }
             }
@@ -395,6 +435,48 @@ impl PostgresStore {
         }
         .await
     }
+}
+
+/// Decides a delivery from a [`sql::CLAIM_READBACK`](super::sql::CLAIM_READBACK) row read from PostgreSQL.
+fn readback_outcome(
+    row: &sqlx::postgres::PgRow,
+    digest: &str,
+    now: crate::claim::Millis,
+) -> Result<Option<crate::store::ClaimOutcome>, StoreError> {
+    use sqlx::Row;
+    crate::store::sql::Readback {
+        state: crate::store::state_of(row.try_get("state")?)?,
+        lease_until: row.try_get("lease_until")?,
+        body_sha256: row.try_get("body_sha256")?,
+        last_status: row.try_get("last_status")?,
+        replay_status: row.try_get("replay_status")?,
+        replay_content_type: row.try_get("replay_content_type")?,
+        replay_body: row.try_get("replay_body")?,
+    }
+    .outcome(digest, now)
+}
+
+/// Decodes a full record row of [`sql::SELECT_RECORD`](super::sql::SELECT_RECORD) read from PostgreSQL.
+fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<crate::store::Record, StoreError> {
+    use sqlx::Row;
+    let replay_body: Option<Vec<u8>> = row.try_get("replay_body")?;
+    Ok(crate::store::Record {
+        route: row.try_get("route")?,
+        event_id: row.try_get("event_id")?,
+        body_sha256: row.try_get("body_sha256")?,
+        state: crate::store::state_of(row.try_get("state")?)?,
+        attempts: row.try_get("attempts")?,
+        lease_until: row.try_get("lease_until")?,
+        last_status: row.try_get("last_status")?,
+        last_error: row.try_get("last_error")?,
+        first_seen_at: row.try_get("first_seen_at")?,
+        updated_at: row.try_get("updated_at")?,
+        delivered_at: row.try_get("delivered_at")?,
+        expires_at: row.try_get("expires_at")?,
+        replay_status: row.try_get("replay_status")?,
+        replay_content_type: row.try_get("replay_content_type")?,
+        replay_body_bytes: replay_body.map(|b| b.len() as i64),
+    })
 }
 
 super::sql::impl_claim_store!(PostgresStore);

@@ -43,8 +43,8 @@ pub(super) fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
     match role {
         Role::Writer => {
             conn.busy_timeout(WRITER_BUSY_TIMEOUT)?;
-            // journal_mode is a property of the file (set at open by the
-            // pools); synchronous is per connection and is the durability.
+            // journal_mode is a property of the file (set by `create`);
+            // synchronous is per connection and is the durability.
             conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
             let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
             if !mode.eq_ignore_ascii_case("wal") {
@@ -62,8 +62,31 @@ pub(super) fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Opens the file for migrations, creating it (and its directory) if
+/// missing and putting it in WAL mode, which is a property of the file.
+pub(super) fn create(path: &Path) -> Result<Connection, StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::io(format_args!("cannot create {}", dir.display()), e))?;
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(WRITER_BUSY_TIMEOUT)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Unavailable(format!(
+            "{}: journal_mode is {mode}, cannot be set to wal",
+            path.display()
+        )));
+    }
+    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
+    Ok(conn)
+}
+
 /// Binds `args[N-1]` to every `$N` of the statement, wherever it appears.
-fn bind_numbered(st: &mut Statement<'_>, args: &[&dyn ToSql]) -> rusqlite::Result<()> {
+pub(super) fn bind_numbered(st: &mut Statement<'_>, args: &[&dyn ToSql]) -> rusqlite::Result<()> {
     for i in 1..=st.parameter_count() {
         let n = st
             .parameter_name(i)
@@ -304,13 +327,21 @@ impl Readers {
 
     /// The record's decisive columns, if it exists.
     pub(super) fn read(&self, route: &str, event_id: &str) -> Result<Option<Readback>, StoreError> {
+        self.with(|conn| read_back(conn, route, event_id))
+    }
+
+    /// Runs `read` on an idle connection (or a new one).
+    pub(super) fn with<T>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let conn = self.take()?;
-        let found = read_back(&conn, route, event_id);
+        let done = read(&conn);
         // a connection that failed is dropped rather than reused
-        if found.is_ok() {
+        if done.is_ok() {
             self.put(conn);
         }
-        found
+        done
     }
 
     fn take(&self) -> Result<Connection, StoreError> {
