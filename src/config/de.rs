@@ -212,7 +212,8 @@ impl<'a> NodeDe<'a> {
     }
 }
 
-fn is_null(v: &str) -> bool {
+/// The core schema's null.
+pub fn is_null(v: &str) -> bool {
     matches!(v, "" | "~" | "null" | "Null" | "NULL")
 }
 

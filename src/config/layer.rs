@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::fields;
 use super::model::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, SettleOn};
-use super::raw::{route_fields, RawDefaults, RawEventId};
+use super::raw::{route_fields, RawDefaults, RawEventId, Text};
 use super::validate::Ctx;
 
 /// A value and the path that set it.
@@ -55,96 +55,114 @@ pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: RawDefaults) -> Layer {
         max_body,
         upstream_timeout,
     } = raw;
-    let p = |key: &str| format!("{base}.{key}");
-    fn at<T>(base: &str, key: &str, value: T) -> Set<T> {
-        Set {
-            value,
-            path: format!("{base}.{key}"),
-        }
+    let mut l = Level { ctx, base };
+    let written = event_id.is_some();
+    let event_id = l.parse("event_id", event_id, event_id_source);
+    Layer {
+        strip_prefix: l.plain("strip_prefix", strip_prefix),
+        event_id_invalid: written && event_id.is_none(),
+        event_id,
+        digest: l.plain("digest", digest),
+        digest_ignore: l.parse("digest_ignore", digest_ignore, pointers),
+        guard_methods: l.parse("guard_methods", guard_methods, methods),
+        unverified_methods: l.parse("unverified_methods", unverified_methods, methods),
+        on_missing_id: l.plain("on_missing_id", on_missing_id),
+        on_store_error: l.plain("on_store_error", on_store_error),
+        in_flight: l.plain("in_flight", in_flight),
+        max_waiters: l.parse("max_waiters", max_waiters, |ctx, path, n| {
+            usize::try_from(n)
+                .map_err(|_| ctx.at_value(path, "max_waiters is too large"))
+                .ok()
+        }),
+        settle_on: l.parse("settle_on", settle_on, statuses),
+        replay_body: l.plain("replay_body", replay_body),
+        replay_body_limit: l.parse("replay_body_limit", replay_body_limit, size),
+        idempotency_key_header: l.parse(
+            "idempotency_key_header",
+            idempotency_key_header,
+            |ctx, path, h| {
+                h.map(|h| fields::idempotency_key_header(&h))
+                    .transpose()
+                    .map_err(|e| ctx.at_value(path, e))
+                    .ok()
+            },
+        ),
+        lease: l.parse("lease", lease, duration),
+        retention: l.parse("retention", retention, duration),
+        max_body: l.parse("max_body", max_body, size),
+        upstream_timeout: l.parse("upstream_timeout", upstream_timeout, duration),
     }
-    let mut layer = Layer {
-        strip_prefix: strip_prefix.map(|v| at(base, "strip_prefix", v)),
-        digest: digest.map(|v| at(base, "digest", v)),
-        on_missing_id: on_missing_id.map(|v| at(base, "on_missing_id", v)),
-        on_store_error: on_store_error.map(|v| at(base, "on_store_error", v)),
-        in_flight: in_flight.map(|v| at(base, "in_flight", v)),
-        replay_body: replay_body.map(|v| at(base, "replay_body", v)),
-        ..Layer::default()
-    };
-    if let Some(e) = event_id {
-        layer.event_id = event_id_source(ctx, &p("event_id"), e).map(|v| at(base, "event_id", v));
-        layer.event_id_invalid = layer.event_id.is_none();
-    }
-    if let Some(list) = digest_ignore {
-        let mut ok = true;
-        for (i, ptr) in list.iter().enumerate() {
-            if let Err(e) = fields::json_pointer(ptr) {
-                ctx.at_value(&format!("{base}.digest_ignore[{i}]"), e);
-                ok = false;
-            }
-        }
-        layer.digest_ignore = ok.then(|| at(base, "digest_ignore", list));
-    }
-    layer.guard_methods = guard_methods
-        .and_then(|list| methods(ctx, base, "guard_methods", &list))
-        .map(|v| at(base, "guard_methods", v));
-    layer.unverified_methods = unverified_methods
-        .and_then(|list| methods(ctx, base, "unverified_methods", &list))
-        .map(|v| at(base, "unverified_methods", v));
-    if let Some(n) = max_waiters {
-        match usize::try_from(n) {
-            Ok(n) => layer.max_waiters = Some(at(base, "max_waiters", n)),
-            Err(_) => ctx.at_value(&p("max_waiters"), "max_waiters is too large"),
-        }
-    }
-    if let Some(items) = settle_on {
-        let mut s = SettleOn {
-            classes: Vec::new(),
-            codes: Vec::new(),
-        };
-        let mut ok = true;
-        for (i, item) in items.iter().enumerate() {
-            if let Err(e) = s.parse_item(&item.0) {
-                ctx.at_value(&format!("{base}.settle_on[{i}]"), e);
-                ok = false;
-            }
-        }
-        if items.is_empty() {
-            ctx.at_value(
-                &p("settle_on"),
-                "settle_on needs at least one status (e.g. [\"2xx\"])",
-            );
-            ok = false;
-        }
-        layer.settle_on = ok.then(|| at(base, "settle_on", s));
-    }
-    layer.replay_body_limit = ctx
-        .size(&p("replay_body_limit"), replay_body_limit.as_ref())
-        .map(|v| at(base, "replay_body_limit", v));
-    if let Some(h) = idempotency_key_header {
-        match h.map(|h| fields::idempotency_key_header(&h)).transpose() {
-            Ok(v) => layer.idempotency_key_header = Some(at(base, "idempotency_key_header", v)),
-            Err(e) => ctx.at_value(&p("idempotency_key_header"), e),
-        }
-    }
-    layer.lease = ctx
-        .duration(&p("lease"), lease.as_ref())
-        .map(|v| at(base, "lease", v));
-    layer.retention = ctx
-        .duration(&p("retention"), retention.as_ref())
-        .map(|v| at(base, "retention", v));
-    layer.max_body = ctx
-        .size(&p("max_body"), max_body.as_ref())
-        .map(|v| at(base, "max_body", v));
-    layer.upstream_timeout = ctx
-        .duration(&p("upstream_timeout"), upstream_timeout.as_ref())
-        .map(|v| at(base, "upstream_timeout", v));
-    layer
 }
 
-/// A list of HTTP methods at `base.key`, duplicates dropped; `None` when an
-/// entry is invalid (recorded).
-fn methods(ctx: &mut Ctx, base: &str, key: &str, list: &[String]) -> Option<Vec<http::Method>> {
+/// One level being parsed: each field's path is `base.key`.
+struct Level<'c, 'a> {
+    ctx: &'c mut Ctx<'a>,
+    base: &'c str,
+}
+
+impl Level<'_, '_> {
+    /// A value serde checked already.
+    fn plain<T>(&self, key: &str, value: Option<T>) -> Option<Set<T>> {
+        let path = format!("{}.{key}", self.base);
+        value.map(|value| Set { value, path })
+    }
+
+    /// A value `parse` checks; it records its errors and answers `None`.
+    fn parse<R, T>(
+        &mut self,
+        key: &str,
+        raw: Option<R>,
+        parse: impl FnOnce(&mut Ctx, &str, R) -> Option<T>,
+    ) -> Option<Set<T>> {
+        let path = format!("{}.{key}", self.base);
+        let value = parse(self.ctx, &path, raw?)?;
+        Some(Set { value, path })
+    }
+}
+
+fn duration(ctx: &mut Ctx, path: &str, text: Text) -> Option<Duration> {
+    ctx.duration(path, Some(&text))
+}
+
+fn size(ctx: &mut Ctx, path: &str, text: Text) -> Option<u64> {
+    ctx.size(path, Some(&text))
+}
+
+/// `digest_ignore`: JSON pointers.
+fn pointers(ctx: &mut Ctx, path: &str, list: Vec<String>) -> Option<Vec<String>> {
+    let mut ok = true;
+    for (i, ptr) in list.iter().enumerate() {
+        if let Err(e) = fields::json_pointer(ptr) {
+            ctx.at_value(&format!("{path}[{i}]"), e);
+            ok = false;
+        }
+    }
+    ok.then_some(list)
+}
+
+/// `settle_on`: at least one status class or code.
+fn statuses(ctx: &mut Ctx, path: &str, items: Vec<Text>) -> Option<SettleOn> {
+    let mut s = SettleOn {
+        classes: Vec::new(),
+        codes: Vec::new(),
+    };
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        if let Err(e) = s.parse_item(&item.0) {
+            ctx.at_value(&format!("{path}[{i}]"), e);
+            ok = false;
+        }
+    }
+    if items.is_empty() {
+        ctx.at_value(path, "settle_on needs at least one status (e.g. [\"2xx\"])");
+        ok = false;
+    }
+    ok.then_some(s)
+}
+
+/// A list of HTTP methods, duplicates dropped; `None` when an entry is
+/// invalid (recorded).
+fn methods(ctx: &mut Ctx, path: &str, list: Vec<String>) -> Option<Vec<http::Method>> {
     let mut methods: Vec<http::Method> = Vec::new();
     let mut ok = true;
     for (i, m) in list.iter().enumerate() {
@@ -152,7 +170,7 @@ fn methods(ctx: &mut Ctx, base: &str, key: &str, list: &[String]) -> Option<Vec<
             Ok(m) if !methods.contains(&m) => methods.push(m),
             Ok(_) => {}
             Err(e) => {
-                ctx.at_value(&format!("{base}.{key}[{i}]"), e);
+                ctx.at_value(&format!("{path}[{i}]"), e);
                 ok = false;
             }
         }

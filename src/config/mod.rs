@@ -146,7 +146,7 @@ pub fn load_str(
         let (pos, path) = e.at.unwrap_or((Pos::START, String::new()));
         one(pos, &path, e.message)
     })?;
-    if raw.is_empty() {
+    if doc.has_no_values() {
         // One clear message instead of four "missing field" errors.
         return Err(one(Pos::START, "", "the config file is empty".to_string()));
     }

@@ -72,36 +72,6 @@ pub struct RawConfig {
     pub admin: Option<RawAdmin>,
 }
 
-impl RawConfig {
-    /// True for a file without any key (empty, only comments, `{}`).
-    pub fn is_empty(&self) -> bool {
-        let RawConfig {
-            listen,
-            admin_listen,
-            store,
-            defaults,
-            routes,
-            shutdown_grace,
-            sweeper,
-            threads,
-            downstream,
-            tls,
-            admin,
-        } = self;
-        listen.is_none()
-            && admin_listen.is_none()
-            && store.is_none()
-            && defaults.is_none()
-            && routes.is_none()
-            && shutdown_grace.is_none()
-            && sweeper.is_none()
-            && threads.is_none()
-            && downstream.is_none()
-            && tls.is_none()
-            && admin.is_none()
-    }
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {

@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::fields;
-use super::layer::parse_layer;
-use super::model::{Config, Downstream, StoreConfig, SweeperConfig};
-use super::raw::{RawConfig, RawDownstream, RawStore, RawSweeper, Text};
+use super::layer::{parse_layer, Layer};
+use super::model::{Config, Downstream, Route, StoreConfig, SweeperConfig};
+use super::raw::{RawConfig, RawDownstream, RawRoute, RawStore, RawSweeper, Text};
 use super::route::parse_route;
 use super::units::parse_duration;
 use super::yaml::{Doc, Pos};
@@ -171,20 +171,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         .unwrap_or(Duration::from_secs(30));
     let sweeper = sweeper_config(ctx, sweeper);
     let admin = super::admin::admin_config(ctx, admin);
-    let threads = match threads {
-        None => Some(None),
-        Some(0) => {
-            ctx.at_value("threads", "threads must be at least 1");
-            None
-        }
-        Some(n) => match usize::try_from(n) {
-            Ok(n) => Some(Some(n)),
-            Err(_) => {
-                ctx.at_value("threads", "threads is too large");
-                None
-            }
-        },
-    };
+    let threads = threads_config(ctx, threads);
 
     let downstream = downstream_config(ctx, downstream);
     let tls = match tls {
@@ -193,6 +180,25 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
     };
 
     let defaults = parse_layer(ctx, "defaults", defaults.unwrap_or_default());
+    let routes = parse_routes(ctx, routes, &defaults);
+
+    Some(Config {
+        listen: listen?,
+        admin_listen: admin_listen?,
+        store: store?,
+        routes,
+        shutdown_grace,
+        sweeper: sweeper?,
+        threads: threads?,
+        downstream: downstream?,
+        tls: tls?,
+        admin: admin?,
+    })
+}
+
+/// `routes`: each route, and the checks across them (duplicate names and
+/// matches).
+fn parse_routes(ctx: &mut Ctx, routes: Option<Vec<RawRoute>>, defaults: &Layer) -> Vec<Route> {
     let mut out_routes = Vec::new();
     match routes {
         None => ctx.at_key(
@@ -219,7 +225,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
                     };
                     Some((host, fields::path_prefix(m.path_prefix.as_deref()?).ok()?))
                 });
-                if let Some(route) = parse_route(ctx, &path, raw_route, &defaults) {
+                if let Some(route) = parse_route(ctx, &path, raw_route, defaults) {
                     out_routes.push(route);
                 }
                 if let Some(name) = name {
@@ -251,19 +257,25 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
             }
         }
     }
+    out_routes
+}
 
-    Some(Config {
-        listen: listen?,
-        admin_listen: admin_listen?,
-        store: store?,
-        routes: out_routes,
-        shutdown_grace,
-        sweeper: sweeper?,
-        threads: threads?,
-        downstream: downstream?,
-        tls: tls?,
-        admin: admin?,
-    })
+/// `threads`: `Some(None)` when unset (the runtime decides).
+fn threads_config(ctx: &mut Ctx, threads: Option<u64>) -> Option<Option<usize>> {
+    match threads {
+        None => Some(None),
+        Some(0) => {
+            ctx.at_value("threads", "threads must be at least 1");
+            None
+        }
+        Some(n) => match usize::try_from(n) {
+            Ok(n) => Some(Some(n)),
+            Err(_) => {
+                ctx.at_value("threads", "threads is too large");
+                None
+            }
+        },
+    }
 }
 
 fn downstream_config(ctx: &mut Ctx, raw: Option<RawDownstream>) -> Option<Downstream> {

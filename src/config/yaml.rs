@@ -120,6 +120,19 @@ impl Doc {
         }
     }
 
+    /// True for a document that sets nothing: empty, only comments, `{}`,
+    /// or keys without values (each then reads as absent).
+    pub fn has_no_values(&self) -> bool {
+        let is_null = |id: usize| matches!(&self.nodes[id].kind, Kind::Scalar { text, plain: true } if super::de::is_null(text));
+        match self.root {
+            None => true,
+            Some(root) => match &self.nodes[root].kind {
+                Kind::Map(entries) => entries.iter().all(|&(_, v)| is_null(v)),
+                _ => is_null(root),
+            },
+        }
+    }
+
     /// Position of the key of `path` (e.g. the `name:` of `routes[1].name`),
     /// else of its value, else of its nearest ancestor in the file.
     pub fn key_pos(&self, path: &str) -> Pos {

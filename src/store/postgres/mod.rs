@@ -31,6 +31,20 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 /// a request waits before its 503 while the database is down.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `migrations/postgres`, in order: version, description, SQL.
+const MIGRATIONS: [(i64, &str, &str); 2] = [
+    (
+        1,
+        "records",
+        include_str!("../../../migrations/postgres/0001_records.sql"),
+    ),
+    (
+        2,
+        "failed index",
+        include_str!("../../../migrations/postgres/0002_failed_index.sql"),
+    ),
+];
+
 pub struct PostgresStore {
     /// Everything but the hot path: migrations, operator commands, sweeps,
     /// the readiness probe, held duplicates' reads.
@@ -131,27 +145,15 @@ impl PostgresStore {
     }
 
     pub(crate) fn migrator() -> Migrator {
+        let migrations = MIGRATIONS
+            .iter()
+            .map(|&(version, description, sql)| {
+                let (description, sql) = (Cow::Borrowed(description), Cow::Borrowed(sql));
+                Migration::new(version, description, MigrationType::Simple, sql, false)
+            })
+            .collect();
         Migrator {
-            migrations: Cow::Owned(vec![
-                Migration::new(
-                    1,
-                    Cow::Borrowed("records"),
-                    MigrationType::Simple,
-                    Cow::Borrowed(include_str!(
-                        "../../../migrations/postgres/0001_records.sql"
-                    )),
-                    false,
-                ),
-                Migration::new(
-                    2,
-                    Cow::Borrowed("failed index"),
-                    MigrationType::Simple,
-                    Cow::Borrowed(include_str!(
-                        "../../../migrations/postgres/0002_failed_index.sql"
-                    )),
-                    false,
-                ),
-            ]),
+            migrations: Cow::Owned(migrations),
             ignore_missing: false,
             locking: true,
             no_tx: false,
@@ -443,8 +445,13 @@ fn readback_outcome(
     digest: &str,
     now: crate::claim::Millis,
 ) -> Result<Option<crate::store::ClaimOutcome>, StoreError> {
+    readback(row)?.outcome(digest, now)
+}
+
+/// The decisive columns of a record ([`sql::CLAIM_READBACK`](super::sql::CLAIM_READBACK)'s).
+fn readback(row: &sqlx::postgres::PgRow) -> Result<crate::store::sql::Readback, StoreError> {
     use sqlx::Row;
-    crate::store::sql::Readback {
+    Ok(crate::store::sql::Readback {
         state: crate::store::state_of(row.try_get("state")?)?,
         lease_until: row.try_get("lease_until")?,
         body_sha256: row.try_get("body_sha256")?,
@@ -452,8 +459,7 @@ fn readback_outcome(
         replay_status: row.try_get("replay_status")?,
         replay_content_type: row.try_get("replay_content_type")?,
         replay_body: row.try_get("replay_body")?,
-    }
-    .outcome(digest, now)
+    })
 }
 
 /// Decodes a full record row of [`sql::SELECT_RECORD`](super::sql::SELECT_RECORD) read from PostgreSQL.

@@ -105,21 +105,30 @@ pub(super) fn read_back(
     route: &str,
     event_id: &str,
 ) -> Result<Option<Readback>, StoreError> {
-    let mut st = conn.prepare_cached(sql::CLAIM_READBACK)?;
-    bind_numbered(&mut st, &[&route, &event_id])?;
+    first_row(conn, sql::CLAIM_READBACK, &[&route, &event_id], |row| {
+        Ok(Readback {
+            state: state_at(row, 0)?,
+            lease_until: row.get(1)?,
+            body_sha256: row.get(2)?,
+            last_status: row.get(3)?,
+            replay_status: row.get(4)?,
+            replay_content_type: row.get(5)?,
+            replay_body: row.get(6)?,
+        })
+    })
+}
+
+/// The first row `sql` answers with `args` bound, as `read` decodes it.
+pub(super) fn first_row<T>(
+    conn: &Connection,
+    sql: &str,
+    args: &[&dyn ToSql],
+    read: impl FnOnce(&rusqlite::Row<'_>) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    let mut st = conn.prepare_cached(sql)?;
+    bind_numbered(&mut st, args)?;
     let mut rows = st.raw_query();
-    let Some(row) = rows.next()? else {
-        return Ok(None);
-    };
-    Ok(Some(Readback {
-        state: state_at(row, 0)?,
-        lease_until: row.get(1)?,
-        body_sha256: row.get(2)?,
-        last_status: row.get(3)?,
-        replay_status: row.get(4)?,
-        replay_content_type: row.get(5)?,
-        replay_body: row.get(6)?,
-    }))
+    rows.next()?.map(read).transpose()
 }
 
 /// Column `i` as a record state, read in place.
@@ -273,15 +282,9 @@ pub(super) fn release(
     // Read the state, then release only that state: a record that changed
     // in between (settled, reclaimed) is read again.
     for _ in 0..4 {
-        let before = {
-            let mut st = conn.prepare_cached(sql::STATE_OF)?;
-            bind_numbered(&mut st, &[&route, &event_id])?;
-            let mut rows = st.raw_query();
-            match rows.next()? {
-                Some(row) => Some(state_at(row, 0)?),
-                None => None,
-            }
-        };
+        let before = first_row(conn, sql::STATE_OF, &[&route, &event_id], |row| {
+            state_at(row, 0)
+        })?;
         let Some(previous) = before else {
             return Ok(ReleaseOutcome::NotFound);
         };

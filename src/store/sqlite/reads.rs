@@ -6,7 +6,7 @@
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, Row, ToSql};
 
-use super::direct::{bind_numbered, state_at};
+use super::direct::{bind_numbered, first_row, state_at};
 use crate::claim::Millis;
 use crate::store::sql::{self, ListParam};
 use crate::store::{ListFilter, Record, StoreError};
@@ -26,10 +26,7 @@ pub(super) fn get(
     route: &str,
     event_id: &str,
 ) -> Result<Option<Record>, StoreError> {
-    let mut st = conn.prepare_cached(sql::GET_RECORD)?;
-    bind_numbered(&mut st, &[&route, &event_id])?;
-    let mut rows = st.raw_query();
-    rows.next()?.map(record).transpose()
+    first_row(conn, sql::GET_RECORD, &[&route, &event_id], record)
 }
 
 /// The records `filter` asks for, newest first.

@@ -123,10 +123,9 @@ impl Writer {
         req: &ClaimRequest<'_>,
         limit: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let (ticket, tx, waiter) = ticket::new();
-        self.send(Op::Claim(OwnedClaim::new(req), ticket, tx), limit)
-            .await?;
-        waiter.answer(limit).await
+        let claim = OwnedClaim::new(req);
+        self.ask(|ticket, tx| Op::Claim(claim, ticket, tx), limit)
+            .await
     }
 
     /// The settle, withdrawn if no batch takes it within `limit`.
@@ -135,9 +134,19 @@ impl Writer {
         req: &SettleRequest<'_>,
         limit: Duration,
     ) -> Result<SettleResult, StoreError> {
+        let settle = OwnedSettle::new(req);
+        self.ask(|ticket, tx| Op::Settle(settle, ticket, tx), limit)
+            .await
+    }
+
+    /// Queues the operation `op` makes and waits for its batch's answer.
+    async fn ask<O>(
+        &self,
+        op: impl FnOnce(Ticket, oneshot::Sender<Result<O, StoreError>>) -> Op,
+        limit: Duration,
+    ) -> Result<O, StoreError> {
         let (ticket, tx, waiter) = ticket::new();
-        self.send(Op::Settle(OwnedSettle::new(req), ticket, tx), limit)
-            .await?;
+        self.send(op(ticket, tx), limit).await?;
         waiter.answer(limit).await
     }
 
