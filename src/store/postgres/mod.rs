@@ -462,26 +462,27 @@ fn readback(row: &sqlx::postgres::PgRow) -> Result<crate::store::sql::Readback, 
     })
 }
 
-/// Decodes a full record row of [`sql::SELECT_RECORD`](super::sql::SELECT_RECORD) read from PostgreSQL.
+/// Decodes a full record row of [`sql::SELECT_RECORD`](super::sql::SELECT_RECORD):
+/// the read-back's columns and the rest.
 fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<crate::store::Record, StoreError> {
     use sqlx::Row;
-    let replay_body: Option<Vec<u8>> = row.try_get("replay_body")?;
+    let rb = readback(row)?;
     Ok(crate::store::Record {
         route: row.try_get("route")?,
         event_id: row.try_get("event_id")?,
-        body_sha256: row.try_get("body_sha256")?,
-        state: crate::store::state_of(row.try_get("state")?)?,
+        body_sha256: rb.body_sha256,
+        state: rb.state,
         attempts: row.try_get("attempts")?,
-        lease_until: row.try_get("lease_until")?,
-        last_status: row.try_get("last_status")?,
+        lease_until: rb.lease_until,
+        last_status: rb.last_status,
         last_error: row.try_get("last_error")?,
         first_seen_at: row.try_get("first_seen_at")?,
         updated_at: row.try_get("updated_at")?,
         delivered_at: row.try_get("delivered_at")?,
         expires_at: row.try_get("expires_at")?,
-        replay_status: row.try_get("replay_status")?,
-        replay_content_type: row.try_get("replay_content_type")?,
-        replay_body_bytes: replay_body.map(|b| b.len() as i64),
+        replay_status: rb.replay_status,
+        replay_content_type: rb.replay_content_type,
+        replay_body_bytes: rb.replay_body.map(|b| b.len() as i64),
     })
 }
 
