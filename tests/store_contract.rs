@@ -152,7 +152,7 @@ mod cases {
             route: R.into(),
             event_id: "e1".into(),
             body_sha256: D1.into(),
-            state: "processing".into(),
+            state: State::Processing,
             attempts: 1,
             lease_until: Some(T0 + LEASE),
             last_status: None,

@@ -180,7 +180,7 @@ fn print_table(records: &[Record]) {
             [
                 r.route.clone(),
                 r.event_id.clone(),
-                r.state.clone(),
+                r.state.to_string(),
                 r.attempts.to_string(),
                 r.last_status
                     .map(|s| s.to_string())

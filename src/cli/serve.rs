@@ -56,7 +56,7 @@ pub fn serve(args: ServeArgs) -> i32 {
         .build()
         .expect("store runtime");
     let opened = store_rt.block_on(async {
-        let store = crate::store::open(&cfg.store.url, cfg.store.max_connections).await?;
+        let store = crate::store::open_url(&cfg.store.url, cfg.store.max_connections).await?;
         if !args.no_migrate {
             tokio::time::timeout(Duration::from_secs(60), store.migrate())
                 .await

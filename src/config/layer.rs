@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use super::fields;
 use super::model::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, SettleOn};
-use super::raw::{
-    RawDefaults, RawDigest, RawEventId, RawInFlight, RawOnMissingId, RawOnStoreError, Text,
-};
+use super::raw::{route_fields, RawDefaults, RawEventId, Text};
 use super::validate::Ctx;
 
 /// A value and the path that set it.
@@ -18,35 +16,25 @@ pub struct Set<T> {
     pub path: String,
 }
 
-/// The shared route fields of one level (`defaults` or a route), parsed.
-/// A field that failed to parse is `None` (its error is already recorded).
-#[derive(Debug, Default)]
-pub struct Layer {
-    pub strip_prefix: Option<Set<bool>>,
-    pub event_id: Option<Set<EventIdSource>>,
-    /// `event_id` was written but is invalid (its error is recorded), so a
-    /// "missing event_id" error would only repeat it.
-    pub event_id_invalid: bool,
-    pub digest: Option<Set<DigestMode>>,
-    pub digest_ignore: Option<Set<Vec<String>>>,
-    pub guard_methods: Option<Set<Vec<http::Method>>>,
-    pub unverified_methods: Option<Set<Vec<http::Method>>>,
-    pub on_missing_id: Option<Set<OnMissingId>>,
-    pub on_store_error: Option<Set<OnStoreError>>,
-    pub in_flight: Option<Set<InFlight>>,
-    pub max_waiters: Option<Set<usize>>,
-    pub settle_on: Option<Set<SettleOn>>,
-    pub replay_body: Option<Set<bool>>,
-    pub replay_body_limit: Option<Set<u64>>,
-    pub idempotency_key_header: Option<Set<Option<http::HeaderName>>>,
-    pub lease: Option<Set<Duration>>,
-    pub retention: Option<Set<Duration>>,
-    pub max_body: Option<Set<u64>>,
-    pub upstream_timeout: Option<Set<Duration>>,
+/// Builds [`Layer`] from the field list of [`route_fields!`].
+macro_rules! layer_struct {
+    ($($(#[$attr:meta])* $field:ident: $raw:ty => $parsed:ty,)*) => {
+        /// The shared route fields of one level (`defaults` or a route),
+        /// parsed. A field that failed to parse is `None` (its error is
+        /// already recorded).
+        #[derive(Debug, Default)]
+        pub struct Layer {
+            $(pub $field: Option<Set<$parsed>>,)*
+            /// `event_id` was written but is invalid (its error is recorded), so a
+            /// "missing event_id" error would only repeat it.
+            pub event_id_invalid: bool,
+        }
+    };
 }
+route_fields!(layer_struct);
 
-/// Parses `defaults`.
-pub fn parse_defaults(ctx: &mut Ctx, raw: RawDefaults) -> Layer {
+/// Parses the shared fields of the level at `base` (`defaults`, `routes[1]`).
+pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: RawDefaults) -> Layer {
     let RawDefaults {
         strip_prefix,
         event_id,
@@ -67,199 +55,114 @@ pub fn parse_defaults(ctx: &mut Ctx, raw: RawDefaults) -> Layer {
         max_body,
         upstream_timeout,
     } = raw;
-    let shared = Shared {
-        strip_prefix,
+    let mut l = Level { ctx, base };
+    let written = event_id.is_some();
+    let event_id = l.parse("event_id", event_id, event_id_source);
+    Layer {
+        strip_prefix: l.plain("strip_prefix", strip_prefix),
+        event_id_invalid: written && event_id.is_none(),
         event_id,
-        digest,
-        digest_ignore,
-        guard_methods,
-        unverified_methods,
-        on_missing_id,
-        on_store_error,
-        in_flight,
-        max_waiters,
-        settle_on,
-        replay_body,
-        replay_body_limit,
-        idempotency_key_header,
-        lease,
-        retention,
-        max_body,
-        upstream_timeout,
-    };
-    parse_layer(ctx, "defaults", shared)
+        digest: l.plain("digest", digest),
+        digest_ignore: l.parse("digest_ignore", digest_ignore, pointers),
+        guard_methods: l.parse("guard_methods", guard_methods, methods),
+        unverified_methods: l.parse("unverified_methods", unverified_methods, methods),
+        on_missing_id: l.plain("on_missing_id", on_missing_id),
+        on_store_error: l.plain("on_store_error", on_store_error),
+        in_flight: l.plain("in_flight", in_flight),
+        max_waiters: l.parse("max_waiters", max_waiters, |ctx, path, n| {
+            usize::try_from(n)
+                .map_err(|_| ctx.at_value(path, "max_waiters is too large"))
+                .ok()
+        }),
+        settle_on: l.parse("settle_on", settle_on, statuses),
+        replay_body: l.plain("replay_body", replay_body),
+        replay_body_limit: l.parse("replay_body_limit", replay_body_limit, size),
+        idempotency_key_header: l.parse(
+            "idempotency_key_header",
+            idempotency_key_header,
+            |ctx, path, h| {
+                h.map(|h| fields::idempotency_key_header(&h))
+                    .transpose()
+                    .map_err(|e| ctx.at_value(path, e))
+                    .ok()
+            },
+        ),
+        lease: l.parse("lease", lease, duration),
+        retention: l.parse("retention", retention, duration),
+        max_body: l.parse("max_body", max_body, size),
+        upstream_timeout: l.parse("upstream_timeout", upstream_timeout, duration),
+    }
 }
 
-/// The raw shared fields, moved out of either `RawDefaults` or `RawRoute`.
-pub struct Shared {
-    pub strip_prefix: Option<bool>,
-    pub event_id: Option<RawEventId>,
-    pub digest: Option<RawDigest>,
-    pub digest_ignore: Option<Vec<String>>,
-    pub guard_methods: Option<Vec<String>>,
-    pub unverified_methods: Option<Vec<String>>,
-    pub on_missing_id: Option<RawOnMissingId>,
-    pub on_store_error: Option<RawOnStoreError>,
-    pub in_flight: Option<RawInFlight>,
-    pub max_waiters: Option<u64>,
-    pub settle_on: Option<Vec<Text>>,
-    pub replay_body: Option<bool>,
-    pub replay_body_limit: Option<Text>,
-    pub idempotency_key_header: Option<Option<String>>,
-    pub lease: Option<Text>,
-    pub retention: Option<Text>,
-    pub max_body: Option<Text>,
-    pub upstream_timeout: Option<Text>,
+/// One level being parsed: each field's path is `base.key`.
+struct Level<'c, 'a> {
+    ctx: &'c mut Ctx<'a>,
+    base: &'c str,
 }
 
-pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: Shared) -> Layer {
-    let Shared {
-        strip_prefix,
-        event_id,
-        digest,
-        digest_ignore,
-        guard_methods,
-        unverified_methods,
-        on_missing_id,
-        on_store_error,
-        in_flight,
-        max_waiters,
-        settle_on,
-        replay_body,
-        replay_body_limit,
-        idempotency_key_header,
-        lease,
-        retention,
-        max_body,
-        upstream_timeout,
-    } = raw;
-    let p = |key: &str| format!("{base}.{key}");
-    fn at<T>(base: &str, key: &str, value: T) -> Set<T> {
-        Set {
-            value,
-            path: format!("{base}.{key}"),
-        }
+impl Level<'_, '_> {
+    /// A value serde checked already.
+    fn plain<T>(&self, key: &str, value: Option<T>) -> Option<Set<T>> {
+        let path = format!("{}.{key}", self.base);
+        value.map(|value| Set { value, path })
     }
-    let mut layer = Layer {
-        strip_prefix: strip_prefix.map(|v| at(base, "strip_prefix", v)),
-        digest: digest.map(|d| {
-            at(
-                base,
-                "digest",
-                match d {
-                    RawDigest::Raw => DigestMode::Raw,
-                    RawDigest::Json => DigestMode::Json,
-                },
-            )
-        }),
-        on_missing_id: on_missing_id.map(|v| {
-            at(
-                base,
-                "on_missing_id",
-                match v {
-                    RawOnMissingId::Reject => OnMissingId::Reject,
-                    RawOnMissingId::Forward => OnMissingId::Forward,
-                    RawOnMissingId::BodyDigest => OnMissingId::BodyDigest,
-                },
-            )
-        }),
-        on_store_error: on_store_error.map(|v| {
-            at(
-                base,
-                "on_store_error",
-                match v {
-                    RawOnStoreError::Reject => OnStoreError::Reject,
-                    RawOnStoreError::Forward => OnStoreError::Forward,
-                },
-            )
-        }),
-        in_flight: in_flight.map(|v| {
-            at(
-                base,
-                "in_flight",
-                match v {
-                    RawInFlight::Conflict => InFlight::Conflict,
-                    RawInFlight::Wait => InFlight::Wait,
-                },
-            )
-        }),
-        replay_body: replay_body.map(|v| at(base, "replay_body", v)),
-        ..Layer::default()
-    };
-    if let Some(e) = event_id {
-        layer.event_id = event_id_source(ctx, &p("event_id"), e).map(|v| at(base, "event_id", v));
-        layer.event_id_invalid = layer.event_id.is_none();
+
+    /// A value `parse` checks; it records its errors and answers `None`.
+    fn parse<R, T>(
+        &mut self,
+        key: &str,
+        raw: Option<R>,
+        parse: impl FnOnce(&mut Ctx, &str, R) -> Option<T>,
+    ) -> Option<Set<T>> {
+        let path = format!("{}.{key}", self.base);
+        let value = parse(self.ctx, &path, raw?)?;
+        Some(Set { value, path })
     }
-    if let Some(list) = digest_ignore {
-        let mut ok = true;
-        for (i, ptr) in list.iter().enumerate() {
-            if let Err(e) = fields::json_pointer(ptr) {
-                ctx.at_value(&format!("{base}.digest_ignore[{i}]"), e);
-                ok = false;
-            }
-        }
-        layer.digest_ignore = ok.then(|| at(base, "digest_ignore", list));
-    }
-    layer.guard_methods = guard_methods
-        .and_then(|list| methods(ctx, base, "guard_methods", &list))
-        .map(|v| at(base, "guard_methods", v));
-    layer.unverified_methods = unverified_methods
-        .and_then(|list| methods(ctx, base, "unverified_methods", &list))
-        .map(|v| at(base, "unverified_methods", v));
-    if let Some(n) = max_waiters {
-        match usize::try_from(n) {
-            Ok(n) => layer.max_waiters = Some(at(base, "max_waiters", n)),
-            Err(_) => ctx.at_value(&p("max_waiters"), "max_waiters is too large"),
-        }
-    }
-    if let Some(items) = settle_on {
-        let mut s = SettleOn {
-            classes: Vec::new(),
-            codes: Vec::new(),
-        };
-        let mut ok = true;
-        for (i, item) in items.iter().enumerate() {
-            if let Err(e) = s.parse_item(&item.0) {
-                ctx.at_value(&format!("{base}.settle_on[{i}]"), e);
-                ok = false;
-            }
-        }
-        if items.is_empty() {
-            ctx.at_value(
-                &p("settle_on"),
-                "settle_on needs at least one status (e.g. [\"2xx\"])",
-            );
+}
+
+fn duration(ctx: &mut Ctx, path: &str, text: Text) -> Option<Duration> {
+    ctx.duration(path, Some(&text))
+}
+
+fn size(ctx: &mut Ctx, path: &str, text: Text) -> Option<u64> {
+    ctx.size(path, Some(&text))
+}
+
+/// `digest_ignore`: JSON pointers.
+fn pointers(ctx: &mut Ctx, path: &str, list: Vec<String>) -> Option<Vec<String>> {
+    let mut ok = true;
+    for (i, ptr) in list.iter().enumerate() {
+        if let Err(e) = fields::json_pointer(ptr) {
+            ctx.at_value(&format!("{path}[{i}]"), e);
             ok = false;
         }
-        layer.settle_on = ok.then(|| at(base, "settle_on", s));
     }
-    layer.replay_body_limit = ctx
-        .size(&p("replay_body_limit"), replay_body_limit.as_ref())
-        .map(|v| at(base, "replay_body_limit", v));
-    if let Some(h) = idempotency_key_header {
-        match h.map(|h| fields::idempotency_key_header(&h)).transpose() {
-            Ok(v) => layer.idempotency_key_header = Some(at(base, "idempotency_key_header", v)),
-            Err(e) => ctx.at_value(&p("idempotency_key_header"), e),
-        }
-    }
-    layer.lease = ctx
-        .duration(&p("lease"), lease.as_ref())
-        .map(|v| at(base, "lease", v));
-    layer.retention = ctx
-        .duration(&p("retention"), retention.as_ref())
-        .map(|v| at(base, "retention", v));
-    layer.max_body = ctx
-        .size(&p("max_body"), max_body.as_ref())
-        .map(|v| at(base, "max_body", v));
-    layer.upstream_timeout = ctx
-        .duration(&p("upstream_timeout"), upstream_timeout.as_ref())
-        .map(|v| at(base, "upstream_timeout", v));
-    layer
+    ok.then_some(list)
 }
 
-/// A list of HTTP methods at `base.key`, duplicates dropped; `None` when an
-/// entry is invalid (recorded).
-fn methods(ctx: &mut Ctx, base: &str, key: &str, list: &[String]) -> Option<Vec<http::Method>> {
+/// `settle_on`: at least one status class or code.
+fn statuses(ctx: &mut Ctx, path: &str, items: Vec<Text>) -> Option<SettleOn> {
+    let mut s = SettleOn {
+        classes: Vec::new(),
+        codes: Vec::new(),
+    };
+    let mut ok = true;
+    for (i, item) in items.iter().enumerate() {
+        if let Err(e) = s.parse_item(&item.0) {
+            ctx.at_value(&format!("{path}[{i}]"), e);
+            ok = false;
+        }
+    }
+    if items.is_empty() {
+        ctx.at_value(path, "settle_on needs at least one status (e.g. [\"2xx\"])");
+        ok = false;
+    }
+    ok.then_some(s)
+}
+
+/// A list of HTTP methods, duplicates dropped; `None` when an entry is
+/// invalid (recorded).
+fn methods(ctx: &mut Ctx, path: &str, list: Vec<String>) -> Option<Vec<http::Method>> {
     let mut methods: Vec<http::Method> = Vec::new();
     let mut ok = true;
     for (i, m) in list.iter().enumerate() {
@@ -267,7 +170,7 @@ fn methods(ctx: &mut Ctx, base: &str, key: &str, list: &[String]) -> Option<Vec<
             Ok(m) if !methods.contains(&m) => methods.push(m),
             Ok(_) => {}
             Err(e) => {
-                ctx.at_value(&format!("{base}.{key}[{i}]"), e);
+                ctx.at_value(&format!("{path}[{i}]"), e);
                 ok = false;
             }
         }

@@ -1,13 +1,16 @@
 //! Configuration: the YAML file of SPEC §2 (and the `provider` / `verify`
-//! keys of §8), in three steps.
+//! keys of §8), in three steps over one parse.
 //!
+//! 0. [`yaml`]: the text, parsed once into a tree of nodes that keep their
+//!    line and column.
 //! 1. [`raw`]: serde types that mirror the file, `deny_unknown_fields`
-//!    everywhere, typed enums, no `flatten`. A serde failure (bad syntax, an
-//!    unknown key, an unknown enum value, a wrong type) stops here with that
-//!    one error, positioned at the offending key or value.
+//!    everywhere, typed enums, no `flatten`, read from the tree by [`de`].
+//!    A serde failure (an unknown key, an unknown enum value, a wrong type)
+//!    stops here with that one error, at the node that raised it; so does a
+//!    syntax error.
 //! 2. [`validate`](validate::validate): turns the raw file into the model and
 //!    reports *every* remaining problem at once, each as
-//!    `file:line:col: path: message` (positions from [`positions`]).
+//!    `file:line:col: path: message` (positions looked up in the same tree).
 //! 3. [`model`]: the resolved [`Config`] the runtime alone sees. Route fields
 //!    are resolved as route value > `defaults` value > built-in default;
 //!    a provider preset fills `event_id` (before `defaults`) and `verify.scheme`,
@@ -18,24 +21,27 @@
 //! `env:NAME` / `file:PATH` references in `verify.secrets` and `admin.token`; a relative
 //! `file:` path is relative to the working directory, like a SQLite path.
 //!
-//! Layout: `raw.rs` (serde types), `units.rs` (durations and sizes),
-//! `positions.rs` (path → line:col), `validate.rs` (top level, store,
+//! Layout: `yaml.rs` (the tree, path → line:col), `de.rs` (serde over the
+//! tree), `raw.rs` (serde types; the one list of route fields),
+//! `units.rs` (durations and sizes), `validate.rs` (top level, store,
 //! duplicates), `layer.rs` (fields shared with `defaults`), `route.rs` (one
-//! route and its resolution), `admin.rs` (the admin token), `fields.rs` (small
-//! value parsers: upstream URL, JSON pointer, header), `verify.rs` (provider
-//! presets, secrets, warnings), `model.rs` (the output).
+//! route and its resolution), `admin.rs` (the admin token), `tls.rs` (the
+//! listener's certificate), `fields.rs` (small value parsers: upstream URL,
+//! JSON pointer, header), `verify.rs` (provider presets, secrets,
+//! warnings), `model.rs` (the output).
 
 mod admin;
+mod de;
 mod fields;
 mod layer;
 mod model;
-mod positions;
 mod raw;
 mod route;
 mod tls;
 mod units;
 mod validate;
 mod verify;
+mod yaml;
 
 #[cfg(test)]
 mod tests;
@@ -43,14 +49,16 @@ mod tests;
 use std::fmt;
 use std::path::Path;
 
+/// The store's URL type is the store's own.
+pub use crate::store::{StoreKind, StoreUrl};
 pub use model::{
     AdminConfig, AdminToken, Config, DigestMode, Downstream, EventIdSource, InFlight, OnMissingId,
-    OnStoreError, Provider, Route, Scheme, SettleOn, StoreConfig, StoreKind, SweeperConfig, Tls,
-    UpstreamUrl, Verify,
+    OnStoreError, Provider, Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Tls, UpstreamUrl,
+    Verify,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 
-use positions::{join, PosIndex, MAX_DEPTH};
+use yaml::{Doc, Pos};
 
 /// A validated configuration and the warnings `idemgate check` prints.
 #[derive(Debug, Clone)]
@@ -75,6 +83,19 @@ pub struct ConfigError {
     pub path: String,
     /// What is wrong. Never contains a secret or an expanded URL.
     pub message: String,
+}
+
+impl ConfigError {
+    /// An error at `pos`; an empty `path` is the root.
+    fn new(file: &str, pos: Pos, path: &str, message: String) -> ConfigError {
+        ConfigError {
+            file: file.to_string(),
+            line: pos.line,
+            col: pos.col,
+            path: if path.is_empty() { "(root)" } else { path }.to_string(),
+            message,
+        }
+    }
 }
 
 /// Every problem found, sorted by position. `Display` prints one per line.
@@ -116,32 +137,20 @@ pub fn load_str(
     file_name: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Loaded, ConfigErrors> {
-    let index = PosIndex::build(text);
-    if let Some(pos) = index.too_deep() {
-        // Refused before serde_yaml, whose time grows with the square of the depth.
-        return Err(ConfigErrors(vec![ConfigError {
-            file: file_name.to_string(),
-            line: pos.line,
-            col: pos.col,
-            path: "(root)".to_string(),
-            message: format!("nested too deeply (more than {MAX_DEPTH} levels)"),
-        }]));
-    }
-    let raw: raw::RawConfig = match serde_yaml::from_str(text) {
-        Ok(raw) => raw,
-        Err(e) => return Err(ConfigErrors(vec![serde_error(&e, file_name, &index)])),
+    let one = |pos: Pos, path: &str, message: String| {
+        ConfigErrors(vec![ConfigError::new(file_name, pos, path, message)])
     };
-    if raw.is_empty() {
+    // A syntax error, or serde's first (an unknown key, a wrong type), stops here.
+    let doc = Doc::parse(text).map_err(|e| one(e.pos, "", e.message))?;
+    let raw: raw::RawConfig = de::from_doc(&doc).map_err(|e| {
+        let (pos, path) = e.at.unwrap_or((Pos::START, String::new()));
+        one(pos, &path, e.message)
+    })?;
+    if doc.has_no_values() {
         // One clear message instead of four "missing field" errors.
-        return Err(ConfigErrors(vec![ConfigError {
-            file: file_name.to_string(),
-            line: 1,
-            col: 1,
-            path: "(root)".to_string(),
-            message: "the config file is empty".to_string(),
-        }]));
+        return Err(one(Pos::START, "", "the config file is empty".to_string()));
     }
-    let mut ctx = validate::Ctx::new(file_name, &index, env);
+    let mut ctx = validate::Ctx::new(file_name, &doc, env);
     let config = validate::validate(raw, &mut ctx);
     let (mut errors, warnings) = ctx.finish();
     match config {
@@ -150,65 +159,14 @@ pub fn load_str(
             if errors.is_empty() {
                 // validate() only returns None after recording an error;
                 // this keeps the contract even if that ever changes.
-                errors.push(ConfigError {
-                    file: file_name.to_string(),
-                    line: 1,
-                    col: 1,
-                    path: "(root)".to_string(),
-                    message: "invalid configuration".to_string(),
-                });
+                errors.push(ConfigError::new(
+                    file_name,
+                    Pos::START,
+                    "",
+                    "invalid configuration".to_string(),
+                ));
             }
             Err(ConfigErrors(errors))
         }
-    }
-}
-
-/// Converts serde_yaml's one error into ours: splits off its path prefix and
-/// `at line L column C` suffix, and re-points an unknown field at the unknown
-/// key itself using the position index.
-fn serde_error(e: &serde_yaml::Error, file: &str, index: &PosIndex) -> ConfigError {
-    let mut message = e.to_string();
-    let (mut line, mut col) = (1, 1);
-    if let Some(loc) = e.location() {
-        (line, col) = (loc.line(), loc.column());
-        let suffix = format!(" at line {} column {}", loc.line(), loc.column());
-        if let Some(at) = message.find(&suffix) {
-            message.replace_range(at..at + suffix.len(), "");
-        }
-    }
-    let mut path = "(root)".to_string();
-    if let Some((head, rest)) = message.split_once(": ") {
-        let looks_like_path = !head.is_empty()
-            && head
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-.[]?".contains(c));
-        if looks_like_path && head != "." {
-            path = head.to_string();
-            message = rest.to_string();
-        }
-    }
-    let parent = if path == "(root)" { "" } else { path.as_str() };
-    let named = |prefix: &str| {
-        message
-            .strip_prefix(prefix)
-            .and_then(|r| r.split_once('`'))
-            .map(|(n, _)| join(parent, n))
-    };
-    let better = if let Some(key) = named("unknown field `") {
-        index.key_exact(&key)
-    } else if let Some(key) = named("duplicate field `") {
-        index.repeated_key(&key)
-    } else {
-        None
-    };
-    if let Some(pos) = better {
-        (line, col) = (pos.line, pos.col);
-    }
-    ConfigError {
-        file: file.to_string(),
-        line,
-        col,
-        path,
-        message,
     }
 }

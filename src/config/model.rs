@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::units::{format_duration, format_size};
+use crate::store::StoreUrl;
 use crate::verify::{headers as verify_headers, HeaderSet};
 
 /// The whole validated configuration.
@@ -104,40 +105,14 @@ impl fmt::Debug for AdminToken {
 }
 
 /// The claim store. `Debug` hides the URL's password.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct StoreConfig {
-    /// Connection URL with `${VAR}` already expanded (the only key that expands
-    /// variables). May hold a password: never log it.
-    pub url: String,
-    /// Backend, from the URL scheme.
-    pub kind: StoreKind,
+    /// Connection URL with `${VAR}` already expanded (the only key that
+    /// expands variables); its scheme names the backend. May hold a
+    /// password: print it only as `Display`/`Debug` do, redacted.
+    pub url: StoreUrl,
     /// Connection pool size (default 16).
     pub max_connections: u32,
-}
-
-impl StoreConfig {
-    /// The URL with any password replaced by `***`, safe for logs and output.
-    pub fn redacted_url(&self) -> String {
-        crate::store::redact_url(&self.url)
-    }
-}
-
-impl fmt::Debug for StoreConfig {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.debug_struct("StoreConfig")
-            .field("url", &self.redacted_url())
-            .field("kind", &self.kind)
-            .field("max_connections", &self.max_connections)
-            .finish()
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreKind {
-    /// `sqlite://PATH`
-    Sqlite,
-    /// `postgres://…` or `postgresql://…`
-    Postgres,
 }
 
 /// The sweeper that deletes records past their retention.
@@ -256,7 +231,9 @@ impl EventIdSource {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Read from the file as its snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DigestMode {
     /// SHA-256 of the body bytes.
     Raw,
@@ -264,7 +241,9 @@ pub enum DigestMode {
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Read from the file as its snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OnMissingId {
     /// 400.
     Reject,
@@ -274,7 +253,9 @@ pub enum OnMissingId {
     BodyDigest,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Read from the file as its snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OnStoreError {
     /// 503, fail closed.
     Reject,
@@ -282,7 +263,9 @@ pub enum OnStoreError {
     Forward,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Read from the file as its snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum InFlight {
     /// 409 at once.
     Conflict,
@@ -367,7 +350,9 @@ impl fmt::Display for SettleOn {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Read from the file as its kebab-case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Provider {
     Stripe,
     Github,

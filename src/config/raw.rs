@@ -11,6 +11,8 @@ use std::fmt;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
+use super::model::{DigestMode, InFlight, OnMissingId, OnStoreError, Provider, Scheme};
+
 /// A scalar kept as text (`30s`, `409`, `2xx`); numbers and booleans are
 /// accepted and turned into their text so the validator can explain them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,36 +72,6 @@ pub struct RawConfig {
     pub admin: Option<RawAdmin>,
 }
 
-impl RawConfig {
-    /// True for a file without any key (empty, only comments, `{}`).
-    pub fn is_empty(&self) -> bool {
-        let RawConfig {
-            listen,
-            admin_listen,
-            store,
-            defaults,
-            routes,
-            shutdown_grace,
-            sweeper,
-            threads,
-            downstream,
-            tls,
-            admin,
-        } = self;
-        listen.is_none()
-            && admin_listen.is_none()
-            && store.is_none()
-            && defaults.is_none()
-            && routes.is_none()
-            && shutdown_grace.is_none()
-            && sweeper.is_none()
-            && threads.is_none()
-            && downstream.is_none()
-            && tls.is_none()
-            && admin.is_none()
-    }
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
@@ -141,63 +113,73 @@ pub struct RawSweeper {
     pub batch_size: Option<u64>,
 }
 
-/// The route fields that `defaults` may also set (everything except a route's
-/// identity: name, match, upstream, provider and verify).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawDefaults {
-    pub strip_prefix: Option<bool>,
-    pub event_id: Option<RawEventId>,
-    pub digest: Option<RawDigest>,
-    pub digest_ignore: Option<Vec<String>>,
-    pub guard_methods: Option<Vec<String>>,
-    pub unverified_methods: Option<Vec<String>>,
-    pub on_missing_id: Option<RawOnMissingId>,
-    pub on_store_error: Option<RawOnStoreError>,
-    pub in_flight: Option<RawInFlight>,
-    pub max_waiters: Option<u64>,
-    pub settle_on: Option<Vec<Text>>,
-    pub replay_body: Option<bool>,
-    pub replay_body_limit: Option<Text>,
-    #[serde(default, deserialize_with = "explicit_null")]
-    pub idempotency_key_header: Option<Option<String>>,
-    pub lease: Option<Text>,
-    pub retention: Option<Text>,
-    pub max_body: Option<Text>,
-    pub upstream_timeout: Option<Text>,
+/// The route fields that `defaults` may also set (everything except a
+/// route's identity: name, match, upstream, provider and verify), written
+/// once as `name: type in the file => type once parsed`. `$build` is a macro
+/// that makes something of the list: the two raw structs below,
+/// [`super::layer::Layer`].
+macro_rules! route_fields {
+    ($build:ident) => {
+        $build! {
+            strip_prefix: bool => bool,
+            event_id: RawEventId => EventIdSource,
+            digest: DigestMode => DigestMode,
+            digest_ignore: Vec<String> => Vec<String>,
+            guard_methods: Vec<String> => Vec<http::Method>,
+            unverified_methods: Vec<String> => Vec<http::Method>,
+            on_missing_id: OnMissingId => OnMissingId,
+            on_store_error: OnStoreError => OnStoreError,
+            in_flight: InFlight => InFlight,
+            max_waiters: u64 => usize,
+            settle_on: Vec<Text> => SettleOn,
+            replay_body: bool => bool,
+            replay_body_limit: Text => u64,
+            // `null` disables the header
+            #[serde(default, deserialize_with = "explicit_null")]
+            idempotency_key_header: Option<String> => Option<http::HeaderName>,
+            lease: Text => Duration,
+            retention: Text => Duration,
+            max_body: Text => u64,
+            upstream_timeout: Text => Duration,
+        }
+    };
 }
+pub(super) use route_fields;
 
-/// One route. The shared fields repeat [`RawDefaults`] on purpose: flattening
-/// would lose line numbers and break `deny_unknown_fields`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawRoute {
-    pub name: Option<String>,
-    #[serde(rename = "match")]
-    pub match_: Option<RawMatch>,
-    pub upstream: Option<String>,
-    pub provider: Option<RawProvider>,
-    pub verify: Option<RawVerifyField>,
-    pub strip_prefix: Option<bool>,
-    pub event_id: Option<RawEventId>,
-    pub digest: Option<RawDigest>,
-    pub digest_ignore: Option<Vec<String>>,
-    pub guard_methods: Option<Vec<String>>,
-    pub unverified_methods: Option<Vec<String>>,
-    pub on_missing_id: Option<RawOnMissingId>,
-    pub on_store_error: Option<RawOnStoreError>,
-    pub in_flight: Option<RawInFlight>,
-    pub max_waiters: Option<u64>,
-    pub settle_on: Option<Vec<Text>>,
-    pub replay_body: Option<bool>,
-    pub replay_body_limit: Option<Text>,
-    #[serde(default, deserialize_with = "explicit_null")]
-    pub idempotency_key_header: Option<Option<String>>,
-    pub lease: Option<Text>,
-    pub retention: Option<Text>,
-    pub max_body: Option<Text>,
-    pub upstream_timeout: Option<Text>,
+/// `defaults`, and a route: its identity, then the shared fields (repeated
+/// by the macro rather than flattened: `flatten` would lose positions and
+/// break `deny_unknown_fields`).
+macro_rules! raw_structs {
+    ($($(#[$attr:meta])* $field:ident: $raw:ty => $parsed:ty,)*) => {
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct RawDefaults {
+            $($(#[$attr])* pub $field: Option<$raw>,)*
+        }
+
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct RawRoute {
+            pub name: Option<String>,
+            #[serde(rename = "match")]
+            pub match_: Option<RawMatch>,
+            pub upstream: Option<String>,
+            pub provider: Option<Provider>,
+            pub verify: Option<RawVerifyField>,
+            $($(#[$attr])* pub $field: Option<$raw>,)*
+        }
+
+        impl RawRoute {
+            /// Moves the shared fields out, as a `defaults` of the route's own.
+            pub fn take_shared(&mut self) -> RawDefaults {
+                RawDefaults {
+                    $($field: self.$field.take(),)*
+                }
+            }
+        }
+    };
 }
+route_fields!(raw_structs);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -250,59 +232,33 @@ impl<'de> Deserialize<'de> for RawVerifyField {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawVerify {
-    pub scheme: Option<RawScheme>,
+    pub scheme: Option<Scheme>,
     pub secrets: Option<Vec<String>>,
     pub tolerance: Option<Text>,
     pub header: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RawDigest {
-    Raw,
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RawOnMissingId {
-    Reject,
-    Forward,
-    BodyDigest,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RawOnStoreError {
-    Reject,
-    Forward,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RawInFlight {
-    Conflict,
-    Wait,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RawProvider {
-    Stripe,
-    Github,
-    Shopify,
-    Slack,
-    StandardWebhooks,
-    Svix,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RawScheme {
-    Stripe,
-    Github,
-    Shopify,
-    Slack,
-    StandardWebhooks,
-    HmacSha256,
+/// Schemes are the verifier's type; the file names them by
+/// [`Scheme::as_str`].
+impl<'de> Deserialize<'de> for Scheme {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Scheme, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Scheme;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a signature scheme")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scheme, E> {
+                static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+                Scheme::ALL
+                    .into_iter()
+                    .find(|s| s.as_str() == v)
+                    .ok_or_else(|| {
+                        let names = NAMES.get_or_init(|| Scheme::ALL.map(Scheme::as_str).to_vec());
+                        E::unknown_variant(v, names)
+                    })
+            }
+        }
+        d.deserialize_str(V)
+    }
 }

@@ -53,38 +53,29 @@ fn split_number(s: &str, what: &str, units: &str) -> Result<(u64, String), Strin
 
 /// Parses `500ms`, `30s`, `5m`, `2h`, `7d`. Zero is an error.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    const UNITS: &str = "ms, s, m, h, d";
-    let (n, unit) = split_number(s, "duration", UNITS)?;
-    let Some(&(_, millis)) = DURATION_UNITS.iter().find(|(u, _)| *u == unit) else {
-        return Err(format!(
-            "invalid duration `{}`: unknown unit `{unit}` (use one of {UNITS})",
-            s.trim()
-        ));
-    };
-    if n == 0 {
-        return Err(format!("duration `{}` must be greater than zero", s.trim()));
-    }
-    let total = n
-        .checked_mul(millis)
-        .ok_or_else(|| format!("invalid duration `{}`: too large", s.trim()))?;
-    Ok(Duration::from_millis(total))
+    parse_in(s, "duration", "ms, s, m, h, d", &DURATION_UNITS).map(Duration::from_millis)
 }
 
 /// Parses `512B`, `64KiB`, `1MiB`, `1GiB` (binary units only). Zero is an error.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    const UNITS: &str = "B, KiB, MiB, GiB";
-    let (n, unit) = split_number(s, "size", UNITS)?;
-    let Some(&(_, factor)) = SIZE_UNITS.iter().find(|(u, _)| *u == unit) else {
+    parse_in(s, "size", "B, KiB, MiB, GiB", &SIZE_UNITS)
+}
+
+/// A number and one of `units` (named `names` in messages), as the
+/// smallest unit's count.
+fn parse_in(s: &str, what: &str, names: &str, units: &[(&str, u64)]) -> Result<u64, String> {
+    let (n, unit) = split_number(s, what, names)?;
+    let Some(&(_, factor)) = units.iter().find(|(u, _)| *u == unit) else {
         return Err(format!(
-            "invalid size `{}`: unknown unit `{unit}` (use one of {UNITS})",
+            "invalid {what} `{}`: unknown unit `{unit}` (use one of {names})",
             s.trim()
         ));
     };
     if n == 0 {
-        return Err(format!("size `{}` must be greater than zero", s.trim()));
+        return Err(format!("{what} `{}` must be greater than zero", s.trim()));
     }
     n.checked_mul(factor)
-        .ok_or_else(|| format!("invalid size `{}`: too large", s.trim()))
+        .ok_or_else(|| format!("invalid {what} `{}`: too large", s.trim()))
 }
 
 /// Formats a duration in the largest unit that represents it exactly

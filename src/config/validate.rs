@@ -7,18 +7,19 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::fields;
-use super::layer::parse_defaults;
-use super::model::{Config, Downstream, StoreConfig, StoreKind, SweeperConfig};
-use super::positions::PosIndex;
-use super::raw::{RawConfig, RawDownstream, RawStore, RawSweeper, Text};
+use super::layer::{parse_layer, Layer};
+use super::model::{Config, Downstream, Route, StoreConfig, SweeperConfig};
+use super::raw::{RawConfig, RawDownstream, RawRoute, RawStore, RawSweeper, Text};
 use super::route::parse_route;
 use super::units::parse_duration;
+use super::yaml::{Doc, Pos};
 use super::ConfigError;
+use crate::store::StoreUrl;
 
 /// Collects errors and warnings with their positions while validating.
 pub struct Ctx<'a> {
     file: &'a str,
-    index: &'a PosIndex,
+    doc: &'a Doc,
     /// `${VAR}` and `env:NAME` lookups.
     pub env: &'a dyn Fn(&str) -> Option<String>,
     errors: Vec<ConfigError>,
@@ -26,49 +27,36 @@ pub struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(
-        file: &'a str,
-        index: &'a PosIndex,
-        env: &'a dyn Fn(&str) -> Option<String>,
-    ) -> Ctx<'a> {
+    pub fn new(file: &'a str, doc: &'a Doc, env: &'a dyn Fn(&str) -> Option<String>) -> Ctx<'a> {
         Ctx {
             file,
-            index,
+            doc,
             env,
             errors: Vec::new(),
             warnings: Vec::new(),
         }
     }
 
-    fn push(&mut self, pos: super::positions::Pos, path: &str, message: String) {
-        self.errors.push(ConfigError {
-            file: self.file.to_string(),
-            line: pos.line,
-            col: pos.col,
-            path: if path.is_empty() {
-                "(root)".to_string()
-            } else {
-                path.to_string()
-            },
-            message,
-        });
+    fn push(&mut self, pos: Pos, path: &str, message: String) {
+        self.errors
+            .push(ConfigError::new(self.file, pos, path, message));
     }
 
     /// An error about the value at `path` (a bad duration, URL, ...).
     pub fn at_value(&mut self, path: &str, message: impl Into<String>) {
-        let pos = self.index.value(path);
+        let pos = self.doc.value_pos(path);
         self.push(pos, path, message.into());
     }
 
     /// An error about the key at `path` (a duplicate name, a missing source, ...).
     pub fn at_key(&mut self, path: &str, message: impl Into<String>) {
-        let pos = self.index.key(path);
+        let pos = self.doc.key_pos(path);
         self.push(pos, path, message.into());
     }
 
     /// A warning about the value at `path`.
     pub fn warn_value(&mut self, path: &str, message: impl Into<String>) {
-        let pos = self.index.value(path);
+        let pos = self.doc.value_pos(path);
         let shown = if path.is_empty() { "(root)" } else { path };
         let line = format!(
             "{}:{}:{}: {shown}: {}",
@@ -84,9 +72,9 @@ impl<'a> Ctx<'a> {
     /// are written after validation (the open-files check at start).
     pub fn position(&self, path: &str, value: bool) -> String {
         let pos = if value {
-            self.index.value(path)
+            self.doc.value_pos(path)
         } else {
-            self.index.key(path)
+            self.doc.key_pos(path)
         };
         format!("{}:{}:{}", self.file, pos.line, pos.col)
     }
@@ -98,7 +86,7 @@ impl<'a> Ctx<'a> {
 
     /// Line of the key at `path` (for "first defined at line N" hints).
     pub fn line_of(&self, path: &str) -> usize {
-        self.index.key(path).line
+        self.doc.key_pos(path).line
     }
 
     /// Errors sorted by position (duplicates removed) and warnings likewise.
@@ -183,20 +171,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         .unwrap_or(Duration::from_secs(30));
     let sweeper = sweeper_config(ctx, sweeper);
     let admin = super::admin::admin_config(ctx, admin);
-    let threads = match threads {
-        None => Some(None),
-        Some(0) => {
-            ctx.at_value("threads", "threads must be at least 1");
-            None
-        }
-        Some(n) => match usize::try_from(n) {
-            Ok(n) => Some(Some(n)),
-            Err(_) => {
-                ctx.at_value("threads", "threads is too large");
-                None
-            }
-        },
-    };
+    let threads = threads_config(ctx, threads);
 
     let downstream = downstream_config(ctx, downstream);
     let tls = match tls {
@@ -204,7 +179,26 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         Some(raw) => super::tls::tls_config(ctx, raw).map(Some),
     };
 
-    let defaults = parse_defaults(ctx, defaults.unwrap_or_default());
+    let defaults = parse_layer(ctx, "defaults", defaults.unwrap_or_default());
+    let routes = parse_routes(ctx, routes, &defaults);
+
+    Some(Config {
+        listen: listen?,
+        admin_listen: admin_listen?,
+        store: store?,
+        routes,
+        shutdown_grace,
+        sweeper: sweeper?,
+        threads: threads?,
+        downstream: downstream?,
+        tls: tls?,
+        admin: admin?,
+    })
+}
+
+/// `routes`: each route, and the checks across them (duplicate names and
+/// matches).
+fn parse_routes(ctx: &mut Ctx, routes: Option<Vec<RawRoute>>, defaults: &Layer) -> Vec<Route> {
     let mut out_routes = Vec::new();
     match routes {
         None => ctx.at_key(
@@ -231,7 +225,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
                     };
                     Some((host, fields::path_prefix(m.path_prefix.as_deref()?).ok()?))
                 });
-                if let Some(route) = parse_route(ctx, &path, raw_route, &defaults) {
+                if let Some(route) = parse_route(ctx, &path, raw_route, defaults) {
                     out_routes.push(route);
                 }
                 if let Some(name) = name {
@@ -263,19 +257,25 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
             }
         }
     }
+    out_routes
+}
 
-    Some(Config {
-        listen: listen?,
-        admin_listen: admin_listen?,
-        store: store?,
-        routes: out_routes,
-        shutdown_grace,
-        sweeper: sweeper?,
-        threads: threads?,
-        downstream: downstream?,
-        tls: tls?,
-        admin: admin?,
-    })
+/// `threads`: `Some(None)` when unset (the runtime decides).
+fn threads_config(ctx: &mut Ctx, threads: Option<u64>) -> Option<Option<usize>> {
+    match threads {
+        None => Some(None),
+        Some(0) => {
+            ctx.at_value("threads", "threads must be at least 1");
+            None
+        }
+        Some(n) => match usize::try_from(n) {
+            Ok(n) => Some(Some(n)),
+            Err(_) => {
+                ctx.at_value("threads", "threads is too large");
+                None
+            }
+        },
+    }
 }
 
 fn downstream_config(ctx: &mut Ctx, raw: Option<RawDownstream>) -> Option<Downstream> {
@@ -402,8 +402,8 @@ fn store_config(ctx: &mut Ctx, raw: RawStore) -> Option<StoreConfig> {
             return None;
         }
     };
-    let kind = match store_kind(&url) {
-        Ok(k) => k,
+    let url = match StoreUrl::parse(&url) {
+        Ok(u) => u,
         Err(e) => {
             ctx.at_value("store.url", e);
             return None;
@@ -411,7 +411,6 @@ fn store_config(ctx: &mut Ctx, raw: RawStore) -> Option<StoreConfig> {
     };
     Some(StoreConfig {
         url,
-        kind,
         max_connections: max_connections?,
     })
 }
@@ -442,30 +441,6 @@ pub fn expand_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<St
     }
     out.push_str(rest);
     Ok(out)
-}
-
-/// The backend from the URL scheme. The message shows the scheme only: the
-/// rest of the URL may hold a password.
-fn store_kind(url: &str) -> Result<StoreKind, String> {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return Err("unsupported store scheme: the URL must start with sqlite://, postgres:// or postgresql://"
-            .to_string());
-    };
-    let kind = match scheme.to_ascii_lowercase().as_str() {
-        "sqlite" => StoreKind::Sqlite,
-        "postgres" | "postgresql" => StoreKind::Postgres,
-        other => {
-            return Err(format!(
-                "unsupported store scheme `{other}` (use sqlite://, postgres:// or postgresql://)"
-            ))
-        }
-    };
-    if rest.is_empty() {
-        return Err(format!(
-            "store URL `{scheme}://` is missing the path or host"
-        ));
-    }
-    Ok(kind)
 }
 
 fn sweeper_config(ctx: &mut Ctx, raw: Option<RawSweeper>) -> Option<SweeperConfig> {

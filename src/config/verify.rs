@@ -11,7 +11,7 @@ use base64::Engine;
 
 use super::fields;
 use super::model::{EventIdSource, OnMissingId, Provider, Scheme, Verify};
-use super::raw::{RawProvider, RawScheme, RawVerify};
+use super::raw::RawVerify;
 use super::units::format_duration;
 use super::validate::Ctx;
 
@@ -20,28 +20,6 @@ const WHSEC_BASE64: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
-
-pub fn provider(raw: RawProvider) -> Provider {
-    match raw {
-        RawProvider::Stripe => Provider::Stripe,
-        RawProvider::Github => Provider::Github,
-        RawProvider::Shopify => Provider::Shopify,
-        RawProvider::Slack => Provider::Slack,
-        RawProvider::StandardWebhooks => Provider::StandardWebhooks,
-        RawProvider::Svix => Provider::Svix,
-    }
-}
-
-fn scheme(raw: RawScheme) -> Scheme {
-    match raw {
-        RawScheme::Stripe => Scheme::Stripe,
-        RawScheme::Github => Scheme::Github,
-        RawScheme::Shopify => Scheme::Shopify,
-        RawScheme::Slack => Scheme::Slack,
-        RawScheme::StandardWebhooks => Scheme::StandardWebhooks,
-        RawScheme::HmacSha256 => Scheme::HmacSha256,
-    }
-}
 
 /// Where each provider puts its event ID.
 pub fn preset_event_id(p: Provider) -> EventIdSource {
@@ -121,7 +99,7 @@ pub fn verify(
     } = raw;
     let at = |key: &str| format!("{path}.{key}");
     let scheme = match (raw_scheme, provider) {
-        (Some(s), _) => Some(scheme(s)),
+        (Some(s), _) => Some(s),
         (None, Some(p)) => Some(preset_scheme(p)),
         (None, None) => {
             ctx.at_key(

@@ -22,7 +22,7 @@ pub fn record_json(r: &Record) -> Value {
         "route": r.route,
         "event_id": r.event_id,
         "body_sha256": r.body_sha256,
-        "state": r.state,
+        "state": r.state.as_str(),
         "attempts": r.attempts,
         "lease_until": ts(r.lease_until),
         "last_status": r.last_status,

@@ -12,7 +12,9 @@ pub mod postgres;
 pub(crate) mod sql;
 pub mod sqlite;
 mod ticket;
+mod url;
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,23 +24,54 @@ use serde::Serialize;
 
 use crate::claim::{ClaimKind, Decision, Millis, SettleResult, State};
 
+pub use url::{redact_url, StoreKind, StoreUrl};
+
 /// A store error: the proxy fails closed on it (503) unless told otherwise.
+/// A driver's error is kept as the [`source`](std::error::Error::source),
+/// never flattened into text.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The URL names no backend (shown redacted).
     #[error("unsupported store URL (expected sqlite://PATH or postgres://…): {0}")]
     UnsupportedUrl(String),
+    /// What the store found itself: a time limit passed, a writer stopped.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    #[error("store unavailable: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL's driver.
+    #[error("store unavailable: {0}")]
+    Sqlx(#[from] sqlx::Error),
+    /// A file beside the database: its directory, the change counter.
+    #[error("store unavailable: {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// One failure answered to every operation of a batch: each waiter
+    /// gets its own error, sharing the one cause (and its source).
+    #[error(transparent)]
+    Batch(Arc<StoreError>),
     #[error("store migration failed: {0}")]
-    Migration(String),
+    Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("store returned an unexpected value: {0}")]
     Corrupt(String),
 }
 
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        StoreError::Unavailable(e.to_string())
+impl StoreError {
+    /// A file operation on `what` failed.
+    pub(crate) fn io(what: impl fmt::Display, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            what: what.to_string(),
+            source,
+        }
     }
+}
+
+/// A record's state as the stores write it.
+pub(crate) fn state_of(text: &str) -> Result<State, StoreError> {
+    State::parse(text).ok_or_else(|| StoreError::Corrupt(format!("state {text:?}")))
 }
 
 /// A delivery asking for the claim on its event ID.
@@ -110,7 +143,8 @@ pub struct Record {
     pub route: String,
     pub event_id: String,
     pub body_sha256: String,
-    pub state: String,
+    #[serde(serialize_with = "state_text")]
+    pub state: State,
     pub attempts: i64,
     pub lease_until: Option<Millis>,
     pub last_status: Option<i64>,
@@ -125,9 +159,14 @@ pub struct Record {
 }
 
 impl Record {
+    /// The state; always `Some` (kept for callers from when the field was text).
     pub fn state(&self) -> Option<State> {
-        State::parse(&self.state)
+        Some(self.state)
     }
+}
+
+fn state_text<S: serde::Serializer>(state: &State, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(state.as_str())
 }
 
 /// Filter of `events list` and `GET /api/events`.
@@ -232,26 +271,17 @@ pub trait ClaimStore: Send + Sync {
     async fn close(&self);
 }
 
-/// The kind of store a URL names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreKind {
-    Sqlite,
-    Postgres,
-}
-
-pub fn kind_of(url: &str) -> Result<StoreKind, StoreError> {
-    if url.starts_with("sqlite:") {
-        Ok(StoreKind::Sqlite)
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(StoreKind::Postgres)
-    } else {
-        Err(StoreError::UnsupportedUrl(redact_url(url)))
-    }
-}
-
 /// Opens the store a URL names; `max_connections` sizes the pool.
 pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn ClaimStore>, StoreError> {
-    match kind_of(url)? {
+    open_url(&url.parse()?, max_connections).await
+}
+
+/// [`open`] for a URL checked already (the config's `store.url`).
+pub async fn open_url(
+    url: &StoreUrl,
+    max_connections: u32,
+) -> Result<Arc<dyn ClaimStore>, StoreError> {
+    match url.kind() {
         StoreKind::Sqlite => Ok(Arc::new(
             sqlite::SqliteStore::open(url, max_connections).await?,
         )),
@@ -261,68 +291,16 @@ pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn ClaimStore>
     }
 }
 
-/// The URL with any password replaced by `***`, safe for messages and logs
-/// (the one implementation; `StoreConfig::redacted_url` calls it). The
-/// userinfo ends at the *last* `@`, since a password may hold one (the URL
-/// parser reads it so too); when in doubt this hides too much, never too
-/// little. A `password=` query parameter is hidden as well. SQLite URLs
-/// carry no credentials: a path with `@` or `:` is shown as written.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    if scheme.eq_ignore_ascii_case("sqlite") {
-        return url.to_string();
-    }
-    let mut out = format!("{scheme}://");
-    let after = match rest.rfind('@') {
-        Some(at) => {
-            match rest[..at].split_once(':') {
-                Some((user, _password)) => {
-                    out.push_str(user);
-                    out.push_str(":***");
-                }
-                None => out.push_str(&rest[..at]),
-            }
-            out.push('@');
-            &rest[at + 1..]
-        }
-        None => rest,
-    };
-    match after.split_once('?') {
-        Some((base, query)) => {
-            out.push_str(base);
-            out.push('?');
-            for (i, pair) in query.split('&').enumerate() {
-                if i > 0 {
-                    out.push('&');
-                }
-                match pair.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => {
-                        out.push_str(k);
-                        out.push_str("=***");
-                    }
-                    _ => out.push_str(pair),
-                }
-            }
-        }
-        None => out.push_str(after),
-    }
-    out
-}
-
 /// Builds a [`ClaimOutcome::Existing`] from a record read back after a refused
 /// claim, using the same `decide` rules as the SQL. `None` means the record
 /// became claimable in between: try the claim again.
 pub(crate) fn existing_outcome(
-    state: &str,
+    state: State,
     lease_until: Option<Millis>,
     same_digest: bool,
     now: Millis,
     recorded: Recorded,
 ) -> Result<Option<ClaimOutcome>, StoreError> {
-    let state =
-        State::parse(state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
     let decision = crate::claim::decide(
         Some(crate::claim::Existing {
             state,
@@ -364,51 +342,47 @@ pub(crate) fn claim_kind_from_previous(prev: Option<&str>) -> ClaimKind {
 
 #[cfg(test)]
 mod tests {
+    use std::error::Error as _;
+
     use super::*;
 
+    /// A driver's error stays reachable through `source()`, through a
+    /// batch's shared error too, and prints as it did.
     #[test]
-    fn kinds_by_scheme() {
-        assert_eq!(kind_of("sqlite:///tmp/x.db").unwrap(), StoreKind::Sqlite);
-        assert_eq!(kind_of("sqlite://data/x.db").unwrap(), StoreKind::Sqlite);
-        assert_eq!(kind_of("postgres://u@h/db").unwrap(), StoreKind::Postgres);
-        assert_eq!(kind_of("postgresql://u@h/db").unwrap(), StoreKind::Postgres);
-        assert!(kind_of("mysql://u:secret@h/db")
-            .unwrap_err()
-            .to_string()
-            .contains("***"));
-    }
-
-    #[test]
-    fn redacts_passwords_only() {
-        assert_eq!(
-            redact_url("postgres://u:pw@h:5432/db"),
-            "postgres://u:***@h:5432/db"
+    fn errors_keep_their_sources() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let driver = conn.execute_batch("SELECT FROM nowhere").unwrap_err();
+        let text = driver.to_string();
+        let e = StoreError::from(driver);
+        assert_eq!(e.to_string(), format!("store unavailable: {text}"));
+        let source = e.source().expect("a source");
+        assert!(
+            source.downcast_ref::<rusqlite::Error>().is_some(),
+            "{source:?}"
         );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("sqlite:///a/b.db"), "sqlite:///a/b.db");
-    }
 
-    /// A password may hold `@`, `:` and more: the userinfo ends at the last `@`.
-    #[test]
-    fn redacts_passwords_holding_at_signs() {
-        for (url, want) in [
-            ("postgres://u:p@ss@h:5432/db", "postgres://u:***@h:5432/db"),
-            ("postgres://u:p@s:s@w@h/db", "postgres://u:***@h/db"),
-            ("postgresql://u:@@h/db", "postgresql://u:***@h/db"),
-            ("mysql://u:se@cret@h/db", "mysql://u:***@h/db"),
-            (
-                "postgres://u@h/db?sslmode=require&password=pw&x=1",
-                "postgres://u@h/db?sslmode=require&password=***&x=1",
-            ),
-            // hides too much rather than too little
-            (
-                "postgres://u:pw@h/db?application_name=a@b",
-                "postgres://u:***@b",
-            ),
-            ("sqlite:///data/a@b:c.db", "sqlite:///data/a@b:c.db"),
-            ("no scheme:pw@h", "no scheme:pw@h"),
-        ] {
-            assert_eq!(redact_url(url), want, "{url}");
-        }
+        let shared = StoreError::Batch(Arc::new(e));
+        assert_eq!(shared.to_string(), format!("store unavailable: {text}"));
+        let source = shared.source().expect("the shared cause's source");
+        assert!(
+            source.downcast_ref::<rusqlite::Error>().is_some(),
+            "{source:?}"
+        );
+
+        let pool = StoreError::from(sqlx::Error::PoolTimedOut);
+        assert!(pool
+            .source()
+            .unwrap()
+            .downcast_ref::<sqlx::Error>()
+            .is_some());
+        let io = StoreError::io("/x", std::io::Error::other("gone"));
+        assert_eq!(io.to_string(), "store unavailable: /x: gone");
+        assert!(io
+            .source()
+            .unwrap()
+            .downcast_ref::<std::io::Error>()
+            .is_some());
+        let plain = StoreError::Unavailable("no answer within 1s".into());
+        assert!(plain.source().is_none());
     }
 }

@@ -83,11 +83,21 @@ UPDATE records SET state = 'failed', lease_until = NULL, last_error = 'released 
     expires_at = $3 + (expires_at - updated_at), updated_at = $3
 WHERE route = $1 AND event_id = $2 AND state = $4";
 
-pub const SELECT_RECORD: &str = "\
-SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status, last_error,
+/// Every column of a record, in the order the SQLite store reads them by
+/// position.
+macro_rules! select_record {
+    () => {
+        "SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status, last_error,
        first_seen_at, updated_at, delivered_at, expires_at,
        replay_status, replay_content_type, replay_body
-FROM records";
+FROM records"
+    };
+}
+
+pub const SELECT_RECORD: &str = select_record!();
+
+/// One record. $1 route, $2 event_id
+pub const GET_RECORD: &str = concat!(select_record!(), " WHERE route = $1 AND event_id = $2");
 
 /// A value bound to a [`list_statement`].
 pub(crate) enum ListParam<'a> {
@@ -171,15 +181,15 @@ WHERE (route, event_id) IN (
 pub const OLDEST_PROCESSING: &str = "\
 SELECT route, MIN(updated_at) AS oldest FROM records WHERE state = 'processing' GROUP BY route";
 
-/// Implements [`super::ClaimStore`] for a store struct with `write` and `read`
-/// pools of one sqlx database, `run_migrations()`, `write_probe()`,
-/// `claim_op()`, `settle_op()` (which take the time a requester waits for its
-/// operation to be taken, see `ticket`), `peek_op()`, `release_op()`,
-/// `sweep_op()` and `close_all()` methods and an
+/// Implements [`super::ClaimStore`] for a store struct with these methods:
+/// `run_migrations()`, `ping_op()`, `write_probe()`, `claim_op()`,
+/// `settle_op()` (both take the time a requester waits for its operation to
+/// be taken, see `ticket`), `peek_op()`, `get_op()`, `list_op()`,
+/// `release_op()`, `sweep_op()`, `oldest_op()` and `close_all()`; and an
 /// `OP_TIMEOUT` constant that bounds every other operation on the client side
 /// (a database that stops answering mid-statement, e.g. behind a network
-/// partition, is not caught by a server-side timeout). Written as a macro
-/// because the two backends share every statement but not a sqlx type.
+/// partition, is not caught by a server-side timeout). Written as a macro so
+/// that both backends get the same bounds and the same trait docs' contract.
 macro_rules! impl_claim_store {
     ($store:ty) => {
         #[async_trait::async_trait]
@@ -190,10 +200,7 @@ macro_rules! impl_claim_store {
 
             async fn ping(&self) -> Result<(), $crate::store::StoreError> {
                 $crate::store::bounded(Self::OP_TIMEOUT, async {
-                    // touches the database file itself, not just the connection
-                    sqlx::query("SELECT 1 FROM records LIMIT 1")
-                        .execute(&self.read)
-                        .await?;
+                    self.ping_op().await?;
                     // and, where a write failed last, that one can commit now
                     self.write_probe(Self::OP_TIMEOUT).await
                 })
@@ -240,42 +247,14 @@ macro_rules! impl_claim_store {
                 route: &str,
                 event_id: &str,
             ) -> Result<Option<$crate::store::Record>, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, async {
-                    let sql = format!(
-                        "{} WHERE route = $1 AND event_id = $2",
-                        $crate::store::sql::SELECT_RECORD
-                    );
-                    let row = sqlx::query(&sql)
-                        .bind(route)
-                        .bind(event_id)
-                        .fetch_optional(&self.read)
-                        .await?;
-                    row.map(|r| $crate::store::sql::record_from_row(&r))
-                        .transpose()
-                })
-                .await
+                $crate::store::bounded(Self::OP_TIMEOUT, self.get_op(route, event_id)).await
             }
 
             async fn list(
                 &self,
                 filter: &$crate::store::ListFilter,
             ) -> Result<Vec<$crate::store::Record>, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, async {
-                    use $crate::store::sql::ListParam;
-                    let (sql, params) = $crate::store::sql::list_statement(filter);
-                    let mut query = sqlx::query(&sql);
-                    for p in params {
-                        query = match p {
-                            ListParam::Text(t) => query.bind(t),
-                            ListParam::Int(n) => query.bind(n),
-                        };
-                    }
-                    let rows = query.fetch_all(&self.read).await?;
-                    rows.iter()
-                        .map($crate::store::sql::record_from_row)
-                        .collect()
-                })
-                .await
+                $crate::store::bounded(Self::OP_TIMEOUT, self.list_op(filter)).await
             }
 
             async fn release(
@@ -303,16 +282,7 @@ macro_rules! impl_claim_store {
             async fn oldest_processing(
                 &self,
             ) -> Result<Vec<(String, $crate::claim::Millis)>, $crate::store::StoreError> {
-                $crate::store::bounded(Self::OP_TIMEOUT, async {
-                    use sqlx::Row;
-                    let rows = sqlx::query($crate::store::sql::OLDEST_PROCESSING)
-                        .fetch_all(&self.read)
-                        .await?;
-                    rows.iter()
-                        .map(|r| Ok((r.try_get("route")?, r.try_get("oldest")?)))
-                        .collect()
-                })
-                .await
+                $crate::store::bounded(Self::OP_TIMEOUT, self.oldest_op()).await
             }
 
             async fn close(&self) {
@@ -325,7 +295,7 @@ pub(crate) use impl_claim_store;
 
 /// A [`CLAIM_READBACK`] row, whichever driver read it.
 pub(crate) struct Readback {
-    pub state: String,
+    pub state: crate::claim::State,
     pub lease_until: Option<crate::claim::Millis>,
     pub body_sha256: String,
     pub last_status: Option<i64>,
@@ -364,7 +334,7 @@ impl Readback {
             body: self.replay_body,
         };
         super::existing_outcome(
-            &self.state,
+            self.state,
             self.lease_until,
             self.body_sha256 == digest,
             now,
@@ -389,63 +359,6 @@ pub(crate) fn claimed(
         kind,
         lease_until,
     }
-}
-
-/// Decides a delivery from a [`CLAIM_READBACK`] row read with sqlx.
-pub(crate) fn readback_outcome<R>(
-    row: &R,
-    digest: &str,
-    now: crate::claim::Millis,
-) -> Result<Option<super::ClaimOutcome>, super::StoreError>
-where
-    R: sqlx::Row,
-    for<'a> &'a str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    Readback {
-        state: row.try_get("state")?,
-        lease_until: row.try_get("lease_until")?,
-        body_sha256: row.try_get("body_sha256")?,
-        last_status: row.try_get("last_status")?,
-        replay_status: row.try_get("replay_status")?,
-        replay_content_type: row.try_get("replay_content_type")?,
-        replay_body: row.try_get("replay_body")?,
-    }
-    .outcome(digest, now)
-}
-
-/// Decodes a full record row of [`SELECT_RECORD`] from either backend.
-pub(crate) fn record_from_row<R>(row: &R) -> Result<super::Record, super::StoreError>
-where
-    R: sqlx::Row,
-    for<'a> &'a str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<i64>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<Vec<u8>>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let replay_body: Option<Vec<u8>> = row.try_get("replay_body")?;
-    Ok(super::Record {
-        route: row.try_get("route")?,
-        event_id: row.try_get("event_id")?,
-        body_sha256: row.try_get("body_sha256")?,
-        state: row.try_get("state")?,
-        attempts: row.try_get("attempts")?,
-        lease_until: row.try_get("lease_until")?,
-        last_status: row.try_get("last_status")?,
-        last_error: row.try_get("last_error")?,
-        first_seen_at: row.try_get("first_seen_at")?,
-        updated_at: row.try_get("updated_at")?,
-        delivered_at: row.try_get("delivered_at")?,
-        expires_at: row.try_get("expires_at")?,
-        replay_status: row.try_get("replay_status")?,
-        replay_content_type: row.try_get("replay_content_type")?,
-        replay_body_bytes: replay_body.map(|b| b.len() as i64),
-    })
 }
 
 #[cfg(test)]

@@ -139,17 +139,7 @@ fn black_box_duplicate_name_points_at_the_second_name() {
 
 #[test]
 fn black_box_lease_not_longer_than_timeout() {
-    let text = format!(
-        "{HEAD}  - name: alpha
-    match:
-      path_prefix: /hooks/alpha
-    upstream: \"http://127.0.0.1:3001\"
-    event_id:
-      header: X-Event-ID
-    upstream_timeout: 10s
-    lease: 10s
-"
-    );
+    let text = route("    upstream_timeout: 10s\n    lease: 10s\n");
     let e = one_error(
         &text,
         13,

@@ -111,16 +111,19 @@ fn store_scheme_and_env_expansion() {
     one_error(&store("postgres://u:${DB_PASS@h/db"), 4, 8, "unterminated");
     let l = ok(&store("postgres://u:${DB_PASS}@h:5432/db"));
     assert_eq!(l.config.store.url, "postgres://u:s3cr$t@h:5432/db");
-    assert_eq!(l.config.store.kind, crate::config::StoreKind::Postgres);
-    assert_eq!(l.config.store.redacted_url(), "postgres://u:***@h:5432/db");
+    assert_eq!(
+        l.config.store.url.kind(),
+        crate::config::StoreKind::Postgres
+    );
+    assert_eq!(l.config.store.url.redacted(), "postgres://u:***@h:5432/db");
     let no_password = ok(&store("postgres://u@h/db"));
-    assert_eq!(no_password.config.store.redacted_url(), "postgres://u@h/db");
+    assert_eq!(no_password.config.store.url.redacted(), "postgres://u@h/db");
     assert!(
         !format!("{:?}", l.config).contains("s3cr"),
         "Debug must hide the password"
     );
     assert_eq!(
-        ok(&store("postgresql://h/db")).config.store.kind,
+        ok(&store("postgresql://h/db")).config.store.url.kind(),
         crate::config::StoreKind::Postgres
     );
     // A lone `$` stays as written.
@@ -129,7 +132,7 @@ fn store_scheme_and_env_expansion() {
         "postgres://u:pa$s@h/db"
     );
     let l = ok(&route(""));
-    assert_eq!(l.config.store.kind, crate::config::StoreKind::Sqlite);
+    assert_eq!(l.config.store.url.kind(), crate::config::StoreKind::Sqlite);
     assert_eq!(l.config.store.max_connections, 16);
     let zero = route("").replace("  url:", "  max_connections: 0\n  url:");
     one_error(&zero, 4, 20, "max_connections must be at least 1");

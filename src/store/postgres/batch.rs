@@ -242,36 +242,45 @@ where
                 .into_iter()
                 .map(|(item, _, reply)| (item, reply))
                 .unzip();
-            let results = match conn {
-                Err(e) => all_failed(items.len(), &e.into()),
-                Ok(mut conn) => {
-                    let n = items.len();
-                    match tokio::time::timeout(BATCH_TIMEOUT, run(&mut conn, items)).await {
-                        Ok(results) => {
-                            let failed = results.iter().any(Result::is_err);
-                            if keep && still_good(&mut conn, failed).await {
-                                kept = Some(conn);
-                            }
-                            results
-                        }
-                        Err(_) => {
-                            // cut off mid-statement: the connection's state is unknown
-                            drop(conn.detach());
-                            let e = StoreError::Unavailable(format!(
-                                "the database did not answer a batch within {BATCH_TIMEOUT:?}; \
-                                 whether it committed is unknown"
-                            ));
-                            all_failed(n, &e)
-                        }
-                    }
-                }
-            };
+            let (results, back) = run_batch(conn, items, keep, run).await;
+            kept = back;
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
             }
         }
     });
     queue
+}
+
+/// Runs one batch on `conn`: a result for each item, and the connection
+/// back when it is kept for the next batch.
+async fn run_batch<I, O>(
+    conn: Result<PoolConnection<Postgres>, sqlx::Error>,
+    items: Vec<I>,
+    keep: bool,
+    run: for<'c> fn(&'c mut PgConnection, Vec<I>) -> BatchFuture<'c, O>,
+) -> (Vec<Result<O, StoreError>>, Option<PoolConnection<Postgres>>) {
+    let mut conn = match conn {
+        Err(e) => return (all_failed(items.len(), e.into()), None),
+        Ok(conn) => conn,
+    };
+    let n = items.len();
+    match tokio::time::timeout(BATCH_TIMEOUT, run(&mut conn, items)).await {
+        Ok(results) => {
+            let failed = results.iter().any(Result::is_err);
+            let kept = (keep && still_good(&mut conn, failed).await).then_some(conn);
+            (results, kept)
+        }
+        Err(_) => {
+            // cut off mid-statement: the connection's state is unknown
+            drop(conn.detach());
+            let e = StoreError::Unavailable(format!(
+                "the database did not answer a batch within {BATCH_TIMEOUT:?}; \
+                 whether it committed is unknown"
+            ));
+            (all_failed(n, e), None)
+        }
+    }
 }
 
 /// Whether a connection may run the next batch: yes after a batch without
@@ -305,10 +314,10 @@ fn key_arrays<'a, T>(
     which.iter().map(|&i| key(&items[i])).unzip()
 }
 
-fn all_failed<O>(n: usize, e: &StoreError) -> Vec<Result<O, StoreError>> {
-    (0..n)
-        .map(|_| Err(StoreError::Unavailable(e.to_string())))
-        .collect()
+/// `e` answered to each of `n` operations.
+fn all_failed<O>(n: usize, e: StoreError) -> Vec<Result<O, StoreError>> {
+    let e = std::sync::Arc::new(e);
+    (0..n).map(|_| Err(StoreError::Batch(e.clone()))).collect()
 }
 
 fn done<O>(results: Vec<Option<Result<O, StoreError>>>) -> Vec<Result<O, StoreError>> {
@@ -331,16 +340,7 @@ async fn read_many(
     rows.iter()
         .map(|row| {
             let key = (row.try_get("route")?, row.try_get("event_id")?);
-            let found = Readback {
-                state: row.try_get("state")?,
-                lease_until: row.try_get("lease_until")?,
-                body_sha256: row.try_get("body_sha256")?,
-                last_status: row.try_get("last_status")?,
-                replay_status: row.try_get("replay_status")?,
-                replay_content_type: row.try_get("replay_content_type")?,
-                replay_body: row.try_get("replay_body")?,
-            };
-            Ok((key, found))
+            Ok((key, super::readback(row)?))
         })
         .collect()
 }
@@ -362,7 +362,7 @@ async fn read_batch_on(
             .iter()
             .map(|(r, e)| Ok(found.remove(&(r.to_string(), e.to_string()))))
             .collect(),
-        Err(e) => all_failed(items.len(), &e),
+        Err(e) => all_failed(items.len(), e),
     }
 }
 

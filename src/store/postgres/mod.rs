@@ -31,12 +31,24 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 /// a request waits before its 503 while the database is down.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `migrations/postgres`, in order: version, description, SQL.
+const MIGRATIONS: [(i64, &str, &str); 2] = [
+    (
+        1,
+        "records",
+        include_str!("../../../migrations/postgres/0001_records.sql"),
+    ),
+    (
+        2,
+        "failed index",
+        include_str!("../../../migrations/postgres/0002_failed_index.sql"),
+    ),
+];
+
 pub struct PostgresStore {
     /// Everything but the hot path: migrations, operator commands, sweeps,
     /// the readiness probe, held duplicates' reads.
-    write: PgPool,
-    /// Same pool: PostgreSQL has no single-writer constraint.
-    read: PgPool,
+    cold: PgPool,
     /// Lookups, claims and delivered settles, in batches, on `hot`.
     batchers: batch::Batchers,
     /// The hot path's connections, used only by tasks on `rt`: a tokio
@@ -65,9 +77,9 @@ impl PostgresStore {
     /// server is merely slow.
     const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
-    pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let opts = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::UnsupportedUrl(format!("{}: {e}", super::redact_url(url))))?
+    pub async fn open(url: &super::StoreUrl, max_connections: u32) -> Result<Self, StoreError> {
+        let opts = PgConnectOptions::from_str(url.as_str())
+            .map_err(|e| StoreError::UnsupportedUrl(format!("{url}: {e}")))?
             .options([
                 (
                     "statement_timeout",
@@ -109,8 +121,7 @@ impl PostgresStore {
             batchers: batch::Batchers::start(&hot, hot_max),
             hot,
             rt: tokio::runtime::Handle::current(),
-            write: cold.clone(),
-            read: cold,
+            cold,
         })
     }
 
@@ -118,7 +129,7 @@ impl PostgresStore {
     /// so the setting never reaches the pool. Replicas starting together
     /// take turns on the migrator's advisory lock.
     async fn run_migrations(&self) -> Result<(), StoreError> {
-        let mut conn = self.write.acquire().await?.detach();
+        let mut conn = self.cold.acquire().await?.detach();
         let res = async {
             sqlx::query("SET statement_timeout = 0")
                 .execute(&mut conn)
@@ -126,7 +137,7 @@ impl PostgresStore {
             Self::migrator()
                 .run_direct(&mut conn)
                 .await
-                .map_err(|e| StoreError::Migration(e.to_string()))
+                .map_err(|e| StoreError::Migration(e.into()))
         }
         .await;
         let _ = conn.close().await;
@@ -134,27 +145,15 @@ impl PostgresStore {
     }
 
     pub(crate) fn migrator() -> Migrator {
+        let migrations = MIGRATIONS
+            .iter()
+            .map(|&(version, description, sql)| {
+                let (description, sql) = (Cow::Borrowed(description), Cow::Borrowed(sql));
+                Migration::new(version, description, MigrationType::Simple, sql, false)
+            })
+            .collect();
         Migrator {
-            migrations: Cow::Owned(vec![
-                Migration::new(
-                    1,
-                    Cow::Borrowed("records"),
-                    MigrationType::Simple,
-                    Cow::Borrowed(include_str!(
-                        "../../../migrations/postgres/0001_records.sql"
-                    )),
-                    false,
-                ),
-                Migration::new(
-                    2,
-                    Cow::Borrowed("failed index"),
-                    MigrationType::Simple,
-                    Cow::Borrowed(include_str!(
-                        "../../../migrations/postgres/0002_failed_index.sql"
-                    )),
-                    false,
-                ),
-            ]),
+            migrations: Cow::Owned(migrations),
             ignore_missing: false,
             locking: true,
             no_tx: false,
@@ -239,7 +238,7 @@ impl PostgresStore {
         let done = sqlx::query(super::sql::SWEEP)
             .bind(now)
             .bind(limit)
-            .execute(&self.write)
+            .execute(&self.cold)
             .await?;
         Ok(done.rows_affected())
     }
@@ -263,14 +262,12 @@ impl PostgresStore {
             let before = sqlx::query(super::sql::STATE_OF)
                 .bind(route)
                 .bind(event_id)
-                .fetch_optional(&self.write)
+                .fetch_optional(&self.cold)
                 .await?;
             let Some(before) = before else {
                 return Ok(ReleaseOutcome::NotFound);
             };
-            let state: String = before.try_get("state")?;
-            let previous = State::parse(&state)
-                .ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
+            let previous = super::state_of(before.try_get("state")?)?;
             if previous == State::Delivered && !force {
                 return Ok(ReleaseOutcome::RefusedDelivered);
             }
@@ -279,7 +276,7 @@ impl PostgresStore {
                 .bind(event_id)
                 .bind(now)
                 .bind(previous.as_str())
-                .execute(&self.write)
+                .execute(&self.cold)
                 .await?;
             if done.rows_affected() == 1 {
                 return Ok(ReleaseOutcome::Released { previous });
@@ -290,9 +287,54 @@ impl PostgresStore {
         ))
     }
 
+    /// Touches the records table itself, not just the connection.
+    async fn ping_op(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1 FROM records LIMIT 1")
+            .execute(&self.cold)
+            .await?;
+        Ok(())
+    }
+
+    async fn get_op(
+        &self,
+        route: &str,
+        event_id: &str,
+    ) -> Result<Option<super::Record>, StoreError> {
+        let row = sqlx::query(super::sql::GET_RECORD)
+            .bind(route)
+            .bind(event_id)
+            .fetch_optional(&self.cold)
+            .await?;
+        row.as_ref().map(record_from_row).transpose()
+    }
+
+    async fn list_op(&self, filter: &super::ListFilter) -> Result<Vec<super::Record>, StoreError> {
+        use super::sql::ListParam;
+        let (sql, params) = super::sql::list_statement(filter);
+        let mut query = sqlx::query(&sql);
+        for p in params {
+            query = match p {
+                ListParam::Text(t) => query.bind(t),
+                ListParam::Int(n) => query.bind(n),
+            };
+        }
+        let rows = query.fetch_all(&self.cold).await?;
+        rows.iter().map(record_from_row).collect()
+    }
+
+    async fn oldest_op(&self) -> Result<Vec<(String, crate::claim::Millis)>, StoreError> {
+        use sqlx::Row;
+        let rows = sqlx::query(super::sql::OLDEST_PROCESSING)
+            .fetch_all(&self.cold)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("route")?, r.try_get("oldest")?)))
+            .collect()
+    }
+
     async fn close_all(&self) {
         self.hot.close().await;
-        self.write.close().await;
+        self.cold.close().await;
     }
 }
 
@@ -332,9 +374,7 @@ impl PostgresStore {
                     .fetch_optional(&mut *conn)
                     .await?;
                 let Some(row) = row else { continue };
-                if let Some(outcome) =
-                    crate::store::sql::readback_outcome(&row, req.digest, req.now)?
-                {
+                if let Some(outcome) = readback_outcome(&row, req.digest, req.now)? {
                     return Ok(outcome);
                 }
             }
@@ -397,6 +437,53 @@ impl PostgresStore {
         }
         .await
     }
+}
+
+/// Decides a delivery from a [`sql::CLAIM_READBACK`](super::sql::CLAIM_READBACK) row read from PostgreSQL.
+fn readback_outcome(
+    row: &sqlx::postgres::PgRow,
+    digest: &str,
+    now: crate::claim::Millis,
+) -> Result<Option<crate::store::ClaimOutcome>, StoreError> {
+    readback(row)?.outcome(digest, now)
+}
+
+/// The decisive columns of a record ([`sql::CLAIM_READBACK`](super::sql::CLAIM_READBACK)'s).
+fn readback(row: &sqlx::postgres::PgRow) -> Result<crate::store::sql::Readback, StoreError> {
+    use sqlx::Row;
+    Ok(crate::store::sql::Readback {
+        state: crate::store::state_of(row.try_get("state")?)?,
+        lease_until: row.try_get("lease_until")?,
+        body_sha256: row.try_get("body_sha256")?,
+        last_status: row.try_get("last_status")?,
+        replay_status: row.try_get("replay_status")?,
+        replay_content_type: row.try_get("replay_content_type")?,
+        replay_body: row.try_get("replay_body")?,
+    })
+}
+
+/// Decodes a full record row of [`sql::SELECT_RECORD`](super::sql::SELECT_RECORD):
+/// the read-back's columns and the rest.
+fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<crate::store::Record, StoreError> {
+    use sqlx::Row;
+    let rb = readback(row)?;
+    Ok(crate::store::Record {
+        route: row.try_get("route")?,
+        event_id: row.try_get("event_id")?,
+        body_sha256: rb.body_sha256,
+        state: rb.state,
+        attempts: row.try_get("attempts")?,
+        lease_until: rb.lease_until,
+        last_status: rb.last_status,
+        last_error: row.try_get("last_error")?,
+        first_seen_at: row.try_get("first_seen_at")?,
+        updated_at: row.try_get("updated_at")?,
+        delivered_at: row.try_get("delivered_at")?,
+        expires_at: row.try_get("expires_at")?,
+        replay_status: rb.replay_status,
+        replay_content_type: rb.replay_content_type,
+        replay_body_bytes: rb.replay_body.map(|b| b.len() as i64),
+    })
 }
 
 super::sql::impl_claim_store!(PostgresStore);

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::changes::ChangeCounter;
-use crate::claim::Millis;
+use crate::claim::{Millis, State};
 use crate::store::sql::Readback;
 use crate::store::{ClaimOutcome, Recorded};
 
@@ -115,7 +115,7 @@ impl DeliveredCache {
         let recorded = entry.recorded.clone();
         drop(shard);
         // "delivered" with the same digest replays, with another is refused
-        crate::store::existing_outcome("delivered", None, same_digest, now, recorded)
+        crate::store::existing_outcome(State::Delivered, None, same_digest, now, recorded)
             .ok()
             .flatten()
     }
@@ -127,7 +127,7 @@ impl DeliveredCache {
 
     /// Keeps a record read with `tag` in hand, if it is delivered.
     pub(super) fn fill(&self, route: &str, event_id: &str, found: &Readback, tag: u64) {
-        if found.state != "delivered" {
+        if found.state != State::Delivered {
             return;
         }
         let recorded = found.recorded();
@@ -235,7 +235,7 @@ mod tests {
 
     fn delivered(digest: &str, body: usize) -> Readback {
         Readback {
-            state: "delivered".into(),
+            state: State::Delivered,
             lease_until: None,
             body_sha256: digest.into(),
             last_status: Some(200),
@@ -288,13 +288,16 @@ mod tests {
     fn only_delivered_records_are_kept() {
         let cache = DeliveredCache::new(counter("kept"));
         let tag = cache.fill_tag().unwrap();
-        for state in ["processing", "failed"] {
+        for state in [State::Processing, State::Failed] {
             let rec = Readback {
-                state: state.into(),
+                state,
                 ..delivered("d", 0)
             };
-            cache.fill("r", state, &rec, tag);
-            assert!(cache.answer("r", state, "d", now()).is_none(), "{state}");
+            cache.fill("r", state.as_str(), &rec, tag);
+            assert!(
+                cache.answer("r", state.as_str(), "d", now()).is_none(),
+                "{state}"
+            );
         }
         assert_eq!(cache.len(), 0);
     }

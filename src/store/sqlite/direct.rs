@@ -16,14 +16,8 @@ use super::changes::ChangeCounter;
 use crate::claim::{Millis, SettleResult, State};
 use crate::store::sql::{self, Readback};
 use crate::store::{
-    ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleOutcome, SettleRequest, StoreError,
+    state_of, ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleOutcome, SettleRequest, StoreError,
 };
-
-impl From<rusqlite::Error> for StoreError {
-    fn from(e: rusqlite::Error) -> Self {
-        StoreError::Unavailable(e.to_string())
-    }
-}
 
 /// How a connection will be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +43,8 @@ pub(super) fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
     match role {
         Role::Writer => {
             conn.busy_timeout(WRITER_BUSY_TIMEOUT)?;
-            // journal_mode is a property of the file (set at open by the
-            // pools); synchronous is per connection and is the durability.
+            // journal_mode is a property of the file (set by `create`);
+            // synchronous is per connection and is the durability.
             conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
             let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
             if !mode.eq_ignore_ascii_case("wal") {
@@ -68,8 +62,31 @@ pub(super) fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Opens the file for migrations, creating it (and its directory) if
+/// missing and putting it in WAL mode, which is a property of the file.
+pub(super) fn create(path: &Path) -> Result<Connection, StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::io(format_args!("cannot create {}", dir.display()), e))?;
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(WRITER_BUSY_TIMEOUT)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Unavailable(format!(
+            "{}: journal_mode is {mode}, cannot be set to wal",
+            path.display()
+        )));
+    }
+    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
+    Ok(conn)
+}
+
 /// Binds `args[N-1]` to every `$N` of the statement, wherever it appears.
-fn bind_numbered(st: &mut Statement<'_>, args: &[&dyn ToSql]) -> rusqlite::Result<()> {
+pub(super) fn bind_numbered(st: &mut Statement<'_>, args: &[&dyn ToSql]) -> rusqlite::Result<()> {
     for i in 1..=st.parameter_count() {
         let n = st
             .parameter_name(i)
@@ -88,21 +105,39 @@ pub(super) fn read_back(
     route: &str,
     event_id: &str,
 ) -> Result<Option<Readback>, StoreError> {
-    let mut st = conn.prepare_cached(sql::CLAIM_READBACK)?;
-    bind_numbered(&mut st, &[&route, &event_id])?;
+    first_row(conn, sql::CLAIM_READBACK, &[&route, &event_id], |row| {
+        Ok(Readback {
+            state: state_at(row, 0)?,
+            lease_until: row.get(1)?,
+            body_sha256: row.get(2)?,
+            last_status: row.get(3)?,
+            replay_status: row.get(4)?,
+            replay_content_type: row.get(5)?,
+            replay_body: row.get(6)?,
+        })
+    })
+}
+
+/// The first row `sql` answers with `args` bound, as `read` decodes it.
+pub(super) fn first_row<T>(
+    conn: &Connection,
+    sql: &str,
+    args: &[&dyn ToSql],
+    read: impl FnOnce(&rusqlite::Row<'_>) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    let mut st = conn.prepare_cached(sql)?;
+    bind_numbered(&mut st, args)?;
     let mut rows = st.raw_query();
-    let Some(row) = rows.next()? else {
-        return Ok(None);
-    };
-    Ok(Some(Readback {
-        state: row.get(0)?,
-        lease_until: row.get(1)?,
-        body_sha256: row.get(2)?,
-        last_status: row.get(3)?,
-        replay_status: row.get(4)?,
-        replay_content_type: row.get(5)?,
-        replay_body: row.get(6)?,
-    }))
+    rows.next()?.map(read).transpose()
+}
+
+/// Column `i` as a record state, read in place.
+pub(super) fn state_at(row: &rusqlite::Row<'_>, i: usize) -> Result<State, StoreError> {
+    let text = row
+        .get_ref(i)?
+        .as_str()
+        .map_err(|e| StoreError::Corrupt(format!("state: {e}")))?;
+    state_of(text)
 }
 
 /// A claim of a (route, event ID) that has no record: `CLAIM`'s insert,
@@ -230,9 +265,9 @@ pub(super) fn counted<T>(
     change: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let conn = open(path, Role::Writer)?;
-    let _under_way = changes.begin().map_err(|e| {
-        StoreError::Unavailable(format!("cannot lock {}: {e}", changes.path().display()))
-    })?;
+    let _under_way = changes
+        .begin()
+        .map_err(|e| StoreError::io(format_args!("cannot lock {}", changes.path().display()), e))?;
     change(&conn)
 }
 
@@ -247,20 +282,12 @@ pub(super) fn release(
     // Read the state, then release only that state: a record that changed
     // in between (settled, reclaimed) is read again.
     for _ in 0..4 {
-        let before: Option<String> = {
-            let mut st = conn.prepare_cached(sql::STATE_OF)?;
-            bind_numbered(&mut st, &[&route, &event_id])?;
-            let mut rows = st.raw_query();
-            match rows.next()? {
-                Some(row) => Some(row.get(0)?),
-                None => None,
-            }
-        };
-        let Some(state) = before else {
+        let before = first_row(conn, sql::STATE_OF, &[&route, &event_id], |row| {
+            state_at(row, 0)
+        })?;
+        let Some(previous) = before else {
             return Ok(ReleaseOutcome::NotFound);
         };
-        let previous =
-            State::parse(&state).ok_or_else(|| StoreError::Corrupt(format!("state {state:?}")))?;
         if previous == State::Delivered && !force {
             return Ok(ReleaseOutcome::RefusedDelivered);
         }
@@ -303,13 +330,21 @@ impl Readers {
 
     /// The record's decisive columns, if it exists.
     pub(super) fn read(&self, route: &str, event_id: &str) -> Result<Option<Readback>, StoreError> {
+        self.with(|conn| read_back(conn, route, event_id))
+    }
+
+    /// Runs `read` on an idle connection (or a new one).
+    pub(super) fn with<T>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let conn = self.take()?;
-        let found = read_back(&conn, route, event_id);
+        let done = read(&conn);
         // a connection that failed is dropped rather than reused
-        if found.is_ok() {
+        if done.is_ok() {
             self.put(conn);
         }
-        found
+        done
     }
 
     fn take(&self) -> Result<Connection, StoreError> {

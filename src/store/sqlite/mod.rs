@@ -1,47 +1,42 @@
 //! The embedded default: one SQLite file in WAL mode with `synchronous=FULL`,
-//! so a claim is on disk before the request is forwarded.
+//! so a claim is on disk before the request is forwarded. One driver,
+//! rusqlite, on connections this process drives itself.
 //!
-//! The hot path bypasses sqlx (see `direct`): claims and settles go to one
-//! writer thread with its own connection (group commit, see `writer`), and
-//! duplicate lookups are one indexed read inline on the request's thread,
-//! or none when the delivered record is in hand (see `delivered`). Operator
-//! releases and sweeps run on a connection of their own, counted in the file
-//! every process's cache watches (see `changes`). Migrations use a sqlx pool
-//! of one connection; other reads (`events`, `/readyz`, held duplicates) a
-//! small sqlx pool. Other processes sharing the file are serialised by
-//! SQLite's lock and the busy timeout.
+//! Claims and settles go to one writer thread with its own connection
+//! (group commit, see `writer`), and duplicate lookups are one indexed read
+//! inline on the request's thread, or none when the delivered record is in
+//! hand (see `delivered`). Operator releases and sweeps run on a connection
+//! of their own, counted in the file every process's cache watches (see
+//! `changes`). Migrations (`migrate`, recorded as sqlx recorded them) and
+//! the cold reads (`reads`: `events`, the admin API, `/readyz`, held
+//! duplicates) run on blocking threads, the reads on the lookups' idle
+//! connections. Other processes sharing the file are serialised by SQLite's
+//! lock and the busy timeout.
 
-use std::borrow::Cow;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use rusqlite::Connection;
 
-use super::{ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleRequest, StoreError};
+use super::{
+    ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, SettleRequest, StoreError,
+    StoreUrl,
+};
 use crate::claim::{Millis, SettleResult};
 
 mod changes;
 mod delivered;
 mod direct;
+mod migrate;
+mod reads;
 mod writer;
 
-/// How long a writer waits for another process's lock before failing.
-const BUSY_TIMEOUT: Duration = direct::WRITER_BUSY_TIMEOUT;
-/// How long a request waits for the one write connection of this process.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
-
 pub struct SqliteStore {
-    write: SqlitePool,
-    read: SqlitePool,
     /// Claims and settles: the group-commit writer thread.
     writer: writer::Writer,
-    /// Duplicate lookups.
-    readers: direct::Readers,
+    /// Duplicate lookups inline, and the cold reads on blocking threads.
+    readers: Arc<direct::Readers>,
     path: PathBuf,
     /// The cache of delivered records, with the change counter it shares
     /// with every process on the file; `Err` says why there is neither (the
@@ -51,31 +46,16 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    pub async fn open(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let path = path_of(url)?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
-            })?;
-        }
-        let opts = SqliteConnectOptions::from_str("sqlite://")
-            .map_err(|e| StoreError::UnsupportedUrl(e.to_string()))?
-            .filename(&path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(BUSY_TIMEOUT)
-            .foreign_keys(false);
-        let write = SqlitePoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(opts.clone())
-            .await?;
-        let read = SqlitePoolOptions::new()
-            .max_connections(max_connections.clamp(1, 4))
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_with(opts.clone())
-            .await?;
+    /// Creates the file (and its directory) if missing, in WAL mode.
+    /// `max_connections` does not apply: there is one writer, and read
+    /// connections are opened as lookups need them.
+    pub async fn open(url: &StoreUrl, _max_connections: u32) -> Result<Self, StoreError> {
+        let path = url
+            .sqlite_path()
+            .ok_or_else(|| StoreError::UnsupportedUrl(url.redacted()))?
+            .to_path_buf();
+        let file = path.clone();
+        blocking(move || direct::create(&file).map(drop)).await?;
         let delivered = changes::ChangeCounter::open(&path)
             .map(|counter| {
                 match counter.repair_if_abandoned() {
@@ -102,65 +82,62 @@ impl SqliteStore {
                 format!("cannot open {}: {e}", counter.display())
             });
         Ok(SqliteStore {
-            write,
-            read,
             writer: writer::Writer::start(path.clone())?,
-            readers: direct::Readers::new(path.clone()),
+            readers: Arc::new(direct::Readers::new(path.clone())),
             path,
             delivered,
         })
     }
 
-    /// A backstop only: a local file answers within the acquire and busy
-    /// timeouts above.
+    /// A backstop only: a local file answers within the busy timeouts.
     const OP_TIMEOUT: Duration = Duration::from_secs(20);
 
     async fn run_migrations(&self) -> Result<(), StoreError> {
-        Self::migrator()
-            .run(&self.write)
-            .await
-            .map_err(|e| StoreError::Migration(e.to_string()))
+        let path = self.path.clone();
+        blocking(move || {
+            let mut conn = direct::create(&path)?;
+            migrate::run(&mut conn).map_err(|e| StoreError::Migration(Box::new(e)))
+        })
+        .await
     }
 
-    pub(crate) fn migrator() -> Migrator {
-        Migrator {
-            migrations: Cow::Owned(vec![
-                Migration::new(
-                    1,
-                    Cow::Borrowed("records"),
-                    MigrationType::Simple,
-                    Cow::Borrowed(include_str!("../../../migrations/sqlite/0001_records.sql")),
-                    false,
-                ),
-                Migration::new(
-                    2,
-                    Cow::Borrowed("failed index"),
-                    MigrationType::Simple,
-                    Cow::Borrowed(include_str!(
-                        "../../../migrations/sqlite/0002_failed_index.sql"
-                    )),
-                    false,
-                ),
-            ]),
-            ignore_missing: false,
-            locking: true,
-            no_tx: false,
-        }
+    /// A read on an idle lookup connection, on a blocking thread.
+    async fn cold_read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let readers = self.readers.clone();
+        blocking(move || readers.with(read)).await
+    }
+
+    async fn ping_op(&self) -> Result<(), StoreError> {
+        self.cold_read(reads::ping).await
+    }
+
+    async fn get_op(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
+        let (route, event_id) = (route.to_owned(), event_id.to_owned());
+        self.cold_read(move |conn| reads::get(conn, &route, &event_id))
+            .await
+    }
+
+    async fn list_op(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
+        let filter = filter.clone();
+        self.cold_read(move |conn| reads::list(conn, &filter)).await
+    }
+
+    async fn oldest_op(&self) -> Result<Vec<(String, Millis)>, StoreError> {
+        self.cold_read(reads::oldest_processing).await
     }
 }
 
-/// `sqlite://PATH` (absolute `sqlite:///abs/x.db` or relative `sqlite://data/x.db`,
-/// relative to the working directory) or `sqlite:PATH`.
-pub fn path_of(url: &str) -> Result<PathBuf, StoreError> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
-    let rest = rest.split('?').next().unwrap_or_default();
-    if rest.is_empty() {
-        return Err(StoreError::UnsupportedUrl(format!("{url}: no file path")));
-    }
-    Ok(PathBuf::from(rest))
+/// Runs blocking SQLite work on a blocking thread, to its end even if the
+/// caller stops waiting.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("stopped: {e}")))?
 }
 
 impl SqliteStore {
@@ -244,18 +221,14 @@ impl SqliteStore {
             }
         };
         let path = self.path.clone();
-        tokio::task::spawn_blocking(move || direct::counted(&path, &counter, change))
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("stopped: {e}")))?
+        blocking(move || direct::counted(&path, &counter, change)).await
     }
 
-    /// The writer and the inline readers first, the pools last: the last
-    /// connection to close checkpoints the WAL into the database file.
+    /// The idle readers first, the writer last: the last connection to
+    /// close checkpoints the WAL into the database file.
     async fn close_all(&self) {
-        self.writer.close().await;
         self.readers.close();
-        self.write.close().await;
-        self.read.close().await;
+        self.writer.close().await;
     }
 }
 
@@ -264,6 +237,15 @@ super::sql::impl_claim_store!(SqliteStore);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `sqlite://PATH` (absolute `sqlite:///abs/x.db` or relative
+    /// `sqlite://data/x.db`, relative to the working directory) or `sqlite:PATH`.
+    fn path_of(url: &str) -> Result<PathBuf, StoreError> {
+        let url: StoreUrl = url.parse()?;
+        let path = url.sqlite_path();
+        path.map(PathBuf::from)
+            .ok_or_else(|| StoreError::UnsupportedUrl(url.redacted()))
+    }
 
     #[test]
     fn paths_from_urls() {

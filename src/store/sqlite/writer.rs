@@ -84,7 +84,7 @@ fn free_bytes(path: &std::path::Path) -> Result<u64, StoreError> {
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
     crate::sys::free_bytes(dir)
-        .map_err(|e| StoreError::Unavailable(format!("statvfs {}: {e}", dir.display())))
+        .map_err(|e| StoreError::io(format_args!("statvfs {}", dir.display()), e))
 }
 
 impl Writer {
@@ -115,10 +115,9 @@ impl Writer {
         req: &ClaimRequest<'_>,
         limit: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        let (ticket, tx, waiter) = ticket::new();
-        self.send(Op::Claim(OwnedClaim::new(req), ticket, tx), limit)
-            .await?;
-        waiter.answer(limit).await
+        let claim = OwnedClaim::new(req);
+        self.ask(|ticket, tx| Op::Claim(claim, ticket, tx), limit)
+            .await
     }
 
     /// The settle, withdrawn if no batch takes it within `limit`.
@@ -127,9 +126,19 @@ impl Writer {
         req: &SettleRequest<'_>,
         limit: Duration,
     ) -> Result<SettleResult, StoreError> {
+        let settle = OwnedSettle::new(req);
+        self.ask(|ticket, tx| Op::Settle(settle, ticket, tx), limit)
+            .await
+    }
+
+    /// Queues the operation `op` makes and waits for its batch's answer.
+    async fn ask<O>(
+        &self,
+        op: impl FnOnce(Ticket, oneshot::Sender<Result<O, StoreError>>) -> Op,
+        limit: Duration,
+    ) -> Result<O, StoreError> {
         let (ticket, tx, waiter) = ticket::new();
-        self.send(Op::Settle(OwnedSettle::new(req), ticket, tx), limit)
-            .await?;
+        self.send(op(ticket, tx), limit).await?;
         waiter.answer(limit).await
     }
 
@@ -239,7 +248,7 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
                     Ok(c) => conn = Some(c),
                     Err(e) => {
                         health.set(Some(e.to_string()));
-                        fail_all(&mut batch, &e.to_string());
+                        fail_all(&mut batch, e);
                     }
                 }
             }
@@ -262,7 +271,9 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
                     Op::Close(done) => {
                         let _ = done.send(());
                     }
-                    other => fail_all(&mut vec![other], "the SQLite store is closing"),
+                    other => {
+                        fail_all(&mut vec![other], closing());
+                    }
                 }
             }
             ops.close();
@@ -270,7 +281,7 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
             while let Ok(op) = ops.try_recv() {
                 late.push(op);
             }
-            fail_all(&mut late, "the SQLite store is closing");
+            fail_all(&mut late, closing());
             return;
         }
     }
@@ -298,9 +309,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
     }
     let mut ran = false;
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let e = StoreError::from(e);
-        fail_all(batch, &e.to_string());
-        return Err(e);
+        return Err(fail_all(batch, e.into()));
     }
     let mut done = Vec::with_capacity(batch.len());
     for op in batch.iter() {
@@ -333,15 +342,12 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
                 "the batch transaction was rolled back: {}",
                 first_error(&done)
             ));
-            fail_all(batch, &e.to_string());
-            return Err(e);
+            return Err(fail_all(batch, e));
         }
     }
     if let Err(e) = conn.execute_batch("COMMIT") {
-        let e = StoreError::from(e);
         let _ = conn.execute_batch("ROLLBACK");
-        fail_all(batch, &e.to_string());
-        return Err(e);
+        return Err(fail_all(batch, e.into()));
     }
     for (op, result) in batch.drain(..).zip(done) {
         match (op, result) {
@@ -378,9 +384,16 @@ fn first_error(done: &[Done]) -> String {
         .unwrap_or_default()
 }
 
-fn fail_all(batch: &mut Vec<Op>, why: &str) {
+fn closing() -> StoreError {
+    StoreError::Unavailable("the SQLite store is closing".into())
+}
+
+/// Answers every operation of the batch with `why` (each its own error
+/// sharing the one cause), and gives that back.
+fn fail_all(batch: &mut Vec<Op>, why: StoreError) -> StoreError {
+    let why = Arc::new(why);
+    let e = || StoreError::Batch(why.clone());
     for op in batch.drain(..) {
-        let e = || StoreError::Unavailable(why.to_string());
         match op {
             Op::Claim(_, _, reply) => {
                 let _ = reply.send(Err(e()));
@@ -396,4 +409,5 @@ fn fail_all(batch: &mut Vec<Op>, why: &str) {
             }
         }
     }
+    e()
 }

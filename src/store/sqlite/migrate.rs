@@ -1,0 +1,231 @@
+//! The SQLite file's migrations (`migrations/sqlite`), run with rusqlite and
+//! recorded as sqlx's migrator records them, in `_sqlx_migrations`: the same
+//! table, versions, descriptions and SHA-384 checksums of the same files. A
+//! file that an earlier idemgate migrated with sqlx opens as it did (what
+//! it applied is not applied again, a changed file is refused), and the
+//! record stays one that sqlx would read.
+//!
+//! All pending migrations run in one `BEGIN IMMEDIATE` transaction, after
+//! the record is read inside it: two processes starting on one file take
+//! turns, and the second finds the work done.
+
+use std::time::Instant;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use sha2::{Digest, Sha384};
+
+/// One numbered file of `migrations/sqlite`.
+struct Migration {
+    version: i64,
+    description: &'static str,
+    sql: &'static str,
+}
+
+impl Migration {
+    /// What sqlx records: SHA-384 of the file's text.
+    fn checksum(&self) -> Vec<u8> {
+        Sha384::digest(self.sql.as_bytes()).to_vec()
+    }
+}
+
+/// In order; a new file gets the next version, and a file once released
+/// never changes (its checksum is on record in every store).
+const MIGRATIONS: [Migration; 2] = [
+    Migration {
+        version: 1,
+        description: "records",
+        sql: include_str!("../../../migrations/sqlite/0001_records.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "failed index",
+        sql: include_str!("../../../migrations/sqlite/0002_failed_index.sql"),
+    },
+];
+
+/// sqlx's table, as sqlx (0.8) creates it.
+const RECORD_TABLE: &str = "
+CREATE TABLE IF NOT EXISTS _sqlx_migrations (
+    version BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    success BOOLEAN NOT NULL,
+    checksum BLOB NOT NULL,
+    execution_time BIGINT NOT NULL
+);";
+
+/// Why the file cannot be migrated; the texts are sqlx's.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(
+        "migration {0} is partially applied; fix and remove row from `_sqlx_migrations` table"
+    )]
+    Dirty(i64),
+    #[error("migration {0} was previously applied but is missing in the resolved migrations")]
+    VersionMissing(i64),
+    #[error("migration {0} was previously applied but has been modified")]
+    VersionMismatch(i64),
+    #[error("while executing migration {1}: {0}")]
+    Execute(#[source] rusqlite::Error, i64),
+    #[error("while executing migrations: {0}")]
+    Driver(#[from] rusqlite::Error),
+}
+
+/// Applies what the record lacks; checks what it has.
+pub(super) fn run(conn: &mut Connection) -> Result<(), MigrateError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(RECORD_TABLE)?;
+    let dirty: Option<i64> = tx
+        .query_row(
+            "SELECT version FROM _sqlx_migrations WHERE success = false ORDER BY version LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(version) = dirty {
+        return Err(MigrateError::Dirty(version));
+    }
+    let applied: Vec<(i64, Vec<u8>)> = tx
+        .prepare("SELECT version, checksum FROM _sqlx_migrations ORDER BY version")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    if let Some((version, _)) = applied
+        .iter()
+        .find(|(v, _)| !MIGRATIONS.iter().any(|m| m.version == *v))
+    {
+        return Err(MigrateError::VersionMissing(*version));
+    }
+    for m in &MIGRATIONS {
+        match applied.iter().find(|(v, _)| *v == m.version) {
+            Some((_, checksum)) if *checksum == m.checksum() => {}
+            Some(_) => return Err(MigrateError::VersionMismatch(m.version)),
+            None => {
+                let started = Instant::now();
+                tx.execute_batch(m.sql)
+                    .map_err(|e| MigrateError::Execute(e, m.version))?;
+                let nanos = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
+                tx.execute(
+                    "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+                     VALUES (?1, ?2, TRUE, ?3, ?4)",
+                    params![m.version, m.description, m.checksum(), nanos],
+                )?;
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checksums sqlx 0.8's migrator wrote into a file it migrated
+    /// (idemgate before it ran migrations itself), read back with sqlite3.
+    const SQLX_CHECKSUMS: [&str; 2] = [
+        "9f1be48fb7b3bd3752021424e274812ed209058229987ac3012eeb5a10eccb0ad2203267d55dbbed919532852fd3cf56",
+        "b4f7a84204e625dfe5dfee1c55b244cdcc1d4071d7d2974feec46270a96f10ec0ed0205be3472e17a96f1b9bff95ec1f",
+    ];
+
+    fn versions(conn: &Connection) -> Vec<(i64, String, bool, String)> {
+        conn.prepare(
+            "SELECT version, description, success, hex(checksum) FROM _sqlx_migrations ORDER BY version",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+    }
+
+    /// A file as sqlx left it after the first migration only: its table, its
+    /// row (the text `installed_on`, the integer `success`).
+    fn migrated_by_sqlx_to_version_1() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(RECORD_TABLE).unwrap();
+        conn.execute_batch(MIGRATIONS[0].sql).unwrap();
+        conn.execute(
+            "INSERT INTO _sqlx_migrations VALUES (1, 'records', '2026-12-01 18:02:07', 1, ?1, 443191)",
+            [hex::decode(SQLX_CHECKSUMS[0]).unwrap()],
+        )
+        .unwrap();
+        conn
+    }
+
+    #[test]
+    fn checksums_are_the_ones_sqlx_recorded() {
+        for (m, want) in MIGRATIONS.iter().zip(SQLX_CHECKSUMS) {
+            assert_eq!(hex::encode(m.checksum()), want, "migration {}", m.version);
+        }
+    }
+
+    #[test]
+    fn a_fresh_file_gets_every_migration_recorded_once() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        run(&mut conn).unwrap();
+        run(&mut conn).unwrap();
+        let got = versions(&conn);
+        assert_eq!(got.len(), 2, "{got:?}");
+        for ((v, d, ok, sum), m) in got.iter().zip(&MIGRATIONS) {
+            assert_eq!((*v, d.as_str(), *ok), (m.version, m.description, true));
+            assert_eq!(sum.to_lowercase(), hex::encode(m.checksum()));
+        }
+        conn.execute_batch("SELECT route FROM records WHERE state = 'failed'")
+            .unwrap();
+    }
+
+    #[test]
+    fn a_file_sqlx_migrated_keeps_what_it_has_and_gets_the_rest() {
+        let mut conn = migrated_by_sqlx_to_version_1();
+        conn.execute(
+            "INSERT INTO records (route, event_id, body_sha256, state, attempts, first_seen_at, updated_at, expires_at)
+             VALUES ('r', 'e', 'd', 'delivered', 1, 1, 1, 2)",
+            [],
+        )
+        .unwrap();
+        run(&mut conn).unwrap();
+        let got = versions(&conn);
+        assert_eq!(got.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(got[0].3.to_lowercase(), SQLX_CHECKSUMS[0]);
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM records", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1, "version 1 is not run again");
+        let index: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'records_failed'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(index, 1);
+    }
+
+    #[test]
+    fn a_changed_missing_or_dirty_record_is_refused() {
+        let mut conn = migrated_by_sqlx_to_version_1();
+        conn.execute("UPDATE _sqlx_migrations SET checksum = x'00'", [])
+            .unwrap();
+        let e = run(&mut conn).unwrap_err();
+        assert!(matches!(e, MigrateError::VersionMismatch(1)), "{e}");
+
+        let mut conn = migrated_by_sqlx_to_version_1();
+        conn.execute(
+            "INSERT INTO _sqlx_migrations VALUES (9, 'later', '2026-12-01', 1, x'00', 1)",
+            [],
+        )
+        .unwrap();
+        let e = run(&mut conn).unwrap_err();
+        assert!(matches!(e, MigrateError::VersionMissing(9)), "{e}");
+
+        let mut conn = migrated_by_sqlx_to_version_1();
+        conn.execute("UPDATE _sqlx_migrations SET success = 0", [])
+            .unwrap();
+        let e = run(&mut conn).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "migration 1 is partially applied; fix and remove row from `_sqlx_migrations` table"
+        );
+        assert_eq!(versions(&conn).len(), 1, "nothing was applied");
+    }
+}
