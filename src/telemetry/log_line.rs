@@ -417,7 +417,7 @@ mod tests {
             assert_eq!(rest, *f);
         }
         assert!(plain.contains(
-            "serve{port=8080 name=\"x y\"}: idemgate::cli::log_line::tests: guarded request \
+            "serve{port=8080 name=\"x y\"}: idemgate::telemetry::log_line::tests: guarded request \
              route=\"stripe\" event_id=\"evt_1PqR5s\" outcome=\"replayed\" upstream_status=200 \
              attempt=1 duration_ms=0.183262\n"
         ));
