@@ -4,8 +4,8 @@
 use serde_json::Value;
 
 use super::{block_on, exit, EventsCommand, ListArgs, ReleaseArgs, ShowArgs, StoreArg, SweepArgs};
+use crate::claim::now_ms;
 use crate::claim::State;
-use crate::proxy::now_ms;
 use crate::store::json::{record_json, timestamp};
 use crate::store::{self, ClaimStore, ListFilter, Record, ReleaseOutcome, StoreError};
 

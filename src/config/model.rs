@@ -264,31 +264,8 @@ pub enum DigestMode {
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnMissingId {
-    /// 400.
-    Reject,
-    /// Forward unguarded.
-    Forward,
-    /// The body digest is the event ID.
-    BodyDigest,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnStoreError {
-    /// 503, fail closed.
-    Reject,
-    /// Forward unguarded (counted).
-    Forward,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InFlight {
-    /// 409 at once.
-    Conflict,
-    /// Hold the duplicate until the first settles, up to the lease.
-    Wait,
-}
+// The guard's policies are the claim protocol's (claim::policy decides by them).
+pub use crate::claim::policy::{InFlight, OnMissingId, OnStoreError};
 
 /// Statuses that settle a claim as delivered: whole classes and single codes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -316,19 +316,25 @@ pub fn bodiless(method: &http::Method, status: u16) -> bool {
     method == http::Method::HEAD || status == 204 || status == 304 || (100..200).contains(&status)
 }
 
-/// Streams the rest of the upstream's body to the sender and keeps the
-/// upstream connection among the route's idle ones when it is reusable.
-/// `prefix` is body that was already read (to be stored for replay).
+/// Passes the upstream's answer on to the sender, its header with
+/// `Idempotency-Status: status_header` ([`downstream_header`]), streams the
+/// rest of its body and keeps the upstream connection among the route's
+/// idle ones when it is reusable. `prefix` is body that was already read
+/// (to be stored for replay).
 pub async fn relay(
     session: &mut Session,
     connector: &Connector,
     idle: &IdleConnections,
     peer: &HttpPeer,
     mut answered: Answered,
-    header: ResponseHeader,
     prefix: Option<Bytes>,
-    no_body: bool,
+    status_header: &str,
 ) -> pingora::Result<()> {
+    let no_body = bodiless(
+        &session.req_header().method,
+        answered.header.status.as_u16(),
+    );
+    let header = downstream_header(&answered.header, status_header)?;
     if no_body {
         session
             .write_response_header(Box::new(header), true)

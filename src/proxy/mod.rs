@@ -14,11 +14,13 @@ pub mod idle;
 pub mod respond;
 pub mod routes;
 pub mod seen;
+mod unguarded;
+mod verdict;
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use pingora::connectors::http::Connector;
@@ -27,18 +29,11 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType, Result};
 
-use crate::claim::Millis;
 use crate::metrics::{status_class, Metrics, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::store::ClaimStore;
 use routes::{RouteRt, RouteTable};
-
-pub fn now_ms() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as Millis)
-        .unwrap_or(0)
-}
+use verdict::Refused;
 
 /// Counts guarded requests between claim and answer, for the graceful drain.
 #[derive(Default)]
@@ -47,6 +42,20 @@ pub struct InFlightRequests(AtomicUsize);
 impl InFlightRequests {
     pub fn current(&self) -> usize {
         self.0.load(Ordering::Acquire)
+    }
+
+    /// Counts a guarded request until the returned guard drops.
+    fn enter(&self) -> InFlightGuard<'_> {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(self)
+    }
+}
+
+struct InFlightGuard<'a>(&'a InFlightRequests);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -135,12 +144,13 @@ impl ProxyHttp for Gate {
             let route = self
                 .routes
                 .find(routes::request_host(req).as_deref(), req.uri.path());
-            let name = route.map(|r| r.name().to_owned()).unwrap_or_default();
             let p = Problem::new(
                 ProblemKind::HeadersTooLarge,
                 format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
             );
-            return self.respond_problem(session, &name, p, true).await;
+            return self
+                .refuse(session, route.map(|r| &**r), Refused::new(p).closing(true))
+                .await;
         }
         let host = routes::request_host(req);
         let Some(route) = self.routes.find(host.as_deref(), req.uri.path()).cloned() else {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
-use crate::claim::{ClaimKind, Decision, Millis, SettleResult, State};
+use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
 
 /// A store error: the proxy fails closed on it (503) unless told otherwise.
 #[derive(Debug, thiserror::Error)]
@@ -71,9 +71,9 @@ pub enum ClaimOutcome {
         kind: ClaimKind,
         lease_until: Millis,
     },
-    /// Somebody else decided it already; `decision` is never `Claim`.
+    /// Somebody else decided it already: the record refuses this claim.
     Existing {
-        decision: Decision,
+        decision: Refusal,
         recorded: Recorded,
     },
 }
@@ -333,8 +333,8 @@ pub(crate) fn existing_outcome(
     );
     Ok(match decision {
         Decision::Claim(_) => None,
-        d => Some(ClaimOutcome::Existing {
-            decision: d,
+        Decision::Refuse(refusal) => Some(ClaimOutcome::Existing {
+            decision: refusal,
             recorded,
         }),
     })
