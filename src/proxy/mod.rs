@@ -361,3 +361,35 @@ impl Gate {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every request's future is allocated (async_trait) and moved whole:
+    /// it must not hold the upstream exchange or the relay of an answer
+    /// inline (each ~3 to 12 KiB), which are boxed where they run.
+    #[tokio::test]
+    async fn the_request_filters_future_stays_small() {
+        let dir = std::env::temp_dir().join(format!("idemgate-future-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let yaml = format!(
+            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nstore:\n  url: \"sqlite://{}/x.db\"\n\
+             routes:\n  - name: r\n    match:\n      path_prefix: /\n    upstream: \"http://127.0.0.1:9\"\n\
+             \x20   event_id:\n      header: X-Event-ID\n    verify: none\n",
+            dir.display()
+        );
+        let cfg = crate::config::load_str(&yaml, "x.yaml", &|_| None)
+            .unwrap()
+            .config;
+        let store = crate::store::open(&cfg.store.url, 1).await.unwrap();
+        let conf = pingora::server::configuration::ServerConf::default();
+        let gate = crate::server::gate(&cfg, &conf, store, Metrics::new()).unwrap();
+        let (stream, _peer) = tokio::io::duplex(64);
+        let mut session = Session::new_h1(Box::new(stream));
+        let mut ctx = Ctx::default();
+        let size = std::mem::size_of_val(&*gate.request_filter(&mut session, &mut ctx));
+        assert!(size < 6 * 1024, "request_filter's future is {size} bytes");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

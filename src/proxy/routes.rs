@@ -152,17 +152,20 @@ impl RouteRt {
     /// The path the upstream sees: `strip_prefix` applied, the upstream's base
     /// path prepended. `path_and_query` is the request's, starting with `/`.
     pub fn upstream_path(&self, path_and_query: &str) -> String {
-        let rest = if self.cfg.strip_prefix && self.cfg.path_prefix != "/" {
+        let base = &self.cfg.upstream.base_path;
+        let (slash, rest) = if self.cfg.strip_prefix && self.cfg.path_prefix != "/" {
             let stripped = &path_and_query[self.cfg.path_prefix.len().min(path_and_query.len())..];
-            if stripped.is_empty() || stripped.starts_with('?') {
-                format!("/{stripped}")
-            } else {
-                stripped.to_string()
-            }
+            let slash = stripped.is_empty() || stripped.starts_with('?');
+            (if slash { "/" } else { "" }, stripped)
         } else {
-            path_and_query.to_string()
+            ("", path_and_query)
         };
-        format!("{}{}", self.cfg.upstream.base_path, rest)
+        // one allocation per forwarded request
+        let mut path = String::with_capacity(base.len() + slash.len() + rest.len());
+        path.push_str(base);
+        path.push_str(slash);
+        path.push_str(rest);
+        path
     }
 }
 

@@ -137,7 +137,10 @@ impl Gate {
             }
             Ok(Verdict::Relay(relay)) => {
                 self.count(Some(route), relay.outcome);
-                forward::relay(
+                // Boxed: streaming the answer is most of this future's size
+                // (the connection's reuse with it), and inline it would make
+                // every request's future that large, replays and refusals too.
+                Box::pin(forward::relay(
                     session,
                     &self.connector,
                     &route.idle,
@@ -145,7 +148,7 @@ impl Gate {
                     relay.answered,
                     relay.prefix,
                     relay.outcome.as_str(),
-                )
+                ))
                 .await?;
             }
             Err(Stop::Refused(refused)) => return self.refuse(session, Some(route), refused).await,
