@@ -205,15 +205,7 @@ impl Metrics {
             ),
             registry: registry.clone(),
         };
-        r.int_gauges(
-            "idemgate_build_info",
-            "Always 1; the version of this build.",
-            &["version"],
-        )
-        .with_label_values(&[env!("CARGO_PKG_VERSION")])
-        .set(1);
-        // CPU, memory, open and maximum file descriptors, start time
-        r.collector(prometheus::process_collector::ProcessCollector::for_self());
+        process_metrics(&r);
         for state in ["active", "idle", "reading"] {
             m.connections.with_label_values(&[state]);
         }
@@ -305,6 +297,20 @@ impl Metrics {
         }
         encode_text(&self.registry)
     }
+}
+
+/// The metrics no [`Metrics`] method touches: the build's version, and the
+/// standard `process_*` ones (CPU, memory, open and maximum file
+/// descriptors, start time).
+fn process_metrics(r: &Registrar) {
+    r.int_gauges(
+        "idemgate_build_info",
+        "Always 1; the version of this build.",
+        &["version"],
+    )
+    .with_label_values(&[env!("CARGO_PKG_VERSION")])
+    .set(1);
+    r.collector(prometheus::process_collector::ProcessCollector::for_self());
 }
 
 impl Default for Metrics {

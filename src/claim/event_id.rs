@@ -217,30 +217,20 @@ mod tests {
     #[test]
     fn json_wrong_types_and_absent() {
         let doc = json!({"b": true, "f": false, "n": null, "o": {}, "a": [1], "s": ["x"]});
-        assert_eq!(
-            id(&doc, "/b"),
-            Err(JsonIdError::WrongType { found: "a boolean" })
-        );
-        assert_eq!(
-            id(&doc, "/f"),
-            Err(JsonIdError::WrongType { found: "a boolean" })
-        );
-        assert_eq!(
-            id(&doc, "/n"),
-            Err(JsonIdError::WrongType { found: "null" })
-        );
-        assert_eq!(
-            id(&doc, "/o"),
-            Err(JsonIdError::WrongType { found: "an object" })
-        );
-        assert_eq!(
-            id(&doc, "/a"),
-            Err(JsonIdError::WrongType { found: "an array" })
-        );
-        assert_eq!(
-            id(&doc, ""),
-            Err(JsonIdError::WrongType { found: "an object" })
-        );
+        for (pointer, found) in [
+            ("/b", "a boolean"),
+            ("/f", "a boolean"),
+            ("/n", "null"),
+            ("/o", "an object"),
+            ("/a", "an array"),
+            ("", "an object"),
+        ] {
+            assert_eq!(
+                id(&doc, pointer),
+                Err(JsonIdError::WrongType { found }),
+                "{pointer:?}"
+            );
+        }
         assert_eq!(id(&doc, "/missing"), Err(JsonIdError::Absent));
         assert_eq!(id(&doc, "/b/x"), Err(JsonIdError::Absent));
         assert_eq!(id(&doc, "/a/1"), Err(JsonIdError::Absent));

@@ -108,13 +108,20 @@ pub struct ListArgs {
     pub json: bool,
 }
 
+/// One record: the store, its route and its event ID.
 #[derive(Args, Debug)]
-pub struct ShowArgs {
+pub struct RecordArg {
     #[command(flatten)]
     pub store: StoreArg,
     #[arg(long)]
     pub route: String,
     pub event_id: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    pub record: RecordArg,
     /// One JSON object with the record's fields.
     #[arg(long)]
     pub json: bool,
@@ -123,10 +130,7 @@ pub struct ShowArgs {
 #[derive(Args, Debug)]
 pub struct ReleaseArgs {
     #[command(flatten)]
-    pub store: StoreArg,
-    #[arg(long)]
-    pub route: String,
-    pub event_id: String,
+    pub record: RecordArg,
     /// Also release a delivered record (a deliberate manual redelivery).
     #[arg(long)]
     pub force: bool,

@@ -121,20 +121,35 @@ impl Gate {
 
         // 5. The claim, then forward and settle, or answer from the record.
         crate::failpoint::hit("before_claim");
-        match self.claim(route, event_id, &digest_hex).await {
-            Ok(Claimed::Own { attempt }) => {
-                trace.attempt = Some(attempt);
-                // Boxed, like the unguarded forwards: the upstream exchange
-                // is most of this future's size, and a future that holds it
-                // inline is copied whole on every request, replays too.
-                Box::pin(self.forward_guarded(session, route, body, event_id, attempt)).await
+        let claimed = self.claim(route, event_id, &digest_hex).await;
+        self.claimed(session, route, body, event_id, claimed, &mut trace.attempt)
+            .await
+    }
+
+    /// What the claim came to: forward (boxed, like the unguarded forwards:
+    /// the upstream exchange is most of this future's size, and a future
+    /// that holds it inline is copied whole on every request, replays too),
+    /// replay, refuse, or without the store what `on_store_error` says.
+    async fn claimed(
+        &self,
+        session: &mut Session,
+        route: &Arc<RouteRt>,
+        body: Bytes,
+        event_id: &str,
+        claimed: Result<Claimed, ClaimStop>,
+        attempt: &mut Option<i64>,
+    ) -> Ending {
+        match claimed {
+            Ok(Claimed::Own { attempt: a }) => {
+                *attempt = Some(a);
+                Box::pin(self.forward_guarded(session, route, body, event_id, a)).await
             }
             Ok(Claimed::Answer(recorded)) => Ok(Verdict::Replay(recorded)),
             Err(ClaimStop::Refused(p)) => Err(Refused::new(p).into()),
             Err(ClaimStop::Store(e)) => {
                 let name = route.name();
                 tracing::warn!(route = name, event_id, error = %e, "claim failed: store unavailable");
-                if policy::without_store(cfg.on_store_error, StoreStep::Claim)
+                if policy::without_store(route.cfg.on_store_error, StoreStep::Claim)
                     == policy::WithoutStore::Refuse
                 {
                     let detail = "the claim store did not answer; retry later";

@@ -102,47 +102,22 @@ mod tests {
 
     #[test]
     fn header_event_ids() {
+        use OnMissingId::*;
         let h = http::HeaderName::from_static("x-event-id");
-        let kind = |r: std::result::Result<Option<String>, Problem>| r.map_err(|p| p.kind);
-        assert_eq!(
-            kind(header_event_id(
-                &headers(&["evt_1"]),
-                &h,
-                OnMissingId::Reject
-            )),
-            Ok(Some("evt_1".into()))
-        );
-        assert_eq!(
-            kind(header_event_id(
-                &headers(&["e", "e"]),
-                &h,
-                OnMissingId::Reject
-            )),
-            Ok(Some("e".into()))
-        );
-        assert_eq!(
-            kind(header_event_id(
-                &headers(&["a", "b"]),
-                &h,
-                OnMissingId::Reject
-            )),
-            Err(ProblemKind::InvalidEventId)
-        );
-        assert_eq!(
-            kind(header_event_id(&headers(&["a b"]), &h, OnMissingId::Reject)),
-            Err(ProblemKind::InvalidEventId)
-        );
-        assert_eq!(
-            kind(header_event_id(&headers(&[]), &h, OnMissingId::Reject)),
-            Err(ProblemKind::MissingEventId)
-        );
-        assert_eq!(
-            kind(header_event_id(&headers(&[]), &h, OnMissingId::Forward)),
-            Ok(None)
-        );
-        assert_eq!(
-            kind(header_event_id(&headers(&[]), &h, OnMissingId::BodyDigest)),
-            Ok(None)
-        );
+        type Want = Result<Option<String>, ProblemKind>;
+        let some = |id: &str| Ok(Some(id.to_owned()));
+        let cases: [(&[&str], OnMissingId, Want); 7] = [
+            (&["evt_1"], Reject, some("evt_1")),
+            (&["e", "e"], Reject, some("e")),
+            (&["a", "b"], Reject, Err(ProblemKind::InvalidEventId)),
+            (&["a b"], Reject, Err(ProblemKind::InvalidEventId)),
+            (&[], Reject, Err(ProblemKind::MissingEventId)),
+            (&[], Forward, Ok(None)),
+            (&[], BodyDigest, Ok(None)),
+        ];
+        for (values, on_missing, want) in cases {
+            let got = header_event_id(&headers(values), &h, on_missing).map_err(|p| p.kind);
+            assert_eq!(got, want, "{values:?} {on_missing:?}");
+        }
     }
 }
