@@ -383,8 +383,14 @@ mod tests {
             .unwrap()
             .config;
         let store = crate::store::open(&cfg.store.url, 1).await.unwrap();
-        let conf = pingora::server::configuration::ServerConf::default();
-        let gate = crate::server::gate(&cfg, &conf, store, Metrics::new()).unwrap();
+        let gate = Gate {
+            routes: RouteTable::new(cfg.routes.clone()).unwrap(),
+            store,
+            metrics: Metrics::new(),
+            connector: Connector::new(None),
+            in_flight: Default::default(),
+            seen: Default::default(),
+        };
         let (stream, _peer) = tokio::io::duplex(64);
         let mut session = Session::new_h1(Box::new(stream));
         let mut ctx = Ctx::default();

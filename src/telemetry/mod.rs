@@ -1,7 +1,7 @@
 //! What the process tells its operators, below every other module: the log
 //! (the `tracing` subscriber, its line format and its never-blocking writer)
 //! and the plumbing of the metrics registry (registering and encoding; the
-//! metric set itself is [`crate::metrics`]).
+//! metric set itself is `metrics.rs`'s).
 
 pub mod log_buffer;
 mod log_line;
@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
 /// Log lines dropped because the log's output stalled (the log writer
-/// counts here; every [`crate::metrics::Metrics`] of the process shows it).
+/// counts here; every `Metrics` of the process shows it at its next scrape).
 pub static LOG_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// The log's format (its level comes from `RUST_LOG`).

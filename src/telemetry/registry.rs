@@ -1,6 +1,6 @@
 //! The plumbing of an owned Prometheus registry: a metric is made and
 //! registered in one call, and the registry encodes as the text exposition.
-//! Which metrics there are is [`crate::metrics`]'s to say.
+//! Which metrics there are is `metrics.rs`'s to say (this module is below it).
 
 use prometheus::core::Collector;
 use prometheus::{
