@@ -5,6 +5,11 @@
 //! forwarded as a guarded request is, without the claim); other unguarded
 //! requests (chunked or large bodies, upgrades) take pingora's streaming
 //! proxy path.
+//!
+//! Every request read whole comes to one ending (`verdict`: a replay, an
+//! upstream answer to relay, or a problem), which one exit counts and
+//! writes; `guard` is the guarded path (its policies are
+//! `claim::policy`'s), `unguarded` the others.
 
 pub mod body;
 pub mod forward;

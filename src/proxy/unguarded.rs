@@ -14,7 +14,7 @@ use pingora::proxy::Session;
 use super::body::{self, BodyError};
 use super::forward::{self, Answered, UpstreamFailure};
 use super::routes::RouteRt;
-use super::verdict::{Ending, Handled, Refused, Relay, Stop, Verdict};
+use super::verdict::{Ending, Handled, Refused, Relay, Verdict};
 use super::Gate;
 use crate::claim::now_ms;
 use crate::metrics::Outcome;
@@ -76,9 +76,8 @@ impl Gate {
             // ones waiting for their body included
             Ok(body) => Box::pin(self.forward_unguarded(session, route, body)).await,
             Err(e) => {
-                let mut r = Refused::new(Problem::new(e.invalid_kind(), e.invalid_detail()));
-                r.outcome = Outcome::Unguarded;
-                Err(r.closing(true).into())
+                let p = Problem::new(e.invalid_kind(), e.invalid_detail());
+                Err(Refused::new(p).unguarded().closing(true).into())
             }
         };
         self.answer(session, route, ending).await
@@ -107,9 +106,7 @@ impl Gate {
                     error = ?failure,
                     "unguarded request: upstream failed"
                 );
-                let mut r = Refused::upstream_failed(&failure, None);
-                r.outcome = Outcome::Unguarded;
-                Err(Stop::Refused(r))
+                Err(Refused::upstream_failed(&failure, None).unguarded().into())
             }
         }
     }

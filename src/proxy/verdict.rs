@@ -62,6 +62,13 @@ impl Refused {
         self
     }
 
+    /// Counted and marked `unguarded`: the request was (or was to be)
+    /// forwarded without a claim.
+    pub fn unguarded(mut self) -> Refused {
+        self.outcome = Outcome::Unguarded;
+        self
+    }
+
     /// A body over `max_body`: 413, and the connection closes (the rest of
     /// the body is not read).
     pub fn too_large(max_body: u64) -> Refused {

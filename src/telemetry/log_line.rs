@@ -386,12 +386,15 @@ mod tests {
         tracing::info!(with_message_in_middle = 1, "first {} then", "args");
     }
 
+    /// A `MakeWriter` into `sink`.
+    fn writer_into(sink: &Sink) -> impl Fn() -> Sink + Send + Sync + 'static {
+        let sink = sink.clone();
+        move || sink.clone()
+    }
+
     fn render(plain: bool) -> String {
         let sink = Sink::default();
-        let writer = {
-            let sink = sink.clone();
-            move || sink.clone()
-        };
+        let writer = writer_into(&sink);
         let builder = tracing_subscriber::fmt()
             .with_ansi(false)
             .with_max_level(Level::DEBUG)
@@ -426,10 +429,7 @@ mod tests {
     #[test]
     fn terminal_controls_in_any_value_are_escaped() {
         let sink = Sink::default();
-        let writer = {
-            let sink = sink.clone();
-            move || sink.clone()
-        };
+        let writer = writer_into(&sink);
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
             .with_writer(writer)
