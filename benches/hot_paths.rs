@@ -358,8 +358,8 @@ fn postgres_store(c: &mut Criterion) {
 /// decides read-first or claim-first, and appending one log line (the
 /// shipped sink against a plain `Vec`, the floor for a copy).
 fn request_bookkeeping(c: &mut Criterion) {
-    use idemgate::cli::log_buffer::LogBuffer;
     use idemgate::proxy::seen::SeenEvents;
+    use idemgate::telemetry::log_buffer::LogBuffer;
     use std::io::Write;
     use tracing_subscriber::fmt::MakeWriter;
 

@@ -14,6 +14,7 @@
 //! - [`listener`]: client connections: limits, timeouts, TLS, head reading.
 //! - [`problem`]: problem+json responses and request outcomes.
 //! - [`metrics`]: the metric set over an owned Prometheus registry.
+//! - [`telemetry`]: the log (subscriber, line format, writer) and the registry's plumbing.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, the JSON admin API and the operator console.
 //! - [`server`]: assembles and runs the pingora server, with graceful stop.
 //! - [`sweeper`]: background deletion of expired records, the oldest-processing gauge.
@@ -41,4 +42,5 @@ pub mod server;
 pub mod store;
 pub mod sweeper;
 pub mod sys;
+pub mod telemetry;
 pub mod verify;

@@ -10,8 +10,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let cli = idemgate::cli::Cli::parse();
-    idemgate::cli::init_logging(cli.log_format);
+    idemgate::telemetry::init_logging(cli.log_format);
     let code = idemgate::cli::run(cli);
-    idemgate::cli::flush_logs();
+    idemgate::telemetry::flush_logs();
     std::process::exit(code);
 }

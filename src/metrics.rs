@@ -2,17 +2,15 @@
 //! server has its own). Event IDs never become label values: every label here
 //! is a route name or a fixed word.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Registry,
 };
 
-/// Log lines dropped because the log's output stalled (the log writer
-/// counts here; every [`Metrics`] of the process shows it).
-pub static LOG_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
+use crate::telemetry::registry::{encode_text, Registrar};
+use crate::telemetry::LOG_LINES_DROPPED;
 
 /// Request outcomes: the `outcome` label and the `Idempotency-Status` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,145 +136,83 @@ const DURATION_BUCKETS: &[f64] = &[
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("metric registered once");
-            c
-        };
-        let histogram = |name: &str, help: &str, labels: &[&str]| {
-            let opts = HistogramOpts::new(name, help).buckets(DURATION_BUCKETS.to_vec());
-            let h = HistogramVec::new(opts, labels).expect("valid metric");
-            registry
-                .register(Box::new(h.clone()))
-                .expect("metric registered once");
-            h
-        };
-        let requests = counter(
-            "idemgate_requests_total",
-            "Requests by route and outcome.",
-            &["route", "outcome"],
-        );
-        let upstream_responses = counter(
-            "idemgate_upstream_responses_total",
-            "Upstream answers by status class, connect errors and timeouts.",
-            &["route", "class"],
-        );
-        let claims = counter(
-            "idemgate_claims_total",
-            "Claims taken: new events, retries after a failure, retries after an expired lease.",
-            &["route", "kind"],
-        );
-        let settles = counter(
-            "idemgate_settles_total",
-            "Claims settled: delivered, released, stale (a newer attempt owns it), error.",
-            &["route", "result"],
-        );
-        let upstream_duration = histogram(
-            "idemgate_upstream_duration_seconds",
-            "Time from forwarding to the upstream's response header.",
-            &["route"],
-        );
-        let store_duration = histogram(
+        let r = Registrar(&registry);
+        let store_duration = r.histograms(
             "idemgate_store_duration_seconds",
             "Store round trips by operation.",
             &["operation"],
+            DURATION_BUCKETS,
         );
-        let processing_oldest_age = GaugeVec::new(
-            Opts::new(
+        let m = Metrics {
+            requests: r.counters(
+                "idemgate_requests_total",
+                "Requests by route and outcome.",
+                &["route", "outcome"],
+            ),
+            upstream_responses: r.counters(
+                "idemgate_upstream_responses_total",
+                "Upstream answers by status class, connect errors and timeouts.",
+                &["route", "class"],
+            ),
+            claims: r.counters(
+                "idemgate_claims_total",
+                "Claims taken: new events, retries after a failure, retries after an expired lease.",
+                &["route", "kind"],
+            ),
+            settles: r.counters(
+                "idemgate_settles_total",
+                "Claims settled: delivered, released, stale (a newer attempt owns it), error.",
+                &["route", "result"],
+            ),
+            upstream_duration: r.histograms(
+                "idemgate_upstream_duration_seconds",
+                "Time from forwarding to the upstream's response header.",
+                &["route"],
+                DURATION_BUCKETS,
+            ),
+            store_hot: ["lookup", "claim", "settle"]
+                .map(|op| store_duration.with_label_values(&[op])),
+            store_duration,
+            processing_oldest_age: r.gauges(
                 "idemgate_processing_oldest_age_seconds",
                 "Age of the oldest record still processing, per route.",
+                &["route"],
             ),
-            &["route"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(processing_oldest_age.clone()))
-            .expect("metric registered once");
-        let records_swept = IntCounter::new(
-            "idemgate_records_swept_total",
-            "Expired records deleted by the sweeper.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(records_swept.clone()))
-            .expect("metric registered once");
-        let connections = IntGaugeVec::new(
-            Opts::new(
+            records_swept: r.counter(
+                "idemgate_records_swept_total",
+                "Expired records deleted by the sweeper.",
+            ),
+            connections: r.int_gauges(
                 "idemgate_connections",
                 "Open client connections: active (a request in progress), idle (kept alive, \
                  between requests), reading (before the first request's head is complete).",
+                &["state"],
             ),
-            &["state"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(connections.clone()))
-            .expect("metric registered once");
+            connections_closed: r.counters(
+                "idemgate_connections_closed_total",
+                "Client connections idemgate closed: header, body, keep-alive and write timeouts, \
+                 and the connection limit.",
+                &["reason"],
+            ),
+            log_lines_dropped: r.counter(
+                "idemgate_log_lines_dropped_total",
+                "Log lines dropped because the log's output did not take them.",
+            ),
+            upstream_retries: r.counters(
+                "idemgate_upstream_retries_total",
+                "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
+                &["route"],
+            ),
+            registry: registry.clone(),
+        };
+        process_metrics(&r);
         for state in ["active", "idle", "reading"] {
-            connections.with_label_values(&[state]);
+            m.connections.with_label_values(&[state]);
         }
-        let connections_closed = counter(
-            "idemgate_connections_closed_total",
-            "Client connections idemgate closed: header, body, keep-alive and write timeouts, \
-             and the connection limit.",
-            &["reason"],
-        );
         for reason in CloseReason::ALL {
-            connections_closed.with_label_values(&[reason.as_str()]);
+            m.connections_closed.with_label_values(&[reason.as_str()]);
         }
-        let log_lines_dropped = IntCounter::new(
-            "idemgate_log_lines_dropped_total",
-            "Log lines dropped because the log's output did not take them.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(log_lines_dropped.clone()))
-            .expect("metric registered once");
-        let build_info = IntGaugeVec::new(
-            Opts::new(
-                "idemgate_build_info",
-                "Always 1; the version of this build.",
-            ),
-            &["version"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(build_info.clone()))
-            .expect("metric registered once");
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-        // CPU, memory, open and maximum file descriptors, start time
-        registry
-            .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ))
-            .expect("metric registered once");
-        let upstream_retries = counter(
-            "idemgate_upstream_retries_total",
-            "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
-            &["route"],
-        );
-        let store_hot =
-            ["lookup", "claim", "settle"].map(|op| store_duration.with_label_values(&[op]));
-        Metrics {
-            registry,
-            requests,
-            upstream_responses,
-            claims,
-            settles,
-            upstream_duration,
-            store_duration,
-            store_hot,
-            processing_oldest_age,
-            records_swept,
-            connections,
-            connections_closed,
-            log_lines_dropped,
-            upstream_retries,
-        }
+        m
     }
 
     /// Counts a connection idemgate closed for `reason`.
@@ -359,12 +295,22 @@ impl Metrics {
         if dropped > shown {
             self.log_lines_dropped.inc_by(dropped - shown);
         }
-        let mut out = Vec::with_capacity(8 * 1024);
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut out)
-            .expect("text encoding into a Vec cannot fail");
-        out
+        encode_text(&self.registry)
     }
+}
+
+/// The metrics no [`Metrics`] method touches: the build's version, and the
+/// standard `process_*` ones (CPU, memory, open and maximum file
+/// descriptors, start time).
+fn process_metrics(r: &Registrar) {
+    r.int_gauges(
+        "idemgate_build_info",
+        "Always 1; the version of this build.",
+        &["version"],
+    )
+    .with_label_values(&[env!("CARGO_PKG_VERSION")])
+    .set(1);
+    r.collector(prometheus::process_collector::ProcessCollector::for_self());
 }
 
 impl Default for Metrics {

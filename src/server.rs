@@ -189,7 +189,7 @@ fn spawn_drain_watch(
                 } else {
                     tracing::info!("drained: no request in flight");
                 }
-                crate::cli::flush_logs();
+                crate::telemetry::flush_logs();
                 std::process::exit(0);
             }
             Ok(_) => {}

@@ -8,9 +8,8 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::claim::Millis;
+use crate::claim::{now_ms, Millis};
 use crate::metrics::Metrics;
-use crate::proxy::now_ms;
 use crate::store::{ClaimStore, StoreError};
 
 pub struct Sweeper {

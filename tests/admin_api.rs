@@ -312,7 +312,7 @@ fn list_pages_and_filters(b: Backend) {
         .unwrap();
     rt.block_on(async {
         let s = store::open(&b.url, 1).await.unwrap();
-        let now = idemgate::proxy::now_ms();
+        let now = idemgate::claim::now_ms();
         let out = s
             .claim(&ClaimRequest {
                 route: "r",

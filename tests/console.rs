@@ -433,7 +433,7 @@ fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
         .unwrap();
     rt.block_on(async {
         let st = idemgate::store::open(&s.store, 1).await.unwrap();
-        let now = idemgate::proxy::now_ms();
+        let now = idemgate::claim::now_ms();
         st.claim(&idemgate::store::ClaimRequest {
             route: "orders",
             event_id: &issue,

@@ -25,7 +25,9 @@ mod common;
 
 use std::sync::Arc;
 
-use idemgate::claim::{self, AttemptEnd, Current, Decision, Existing, Millis, SettleResult, State};
+use idemgate::claim::{
+    self, AttemptEnd, Current, Decision, Existing, Millis, Refusal, SettleResult, State,
+};
 use idemgate::store::{
     self, ClaimOutcome, ClaimRequest, ClaimStore, Record, ReleaseOutcome, SettleOutcome,
     SettleRequest, StoreError,
@@ -199,9 +201,7 @@ impl Run<'_> {
                 )?;
                 match (&want, peeked) {
                     (Decision::Claim(_), None) => {}
-                    (want, Some(ClaimOutcome::Existing { decision, .. }))
-                        if !matches!(want, Decision::Claim(_)) =>
-                    {
+                    (Decision::Refuse(want), Some(ClaimOutcome::Existing { decision, .. })) => {
                         prop_assert_eq!(&decision, want, "decision of the read");
                     }
                     (want, peeked) => {
@@ -273,19 +273,17 @@ impl Run<'_> {
                             open: true,
                         });
                     }
-                    (want, ClaimOutcome::Existing { decision, recorded })
-                        if !matches!(want, Decision::Claim(_)) =>
-                    {
+                    (Decision::Refuse(want), ClaimOutcome::Existing { decision, recorded }) => {
                         prop_assert_eq!(decision, want, "decision on an existing record");
                         {
                             let mut stats = self.stats.lock().unwrap();
                             match decision {
-                                Decision::Replay => stats.replays += 1,
-                                Decision::InFlight { .. } => stats.in_flight += 1,
-                                _ => stats.mismatches += 1,
+                                Refusal::Replay => stats.replays += 1,
+                                Refusal::InFlight { .. } => stats.in_flight += 1,
+                                Refusal::Mismatch => stats.mismatches += 1,
                             }
                         }
-                        if decision == Decision::Replay {
+                        if decision == Refusal::Replay {
                             let rec = self.model[ev].as_ref().expect("replay of a known record");
                             prop_assert_eq!(
                                 recorded.status.map(i64::from),

@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use idemgate::claim::{self, ClaimKind, Decision, Existing, Millis, SettleResult, State};
+use idemgate::claim::{self, ClaimKind, Decision, Existing, Millis, Refusal, SettleResult, State};
 use idemgate::store::{
     self, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, Recorded, ReleaseOutcome,
     SettleOutcome, SettleRequest,
@@ -127,7 +127,7 @@ async fn get(s: &dyn ClaimStore, event_id: &str) -> Record {
 fn decision_of(outcome: &ClaimOutcome) -> Decision {
     match outcome {
         ClaimOutcome::Claimed { kind, .. } => Decision::Claim(*kind),
-        ClaimOutcome::Existing { decision, .. } => *decision,
+        ClaimOutcome::Existing { decision, .. } => Decision::Refuse(*decision),
     }
 }
 
@@ -204,7 +204,7 @@ mod cases {
             assert_eq!(
                 claim(s, "plain", D1, now).await,
                 ClaimOutcome::Existing {
-                    decision: Decision::Replay,
+                    decision: Refusal::Replay,
                     recorded: Recorded {
                         status: Some(202),
                         content_type: None,
@@ -237,7 +237,7 @@ mod cases {
         assert_eq!(
             claim(s, "with-body", D1, T0 + 8).await,
             ClaimOutcome::Existing {
-                decision: Decision::Replay,
+                decision: Refusal::Replay,
                 recorded: Recorded {
                     status: Some(201),
                     content_type: Some("application/json".into()),
@@ -298,7 +298,7 @@ mod cases {
                 matches!(
                     out,
                     ClaimOutcome::Existing {
-                        decision: Decision::Mismatch,
+                        decision: Refusal::Mismatch,
                         ..
                     }
                 ),
@@ -320,9 +320,9 @@ mod cases {
             let out = claim(s, "e", D1, now).await;
             assert_eq!(
                 decision_of(&out),
-                Decision::InFlight {
+                Decision::Refuse(Refusal::InFlight {
                     retry_after_ms: left
-                },
+                }),
                 "at +{}",
                 now - T0
             );
@@ -439,9 +439,9 @@ mod cases {
         );
         assert_eq!(
             decision_of(&claim(s, "e", D1, t2 + 6).await),
-            Decision::InFlight {
+            Decision::Refuse(Refusal::InFlight {
                 retry_after_ms: LEASE - 6
-            }
+            })
         );
         // A future attempt number cannot either.
         assert_eq!(
@@ -1075,7 +1075,7 @@ mod cases {
                 match t.await.unwrap().expect("claim under contention") {
                     ClaimOutcome::Claimed { attempt, .. } => claimed.push(attempt),
                     ClaimOutcome::Existing {
-                        decision: Decision::InFlight { .. },
+                        decision: Refusal::InFlight { .. },
                         ..
                     } => in_flight += 1,
                     other => panic!("round {round}: {other:?}"),

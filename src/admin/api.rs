@@ -23,10 +23,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::web::{json, method_not_allowed, query_pairs, segments, shown, ApiProblem};
+use crate::claim::now_ms;
 use crate::claim::State;
 use crate::config::{format_duration, Config, EventIdSource, Route};
 use crate::metrics::Metrics;
-use crate::proxy::now_ms;
 use crate::store::json::record_json;
 use crate::store::{ClaimStore, ListFilter, ListKey, ReleaseOutcome, StoreError};
 

@@ -198,18 +198,22 @@ mod tests {
                 "small":1e-7,"data":{"object":{"id":"in/ner"}}}"#,
         )
         .unwrap();
-        assert_eq!(id(&doc, "/s").unwrap(), "evt_123");
-        assert_eq!(id(&doc, "/i").unwrap(), "12345");
-        assert_eq!(id(&doc, "/n").unwrap(), "-7");
-        assert_eq!(id(&doc, "/z").unwrap(), "0");
-        assert_eq!(id(&doc, "/f").unwrap(), "1.5");
-        assert_eq!(id(&doc, "/fi").unwrap(), "12345");
-        assert_eq!(id(&doc, "/e").unwrap(), "1e+30");
-        assert_eq!(id(&doc, "/big").unwrap(), "18446744073709551615");
-        assert_eq!(id(&doc, "/min").unwrap(), "-9223372036854775808");
-        assert_eq!(id(&doc, "/huge").unwrap(), "1e+23");
-        assert_eq!(id(&doc, "/small").unwrap(), "1e-7");
-        assert_eq!(id(&doc, "/data/object/id").unwrap(), "in/ner");
+        for (pointer, want) in [
+            ("/s", "evt_123"),
+            ("/i", "12345"),
+            ("/n", "-7"),
+            ("/z", "0"),
+            ("/f", "1.5"),
+            ("/fi", "12345"),
+            ("/e", "1e+30"),
+            ("/big", "18446744073709551615"),
+            ("/min", "-9223372036854775808"),
+            ("/huge", "1e+23"),
+            ("/small", "1e-7"),
+            ("/data/object/id", "in/ner"),
+        ] {
+            assert_eq!(id(&doc, pointer).unwrap(), want, "{pointer}");
+        }
         let tokens = json_pointer::parse_pointer("/data/object/id").unwrap();
         assert_eq!(event_id_from_json_tokens(&doc, &tokens).unwrap(), "in/ner");
     }
@@ -217,30 +221,20 @@ mod tests {
     #[test]
     fn json_wrong_types_and_absent() {
         let doc = json!({"b": true, "f": false, "n": null, "o": {}, "a": [1], "s": ["x"]});
-        assert_eq!(
-            id(&doc, "/b"),
-            Err(JsonIdError::WrongType { found: "a boolean" })
-        );
-        assert_eq!(
-            id(&doc, "/f"),
-            Err(JsonIdError::WrongType { found: "a boolean" })
-        );
-        assert_eq!(
-            id(&doc, "/n"),
-            Err(JsonIdError::WrongType { found: "null" })
-        );
-        assert_eq!(
-            id(&doc, "/o"),
-            Err(JsonIdError::WrongType { found: "an object" })
-        );
-        assert_eq!(
-            id(&doc, "/a"),
-            Err(JsonIdError::WrongType { found: "an array" })
-        );
-        assert_eq!(
-            id(&doc, ""),
-            Err(JsonIdError::WrongType { found: "an object" })
-        );
+        for (pointer, found) in [
+            ("/b", "a boolean"),
+            ("/f", "a boolean"),
+            ("/n", "null"),
+            ("/o", "an object"),
+            ("/a", "an array"),
+            ("", "an object"),
+        ] {
+            assert_eq!(
+                id(&doc, pointer),
+                Err(JsonIdError::WrongType { found }),
+                "{pointer:?}"
+            );
+        }
         assert_eq!(id(&doc, "/missing"), Err(JsonIdError::Absent));
         assert_eq!(id(&doc, "/b/x"), Err(JsonIdError::Absent));
         assert_eq!(id(&doc, "/a/1"), Err(JsonIdError::Absent));

@@ -1,16 +1,28 @@
 //! The claim protocol as data: record states, the pure `decide` step that an
 //! incoming delivery goes through, and the pure `settle` step that closes an
-//! attempt. The stores implement these same rules as single atomic SQL
+//! attempt; beside them the guard's [`policy`] (no event ID, a store that
+//! does not answer, a duplicate held while in flight, a settle retried) and
+//! the clock. The stores implement these same rules as single atomic SQL
 //! statements; the store contract tests check that both agree.
 
 pub mod digest;
 pub mod event_id;
 pub mod json_pointer;
+pub mod policy;
 
 use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch: the one time unit of records and stores.
 pub type Millis = i64;
+
+/// The wall clock in [`Millis`] (0 for a clock set before 1970).
+pub fn now_ms() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
 
 /// Where a record stands. Stored as its lower-case name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,11 +89,21 @@ pub struct Existing {
     pub same_digest: bool,
 }
 
-/// What to do with an incoming delivery (SPEC §3, the table).
+/// What to do with an incoming delivery (SPEC §3, the table): take the
+/// claim, or leave the existing record standing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// Take the claim and forward.
     Claim(ClaimKind),
+    /// An existing record stands; the delivery does not claim.
+    Refuse(Refusal),
+}
+
+/// Why an existing record refuses a delivery its claim: what a store
+/// answers for a record it did not claim (so that answer can never be a
+/// claim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
     /// Answer with the recorded outcome; the upstream is not contacted.
     Replay,
     /// Another attempt holds a live lease; `retry_after_ms` is what is left of it.
@@ -97,15 +119,15 @@ pub fn decide(existing: Option<Existing>, now: Millis) -> Decision {
         return Decision::Claim(ClaimKind::New);
     };
     if !rec.same_digest {
-        return Decision::Mismatch;
+        return Decision::Refuse(Refusal::Mismatch);
     }
     match rec.state {
-        State::Delivered => Decision::Replay,
+        State::Delivered => Decision::Refuse(Refusal::Replay),
         State::Failed => Decision::Claim(ClaimKind::RetryFailed),
         State::Processing => match rec.lease_until {
-            Some(until) if until > now => Decision::InFlight {
+            Some(until) if until > now => Decision::Refuse(Refusal::InFlight {
                 retry_after_ms: until - now,
-            },
+            }),
             _ => Decision::Claim(ClaimKind::RetryExpired),
         },
     }
@@ -187,23 +209,24 @@ mod tests {
 
     #[test]
     fn decide_full_table() {
-        use Decision::*;
+        use Decision::{Claim, Refuse};
+        use Refusal::{InFlight, Mismatch, Replay};
         let live = Some(NOW + 2_500);
         let expired = Some(NOW - 1);
         let cases = [
             (None, Claim(ClaimKind::New)),
             (
                 ex(State::Processing, live, true),
-                InFlight {
+                Refuse(InFlight {
                     retry_after_ms: 2_500,
-                },
+                }),
             ),
-            (ex(State::Processing, live, false), Mismatch),
+            (ex(State::Processing, live, false), Refuse(Mismatch)),
             (
                 ex(State::Processing, expired, true),
                 Claim(ClaimKind::RetryExpired),
             ),
-            (ex(State::Processing, expired, false), Mismatch),
+            (ex(State::Processing, expired, false), Refuse(Mismatch)),
             (
                 ex(State::Processing, Some(NOW), true),
                 Claim(ClaimKind::RetryExpired),
@@ -214,10 +237,10 @@ mod tests {
             ),
             (ex(State::Failed, None, true), Claim(ClaimKind::RetryFailed)),
             (ex(State::Failed, live, true), Claim(ClaimKind::RetryFailed)),
-            (ex(State::Failed, None, false), Mismatch),
-            (ex(State::Delivered, None, true), Replay),
-            (ex(State::Delivered, live, true), Replay),
-            (ex(State::Delivered, None, false), Mismatch),
+            (ex(State::Failed, None, false), Refuse(Mismatch)),
+            (ex(State::Delivered, None, true), Refuse(Replay)),
+            (ex(State::Delivered, live, true), Refuse(Replay)),
+            (ex(State::Delivered, None, false), Refuse(Mismatch)),
         ];
         for (input, want) in cases {
             assert_eq!(decide(input, NOW), want, "decide({input:?})");
@@ -270,7 +293,7 @@ mod tests {
         for offset in -3_000i64..3_000 {
             let d = decide(ex(State::Processing, Some(NOW + offset), true), NOW);
             if offset > 0 {
-                let Decision::InFlight { retry_after_ms } = d else {
+                let Decision::Refuse(Refusal::InFlight { retry_after_ms }) = d else {
                     panic!("{offset}: {d:?}")
                 };
                 assert_eq!(retry_after_ms, offset);

@@ -96,6 +96,21 @@ struct Step {
     ok: bool,
 }
 
+/// One delivery of the script and what it should come to.
+struct Delivery {
+    what: &'static str,
+    id: &'static str,
+    body: &'static [u8],
+    status: u16,
+    /// Whether the answer must be a replay (`None`: not checked).
+    replayed: Option<bool>,
+    /// Requests of this event the consumer should have seen after it.
+    seen: usize,
+}
+
+const EVT_1: &[u8] = br#"{"amount":1200}"#;
+const EVT_3: &[u8] = br#"{"amount":7}"#;
+
 pub fn demo() -> i32 {
     match run_demo() {
         Ok(true) => exit::OK,
@@ -118,34 +133,72 @@ fn run_demo() -> Result<bool, String> {
         consumer.url(),
         dir.join("idemgate.db").display()
     );
+    let step = |d: Delivery| deliver(addr, &consumer, d);
+    let mut steps = vec![
+        step(Delivery {
+            what: "first delivery of evt_1",
+            id: "evt_1",
+            body: EVT_1,
+            status: 200,
+            replayed: None,
+            seen: 1,
+        })?,
+        step(Delivery {
+            what: "duplicate of evt_1",
+            id: "evt_1",
+            body: EVT_1,
+            status: 200,
+            replayed: Some(true),
+            seen: 1,
+        })?,
+        concurrent(addr, &consumer),
+        step(Delivery {
+            what: "evt_1 again with another payload",
+            id: "evt_1",
+            body: br#"{"amount":9999}"#,
+            status: 422,
+            replayed: None,
+            seen: 1,
+        })?,
+    ];
+    consumer.script(
+        "evt_3",
+        vec![Reply::status(500).body(b"try later"), Reply::status(200)],
+    );
+    for (what, status, replayed, seen) in [
+        ("evt_3, consumer fails (500)", 500, None, 1),
+        ("sender retries evt_3", 200, None, 2),
+        ("sender retries evt_3 again", 200, Some(true), 2),
+    ] {
+        steps.push(step(Delivery {
+            what,
+            id: "evt_3",
+            body: EVT_3,
+            status,
+            replayed,
+            seen,
+        })?);
+    }
+    Ok(report(&steps, consumer.total()))
+}
 
-    let path = "/hooks/demo";
-    let send = |id: &str, body: &[u8]| {
-        sample::deliver(addr, path, Some(id), body).map_err(|e| e.to_string())
-    };
-    let describe = |r: &sample::Response| {
-        let status = r.header("Idempotency-Status").unwrap_or("-");
-        format!("{} ({status})", r.status)
-    };
-    let mut steps = Vec::new();
-
-    let r = send("evt_1", br#"{"amount":1200}"#)?;
-    steps.push(Step {
-        what: "first delivery of evt_1",
-        got: describe(&r),
-        saw: consumer.count("evt_1"),
-        ok: r.status == 200 && consumer.count("evt_1") == 1,
-    });
-
-    let r = send("evt_1", br#"{"amount":1200}"#)?;
+/// Sends one delivery of the script and checks what it came to.
+fn deliver(addr: SocketAddr, consumer: &Consumer, d: Delivery) -> Result<Step, String> {
+    let r = sample::deliver(addr, "/hooks/demo", Some(d.id), d.body).map_err(|e| e.to_string())?;
+    let status = r.header("Idempotency-Status").unwrap_or("-");
     let replayed = r.header("Idempotent-Replayed") == Some("true");
-    steps.push(Step {
-        what: "duplicate of evt_1",
-        got: describe(&r),
-        saw: consumer.count("evt_1"),
-        ok: r.status == 200 && replayed && consumer.count("evt_1") == 1,
-    });
+    let saw = consumer.count(d.id);
+    Ok(Step {
+        what: d.what,
+        got: format!("{} ({status})", r.status),
+        saw,
+        ok: r.status == d.status && d.replayed.is_none_or(|want| want == replayed) && saw == d.seen,
+    })
+}
 
+/// Five deliveries of one event at once, while the consumer takes its time:
+/// one is forwarded, the others meet it in flight.
+fn concurrent(addr: SocketAddr, consumer: &Consumer) -> Step {
     consumer.script(
         "evt_2",
         vec![Reply::status(200).delay(Duration::from_millis(1500))],
@@ -153,7 +206,7 @@ fn run_demo() -> Result<bool, String> {
     let handles: Vec<_> = (0..5)
         .map(|_| {
             std::thread::spawn(move || {
-                sample::deliver(addr, path, Some("evt_2"), br#"{"amount":50}"#)
+                sample::deliver(addr, "/hooks/demo", Some("evt_2"), br#"{"amount":50}"#)
             })
         })
         .collect();
@@ -165,54 +218,22 @@ fn run_demo() -> Result<bool, String> {
     statuses.sort_unstable();
     let forwarded = statuses.iter().filter(|s| **s == 200).count();
     let conflicts = statuses.iter().filter(|s| **s == 409).count();
-    steps.push(Step {
+    Step {
         what: "5 concurrent deliveries of evt_2",
         got: format!("{forwarded}x 200, {conflicts}x 409 (in flight)"),
         saw: consumer.count("evt_2"),
         ok: forwarded == 1 && conflicts == 4 && consumer.count("evt_2") == 1,
-    });
+    }
+}
 
-    let r = send("evt_1", br#"{"amount":9999}"#)?;
-    steps.push(Step {
-        what: "evt_1 again with another payload",
-        got: describe(&r),
-        saw: consumer.count("evt_1"),
-        ok: r.status == 422 && consumer.count("evt_1") == 1,
-    });
-
-    consumer.script(
-        "evt_3",
-        vec![Reply::status(500).body(b"try later"), Reply::status(200)],
-    );
-    let r = send("evt_3", br#"{"amount":7}"#)?;
-    steps.push(Step {
-        what: "evt_3, consumer fails (500)",
-        got: describe(&r),
-        saw: consumer.count("evt_3"),
-        ok: r.status == 500 && consumer.count("evt_3") == 1,
-    });
-    let r = send("evt_3", br#"{"amount":7}"#)?;
-    steps.push(Step {
-        what: "sender retries evt_3",
-        got: describe(&r),
-        saw: consumer.count("evt_3"),
-        ok: r.status == 200 && consumer.count("evt_3") == 2,
-    });
-    let r = send("evt_3", br#"{"amount":7}"#)?;
-    let replayed = r.header("Idempotent-Replayed") == Some("true");
-    steps.push(Step {
-        what: "sender retries evt_3 again",
-        got: describe(&r),
-        saw: consumer.count("evt_3"),
-        ok: r.status == 200 && replayed && consumer.count("evt_3") == 2,
-    });
-
+/// Prints the table of steps; whether every one behaved as described.
+fn report(steps: &[Step], total: usize) -> bool {
     println!(
         "{:<36} {:<32} {:<22}",
         "STEP", "SENDER GOT", "CONSUMER SAW (event)"
     );
     let mut all_ok = true;
-    for s in &steps {
+    for s in steps {
         all_ok &= s.ok;
         let mark = if s.ok { "ok" } else { "UNEXPECTED" };
         println!(
@@ -225,7 +246,7 @@ fn run_demo() -> Result<bool, String> {
     println!(
         "\n{} deliveries sent, {} reached the consumer: every event was processed once (evt_3 twice, because the first attempt failed).",
         steps.len() + 4,
-        consumer.total()
+        total
     );
     println!(
         "{}",
@@ -235,5 +256,5 @@ fn run_demo() -> Result<bool, String> {
             "demo: some steps did NOT behave as described"
         }
     );
-    Ok(all_ok)
+    all_ok
 }

@@ -3,9 +3,11 @@
 
 use serde_json::Value;
 
-use super::{block_on, exit, EventsCommand, ListArgs, ReleaseArgs, ShowArgs, StoreArg, SweepArgs};
+use super::{
+    block_on, exit, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ShowArgs, StoreArg, SweepArgs,
+};
+use crate::claim::now_ms;
 use crate::claim::State;
-use crate::proxy::now_ms;
 use crate::store::json::{record_json, timestamp};
 use crate::store::{self, ClaimStore, ListFilter, Record, ReleaseOutcome, StoreError};
 
@@ -101,22 +103,23 @@ fn list(args: ListArgs) -> i32 {
 }
 
 fn show(args: ShowArgs) -> i32 {
+    let rec = &args.record;
     let res = block_on(async {
-        let s = open(&args.store.store).await?;
-        let r = s.get(&args.route, &args.event_id).await;
+        let s = open(&rec.store.store).await?;
+        let r = s.get(&rec.route, &rec.event_id).await;
         s.close().await;
         r
     });
     match res {
-        Ok(Some(rec)) if args.json => {
+        Ok(Some(found)) if args.json => {
             println!(
                 "{}",
-                serde_json::to_string_pretty(&record_json(&rec)).expect("JSON")
+                serde_json::to_string_pretty(&record_json(&found)).expect("JSON")
             );
             exit::OK
         }
-        Ok(Some(rec)) => {
-            if let Value::Object(fields) = record_json(&rec) {
+        Ok(Some(found)) => {
+            if let Value::Object(fields) = record_json(&found) {
                 for (k, v) in fields {
                     let v = match v {
                         Value::Null => "-".to_string(),
@@ -128,22 +131,17 @@ fn show(args: ShowArgs) -> i32 {
             }
             exit::OK
         }
-        Ok(None) => {
-            eprintln!(
-                "idemgate: no record for route {:?} and event ID {:?}",
-                args.route, args.event_id
-            );
-            exit::NOT_FOUND
-        }
+        Ok(None) => not_found(rec),
         Err(e) => fail(e),
     }
 }
 
 fn release(args: ReleaseArgs) -> i32 {
+    let rec = &args.record;
     let res = block_on(async {
-        let s = open(&args.store.store).await?;
+        let s = open(&rec.store.store).await?;
         let r = s
-            .release(&args.route, &args.event_id, args.force, now_ms())
+            .release(&rec.route, &rec.event_id, args.force, now_ms())
             .await;
         s.close().await;
         r
@@ -152,21 +150,26 @@ fn release(args: ReleaseArgs) -> i32 {
         Ok(ReleaseOutcome::Released { previous }) => {
             println!(
                 "released {} on route {} (was {previous}); the next delivery will be forwarded",
-                args.event_id, args.route
+                rec.event_id, rec.route
             );
             exit::OK
         }
-        Ok(ReleaseOutcome::NotFound) => {
-            eprintln!("idemgate: no record for route {:?} and event ID {:?}", args.route, args.event_id);
-            exit::NOT_FOUND
-        }
+        Ok(ReleaseOutcome::NotFound) => not_found(rec),
         Ok(ReleaseOutcome::RefusedDelivered) => fail(format!(
             "{} on route {} is delivered: releasing it makes the next delivery reach the consumer again; \
              pass --force if that is what you want",
-            args.event_id, args.route
+            rec.event_id, rec.route
         )),
         Err(e) => fail(e),
     }
+}
+
+fn not_found(rec: &RecordArg) -> i32 {
+    eprintln!(
+        "idemgate: no record for route {:?} and event ID {:?}",
+        rec.route, rec.event_id
+    );
+    exit::NOT_FOUND
 }
 
 fn print_table(records: &[Record]) {

@@ -1,15 +1,15 @@
 //! The command line of SPEC §1. Each subcommand returns its exit code;
-//! `main` only parses, sets up logging and exits with it.
+//! `main` only parses, sets up logging ([`crate::telemetry`]) and exits with it.
 
 mod demo;
 mod events;
-pub mod log_buffer;
-mod log_line;
 mod serve;
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+
+use crate::telemetry::LogFormat;
 
 /// Exit codes of SPEC §1.
 pub mod exit {
@@ -31,12 +31,6 @@ pub struct Cli {
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -114,13 +108,20 @@ pub struct ListArgs {
     pub json: bool,
 }
 
+/// One record: the store, its route and its event ID.
 #[derive(Args, Debug)]
-pub struct ShowArgs {
+pub struct RecordArg {
     #[command(flatten)]
     pub store: StoreArg,
     #[arg(long)]
     pub route: String,
     pub event_id: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    pub record: RecordArg,
     /// One JSON object with the record's fields.
     #[arg(long)]
     pub json: bool,
@@ -129,10 +130,7 @@ pub struct ShowArgs {
 #[derive(Args, Debug)]
 pub struct ReleaseArgs {
     #[command(flatten)]
-    pub store: StoreArg,
-    #[arg(long)]
-    pub route: String,
-    pub event_id: String,
+    pub record: RecordArg,
     /// Also release a delivered record (a deliberate manual redelivery).
     #[arg(long)]
     pub force: bool,
@@ -148,42 +146,6 @@ pub fn run(cli: Cli) -> i32 {
         Command::Sweep(args) => events::sweep(args),
         Command::Demo => demo::demo(),
     }
-}
-
-/// Keeps the background log writer alive; dropped by [`flush_logs`].
-static LOG_GUARD: std::sync::Mutex<Option<log_buffer::LogGuard>> = std::sync::Mutex::new(None);
-
-/// Sets up `tracing`: human-readable or JSON, level from `RUST_LOG` (default
-/// info), written to stderr by a background thread so that a request never
-/// waits on a log write ([`log_buffer`]).
-pub fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let (writer, guard) = log_buffer::LogBuffer::new(std::io::stderr(), |dropped| {
-        tracing::warn!(
-            dropped,
-            "log lines dropped: the log's output did not take them (idemgate_log_lines_dropped_total)"
-        )
-    });
-    // colour codes only for a person at a terminal, not in log files
-    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(terminal)
-        .with_writer(writer);
-    let installed = match format {
-        LogFormat::Text if terminal => builder.try_init(),
-        LogFormat::Text => builder.event_format(log_line::PlainText).try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-    if installed.is_ok() {
-        *LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
-    }
-}
-
-/// Writes out buffered log lines; call before `std::process::exit`.
-pub fn flush_logs() {
-    drop(LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()).take());
 }
 
 /// A small runtime for the one-shot commands.

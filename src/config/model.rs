@@ -241,37 +241,9 @@ pub enum DigestMode {
     Json,
 }
 
-/// Read from the file as its snake_case name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnMissingId {
-    /// 400.
-    Reject,
-    /// Forward unguarded.
-    Forward,
-    /// The body digest is the event ID.
-    BodyDigest,
-}
-
-/// Read from the file as its snake_case name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnStoreError {
-    /// 503, fail closed.
-    Reject,
-    /// Forward unguarded (counted).
-    Forward,
-}
-
-/// Read from the file as its snake_case name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum InFlight {
-    /// 409 at once.
-    Conflict,
-    /// Hold the duplicate until the first settles, up to the lease.
-    Wait,
-}
+// The guard's policies are the claim protocol's (claim::policy decides by them),
+// read from the file as their snake_case names.
+pub use crate::claim::policy::{InFlight, OnMissingId, OnStoreError};
 
 /// Statuses that settle a claim as delivered: whole classes and single codes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -150,64 +150,15 @@ pub async fn exchange(
                     .await
                     .map_err(|e| connect_failure(&e))?,
             };
-            let may_retry = reused && !retried;
-            let whole = matches!(client, HttpSession::H1(_)) && coalesces(&req, &body);
-            let written = match client {
-                HttpSession::H1(h1) if whole => write_whole(h1, &req, &body, peer, timeout).await,
-                mut client => {
-                    client.set_read_timeout(Some(timeout));
-                    client.set_write_timeout(Some(timeout));
-                    let sent = async {
-                        client.write_request_header(Box::new(req.clone())).await?;
-                        if !body.is_empty() {
-                            client.write_request_body(body.clone(), true).await?;
-                        }
-                        client.finish_request_body().await?;
-                        Ok::<(), Box<pingora::Error>>(())
-                    };
-                    sent.await.map(|()| client)
-                }
-            };
-            let mut client = match written {
+            let client = match try_once(client, peer, &req, &body, timeout).await {
                 Ok(client) => client,
-                // the kept connection was gone before the request was written
-                Err(e)
-                    if may_retry
-                        && matches!(
-                            e.etype(),
-                            ErrorType::WriteError | ErrorType::ConnectionClosed
-                        ) =>
-                {
+                Err(Try::Gone(_)) if reused && !retried => {
                     retried = true;
                     on_retry();
                     continue;
                 }
-                Err(e) => return Err(connect_failure(&e)),
+                Err(Try::Gone(e) | Try::Failed(e)) => return Err(connect_failure(&e)),
             };
-            let mut interim = false;
-            let answer = async {
-                loop {
-                    client.read_response_header().await?;
-                    let status = client
-                        .response_header()
-                        .map(|h| h.status.as_u16())
-                        .unwrap_or(0);
-                    // 1xx interim answers are not passed on; 101 is refused below
-                    if !(100..200).contains(&status) || status == 101 {
-                        return Ok::<(), Box<pingora::Error>>(());
-                    }
-                    interim = true;
-                }
-            };
-            match answer.await {
-                Ok(()) => {}
-                Err(e) if may_retry && !interim && closed_before_answer(&e) => {
-                    retried = true;
-                    on_retry();
-                    continue;
-                }
-                Err(e) => return Err(connect_failure(&e)),
-            }
             let header = client.response_header().cloned().ok_or_else(|| {
                 UpstreamFailure::Connect("upstream sent no response header".into())
             })?;
@@ -229,6 +180,68 @@ pub async fn exchange(
         }),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(UpstreamFailure::Timeout),
+    }
+}
+
+/// How one try of a request on one connection failed.
+enum Try {
+    /// The connection was gone before any byte of an answer: the request
+    /// may go once more, if the connection was a kept one.
+    Gone(Box<pingora::Error>),
+    Failed(Box<pingora::Error>),
+}
+
+/// Writes the request on `client` and reads up to the final response
+/// header (1xx interim answers are not passed on; 101 is refused by the
+/// caller).
+async fn try_once(
+    client: HttpSession,
+    peer: &HttpPeer,
+    req: &RequestHeader,
+    body: &Bytes,
+    timeout: Duration,
+) -> Result<HttpSession, Try> {
+    let whole = matches!(client, HttpSession::H1(_)) && coalesces(req, body);
+    let written = match client {
+        HttpSession::H1(h1) if whole => write_whole(h1, req, body, peer, timeout).await,
+        mut client => {
+            client.set_read_timeout(Some(timeout));
+            client.set_write_timeout(Some(timeout));
+            let sent = async {
+                client.write_request_header(Box::new(req.clone())).await?;
+                if !body.is_empty() {
+                    client.write_request_body(body.clone(), true).await?;
+                }
+                client.finish_request_body().await?;
+                Ok::<(), Box<pingora::Error>>(())
+            };
+            sent.await.map(|()| client)
+        }
+    };
+    let mut client = written.map_err(|e| {
+        // the kept connection was gone before the request was written
+        match e.etype() {
+            ErrorType::WriteError | ErrorType::ConnectionClosed => Try::Gone(e),
+            _ => Try::Failed(e),
+        }
+    })?;
+    let mut interim = false;
+    loop {
+        if let Err(e) = client.read_response_header().await {
+            return Err(if !interim && closed_before_answer(&e) {
+                Try::Gone(e)
+            } else {
+                Try::Failed(e)
+            });
+        }
+        let status = client
+            .response_header()
+            .map(|h| h.status.as_u16())
+            .unwrap_or(0);
+        if !(100..200).contains(&status) || status == 101 {
+            return Ok(client);
+        }
+        interim = true;
     }
 }
 
@@ -316,19 +329,25 @@ pub fn bodiless(method: &http::Method, status: u16) -> bool {
     method == http::Method::HEAD || status == 204 || status == 304 || (100..200).contains(&status)
 }
 
-/// Streams the rest of the upstream's body to the sender and keeps the
-/// upstream connection among the route's idle ones when it is reusable.
-/// `prefix` is body that was already read (to be stored for replay).
+/// Passes the upstream's answer on to the sender, its header with
+/// `Idempotency-Status: status_header` ([`downstream_header`]), streams the
+/// rest of its body and keeps the upstream connection among the route's
+/// idle ones when it is reusable. `prefix` is body that was already read
+/// (to be stored for replay).
 pub async fn relay(
     session: &mut Session,
     connector: &Connector,
     idle: &IdleConnections,
     peer: &HttpPeer,
     mut answered: Answered,
-    header: ResponseHeader,
     prefix: Option<Bytes>,
-    no_body: bool,
+    status_header: &str,
 ) -> pingora::Result<()> {
+    let no_body = bodiless(
+        &session.req_header().method,
+        answered.header.status.as_u16(),
+    );
+    let header = downstream_header(&answered.header, status_header)?;
     if no_body {
         session
             .write_response_header(Box::new(header), true)

@@ -5,6 +5,11 @@
 //! forwarded as a guarded request is, without the claim); other unguarded
 //! requests (chunked or large bodies, upgrades) take pingora's streaming
 //! proxy path.
+//!
+//! Every request read whole comes to one ending (`verdict`: a replay, an
+//! upstream answer to relay, or a problem), which one exit counts and
+//! writes; `guard` is the guarded path (its policies are
+//! `claim::policy`'s), `unguarded` the others.
 
 pub mod body;
 pub mod forward;
@@ -14,11 +19,13 @@ pub mod idle;
 pub mod respond;
 pub mod routes;
 pub mod seen;
+mod unguarded;
+mod verdict;
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use pingora::connectors::http::Connector;
@@ -27,18 +34,11 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType, Result};
 
-use crate::claim::Millis;
 use crate::metrics::{status_class, Metrics, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::store::ClaimStore;
 use routes::{RouteRt, RouteTable};
-
-pub fn now_ms() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as Millis)
-        .unwrap_or(0)
-}
+use verdict::Refused;
 
 /// Counts guarded requests between claim and answer, for the graceful drain.
 #[derive(Default)]
@@ -47,6 +47,20 @@ pub struct InFlightRequests(AtomicUsize);
 impl InFlightRequests {
     pub fn current(&self) -> usize {
         self.0.load(Ordering::Acquire)
+    }
+
+    /// Counts a guarded request until the returned guard drops.
+    fn enter(&self) -> InFlightGuard<'_> {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(self)
+    }
+}
+
+struct InFlightGuard<'a>(&'a InFlightRequests);
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -135,12 +149,13 @@ impl ProxyHttp for Gate {
             let route = self
                 .routes
                 .find(routes::request_host(req).as_deref(), req.uri.path());
-            let name = route.map(|r| r.name().to_owned()).unwrap_or_default();
             let p = Problem::new(
                 ProblemKind::HeadersTooLarge,
                 format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
             );
-            return self.respond_problem(session, &name, p, true).await;
+            return self
+                .refuse(session, route.map(|r| &**r), Refused::new(p).closing(true))
+                .await;
         }
         let host = routes::request_host(req);
         let Some(route) = self.routes.find(host.as_deref(), req.uri.path()).cloned() else {
@@ -349,5 +364,43 @@ impl Gate {
                 .with_label_values(&[name])
                 .observe(t.elapsed().as_secs_f64());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every request's future is allocated (async_trait) and moved whole:
+    /// it must not hold the upstream exchange or the relay of an answer
+    /// inline (each ~3 to 12 KiB), which are boxed where they run.
+    #[tokio::test]
+    async fn the_request_filters_future_stays_small() {
+        let dir = std::env::temp_dir().join(format!("idemgate-future-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let yaml = format!(
+            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nstore:\n  url: \"sqlite://{}/x.db\"\n\
+             routes:\n  - name: r\n    match:\n      path_prefix: /\n    upstream: \"http://127.0.0.1:9\"\n\
+             \x20   event_id:\n      header: X-Event-ID\n    verify: none\n",
+            dir.display()
+        );
+        let cfg = crate::config::load_str(&yaml, "x.yaml", &|_| None)
+            .unwrap()
+            .config;
+        let store = crate::store::open(&cfg.store.url, 1).await.unwrap();
+        let gate = Gate {
+            routes: RouteTable::new(cfg.routes.clone()).unwrap(),
+            store,
+            metrics: Metrics::new(),
+            connector: Connector::new(None),
+            in_flight: Default::default(),
+            seen: Default::default(),
+        };
+        let (stream, _peer) = tokio::io::duplex(64);
+        let mut session = Session::new_h1(Box::new(stream));
+        let mut ctx = Ctx::default();
+        let size = std::mem::size_of_val(&*gate.request_filter(&mut session, &mut ctx));
+        assert!(size < 6 * 1024, "request_filter's future is {size} bytes");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,6 +3,7 @@
 //! and matched by host and longest whole-segment path prefix.
 
 use std::net::ToSocketAddrs;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ pub struct RouteRt {
     pub lease_ms: i64,
     pub retention_ms: i64,
     /// Duplicates held by `in_flight: wait` right now (capped by `max_waiters`).
-    pub waiters: std::sync::atomic::AtomicUsize,
+    pub waiters: AtomicUsize,
     /// This route's `idemgate_requests_total` series.
     pub requests: crate::metrics::RequestCounters,
     /// Upstream connections kept for the next forward.
@@ -120,6 +121,23 @@ impl RouteRt {
         &self.cfg.name
     }
 
+    /// One of the route's `max_waiters` places for a held duplicate, if one is free.
+    pub fn wait_place(&self) -> Option<WaitPlace<'_>> {
+        let mut n = self.waiters.load(Ordering::Acquire);
+        loop {
+            if n >= self.cfg.max_waiters {
+                return None;
+            }
+            match self
+                .waiters
+                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(WaitPlace(&self.waiters)),
+                Err(now) => n = now,
+            }
+        }
+    }
+
     pub fn guards(&self, method: &http::Method) -> bool {
         self.cfg.guard_methods.iter().any(|m| m == method)
     }
@@ -134,17 +152,29 @@ impl RouteRt {
     /// The path the upstream sees: `strip_prefix` applied, the upstream's base
     /// path prepended. `path_and_query` is the request's, starting with `/`.
     pub fn upstream_path(&self, path_and_query: &str) -> String {
-        let rest = if self.cfg.strip_prefix && self.cfg.path_prefix != "/" {
+        let base = &self.cfg.upstream.base_path;
+        let (slash, rest) = if self.cfg.strip_prefix && self.cfg.path_prefix != "/" {
             let stripped = &path_and_query[self.cfg.path_prefix.len().min(path_and_query.len())..];
-            if stripped.is_empty() || stripped.starts_with('?') {
-                format!("/{stripped}")
-            } else {
-                stripped.to_string()
-            }
+            let slash = stripped.is_empty() || stripped.starts_with('?');
+            (if slash { "/" } else { "" }, stripped)
         } else {
-            path_and_query.to_string()
+            ("", path_and_query)
         };
-        format!("{}{}", self.cfg.upstream.base_path, rest)
+        // one allocation per forwarded request
+        let mut path = String::with_capacity(base.len() + slash.len() + rest.len());
+        path.push_str(base);
+        path.push_str(slash);
+        path.push_str(rest);
+        path
+    }
+}
+
+/// A place among a route's held duplicates (`max_waiters`), given back on drop.
+pub struct WaitPlace<'a>(&'a AtomicUsize);
+
+impl Drop for WaitPlace<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
-use crate::claim::{ClaimKind, Decision, Millis, SettleResult, State};
+use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
 
 pub use url::{redact_url, StoreKind, StoreUrl};
 
@@ -104,9 +104,9 @@ pub enum ClaimOutcome {
         kind: ClaimKind,
         lease_until: Millis,
     },
-    /// Somebody else decided it already; `decision` is never `Claim`.
+    /// Somebody else decided it already: the record refuses this claim.
     Existing {
-        decision: Decision,
+        decision: Refusal,
         recorded: Recorded,
     },
 }
@@ -311,8 +311,8 @@ pub(crate) fn existing_outcome(
     );
     Ok(match decision {
         Decision::Claim(_) => None,
-        d => Some(ClaimOutcome::Existing {
-            decision: d,
+        Decision::Refuse(refusal) => Some(ClaimOutcome::Existing {
+            decision: refusal,
             recorded,
         }),
     })

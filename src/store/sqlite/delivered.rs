@@ -219,7 +219,7 @@ impl Hasher for Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::claim::Decision;
+    use crate::claim::Refusal;
 
     fn counter(name: &str) -> Arc<ChangeCounter> {
         let dir =
@@ -230,7 +230,7 @@ mod tests {
     }
 
     fn now() -> Millis {
-        crate::proxy::now_ms()
+        crate::claim::now_ms()
     }
 
     fn delivered(digest: &str, body: usize) -> Readback {
@@ -245,7 +245,7 @@ mod tests {
         }
     }
 
-    fn decision(outcome: Option<ClaimOutcome>) -> Option<Decision> {
+    fn decision(outcome: Option<ClaimOutcome>) -> Option<Refusal> {
         outcome.map(|o| match o {
             ClaimOutcome::Existing { decision, .. } => decision,
             ClaimOutcome::Claimed { .. } => panic!("a cache never claims"),
@@ -262,7 +262,7 @@ mod tests {
         assert_eq!(
             hit,
             ClaimOutcome::Existing {
-                decision: Decision::Replay,
+                decision: Refusal::Replay,
                 recorded: Recorded {
                     status: Some(200),
                     content_type: None,
@@ -272,7 +272,7 @@ mod tests {
         );
         assert_eq!(
             decision(cache.answer("r", "e1", "other", now())),
-            Some(Decision::Mismatch)
+            Some(Refusal::Mismatch)
         );
         assert!(
             cache.answer("r", "e2", "d", now()).is_none(),

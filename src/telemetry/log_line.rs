@@ -386,12 +386,15 @@ mod tests {
         tracing::info!(with_message_in_middle = 1, "first {} then", "args");
     }
 
+    /// A `MakeWriter` into `sink`.
+    fn writer_into(sink: &Sink) -> impl Fn() -> Sink + Send + Sync + 'static {
+        let sink = sink.clone();
+        move || sink.clone()
+    }
+
     fn render(plain: bool) -> String {
         let sink = Sink::default();
-        let writer = {
-            let sink = sink.clone();
-            move || sink.clone()
-        };
+        let writer = writer_into(&sink);
         let builder = tracing_subscriber::fmt()
             .with_ansi(false)
             .with_max_level(Level::DEBUG)
@@ -417,7 +420,7 @@ mod tests {
             assert_eq!(rest, *f);
         }
         assert!(plain.contains(
-            "serve{port=8080 name=\"x y\"}: idemgate::cli::log_line::tests: guarded request \
+            "serve{port=8080 name=\"x y\"}: idemgate::telemetry::log_line::tests: guarded request \
              route=\"stripe\" event_id=\"evt_1PqR5s\" outcome=\"replayed\" upstream_status=200 \
              attempt=1 duration_ms=0.183262\n"
         ));
@@ -426,10 +429,7 @@ mod tests {
     #[test]
     fn terminal_controls_in_any_value_are_escaped() {
         let sink = Sink::default();
-        let writer = {
-            let sink = sink.clone();
-            move || sink.clone()
-        };
+        let writer = writer_into(&sink);
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
             .with_writer(writer)

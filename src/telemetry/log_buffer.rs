@@ -11,7 +11,7 @@
 //! The log never blocks the proxy (SPEC §9): a line that finds
 //! [`HARD_LIMIT`] bytes waiting (the output is stuck: a pipe nobody reads, a
 //! paused terminal) is dropped and counted
-//! ([`crate::metrics::LOG_LINES_DROPPED`], `idemgate_log_lines_dropped_total`),
+//! ([`crate::telemetry::LOG_LINES_DROPPED`], `idemgate_log_lines_dropped_total`),
 //! and once the output takes lines again one warning says how many were
 //! dropped. Lines reach the output in the order they were appended, at most
 //! [`LINGER`] late; [`LogGuard`]'s drop writes out the rest, and lines after
@@ -78,7 +78,7 @@ impl Shared {
             // the output is stuck: never wait for it (a request would)
             p.dropped += 1;
             drop(p);
-            crate::metrics::LOG_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
+            crate::telemetry::LOG_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         if p.closed {
@@ -466,7 +466,7 @@ mod tests {
             })
         };
         let line = vec![b'x'; 64 * 1024];
-        let before = crate::metrics::LOG_LINES_DROPPED.load(Ordering::Relaxed);
+        let before = crate::telemetry::LOG_LINES_DROPPED.load(Ordering::Relaxed);
         let lines = 3 * HARD_LIMIT / line.len();
         let t = Instant::now();
         for _ in 0..lines {
@@ -482,7 +482,7 @@ mod tests {
             dropped as usize >= lines - 2 * (HARD_LIMIT / line.len()) - 2,
             "{dropped}"
         );
-        assert!(crate::metrics::LOG_LINES_DROPPED.load(Ordering::Relaxed) >= before + dropped);
+        assert!(crate::telemetry::LOG_LINES_DROPPED.load(Ordering::Relaxed) >= before + dropped);
         assert!(
             lock(&reported).is_empty(),
             "no report while the output is stuck"

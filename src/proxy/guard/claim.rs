@@ -1,0 +1,154 @@
+//! The claim step of the guard: a read first for an event met lately, then
+//! the claim; a duplicate in flight held while [`Hold`] says so.
+
+use std::time::Instant;
+
+use crate::claim::policy::{Busy, Hold, InFlightRefusal};
+use crate::claim::{now_ms, Refusal, State};
+use crate::problem::{Problem, ProblemKind};
+use crate::proxy::routes::RouteRt;
+use crate::proxy::Gate;
+use crate::store::{ClaimOutcome, ClaimRequest, Recorded, StoreError};
+
+/// How the claim went for this delivery.
+pub(super) enum Claimed {
+    /// It is to forward, as attempt `attempt`.
+    Own { attempt: i64 },
+    /// A duplicate of a delivered event: the recorded answer.
+    Answer(Recorded),
+}
+
+/// A claim that did not come to [`Claimed`].
+pub(super) enum ClaimStop {
+    Refused(Problem),
+    /// The store did not answer: `on_store_error` decides.
+    Store(StoreError),
+}
+
+impl Gate {
+    /// Claims the event: `Own` when this request is to forward it, `Answer`
+    /// for a replay. With `in_flight: wait` a duplicate that finds a live
+    /// lease is held until the attempt settles (then replayed, or one held
+    /// request reclaims and forwards) or the lease runs out (409).
+    pub(super) async fn claim(
+        &self,
+        route: &RouteRt,
+        event_id: &str,
+        digest_hex: &str,
+    ) -> Result<Claimed, ClaimStop> {
+        let name = route.name();
+        // Duplicates of settled or in-flight events are decided by a read and
+        // never queue behind claims. An event this process has not met lately
+        // is most likely new: it claims at once, and the claim decides the
+        // rare duplicate just as the read would have.
+        let mut decided = None;
+        if self.seen.check_and_record(name, event_id) {
+            let t = Instant::now();
+            let peeked = self.store.peek(name, event_id, digest_hex, now_ms()).await;
+            self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+            // a store that cannot answer a read will not take a claim: fail fast
+            decided = peeked.map_err(ClaimStop::Store)?;
+        }
+        let mut hold = Hold::default();
+        let mut place = None;
+        loop {
+            let outcome = match decided.take() {
+                Some(outcome) => outcome,
+                None => self.try_claim(route, event_id, digest_hex).await?,
+            };
+            let retry_after_ms = match outcome {
+                ClaimOutcome::Claimed { attempt, kind, .. } => {
+                    self.metrics
+                        .claims
+                        .with_label_values(&[name, kind.as_str()])
+                        .inc();
+                    return Ok(Claimed::Own { attempt });
+                }
+                ClaimOutcome::Existing {
+                    decision: Refusal::Replay,
+                    recorded,
+                } => return Ok(Claimed::Answer(recorded)),
+                ClaimOutcome::Existing {
+                    decision: Refusal::Mismatch,
+                    ..
+                } => return Err(ClaimStop::Refused(mismatch(event_id))),
+                ClaimOutcome::Existing {
+                    decision: Refusal::InFlight { retry_after_ms },
+                    ..
+                } => retry_after_ms,
+            };
+            let busy = |r| ClaimStop::Refused(in_flight(event_id, r));
+            hold.meet(route.cfg.in_flight, now_ms(), retry_after_ms, || {
+                place = route.wait_place();
+                place.is_some()
+            })
+            .map_err(busy)?;
+            self.wait_for_change(route, event_id, &mut hold)
+                .await
+                .map_err(busy)?;
+        }
+    }
+
+    async fn try_claim(
+        &self,
+        route: &RouteRt,
+        event_id: &str,
+        digest_hex: &str,
+    ) -> Result<ClaimOutcome, ClaimStop> {
+        let req = ClaimRequest {
+            route: route.name(),
+            event_id,
+            digest: digest_hex,
+            now: now_ms(),
+            lease_ms: route.lease_ms,
+            retention_ms: route.retention_ms,
+        };
+        let t = Instant::now();
+        let res = self.store.claim(&req).await;
+        self.metrics.store_time("claim", t.elapsed().as_secs_f64());
+        res.map_err(ClaimStop::Store)
+    }
+
+    /// Holds a duplicate until its record changes or the lease it saw ends;
+    /// cheap reads only.
+    async fn wait_for_change(
+        &self,
+        route: &RouteRt,
+        event_id: &str,
+        hold: &mut Hold,
+    ) -> Result<(), InFlightRefusal> {
+        loop {
+            tokio::time::sleep(hold.pause(now_ms())?).await;
+            let t = Instant::now();
+            let rec = self.store.get(route.name(), event_id).await;
+            self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+            match rec {
+                Ok(Some(r)) if r.state() == Some(State::Processing) => hold.extend(r.lease_until),
+                // settled, released, swept, or the store hiccupped: let the claim decide
+                _ => return Ok(()),
+            }
+        }
+    }
+}
+
+fn in_flight(event_id: &str, r: InFlightRefusal) -> Problem {
+    let why = match r.why {
+        Busy::Conflict => "",
+        Busy::TooManyWaiting => " (too many deliveries of this route are already waiting)",
+        Busy::LeaseRanOut => " (its lease ran out while this delivery waited)",
+    };
+    Problem::new(
+        ProblemKind::InFlight,
+        format!("another delivery of this event is being processed{why}"),
+    )
+    .with_event_id(Some(event_id))
+    .with_retry_after(r.retry_after_secs)
+}
+
+fn mismatch(event_id: &str) -> Problem {
+    Problem::new(
+        ProblemKind::DigestMismatch,
+        "this event ID was already used with a different payload",
+    )
+    .with_event_id(Some(event_id))
+}

@@ -1,0 +1,192 @@
+//! How a request that idemgate reads whole ends, and the one place that
+//! answers it: the guarded path and the unguarded ones that read the body
+//! first come to a [`Verdict`] or stop with a [`Refused`] problem, and
+//! [`Gate::answer`] counts it and writes it.
+
+use bytes::Bytes;
+use pingora::proxy::Session;
+
+use super::forward::{self, Answered, UpstreamFailure};
+use super::respond;
+use super::routes::RouteRt;
+use super::Gate;
+use crate::metrics::{CloseReason, Outcome};
+use crate::problem::{Problem, ProblemKind};
+use crate::store::Recorded;
+
+/// What the sender gets, when it is not a problem.
+// Not boxed: an ending is moved once or twice per request, and a box would
+// be an allocation on every forwarded one.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Verdict {
+    /// The recorded answer of a delivered event.
+    Replay(Recorded),
+    /// The upstream's answer, passed on.
+    Relay(Relay),
+}
+
+/// An upstream answer to pass on.
+pub(super) struct Relay {
+    pub answered: Answered,
+    /// Body read already (to store it for replay), passed on first.
+    pub prefix: Option<Bytes>,
+    /// `forwarded`, or `unguarded` for a request forwarded without a claim.
+    pub outcome: Outcome,
+}
+
+/// A request answered with a problem.
+pub(super) struct Refused {
+    pub problem: Problem,
+    /// The `outcome` label and `Idempotency-Status`: the problem's own, but
+    /// `unguarded` for a request forwarded without a claim.
+    pub outcome: Outcome,
+    /// The connection closes after the answer (the body was not read, or
+    /// its stream is unusable).
+    pub close: bool,
+    /// The upstream had answered: a settle that did not commit.
+    pub upstream_status: Option<u16>,
+}
+
+impl Refused {
+    pub fn new(problem: Problem) -> Refused {
+        Refused {
+            outcome: problem.kind.outcome(),
+            problem,
+            close: false,
+            upstream_status: None,
+        }
+    }
+
+    pub fn closing(mut self, close: bool) -> Refused {
+        self.close = close;
+        self
+    }
+
+    /// Counted and marked `unguarded`: the request was (or was to be)
+    /// forwarded without a claim.
+    pub fn unguarded(mut self) -> Refused {
+        self.outcome = Outcome::Unguarded;
+        self
+    }
+
+    /// A body over `max_body`: 413, and the connection closes (the rest of
+    /// the body is not read).
+    pub fn too_large(max_body: u64) -> Refused {
+        let p = Problem::new(
+            ProblemKind::BodyTooLarge,
+            format!("the body is larger than {max_body} bytes"),
+        );
+        Refused::new(p).closing(true)
+    }
+
+    /// The upstream gave no answer (502 or 504); the detail names nothing of
+    /// it (SPEC §4).
+    pub fn upstream_failed(failure: &UpstreamFailure, event_id: Option<&str>) -> Refused {
+        let kind = failure.kind();
+        Refused::new(Problem::new(kind, forward::failure_detail(kind)).with_event_id(event_id))
+    }
+}
+
+/// Why the guarded path (or an unguarded one that reads the body) stopped
+/// short of a verdict.
+pub(super) enum Stop {
+    /// With a problem for the sender.
+    Refused(Refused),
+    /// The downstream session failed: nothing more is written.
+    Broken(Box<pingora::Error>),
+}
+
+impl From<Refused> for Stop {
+    fn from(r: Refused) -> Stop {
+        Stop::Refused(r)
+    }
+}
+
+impl From<Box<pingora::Error>> for Stop {
+    fn from(e: Box<pingora::Error>) -> Stop {
+        Stop::Broken(e)
+    }
+}
+
+pub(super) type Ending = Result<Verdict, Stop>;
+
+/// What an ending comes to for the log line: its outcome and the
+/// upstream's status, if it answered.
+pub(super) fn summary(ending: &Ending) -> (Outcome, Option<u16>) {
+    match ending {
+        Ok(Verdict::Replay(recorded)) => (Outcome::Replayed, recorded.status),
+        Ok(Verdict::Relay(r)) => (r.outcome, Some(r.answered.header.status.as_u16())),
+        Err(Stop::Refused(r)) => (r.outcome, r.upstream_status),
+        // the connection broke before an answer: as it was headed
+        Err(Stop::Broken(_)) => (Outcome::Forwarded, None),
+    }
+}
+
+/// How a request handled here ends for pingora: its response was written
+/// (or the connection is gone).
+pub(super) type Handled = pingora::Result<bool>;
+
+impl Gate {
+    /// The one exit of a request read whole on `route`: counts it (before
+    /// the answer goes out, so a sender that reads `/metrics` right after
+    /// finds it), then writes the replay, the upstream's answer or the
+    /// problem.
+    pub(super) async fn answer(
+        &self,
+        session: &mut Session,
+        route: &RouteRt,
+        ending: Ending,
+    ) -> Handled {
+        match ending {
+            Ok(Verdict::Replay(recorded)) => {
+                self.count(Some(route), Outcome::Replayed);
+                respond::replay(session, &recorded).await?;
+            }
+            Ok(Verdict::Relay(relay)) => {
+                self.count(Some(route), relay.outcome);
+                // Boxed: streaming the answer is most of this future's size
+                // (the connection's reuse with it), and inline it would make
+                // every request's future that large, replays and refusals too.
+                Box::pin(forward::relay(
+                    session,
+                    &self.connector,
+                    &route.idle,
+                    &route.peer,
+                    relay.answered,
+                    relay.prefix,
+                    relay.outcome.as_str(),
+                ))
+                .await?;
+            }
+            Err(Stop::Refused(refused)) => return self.refuse(session, Some(route), refused).await,
+            Err(Stop::Broken(e)) => return Err(e),
+        }
+        Ok(true)
+    }
+
+    /// Counts and writes a problem; `route` is `None` for a request that
+    /// reached no route (counted with `route=""`).
+    pub(super) async fn refuse(
+        &self,
+        session: &mut Session,
+        route: Option<&RouteRt>,
+        r: Refused,
+    ) -> Handled {
+        self.count(route, r.outcome);
+        if r.problem.kind == ProblemKind::BodyTimeout {
+            // a 408 closes its connection
+            self.metrics.connection_closed(CloseReason::BodyTimeout);
+        }
+        respond::problem(session, &r.problem, r.outcome.as_str(), r.close).await?;
+        Ok(true)
+    }
+
+    fn count(&self, route: Option<&RouteRt>, outcome: Outcome) {
+        match route {
+            Some(route) => self
+                .metrics
+                .route_request(&route.requests, route.name(), outcome),
+            None => self.metrics.request("", outcome),
+        }
+    }
+}
