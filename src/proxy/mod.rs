@@ -387,7 +387,7 @@ mod tests {
         let cfg = crate::config::load_str(&yaml, "x.yaml", &|_| None)
             .unwrap()
             .config;
-        let store = crate::store::open(&cfg.store.url, 1).await.unwrap();
+        let store = crate::store::open_url(&cfg.store.url, 1).await.unwrap();
         let gate = Gate {
             routes: RouteTable::new(cfg.routes.clone()).unwrap(),
             store,

@@ -27,7 +27,7 @@ use subtle::{Choice, ConstantTimeEq};
 pub mod sign;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 type HmacSha256 = Hmac<Sha256>;
 

@@ -4,6 +4,7 @@ mod admin;
 mod resolve;
 mod rules;
 mod secrets;
+mod svix_ids;
 mod units;
 mod values;
 
