@@ -68,6 +68,7 @@ pub struct RawConfig {
     pub downstream: Option<RawDownstream>,
     pub tls: Option<RawTls>,
     pub admin: Option<RawAdmin>,
+    pub upgrade_sock: Option<String>,
 }
 
 impl RawConfig {
@@ -85,6 +86,7 @@ impl RawConfig {
             downstream,
             tls,
             admin,
+            upgrade_sock,
         } = self;
         listen.is_none()
             && admin_listen.is_none()
@@ -97,6 +99,7 @@ impl RawConfig {
             && downstream.is_none()
             && tls.is_none()
             && admin.is_none()
+            && upgrade_sock.is_none()
     }
 }
 
