@@ -450,21 +450,17 @@ impl Gate {
                     unreachable!("stores never return a claimable record as existing")
                 }
             };
-            let in_flight = |retry_after_ms: Millis, why: &str| {
-                Problem::new(
-                    ProblemKind::InFlight,
-                    format!("another delivery of this event is being processed{why}"),
-                )
-                .with_event_id(Some(event_id))
-                .with_retry_after(claim::retry_after_secs(retry_after_ms))
-            };
             if route.cfg.in_flight != InFlight::Wait {
-                return Err(in_flight(retry_after_ms, ""));
+                return Err(in_flight(event_id, retry_after_ms, ""));
+            }
+            if self.in_flight.handing_over() {
+                return Err(in_flight(event_id, retry_after_ms, HANDING_OVER));
             }
             if waiting.is_none() {
                 waiting = Some(
                     WaitSlot::take(&route.waiters, route.cfg.max_waiters).ok_or_else(|| {
                         in_flight(
+                            event_id,
                             retry_after_ms,
                             " (too many deliveries of this route are already waiting)",
                         )
@@ -472,29 +468,49 @@ impl Gate {
                 );
             }
             lease_end = lease_end.max(now_ms() + retry_after_ms);
-            // Hold until the record changes or the lease ends; cheap reads only.
-            loop {
-                let left = lease_end - now_ms();
-                if left <= 0 {
-                    return Err(in_flight(
-                        1,
-                        " (its lease ran out while this delivery waited)",
-                    ));
-                }
-                tokio::time::sleep(backoff.min(Duration::from_millis(left as u64))).await;
-                backoff = (backoff * 2).min(Duration::from_millis(200));
-                let t = Instant::now();
-                let rec = self.store.get(name, event_id).await;
-                self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
-                match rec {
-                    Ok(Some(r)) if r.state() == Some(claim::State::Processing) => {
-                        if let Some(until) = r.lease_until {
-                            lease_end = lease_end.max(until);
-                        }
+            self.hold(name, event_id, &mut lease_end, &mut backoff)
+                .await?;
+        }
+    }
+
+    /// Holds a duplicate until its event's record leaves `processing`
+    /// (`Ok`: the claim decides again), its lease ends, or this process
+    /// hands its listeners over to a new one (SPEC §10; both `Err`, a 409
+    /// at once). Cheap reads only. `lease_end` is the latest lease end seen.
+    async fn hold(
+        &self,
+        name: &str,
+        event_id: &str,
+        lease_end: &mut Millis,
+        backoff: &mut Duration,
+    ) -> std::result::Result<(), Problem> {
+        let handed_over = self.in_flight.handed_over();
+        tokio::pin!(handed_over);
+        loop {
+            let left = *lease_end - now_ms();
+            if left <= 0 {
+                return Err(in_flight(
+                    event_id,
+                    1,
+                    " (its lease ran out while this delivery waited)",
+                ));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep((*backoff).min(Duration::from_millis(left as u64))) => {}
+                _ = &mut handed_over => return Err(in_flight(event_id, left, HANDING_OVER)),
+            }
+            *backoff = (*backoff * 2).min(Duration::from_millis(200));
+            let t = Instant::now();
+            let rec = self.store.get(name, event_id).await;
+            self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+            match rec {
+                Ok(Some(r)) if r.state() == Some(claim::State::Processing) => {
+                    if let Some(until) = r.lease_until {
+                        *lease_end = (*lease_end).max(until);
                     }
-                    // settled, released, swept, or the store hiccupped: let the claim decide
-                    _ => break,
                 }
+                // settled, released, swept, or the store hiccupped: let the claim decide
+                _ => return Ok(()),
             }
         }
     }
@@ -844,6 +860,19 @@ const SETTLE_DEADLINE: Duration = Duration::from_secs(3);
 enum Claimed {
     Own { attempt: i64 },
     Answer(Recorded),
+}
+
+/// Why a held duplicate is answered at once when the process hands over.
+const HANDING_OVER: &str = " (this process is handing over to a new one: retry then)";
+
+/// The 409 for a duplicate of an event in flight; `why` completes the detail.
+fn in_flight(event_id: &str, retry_after_ms: Millis, why: &str) -> Problem {
+    Problem::new(
+        ProblemKind::InFlight,
+        format!("another delivery of this event is being processed{why}"),
+    )
+    .with_event_id(Some(event_id))
+    .with_retry_after(claim::retry_after_secs(retry_after_ms))
 }
 
 fn mismatch(event_id: &str) -> Problem {
