@@ -5,21 +5,18 @@
 //! `upgrade_sock`, SIGQUIT makes this process hand it the listening sockets
 //! and drain like a graceful stop.
 
-use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc, OnceLock};
+mod upgrade;
+
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::{
-    ExecutionPhase, ListenFds, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch,
-};
+use pingora::server::{ExecutionPhase, RunArgs, Server};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
-use pingora::services::{ServiceReadyNotifier, ServiceWithDependents};
 
 use crate::admin::Admin;
 use crate::config::Config;
@@ -30,138 +27,7 @@ use crate::proxy::routes::RouteTable;
 use crate::proxy::{Gate, InFlightRequests};
 use crate::store::ClaimStore;
 use crate::sweeper::Sweeper;
-
-/// How long SIGQUIT waits for a new `serve --upgrade` to appear on
-/// `upgrade_sock` (it may still be connecting its store); past it the
-/// SIGQUIT is ignored and this process goes on serving.
-const WAIT_FOR_SUCCESSOR: Duration = Duration::from_secs(30);
-
-/// pingora's table of listening sockets, once the proxy service has it.
-type SharedFds = Arc<OnceLock<ListenFds>>;
-
-/// SIGTERM and SIGINT mean "stop gracefully"; SIGQUIT means "hand the
-/// listening sockets to the new process waiting on `upgrade_sock`, then stop
-/// gracefully" — and is ignored (logged) when no new process comes.
-struct Signals {
-    upgrade_sock: PathBuf,
-    fds: SharedFds,
-    in_flight: Arc<InFlightRequests>,
-}
-
-#[async_trait]
-impl ShutdownSignalWatch for Signals {
-    async fn recv(&self) -> ShutdownSignal {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-        let mut quit = signal(SignalKind::quit()).expect("SIGQUIT handler");
-        loop {
-            let upgrade = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-                _ = quit.recv() => "SIGQUIT",
-            };
-            if upgrade != "SIGQUIT" {
-                tracing::info!("{upgrade}: stopping gracefully");
-                return ShutdownSignal::GracefulTerminate;
-            }
-            // a stop asked for while waiting for the new process wins
-            let handed = tokio::select! {
-                handed = self.hand_over() => handed,
-                _ = term.recv() => true,
-                _ = int.recv() => true,
-            };
-            if handed {
-                return ShutdownSignal::GracefulTerminate;
-            }
-        }
-    }
-}
-
-impl Signals {
-    /// Waits for the new process on `upgrade_sock` and sends it the
-    /// listening sockets (proxy and admin); `true` once they are sent.
-    async fn hand_over(&self) -> bool {
-        let sock = self.upgrade_sock.display().to_string();
-        tracing::info!(upgrade_sock = %sock, "SIGQUIT: handing the listening sockets to the new process");
-        let deadline = Instant::now() + WAIT_FOR_SUCCESSOR;
-        while !is_socket(&self.upgrade_sock) {
-            if Instant::now() >= deadline {
-                tracing::error!(
-                    upgrade_sock = %sock,
-                    "SIGQUIT ignored: no `serve --upgrade` waits on upgrade_sock (30s); still serving"
-                );
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let Some(fds) = self.fds.get().cloned() else {
-            tracing::error!("SIGQUIT ignored: the listeners are not open yet; still serving");
-            return false;
-        };
-        let path = sock.clone();
-        let sent =
-            tokio::task::spawn_blocking(move || fds.lock().send_to_sock(path.as_str())).await;
-        match sent {
-            Ok(Ok(_)) => {
-                // held duplicates are answered now; the stop follows at once
-                self.in_flight.hand_over();
-                tracing::info!("listening sockets handed over; draining");
-                true
-            }
-            Ok(Err(e)) => {
-                tracing::error!(upgrade_sock = %sock, error = %e, "cannot hand the listening sockets over; still serving");
-                false
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "the hand-over failed; still serving");
-                false
-            }
-        }
-    }
-}
-
-fn is_socket(path: &Path) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
-}
-
-/// The proxy service, keeping hold of pingora's table of listening sockets
-/// (shared by every service) for the hand-over on SIGQUIT.
-struct KeepFds<S> {
-    inner: S,
-    fds: SharedFds,
-}
-
-#[async_trait]
-impl<S: ServiceWithDependents> ServiceWithDependents for KeepFds<S> {
-    async fn start_service(
-        &mut self,
-        fds: Option<ListenFds>,
-        shutdown: ShutdownWatch,
-        listeners_per_fd: usize,
-        ready_notifier: ServiceReadyNotifier,
-    ) {
-        if let Some(f) = &fds {
-            let _ = self.fds.set(f.clone());
-        }
-        self.inner
-            .start_service(fds, shutdown, listeners_per_fd, ready_notifier)
-            .await
-    }
-
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn threads(&self) -> Option<usize> {
-        self.inner.threads()
-    }
-
-    fn listen_addresses(&self) -> Option<Vec<String>> {
-        self.inner.listen_addresses()
-    }
-}
+use upgrade::{KeepFds, SharedFds, Signals};
 
 /// pingora's settings for one idemgate process. The pid file defaults to
 /// a fixed `/tmp` path that two processes would share; the upgrade socket
@@ -233,6 +99,7 @@ pub fn run(
     metrics: Metrics,
     upgrade: bool,
 ) -> Result<(), String> {
+    let signals = upgrade::catch_signals()?;
     if !upgrade {
         check_free(&config)?;
     }
@@ -251,6 +118,11 @@ pub fn run(
         );
     }
     server.bootstrap();
+    if upgrade {
+        // the sockets are here: systemd is to follow this process from now
+        // on, before the old one exits (it lingers for this)
+        upgrade::notify_systemd();
+    }
     let fds = SharedFds::default();
     let table = add_services(&mut server, &config, gate, store, metrics, fds.clone());
     let (done, finished) = mpsc::channel();
@@ -259,6 +131,7 @@ pub fn run(
         in_flight.clone(),
         table,
         config.shutdown_grace,
+        upgrade,
         done.clone(),
     );
     tracing::info!(
@@ -270,6 +143,7 @@ pub fn run(
         "idemgate serving"
     );
     let signals = Signals {
+        signals: tokio::sync::Mutex::new(signals),
         upgrade_sock: config.upgrade_sock.clone(),
         fds,
         in_flight,
@@ -342,7 +216,8 @@ fn add_services(
     table
 }
 
-/// Follows pingora's phases: once running, tells systemd ([`notify_systemd`]);
+/// Follows pingora's phases: once running, tells systemd ([`upgrade::notify_systemd`];
+/// an upgrade did so on receiving the sockets);
 /// once the stop begins, waits for the drain ([`drain`]) and says so on
 /// `done`.
 fn spawn_drain_watch(
@@ -350,15 +225,16 @@ fn spawn_drain_watch(
     in_flight: Arc<InFlightRequests>,
     table: Arc<Table>,
     grace: Duration,
+    upgraded: bool,
     done: mpsc::Sender<()>,
 ) {
     std::thread::spawn(move || loop {
         match phases.blocking_recv() {
-            Ok(ExecutionPhase::Running) => notify_systemd(),
+            Ok(ExecutionPhase::Running) if !upgraded => upgrade::notify_systemd(),
             Ok(ExecutionPhase::ShutdownStarted) => {
                 let stopped = Instant::now();
                 drain(&in_flight, &table, grace);
-                if in_flight.handing_over() {
+                if in_flight.handing_over() && std::env::var_os("NOTIFY_SOCKET").is_some() {
                     // the new process tells systemd it is the main process
                     // now; this one must not exit before (systemd would
                     // stop the service, the new process with it)
@@ -374,33 +250,10 @@ fn spawn_drain_watch(
     });
 }
 
-/// After a hand-over, the old process lives at least this long.
-const HAND_OVER_LINGER: Duration = Duration::from_secs(1);
-
-/// Under systemd (`Type=notify`, `NotifyAccess=all`, `NOTIFY_SOCKET` set):
-/// this process is the service's main process and is ready. After an
-/// upgrade that makes the new process the one systemd watches (and sends
-/// SIGQUIT to on the next reload). Nothing without `NOTIFY_SOCKET`.
-fn notify_systemd() {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::net::UnixDatagram;
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let msg = format!("MAINPID={}\nREADY=1\n", std::process::id());
-    let sent = UnixDatagram::unbound().and_then(|sock| match path.as_bytes() {
-        [b'@', name @ ..] => {
-            use std::os::linux::net::SocketAddrExt;
-            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
-            sock.send_to_addr(msg.as_bytes(), &addr)
-        }
-        _ => sock.send_to(msg.as_bytes(), &path),
-    });
-    match sent {
-        Ok(_) => tracing::info!("told systemd: ready, main process {}", std::process::id()),
-        Err(e) => tracing::warn!(error = %e, "cannot notify systemd (NOTIFY_SOCKET)"),
-    }
-}
+/// After a hand-over under systemd, the old process lives at least this
+/// long: the new one tells systemd it is the main process as soon as it has
+/// the sockets.
+const HAND_OVER_LINGER: Duration = Duration::from_secs(2);
 
 /// Waits, up to `grace`, until no guarded request is in flight and no
 /// client connection has a request in progress or coming (idle kept-alive

@@ -244,9 +244,19 @@ fn check_load(seen: &Seen, up: &Consumer) {
         "connection errors: {:?}",
         seen.errors
     );
+    let mut at_consumer = std::collections::HashMap::<String, usize>::new();
+    for r in up.received() {
+        *at_consumer
+            .entry(r.key().unwrap_or("").to_string())
+            .or_default() += 1;
+    }
     for (id, status, how) in &seen.firsts {
         assert_eq!((*status, how.as_str()), (200, "forwarded"), "{id}");
-        assert_eq!(up.count(id), 1, "{id} reached the consumer once");
+        assert_eq!(
+            at_consumer.get(id),
+            Some(&1),
+            "{id} reached the consumer once"
+        );
     }
     for (id, status, replayed) in &seen.duplicates {
         assert_eq!(
@@ -313,9 +323,42 @@ fn upgrade_under_load(dir: TempDir, store: String) {
     });
     std::thread::sleep(Duration::from_millis(300));
 
+    // connections the old process accepted before the SIGQUIT whose
+    // requests come after it: answered, not cut
+    let early: Vec<Client> = (0..3).map(|_| Client::connect(addr).unwrap()).collect();
+    let old_log = old.log_path.clone();
+    let late = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(&old_log)
+            .unwrap_or_default()
+            .contains("listening sockets handed over")
+        {
+            assert!(Instant::now() < deadline, "no hand-over");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        early
+            .into_iter()
+            .map(|mut c| {
+                let id = eid("late");
+                let r = c.request("POST", "/hooks/a", &[("X-Event-ID", &id)], b"{}");
+                (id, r.map_err(|e| e.to_string()))
+            })
+            .collect::<Vec<_>>()
+    });
+
     s.write(&routes_v2(&up.url()));
     let quit = Instant::now();
     let (new, overlap) = s.upgrade(&mut old);
+    for (id, r) in late.join().unwrap() {
+        let r = r.unwrap_or_else(|e| panic!("{id}, connected before the SIGQUIT: {e}"));
+        assert_eq!(r.status, 200, "{id}: {r:?}");
+        assert_eq!(r.header("Connection"), Some("close"), "{id}: {r:?}");
+        assert_eq!(up.count(&id), 1);
+        assert!(
+            old.log().contains(&id),
+            "{id} was answered by the old process"
+        );
+    }
 
     let slow_answer = first.join().unwrap();
     assert_eq!(slow_answer.status, 200, "{slow_answer:?}");
