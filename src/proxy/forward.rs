@@ -319,6 +319,7 @@ pub fn bodiless(method: &http::Method, status: u16) -> bool {
 /// Streams the rest of the upstream's body to the sender and keeps the
 /// upstream connection among the route's idle ones when it is reusable.
 /// `prefix` is body that was already read (to be stored for replay).
+#[allow(clippy::too_many_arguments)]
 pub async fn relay(
     session: &mut Session,
     connector: &Connector,
