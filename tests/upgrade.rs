@@ -284,50 +284,67 @@ fn routes_v2(up: &str) -> String {
     )
 }
 
-/// The whole story of SPEC §10 on one store; see the module comment.
-fn upgrade_under_load(dir: TempDir, store: String) {
-    let up = Consumer::start().unwrap();
-    let mut s = Setup::new(dir, store);
-    s.write(&routes_v1(&up.url()));
-    let mut old = s.start();
-    assert_eq!(
-        sample::deliver(s.addr, "/hooks/b", Some(&eid("early")), b"{}")
-            .unwrap()
-            .status,
-        404,
-        "route b is not there yet"
-    );
+/// One slow delivery in flight at the SIGQUIT, and a duplicate of it held
+/// (`in_flight: wait`): each thread gives the answer and when it came.
+struct Slow {
+    id: String,
+    first: std::thread::JoinHandle<(Response, Instant)>,
+    held: std::thread::JoinHandle<(Response, Instant)>,
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let (seen, clients) = load(s.addr, "/hooks/a", 4, stop.clone());
-    std::thread::sleep(Duration::from_millis(500));
-
-    // one slow delivery in flight at the SIGQUIT, and a duplicate of it held
-    let slow = eid("slow");
-    up.script(
-        &slow,
-        vec![Reply::status(200).delay(Duration::from_millis(2500))],
-    );
-    let addr = s.addr;
-    let deliver_slow = {
-        let slow = slow.clone();
-        move || sample::deliver(addr, "/hooks/a", Some(&slow), b"{\"slow\":1}").unwrap()
-    };
-    let first = std::thread::spawn(deliver_slow.clone());
-    while up.count(&slow) == 0 {
-        std::thread::sleep(Duration::from_millis(5));
+impl Slow {
+    fn start(up: &Consumer, addr: SocketAddr) -> Slow {
+        let id = eid("slow");
+        up.script(
+            &id,
+            vec![Reply::status(200).delay(Duration::from_millis(2500))],
+        );
+        let deliver = {
+            let id = id.clone();
+            move || {
+                let r = sample::deliver(addr, "/hooks/a", Some(&id), b"{\"slow\":1}").unwrap();
+                (r, Instant::now())
+            }
+        };
+        let first = std::thread::spawn(deliver.clone());
+        while up.count(&id) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let held = std::thread::spawn(deliver);
+        std::thread::sleep(Duration::from_millis(300));
+        Slow { id, first, held }
     }
-    let held = std::thread::spawn(move || {
-        let r = deliver_slow();
-        (r, Instant::now())
-    });
-    std::thread::sleep(Duration::from_millis(300));
 
-    // connections the old process accepted before the SIGQUIT whose
-    // requests come after it: answered, not cut
+    /// The slow one answered 200 by the old process; the held one 409 with
+    /// `Retry-After` at once after the SIGQUIT, not when the slow one ends.
+    fn check(self, quit: Instant, old: &Serve) -> String {
+        let (first, _) = self.first.join().unwrap();
+        assert_eq!(first.status, 200, "{first:?}");
+        assert_eq!(first.header("Idempotency-Status"), Some("forwarded"));
+        assert!(
+            old.log().contains(&self.id),
+            "the old process answered the slow one"
+        );
+        let (held, at) = self.held.join().unwrap();
+        assert_eq!(held.status, 409, "{held:?}");
+        assert!(held.header("Retry-After").is_some(), "{held:?}");
+        let after = at.duration_since(quit);
+        assert!(
+            after < Duration::from_millis(1500),
+            "the held duplicate was answered {after:?} after the SIGQUIT, not at once"
+        );
+        self.id
+    }
+}
+
+/// Connections the old process accepted before the SIGQUIT whose requests
+/// come after the hand-over: each (event ID, answer).
+type Late = std::thread::JoinHandle<Vec<(String, Result<Response, String>)>>;
+
+fn connect_early(addr: SocketAddr, old: &Serve) -> Late {
     let early: Vec<Client> = (0..3).map(|_| Client::connect(addr).unwrap()).collect();
     let old_log = old.log_path.clone();
-    let late = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !std::fs::read_to_string(&old_log)
             .unwrap_or_default()
@@ -343,12 +360,12 @@ fn upgrade_under_load(dir: TempDir, store: String) {
                 let r = c.request("POST", "/hooks/a", &[("X-Event-ID", &id)], b"{}");
                 (id, r.map_err(|e| e.to_string()))
             })
-            .collect::<Vec<_>>()
-    });
+            .collect()
+    })
+}
 
-    s.write(&routes_v2(&up.url()));
-    let quit = Instant::now();
-    let (new, overlap) = s.upgrade(&mut old);
+/// Answered by the old process, not cut, with `Connection: close`.
+fn check_late(late: Late, up: &Consumer, old: &Serve) {
     for (id, r) in late.join().unwrap() {
         let r = r.unwrap_or_else(|e| panic!("{id}, connected before the SIGQUIT: {e}"));
         assert_eq!(r.status, 200, "{id}: {r:?}");
@@ -359,25 +376,28 @@ fn upgrade_under_load(dir: TempDir, store: String) {
             "{id} was answered by the old process"
         );
     }
+}
 
-    let slow_answer = first.join().unwrap();
-    assert_eq!(slow_answer.status, 200, "{slow_answer:?}");
-    assert_eq!(slow_answer.header("Idempotency-Status"), Some("forwarded"));
-    let (held_answer, held_at) = held.join().unwrap();
-    assert_eq!(held_answer.status, 409, "{held_answer:?}");
-    assert!(
-        held_answer.header("Retry-After").is_some(),
-        "{held_answer:?}"
-    );
-    let held_after = held_at.duration_since(quit);
-    assert!(
-        held_after < Duration::from_millis(1500),
-        "the held duplicate was answered {held_after:?} after the SIGQUIT, not at once"
-    );
-    assert!(
-        old.log().contains(&slow),
-        "the old process answered the slow one"
-    );
+/// The whole story of SPEC §10 on one store; see the module comment.
+fn upgrade_under_load(dir: TempDir, store: String) {
+    let up = Consumer::start().unwrap();
+    let mut s = Setup::new(dir, store);
+    s.write(&routes_v1(&up.url()));
+    let mut old = s.start();
+    let r = sample::deliver(s.addr, "/hooks/b", Some(&eid("early")), b"{}").unwrap();
+    assert_eq!(r.status, 404, "route b is not there yet");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (seen, clients) = load(s.addr, "/hooks/a", 4, stop.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    let slow = Slow::start(&up, s.addr);
+    let late = connect_early(s.addr, &old);
+
+    s.write(&routes_v2(&up.url()));
+    let quit = Instant::now();
+    let (new, overlap) = s.upgrade(&mut old);
+    check_late(late, &up, &old);
+    let slow = slow.check(quit, &old);
 
     // the load goes on against the new process for a while
     std::thread::sleep(Duration::from_millis(1000));
@@ -643,41 +663,22 @@ fn a_plain_start_on_a_busy_port_exits_1() {
     assert!(p.log().contains("cannot listen on"), "{}", p.log());
 }
 
-/// systemd's side of `config/systemd/idemgate.service`, played by the test:
-/// a notify socket (`Type=notify`, `NotifyAccess=all`) and the unit's own
-/// `ExecReload` shell command with `$MAINPID`. The plain start says
-/// `MAINPID=` and `READY=1`; after the reload the new process says it is
-/// the main process, before the old one has exited; the old exits 0.
-#[test]
-fn the_systemd_unit_reloads_without_downtime() {
-    use std::os::unix::net::UnixDatagram;
-    let up = Consumer::start().unwrap();
-    let dir = TempDir::new("upgrade-systemd");
-    let store = dir.sqlite_url("u.db");
-    let notify_path = dir.path().join("notify.sock");
-    let notify = UnixDatagram::bind(&notify_path).unwrap();
-    notify
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut s = Setup::new(dir, store);
-    s.env = vec![(
-        "NOTIFY_SOCKET".to_string(),
-        notify_path.display().to_string(),
-    )];
-    s.write(&routes_v1(&up.url()));
-    let mut old = s.start();
-    let main_pid = |notify: &UnixDatagram| {
-        let mut buf = [0u8; 256];
-        let n = notify.recv(&mut buf).expect("a notify message");
-        let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
-        assert!(msg.contains("READY=1"), "{msg}");
-        msg.lines()
-            .find_map(|l| l.strip_prefix("MAINPID="))
-            .expect("MAINPID=")
-            .to_string()
-    };
-    assert_eq!(main_pid(&notify), old.pid());
+/// The `MAINPID=` of the next notify message (which also says `READY=1`).
+fn main_pid(notify: &std::os::unix::net::UnixDatagram) -> String {
+    let mut buf = [0u8; 256];
+    let n = notify.recv(&mut buf).expect("a notify message");
+    let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(msg.contains("READY=1"), "{msg}");
+    msg.lines()
+        .find_map(|l| l.strip_prefix("MAINPID="))
+        .expect("MAINPID=")
+        .to_string()
+}
 
+/// The unit's `ExecReload` upgrade command, as systemd would run it under
+/// `sh -c`: `$$` becomes `$` (systemd sets MAINPID for ExecReload), with
+/// this build's binary.
+fn reload_script() -> String {
     let unit = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("config/systemd/idemgate.service"),
     )
@@ -688,36 +689,89 @@ fn the_systemd_unit_reloads_without_downtime() {
         .collect();
     assert_eq!(reloads.len(), 2, "check, then the upgrade: {reloads:?}");
     assert_eq!(reloads[0], "/usr/local/bin/idemgate check");
-    // systemd turns `$$` into `$`, and sets MAINPID for ExecReload
-    let script = reloads[1]
+    reloads[1]
         .strip_prefix("/bin/sh -c '")
         .and_then(|c| c.strip_suffix('\''))
         .expect("ExecReload=/bin/sh -c '...'")
         .replace("/usr/local/bin/idemgate", bin())
-        .replace("$$", "$");
+        .replace("$$", "$")
+}
+
+/// A process this test did not start itself (the reload's); SIGTERM, and
+/// waits until it is gone, also when the test fails first.
+struct Adopted(String);
+
+impl Adopted {
+    fn gone(&self) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0));
+        stat.map_or(true, |st| st.contains(") Z "))
+    }
+
+    fn stop(&self) -> bool {
+        let _ = Command::new("kill").args(["-TERM", &self.0]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.gone() {
+            if Instant::now() >= deadline {
+                let _ = Command::new("kill").args(["-KILL", &self.0]).status();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+}
+
+impl Drop for Adopted {
+    fn drop(&mut self) {
+        if !self.gone() {
+            self.stop();
+        }
+    }
+}
+
+/// systemd's side of `config/systemd/idemgate.service`, played by the test:
+/// a notify socket (`Type=notify`, `NotifyAccess=all`) and the unit's own
+/// `ExecReload` shell command with `$MAINPID`. The plain start says
+/// `MAINPID=` and `READY=1`; after the reload the new process says it is
+/// the main process, before the old one has exited; the old exits 0.
+#[test]
+fn the_systemd_unit_reloads_without_downtime() {
+    let up = Consumer::start().unwrap();
+    let dir = TempDir::new("upgrade-systemd");
+    let store = dir.sqlite_url("u.db");
+    let notify_path = dir.path().join("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut s = Setup::new(dir, store);
+    let notify_env = notify_path.display().to_string();
+    s.env = vec![("NOTIFY_SOCKET".to_string(), notify_env.clone())];
+    s.write(&routes_v1(&up.url()));
+    let mut old = s.start();
+    assert_eq!(main_pid(&notify), old.pid());
+
     s.write(&routes_v2(&up.url()));
-    let (code, _, err) = cli_env(
-        &["check"],
-        &[("IDEMGATE_CONFIG", s.config.to_str().unwrap())],
-    );
+    let config = s.config.display().to_string();
+    let (code, _, err) = cli_env(&["check"], &[("IDEMGATE_CONFIG", &config)]);
     assert_eq!(code, 0, "{err}");
     let log = std::fs::File::create(s.dir.path().join("reloaded.log")).unwrap();
     let status = Command::new("/bin/sh")
-        .args(["-c", &script])
+        .args(["-c", &reload_script()])
         .env("MAINPID", old.pid())
-        .env("IDEMGATE_CONFIG", &s.config)
-        .env("NOTIFY_SOCKET", &notify_path)
+        .env("IDEMGATE_CONFIG", &config)
+        .env("NOTIFY_SOCKET", &notify_env)
         .env("RUST_LOG", "info")
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .status()
         .unwrap();
     assert!(status.success());
-    let new_pid = main_pid(&notify);
-    assert_ne!(new_pid, old.pid());
+    let new = Adopted(main_pid(&notify));
+    assert_ne!(new.0, old.pid());
     assert!(
         old.running(),
-        "the old process is still draining when the new one takes over"
+        "the old process is still there when the new one takes over"
     );
     assert_eq!(old.wait(Duration::from_secs(30)), Some(0), "{}", old.log());
     let b = eid("systemd-b");
@@ -728,18 +782,5 @@ fn the_systemd_unit_reloads_without_downtime() {
         "served by the new process"
     );
     // systemctl stop: SIGTERM to the new main process
-    let gone = |pid: &str| {
-        !Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|st| st.contains(") Z "))
-    };
-    Command::new("kill")
-        .args(["-TERM", &new_pid])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !gone(&new_pid) {
-        assert!(Instant::now() < deadline, "the new process did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(new.stop(), "the new process stops on SIGTERM");
 }

@@ -406,49 +406,14 @@ impl Gate {
         loop {
             let outcome = match decided.take() {
                 Some(outcome) => outcome,
-                None => {
-                    let req = ClaimRequest {
-                        route: name,
-                        event_id,
-                        digest: digest_hex,
-                        now: now_ms(),
-                        lease_ms: route.lease_ms,
-                        retention_ms: route.retention_ms,
-                    };
-                    let t = Instant::now();
-                    let res = self.store.claim(&req).await;
-                    self.metrics.store_time("claim", t.elapsed().as_secs_f64());
-                    res.map_err(unavailable)?
-                }
+                None => self
+                    .claim_once(route, event_id, digest_hex)
+                    .await
+                    .map_err(unavailable)?,
             };
-            let retry_after_ms = match outcome {
-                ClaimOutcome::Claimed { attempt, kind, .. } => {
-                    self.metrics
-                        .claims
-                        .with_label_values(&[name, kind.as_str()])
-                        .inc();
-                    return Ok(Claimed::Own { attempt });
-                }
-                ClaimOutcome::Existing {
-                    decision: Decision::Replay,
-                    recorded,
-                } => {
-                    return Ok(Claimed::Answer(recorded));
-                }
-                ClaimOutcome::Existing {
-                    decision: Decision::Mismatch,
-                    ..
-                } => return Err(mismatch(event_id)),
-                ClaimOutcome::Existing {
-                    decision: Decision::InFlight { retry_after_ms },
-                    ..
-                } => retry_after_ms,
-                ClaimOutcome::Existing {
-                    decision: Decision::Claim(_),
-                    ..
-                } => {
-                    unreachable!("stores never return a claimable record as existing")
-                }
+            let retry_after_ms = match self.decide(name, event_id, outcome)? {
+                Ok(claimed) => return Ok(claimed),
+                Err(retry_after_ms) => retry_after_ms,
             };
             if route.cfg.in_flight != InFlight::Wait {
                 return Err(in_flight(event_id, retry_after_ms, ""));
@@ -470,6 +435,65 @@ impl Gate {
             lease_end = lease_end.max(now_ms() + retry_after_ms);
             self.hold(name, event_id, &mut lease_end, &mut backoff)
                 .await?;
+        }
+    }
+
+    /// One claim in the store, timed.
+    async fn claim_once(
+        &self,
+        route: &RouteRt,
+        event_id: &str,
+        digest_hex: &str,
+    ) -> std::result::Result<ClaimOutcome, crate::store::StoreError> {
+        let req = ClaimRequest {
+            route: route.name(),
+            event_id,
+            digest: digest_hex,
+            now: now_ms(),
+            lease_ms: route.lease_ms,
+            retention_ms: route.retention_ms,
+        };
+        let t = Instant::now();
+        let res = self.store.claim(&req).await;
+        self.metrics.store_time("claim", t.elapsed().as_secs_f64());
+        res
+    }
+
+    /// What a claim's outcome means: this request's to forward or a replay
+    /// (`Ok(Ok)`), a refusal (`Err`), or another delivery in flight
+    /// (`Ok(Err(retry_after_ms))`).
+    fn decide(
+        &self,
+        name: &str,
+        event_id: &str,
+        outcome: ClaimOutcome,
+    ) -> std::result::Result<std::result::Result<Claimed, Millis>, Problem> {
+        match outcome {
+            ClaimOutcome::Claimed { attempt, kind, .. } => {
+                self.metrics
+                    .claims
+                    .with_label_values(&[name, kind.as_str()])
+                    .inc();
+                Ok(Ok(Claimed::Own { attempt }))
+            }
+            ClaimOutcome::Existing {
+                decision: Decision::Replay,
+                recorded,
+            } => Ok(Ok(Claimed::Answer(recorded))),
+            ClaimOutcome::Existing {
+                decision: Decision::Mismatch,
+                ..
+            } => Err(mismatch(event_id)),
+            ClaimOutcome::Existing {
+                decision: Decision::InFlight { retry_after_ms },
+                ..
+            } => Ok(Err(retry_after_ms)),
+            ClaimOutcome::Existing {
+                decision: Decision::Claim(_),
+                ..
+            } => {
+                unreachable!("stores never return a claimable record as existing")
+            }
         }
     }
 
