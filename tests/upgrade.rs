@@ -703,8 +703,10 @@ struct Adopted(String);
 
 impl Adopted {
     fn gone(&self) -> bool {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0));
-        stat.map_or(true, |st| st.contains(") Z "))
+        match std::fs::read_to_string(format!("/proc/{}/stat", self.0)) {
+            Ok(stat) => stat.contains(") Z "),
+            Err(_) => true,
+        }
     }
 
     fn stop(&self) -> bool {
@@ -753,7 +755,7 @@ fn the_systemd_unit_reloads_without_downtime() {
 
     s.write(&routes_v2(&up.url()));
     let config = s.config.display().to_string();
-    let (code, _, err) = cli_env(&["check"], &[("IDEMGATE_CONFIG", &config)]);
+    let (code, _, err) = cli_env(&["check"], &[("IDEMGATE_CONFIG", config.as_str())]);
     assert_eq!(code, 0, "{err}");
     let log = std::fs::File::create(s.dir.path().join("reloaded.log")).unwrap();
     let status = Command::new("/bin/sh")
