@@ -255,16 +255,24 @@ fn spawn_drain_watch(
 /// the sockets.
 const HAND_OVER_LINGER: Duration = Duration::from_secs(2);
 
+/// How long the drain must see nothing in progress before it ends: a
+/// connection pingora accepted just before the stop reaches the connection
+/// table only when its task first runs.
+const QUIET: Duration = Duration::from_millis(200);
+
 /// Waits, up to `grace`, until no guarded request is in flight and no
-/// client connection has a request in progress or coming (idle kept-alive
-/// connections are closed meanwhile).
+/// client connection has a request in progress or coming, for [`QUIET`]
+/// (idle kept-alive connections are closed meanwhile).
 fn drain(in_flight: &InFlightRequests, table: &Table, grace: Duration) {
     let started = Instant::now();
     let deadline = started + grace;
+    let mut quiet_since: Option<Instant> = None;
     loop {
         table.close_idle();
         let (requests, connections) = (in_flight.current(), table.busy());
-        if requests == 0 && connections == 0 {
+        if requests > 0 || connections > 0 {
+            quiet_since = None;
+        } else if quiet_since.get_or_insert_with(Instant::now).elapsed() >= QUIET {
             tracing::info!(
                 after_ms = started.elapsed().as_millis() as u64,
                 "drained: no request in flight"
@@ -279,6 +287,6 @@ fn drain(in_flight: &InFlightRequests, table: &Table, grace: Duration) {
             );
             return;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -213,8 +213,10 @@ impl ServerApp for Downstream {
     }
 
     async fn cleanup(&self) {
+        // Not pingora's `http_cleanup`: it makes pingora drop a request
+        // whose head it has not parsed yet, and every request this listener
+        // gives pingora has its head read already (a stop must answer it).
         self.table.close_idle();
-        self.proxy.http_cleanup().await;
     }
 }
 
