@@ -1,49 +1,37 @@
 //! Assembles the pingora server from `(Config, store, Metrics)` and runs it:
 //! the proxy service, the admin listener and the sweeper, with a graceful
-//! stop on SIGTERM/SIGINT that lets in-flight guarded requests settle.
+//! stop on SIGTERM/SIGINT that lets in-flight requests settle, and the
+//! zero-downtime upgrade of SPEC §10: a new `serve --upgrade` waits on
+//! `upgrade_sock`, SIGQUIT makes this process hand it the listening sockets
+//! and drain like a graceful stop.
 
-use std::sync::Arc;
+mod upgrade;
+
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use pingora::connectors::http::Connector;
 use pingora::connectors::ConnectorOptions;
 use pingora::listeners::{L4BufferSettings, ListenerConfig};
-use pingora::server::configuration::ServerConf;
-use pingora::server::{ExecutionPhase, RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::{ExecutionPhase, RunArgs, Server};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::config::Config;
-use crate::listener::{self, Downstream};
+use crate::listener::{self, Downstream, Table};
 use crate::metrics::Metrics;
 use crate::proxy::idle::PruneIdle;
 use crate::proxy::routes::RouteTable;
 use crate::proxy::{Gate, InFlightRequests};
 use crate::store::ClaimStore;
 use crate::sweeper::Sweeper;
+use upgrade::{KeepFds, SharedFds, Signals};
 
-/// SIGTERM and SIGINT both mean "stop gracefully"; SIGQUIT is ignored (no
-/// zero-downtime upgrade here).
-struct StopOnSignal;
-
-#[async_trait]
-impl ShutdownSignalWatch for StopOnSignal {
-    async fn recv(&self) -> ShutdownSignal {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: stopping gracefully"),
-            _ = int.recv() => tracing::info!("SIGINT: stopping gracefully"),
-        }
-        ShutdownSignal::GracefulTerminate
-    }
-}
-
-/// pingora's settings for one idemgate process. The pid file and upgrade
-/// socket default to fixed `/tmp` paths that two processes would share.
+/// pingora's settings for one idemgate process. The pid file defaults to
+/// a fixed `/tmp` path that two processes would share; the upgrade socket
+/// is the config's `upgrade_sock` (shared on purpose by old and new).
 pub fn server_conf(config: &Config) -> ServerConf {
     let pid = std::process::id();
     let tmp = std::env::temp_dir();
@@ -59,10 +47,7 @@ pub fn server_conf(config: &Config) -> ServerConf {
             .join(format!("idemgate-{pid}.pid"))
             .display()
             .to_string(),
-        upgrade_sock: tmp
-            .join(format!("idemgate-{pid}.upgrade.sock"))
-            .display()
-            .to_string(),
+        upgrade_sock: config.upgrade_sock.display().to_string(),
         grace_period_seconds: Some(config.shutdown_grace.as_secs().max(1)),
         graceful_shutdown_timeout_seconds: Some(1),
         upstream_keepalive_pool_size: 256,
@@ -89,10 +74,9 @@ pub fn gate(
     })
 }
 
-/// Runs until SIGTERM/SIGINT, then drains: stops accepting, waits for the
-/// guarded requests in flight (at most `shutdown_grace`), and returns.
-pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Result<(), String> {
-    // pingora retries a busy address for a long while; say it at once instead
+/// On a plain start, a busy address is an error at once (pingora would
+/// retry it for a long while). An upgrade takes its addresses over instead.
+fn check_free(config: &Config) -> Result<(), String> {
     for (what, addr) in [
         ("listen", config.listen),
         ("admin_listen", config.admin_listen),
@@ -100,13 +84,93 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
         std::net::TcpListener::bind(addr)
             .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))?;
     }
+    Ok(())
+}
+
+/// Runs until SIGTERM/SIGINT (or a hand-over on SIGQUIT), then drains:
+/// stops accepting, closes idle kept-alive connections, waits for the
+/// requests in flight (at most `shutdown_grace`), and returns. With
+/// `upgrade`, first takes the listening sockets over from the running
+/// process that shares `upgrade_sock` (pingora ends the process with
+/// status 1 when none sends them within a few seconds).
+pub fn run(
+    config: Config,
+    store: Arc<dyn ClaimStore>,
+    metrics: Metrics,
+    upgrade: bool,
+) -> Result<(), String> {
+    let signals = upgrade::catch_signals()?;
+    if !upgrade {
+        check_free(&config)?;
+    }
     let conf = server_conf(&config);
     let gate = gate(&config, &conf, store.clone(), metrics.clone())?;
     let in_flight = gate.in_flight.clone();
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = upgrade.then(|| Opt {
+        upgrade: true,
+        ..Opt::default()
+    });
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    if upgrade {
+        tracing::info!(
+            upgrade_sock = %config.upgrade_sock.display(),
+            "waiting for the listening sockets: send SIGQUIT to the running idemgate"
+        );
+    }
     server.bootstrap();
-    let conf = server.configuration.clone();
+    if upgrade {
+        // the sockets are here: systemd is to follow this process from now
+        // on, before the old one exits (it lingers for this)
+        upgrade::notify_systemd();
+    }
+    let fds = SharedFds::default();
+    let table = add_services(&mut server, &config, gate, store, metrics, fds.clone());
+    let (done, finished) = mpsc::channel();
+    spawn_drain_watch(
+        server.watch_execution_phase(),
+        in_flight.clone(),
+        table,
+        config.shutdown_grace,
+        upgrade,
+        done.clone(),
+    );
+    tracing::info!(
+        listen = %config.listen,
+        admin = %config.admin_listen,
+        tls = config.tls.is_some(),
+        max_connections = config.downstream.max_connections,
+        upgraded = upgrade,
+        "idemgate serving"
+    );
+    let signals = Signals {
+        signals: tokio::sync::Mutex::new(signals),
+        upgrade_sock: config.upgrade_sock.clone(),
+        fds,
+        in_flight,
+    };
+    // pingora sleeps out the whole grace period after a stop; the drain
+    // watch says when it is done sooner, and the caller exits then
+    std::thread::spawn(move || {
+        server.run(RunArgs {
+            shutdown_signal: Box::new(signals),
+        });
+        let _ = done.send(());
+    });
+    let _ = finished.recv();
+    Ok(())
+}
 
+/// Adds the proxy, admin and background services; returns the proxy
+/// listener's connection table (for the drain).
+fn add_services(
+    server: &mut Server,
+    config: &Config,
+    gate: Gate,
+    store: Arc<dyn ClaimStore>,
+    metrics: Metrics,
+    fds: SharedFds,
+) -> Arc<Table> {
+    let conf = server.configuration.clone();
     let prune_idle = PruneIdle {
         routes: gate.routes.iter().cloned().collect(),
     };
@@ -117,12 +181,13 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
         &metrics,
     );
     let reaper = downstream.reaper();
+    let table = reaper.table();
     let mut proxy = Service::new("idemgate proxy".to_string(), downstream);
     proxy.add_listener(
         ListenerConfig::tcp(config.listen.to_string())
             .l4_buffer(L4BufferSettings::default().read(listener::L4_READ_BUFFER)),
     );
-    server.add_service(proxy);
+    server.add_service(KeepFds { inner: proxy, fds });
     server.add_service(background_service("client connections", reaper));
 
     let mut admin = Service::new(
@@ -132,7 +197,7 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
             metrics: metrics.clone(),
             proxy_listen: config.listen,
             proxy_up: Default::default(),
-            api: crate::admin::api::Api::new(&config, store.clone(), metrics.clone()),
+            api: crate::admin::api::Api::new(config, store.clone(), metrics.clone()),
             loopback_only: config.admin_listen.ip().is_loopback(),
         },
     );
@@ -148,53 +213,80 @@ pub fn run(config: Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Resu
     };
     server.add_service(background_service("sweeper", sweeper));
     server.add_service(background_service("idle upstream connections", prune_idle));
-
-    spawn_drain_watch(
-        server.watch_execution_phase(),
-        in_flight,
-        config.shutdown_grace,
-    );
-    tracing::info!(
-        listen = %config.listen,
-        admin = %config.admin_listen,
-        tls = config.tls.is_some(),
-        max_connections = config.downstream.max_connections,
-        "idemgate serving"
-    );
-    server.run(RunArgs {
-        shutdown_signal: Box::new(StopOnSignal),
-    });
-    Ok(())
+    table
 }
 
-/// pingora sleeps out the whole grace period after a graceful stop; this
-/// ends the process as soon as no guarded request is in flight.
+/// Follows pingora's phases: once running, tells systemd ([`upgrade::notify_systemd`];
+/// an upgrade did so on receiving the sockets);
+/// once the stop begins, waits for the drain ([`drain`]) and says so on
+/// `done`.
 fn spawn_drain_watch(
     mut phases: tokio::sync::broadcast::Receiver<ExecutionPhase>,
     in_flight: Arc<InFlightRequests>,
+    table: Arc<Table>,
     grace: Duration,
+    upgraded: bool,
+    done: mpsc::Sender<()>,
 ) {
     std::thread::spawn(move || loop {
         match phases.blocking_recv() {
-            Ok(ExecutionPhase::ShutdownGracePeriod) => {
-                let deadline = Instant::now() + grace;
-                while in_flight.current() > 0 && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(20));
+            Ok(ExecutionPhase::Running) if !upgraded => upgrade::notify_systemd(),
+            Ok(ExecutionPhase::ShutdownStarted) => {
+                let stopped = Instant::now();
+                drain(&in_flight, &table, grace);
+                if in_flight.handing_over() && std::env::var_os("NOTIFY_SOCKET").is_some() {
+                    // the new process tells systemd it is the main process
+                    // now; this one must not exit before (systemd would
+                    // stop the service, the new process with it)
+                    std::thread::sleep(HAND_OVER_LINGER.saturating_sub(stopped.elapsed()));
                 }
-                if in_flight.current() > 0 {
-                    tracing::warn!(
-                        in_flight = in_flight.current(),
-                        "grace period over with requests in flight"
-                    );
-                } else {
-                    tracing::info!("drained: no request in flight");
-                }
-                crate::telemetry::flush_logs();
-                std::process::exit(0);
+                let _ = done.send(());
+                return;
             }
             Ok(_) => {}
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
             Err(_) => return,
         }
     });
+}
+
+/// After a hand-over under systemd, the old process lives at least this
+/// long: the new one tells systemd it is the main process as soon as it has
+/// the sockets.
+const HAND_OVER_LINGER: Duration = Duration::from_secs(2);
+
+/// How long the drain must see nothing in progress before it ends: a
+/// connection pingora accepted just before the stop reaches the connection
+/// table only when its task first runs.
+const QUIET: Duration = Duration::from_millis(200);
+
+/// Waits, up to `grace`, until no guarded request is in flight and no
+/// client connection has a request in progress or coming, for [`QUIET`]
+/// (idle kept-alive connections are closed meanwhile).
+fn drain(in_flight: &InFlightRequests, table: &Table, grace: Duration) {
+    let started = Instant::now();
+    let deadline = started + grace;
+    let mut quiet_since: Option<Instant> = None;
+    loop {
+        table.close_idle();
+        let (requests, connections) = (in_flight.current(), table.busy());
+        if requests > 0 || connections > 0 {
+            quiet_since = None;
+        } else if quiet_since.get_or_insert_with(Instant::now).elapsed() >= QUIET {
+            tracing::info!(
+                after_ms = started.elapsed().as_millis() as u64,
+                "drained: no request in flight"
+            );
+            return;
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                in_flight = requests,
+                connections,
+                "grace period over with requests in flight"
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -115,6 +115,9 @@ pub enum Busy {
     TooManyWaiting,
     /// The lease ran out while the duplicate was held.
     LeaseRanOut,
+    /// `in_flight: wait`, but this process is handing its listeners over to
+    /// a new one (SPEC §10): answered at once rather than held to its end.
+    HandingOver,
 }
 
 /// A 409 for a duplicate in flight.
@@ -180,6 +183,15 @@ impl Hold {
         }
         self.lease_end = self.lease_end.max(now + retry_after_ms);
         Ok(())
+    }
+
+    /// The 409 for a held (or about to be held) duplicate when the process
+    /// hands over at `now`: `Retry-After` is what is left of the lease.
+    pub fn handing_over(&self, now: Millis, retry_after_ms: Millis) -> InFlightRefusal {
+        InFlightRefusal {
+            why: Busy::HandingOver,
+            retry_after_secs: super::retry_after_secs(retry_after_ms.max(self.lease_end - now)),
+        }
     }
 
     /// A read while held found the record still processing, its lease until `until`.
@@ -341,6 +353,31 @@ mod tests {
         hold.extend(None);
         hold.extend(Some(300));
         assert_eq!(hold.lease_end, 400);
+    }
+
+    #[test]
+    fn handing_over_table() {
+        // (lease end, now, retry_after_ms) -> Retry-After: the longer of the
+        // lease left and what the claim said, rounded up to seconds, at least 1
+        let cases = [
+            (0, 0, 2_500, 3),
+            (5_000, 1_000, 10, 4),
+            (5_000, 4_999, 10, 1),
+            (5_000, 9_000, 1, 1),
+            (1_000, 0, 3_000, 3),
+        ];
+        for (end, now, retry_after_ms, secs) in cases {
+            let mut hold = Hold::default();
+            if end > 0 {
+                hold.meet(InFlight::Wait, 0, end, || true).unwrap();
+            }
+            let r = hold.handing_over(now, retry_after_ms);
+            assert_eq!(r.why, Busy::HandingOver);
+            assert_eq!(
+                r.retry_after_secs, secs,
+                "end {end} now {now} ra {retry_after_ms}"
+            );
+        }
     }
 
     #[test]

@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// Do not apply pending migrations at start.
     #[arg(long)]
     pub no_migrate: bool,
+    /// Take the listening sockets over from the running `serve` that shares
+    /// `upgrade_sock` (send that one SIGQUIT); see the README's "Reloading".
+    #[arg(long)]
+    pub upgrade: bool,
 }
 
 #[derive(Args, Debug)]

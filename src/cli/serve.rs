@@ -74,7 +74,7 @@ pub fn serve(args: ServeArgs) -> i32 {
             return exit::FAILURE;
         }
     };
-    match crate::server::run(cfg, store, Metrics::new()) {
+    match crate::server::run(cfg, store, Metrics::new(), args.upgrade) {
         Ok(()) => exit::OK,
         Err(e) => {
             eprintln!("idemgate: {e}");

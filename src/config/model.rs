@@ -33,6 +33,8 @@ pub struct Config {
     pub tls: Option<Tls>,
     /// The admin API's and console's settings (SPEC §11).
     pub admin: AdminConfig,
+    /// Where a new `serve --upgrade` waits for the listening sockets (SPEC §10).
+    pub upgrade_sock: std::path::PathBuf,
 }
 
 /// The `downstream` section: the bounds on client connections (SPEC §9).

@@ -70,6 +70,7 @@ pub struct RawConfig {
     pub downstream: Option<RawDownstream>,
     pub tls: Option<RawTls>,
     pub admin: Option<RawAdmin>,
+    pub upgrade_sock: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -139,6 +139,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         downstream,
         tls,
         admin,
+        upgrade_sock,
     } = raw;
 
     let listen = socket_addr(ctx, "listen", listen.as_ref());
@@ -172,6 +173,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
     let sweeper = sweeper_config(ctx, sweeper);
     let admin = super::admin::admin_config(ctx, admin);
     let threads = threads_config(ctx, threads);
+    let upgrade_sock = upgrade_sock_path(ctx, upgrade_sock);
 
     let downstream = downstream_config(ctx, downstream);
     let tls = match tls {
@@ -193,6 +195,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         downstream: downstream?,
         tls: tls?,
         admin: admin?,
+        upgrade_sock: upgrade_sock?,
     })
 }
 
@@ -277,6 +280,31 @@ fn threads_config(ctx: &mut Ctx, threads: Option<u64>) -> Option<Option<usize>> 
         },
     }
 }
+
+/// `upgrade_sock` (SPEC §10): a Unix socket path, default
+/// `/tmp/idemgate.upgrade.sock`. A socket address holds 107 bytes of path.
+fn upgrade_sock_path(ctx: &mut Ctx, raw: Option<String>) -> Option<std::path::PathBuf> {
+    let Some(path) = raw else {
+        return Some(DEFAULT_UPGRADE_SOCK.into());
+    };
+    let why = if path.is_empty() {
+        "upgrade_sock must be a path".to_string()
+    } else if path.len() > 107 {
+        format!(
+            "upgrade_sock is {} bytes long; a Unix socket path holds at most 107",
+            path.len()
+        )
+    } else if path.contains('\0') {
+        "upgrade_sock must not contain a NUL byte".to_string()
+    } else {
+        return Some(path.into());
+    };
+    ctx.at_value("upgrade_sock", why);
+    None
+}
+
+/// Where `serve --upgrade` waits for the listening sockets unless the config says.
+pub const DEFAULT_UPGRADE_SOCK: &str = "/tmp/idemgate.upgrade.sock";
 
 fn downstream_config(ctx: &mut Ctx, raw: Option<RawDownstream>) -> Option<Downstream> {
     let present = raw.is_some();

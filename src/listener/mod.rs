@@ -213,14 +213,27 @@ impl ServerApp for Downstream {
     }
 
     async fn cleanup(&self) {
-        self.table.close_waiting();
-        self.proxy.http_cleanup().await;
+        // Not pingora's `http_cleanup`: it makes pingora drop a request
+        // whose head it has not parsed yet, and every request this listener
+        // gives pingora has its head read already (a stop must answer it).
+        self.table.close_idle();
     }
 }
 
 /// Runs [`Table::reap`] every few milliseconds (see [`Table::tick`]).
+/// At shutdown it closes the idle kept-alive connections, and goes on
+/// closing those that become idle (a response written as the shutdown
+/// began) and reaping the rest until the process ends: the header timeout
+/// bounds the requests still expected on the connections left open.
 pub struct Reaper {
     table: Arc<Table>,
+}
+
+impl Reaper {
+    /// The connections of the proxy listener, for the drain at shutdown.
+    pub fn table(&self) -> Arc<Table> {
+        self.table.clone()
+    }
 }
 
 #[async_trait]
@@ -229,12 +242,21 @@ impl BackgroundService for Reaper {
         let tick = self.table.tick();
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stopping = false;
         loop {
             tokio::select! {
                 _ = interval.tick() => {
+                    if stopping {
+                        self.table.close_idle();
+                    }
                     self.table.reap();
                 }
-                _ = shutdown.changed() => return,
+                changed = shutdown.changed(), if !stopping => {
+                    stopping = changed.is_err() || *shutdown.borrow();
+                    if stopping {
+                        self.table.close_idle();
+                    }
+                }
             }
         }
     }

@@ -247,16 +247,33 @@ impl Table {
         closed
     }
 
-    /// At shutdown: closes every connection that has no request in
-    /// progress (not counted as a close for a limit).
-    pub fn close_waiting(&self) {
+    /// At shutdown (a stop or a hand-over to a new process): closes every
+    /// kept-alive connection with no byte of a next request, so that the
+    /// client's next request goes to a new connection (not counted as a
+    /// close for a limit). A connection whose request head has begun, or
+    /// that has not sent its first one yet, is left to be answered (with
+    /// `Connection: close`): the client has sent, or is about to send, a
+    /// request on it. The header timeout still bounds those.
+    pub fn close_idle(&self) {
         let mut inner = self.lock();
-        for list in 0..LISTS {
-            while inner.lists[list].head != NIL {
-                let idx = inner.lists[list].head;
-                self.close(&mut inner, idx, None);
-            }
+        let idle = list_of(Phase::Idle).expect("idle is a list");
+        while inner.lists[idle].head != NIL {
+            let idx = inner.lists[idle].head;
+            self.close(&mut inner, idx, None);
         }
+    }
+
+    /// Open connections other than idle kept-alive ones: a request in
+    /// progress, or one expected (the drain at shutdown waits for them).
+    pub fn busy(&self) -> usize {
+        let inner = self.lock();
+        let mut idle = 0;
+        let mut idx = inner.lists[list_of(Phase::Idle).expect("idle is a list")].head;
+        while idx != NIL {
+            idle += 1;
+            idx = inner.slots[idx as usize].next;
+        }
+        inner.open - idle
     }
 
     /// The reaper's period: fine enough for the shortest timeout.
@@ -517,15 +534,25 @@ mod tests {
     }
 
     #[test]
-    fn shutdown_closes_waiting_connections_uncounted() {
+    fn shutdown_closes_idle_connections_only_uncounted() {
         let (t, m) = table(10, 60_000, 60_000);
-        let socks: Vec<_> = (0..2).map(|_| pair()).collect();
-        let a = t.admit(socks[0].0.as_raw_fd()).unwrap();
-        let b = t.admit(socks[1].0.as_raw_fd()).unwrap();
-        assert!(b.activate());
-        t.close_waiting();
-        assert!(a.closed() && !b.closed());
-        assert!(shut(&socks[0].1));
+        let socks: Vec<_> = (0..4).map(|_| pair()).collect();
+        let reading = t.admit(socks[0].0.as_raw_fd()).unwrap();
+        let active = t.admit(socks[1].0.as_raw_fd()).unwrap();
+        let idle = t.admit(socks[2].0.as_raw_fd()).unwrap();
+        let next_head = t.admit(socks[3].0.as_raw_fd()).unwrap();
+        assert!(active.activate());
+        assert!(idle.activate() && idle.idle());
+        assert!(next_head.activate() && next_head.idle() && next_head.head_started());
+        assert_eq!(t.busy(), 3);
+        t.close_idle();
+        assert!(idle.closed() && shut(&socks[2].1));
+        for (c, s) in [(&reading, 0), (&active, 1), (&next_head, 3)] {
+            assert!(!c.closed() && !shut(&socks[s].1));
+        }
+        assert_eq!(t.busy(), 3);
+        drop(active);
+        assert_eq!(t.busy(), 2);
         for r in Reason::ALL {
             assert_eq!(closed(&m, r), 0);
         }

@@ -322,3 +322,33 @@ fn downstream_limits_defaults_values_and_errors() {
         "tls.key: must be a `file:PATH` reference",
     );
 }
+
+#[test]
+fn upgrade_sock_has_a_default_and_must_fit_a_socket_address() {
+    let l = ok(&route(""));
+    assert_eq!(
+        l.config.upgrade_sock,
+        std::path::PathBuf::from("/tmp/idemgate.upgrade.sock")
+    );
+    let l = ok(&format!(
+        "upgrade_sock: /run/idemgate/upgrade.sock\n{}",
+        route("")
+    ));
+    assert_eq!(
+        l.config.upgrade_sock,
+        std::path::PathBuf::from("/run/idemgate/upgrade.sock")
+    );
+    let long = format!("/tmp/{}", "x".repeat(103));
+    one_error(
+        &format!("upgrade_sock: {long}\n{}", route("")),
+        1,
+        15,
+        "a Unix socket path holds at most 107",
+    );
+    one_error(
+        &format!("upgrade_sock: \"\"\n{}", route("")),
+        1,
+        15,
+        "upgrade_sock must be a path",
+    );
+}

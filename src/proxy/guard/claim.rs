@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::claim::policy::{Busy, Hold, InFlightRefusal};
+use crate::claim::policy::{Busy, Hold, InFlight, InFlightRefusal};
 use crate::claim::{now_ms, Refusal, State};
 use crate::problem::{Problem, ProblemKind};
 use crate::proxy::routes::RouteRt;
@@ -78,6 +78,9 @@ impl Gate {
                 } => retry_after_ms,
             };
             let busy = |r| ClaimStop::Refused(in_flight(event_id, r));
+            if route.cfg.in_flight == InFlight::Wait && self.in_flight.handing_over() {
+                return Err(busy(hold.handing_over(now_ms(), retry_after_ms)));
+            }
             hold.meet(route.cfg.in_flight, now_ms(), retry_after_ms, || {
                 place = route.wait_place();
                 place.is_some()
@@ -109,7 +112,8 @@ impl Gate {
         res.map_err(ClaimStop::Store)
     }
 
-    /// Holds a duplicate until its record changes or the lease it saw ends;
+    /// Holds a duplicate until its record changes, the lease it saw ends, or
+    /// this process hands its listeners over (SPEC §10: a 409 at once);
     /// cheap reads only.
     async fn wait_for_change(
         &self,
@@ -117,8 +121,13 @@ impl Gate {
         event_id: &str,
         hold: &mut Hold,
     ) -> Result<(), InFlightRefusal> {
+        let handed_over = self.in_flight.handed_over();
+        tokio::pin!(handed_over);
         loop {
-            tokio::time::sleep(hold.pause(now_ms())?).await;
+            tokio::select! {
+                _ = tokio::time::sleep(hold.pause(now_ms())?) => {}
+                _ = &mut handed_over => return Err(hold.handing_over(now_ms(), 1)),
+            }
             let t = Instant::now();
             let rec = self.store.get(route.name(), event_id).await;
             self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
@@ -136,6 +145,7 @@ fn in_flight(event_id: &str, r: InFlightRefusal) -> Problem {
         Busy::Conflict => "",
         Busy::TooManyWaiting => " (too many deliveries of this route are already waiting)",
         Busy::LeaseRanOut => " (its lease ran out while this delivery waited)",
+        Busy::HandingOver => " (this process is handing over to a new one: retry then)",
     };
     Problem::new(
         ProblemKind::InFlight,
