@@ -1,0 +1,369 @@
+//! Integration-test harness: the real `idemgate` binary started on free
+//! loopback ports against a real store (a SQLite file in a temp dir, or the
+//! PostgreSQL server), a real sample consumer, and a blocking HTTP client.
+//! Everything a test starts is stopped when its handle drops.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub use idemgate::sample::{self, Client, Consumer, Reply, Response};
+
+pub mod pg_cluster;
+pub mod tmpfs;
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("idemgate-test-{tag}-{}-{n}", run_token()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn sqlite_url(&self, file: &str) -> String {
+        format!("sqlite://{}", self.0.join(file).display())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Names this test process apart from every other run, past ones included:
+/// the pid alone is not enough, because a PostgreSQL server outlives the
+/// runs that use it, and identical fresh machines running the same steps
+/// hand out the same pids. A test that reused an earlier run's schema found
+/// that run's records (its first delivery was answered as a duplicate).
+fn run_token() -> &'static str {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_nanos();
+        format!("{}_{:x}", std::process::id(), nanos % (1 << 48))
+    })
+}
+
+/// A unique event ID for this test run.
+pub fn eid(tag: &str) -> String {
+    format!(
+        "{tag}-{}-{}",
+        run_token(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub fn free_port() -> u16 {
+    sample::free_port().expect("a free loopback port")
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_idemgate")
+}
+
+/// The PostgreSQL URL for tests: `IDEMGATE_TEST_PG_URL`, else the local
+/// server. `None` (with a printed skip) when it is unreachable outside CI; in
+/// CI (`CI` set) a missing database is a test failure.
+pub fn pg_url() -> Option<String> {
+    let url = std::env::var("IDEMGATE_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string());
+    let reachable = std::net::TcpStream::connect_timeout(
+        &"127.0.0.1:5432".parse().unwrap(),
+        Duration::from_secs(2),
+    )
+    .is_ok();
+    if reachable {
+        return Some(url);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("PostgreSQL is not reachable at {url}, and CI requires it");
+    }
+    eprintln!(
+        "SKIP: PostgreSQL is not reachable at {url} (set IDEMGATE_TEST_PG_URL); test skipped"
+    );
+    None
+}
+
+/// A fresh PostgreSQL schema for one test, so that tests and runs never
+/// see each other's records; dropped with everything in it when this drops
+/// (declare it before the proxies that use it, so that they stop first).
+pub struct PgSchema {
+    base: String,
+    name: String,
+}
+
+/// Runs one SQL command through `psql` on `base`.
+fn psql(base: &str, sql: &str) -> std::io::Result<std::process::Output> {
+    Command::new("psql").args([base, "-q", "-c", sql]).output()
+}
+
+impl PgSchema {
+    pub fn create(base: &str, tag: &str) -> PgSchema {
+        let name = format!(
+            "t_{tag}_{}_{}",
+            run_token(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        // not IF NOT EXISTS: a schema that exists belongs to another run
+        let out = psql(base, &format!("CREATE SCHEMA {name}")).expect("psql runs");
+        assert!(
+            out.status.success(),
+            "creating schema: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PgSchema {
+            base: base.to_string(),
+            name,
+        }
+    }
+
+    /// A URL whose connections land in this schema.
+    pub fn url(&self) -> String {
+        self.url_via(&self.base)
+    }
+
+    /// Like [`PgSchema::url`], for another way to the same server (a relay).
+    pub fn url_via(&self, server: &str) -> String {
+        let sep = if server.contains('?') { '&' } else { '?' };
+        format!("{server}{sep}options=-csearch_path%3D{}", self.name)
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let _ = psql(
+            &self.base,
+            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+        );
+    }
+}
+
+/// One `idemgate serve` process.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+    /// Extra environment for the process (e.g. `env:` secrets), kept for respawns.
+    env: Vec<(String, String)>,
+    /// The binary to run: this build's `idemgate` unless a test names another.
+    pub bin: PathBuf,
+    child: Option<Child>,
+}
+
+/// Builds a config: `routes` is YAML for the `routes:` list, indented by 2.
+pub fn config_text(port: u16, admin: u16, store_url: &str, routes: &str) -> String {
+    format!(
+        "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin}\"\nstore:\n  url: \"{store_url}\"\n\
+         defaults:\n  lease: 10s\n  upstream_timeout: 5s\nroutes:\n{routes}"
+    )
+}
+
+/// A guarded route with the event ID in `X-Event-ID`; `extra` lines are added
+/// to the route (each starting with 4 spaces).
+pub fn route(name: &str, prefix: &str, upstream: &str, extra: &str) -> String {
+    format!(
+        "  - name: {name}\n    match:\n      path_prefix: {prefix}\n    upstream: \"{upstream}\"\n    event_id:\n      header: X-Event-ID\n{extra}"
+    )
+}
+
+impl Proxy {
+    /// Starts `serve` with the given routes and store; waits for `/readyz`.
+    pub fn start(dir: &TempDir, store_url: &str, routes: &str) -> Proxy {
+        Self::start_with_env(dir, store_url, routes, &[])
+    }
+
+    /// Like [`Proxy::start`], with extra environment variables for the
+    /// process (for `env:NAME` secrets).
+    pub fn start_with_env(
+        dir: &TempDir,
+        store_url: &str,
+        routes: &str,
+        env: &[(&str, &str)],
+    ) -> Proxy {
+        Self::start_bin(Path::new(bin()), dir, store_url, routes, env)
+    }
+
+    /// Like [`Proxy::start_with_env`], running the binary at `bin`.
+    pub fn start_bin(
+        bin: &Path,
+        dir: &TempDir,
+        store_url: &str,
+        routes: &str,
+        env: &[(&str, &str)],
+    ) -> Proxy {
+        let (port, admin) = (free_port(), free_port());
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let config_path = dir.path().join(format!("proxy{n}.yaml"));
+        std::fs::write(&config_path, config_text(port, admin, store_url, routes)).unwrap();
+        let mut p = Proxy {
+            addr: format!("127.0.0.1:{port}").parse().unwrap(),
+            admin: format!("127.0.0.1:{admin}").parse().unwrap(),
+            log_path: dir.path().join(format!("proxy{n}.log")),
+            config_path,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            bin: bin.to_path_buf(),
+            child: None,
+        };
+        p.spawn();
+        p
+    }
+
+    /// (Re)starts the process with the same config; waits for `/readyz` 200.
+    pub fn spawn(&mut self) {
+        self.spawn_until(|status| status == 200);
+    }
+
+    /// (Re)starts the process; waits until `/readyz` answers at all (a
+    /// store that cannot take writes yet answers 503).
+    pub fn spawn_answering(&mut self) {
+        self.spawn_until(|_| true);
+    }
+
+    fn spawn_until(&mut self, ready: impl Fn(u16) -> bool) {
+        assert!(self.child.is_none(), "already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .unwrap();
+        let child = Command::new(&self.bin)
+            .args(["serve", "--config"])
+            .arg(&self.config_path)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("idemgate starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "idemgate exited with {status} before ready; log:\n{}",
+                    self.log()
+                );
+            }
+            if sample::get(self.admin, "/readyz").is_ok_and(|r| ready(r.status)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("idemgate not ready within 30s; log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log_path) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// POST with `X-Event-ID` on a fresh connection.
+    pub fn deliver(&self, path: &str, event_id: Option<&str>, body: &[u8]) -> Response {
+        sample::deliver(self.addr, path, event_id, body).expect("delivery")
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr).expect("connect to proxy")
+    }
+
+    pub fn metrics(&self) -> String {
+        String::from_utf8(sample::get(self.admin, "/metrics").expect("metrics").body).unwrap()
+    }
+
+    /// The value of one sample, e.g. `idemgate_requests_total{outcome="replayed",route="r"}`
+    /// (labels in the exposition's sorted order); 0 when absent.
+    pub fn metric(&self, series: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
+    /// SIGTERM; waits up to `timeout`; returns the exit code.
+    pub fn stop(&mut self, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if self.stop(Duration::from_secs(10)).is_none() && self.child.is_some() {
+            self.kill();
+        }
+    }
+}
+
+/// Runs `idemgate ARGS…`; returns (exit code, stdout, stderr).
+pub fn cli(args: &[&str]) -> (i32, String, String) {
+    cli_env(args, &[])
+}
+
+/// Like [`cli`], with extra environment variables for the process.
+pub fn cli_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(bin())
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("idemgate runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `events show --json` as a JSON value (panics unless found).
+pub fn show(store: &str, route: &str, event_id: &str) -> serde_json::Value {
+    let (code, out, err) = cli(&[
+        "events", "show", "--store", store, "--route", route, event_id, "--json",
+    ]);
+    assert_eq!(code, 0, "events show: {err}");
+    serde_json::from_str(&out).expect("events show --json prints JSON")
+}

@@ -1,0 +1,159 @@
+//! Helpers shared by the `core*` integration tests: polling instead of
+//! sleeping, deliveries that run in the background while the test pokes at the
+//! in-flight claim, a raw HTTP/1.1 connection for what `sample::Client` hides
+//! (interim `100 Continue` answers, bodies written while the answer arrives),
+//! and deterministic payloads.
+
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use idemgate::sample::{self, Response};
+
+/// Polls `check` every 10 ms until it holds; false after `timeout`.
+pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A delivery on its own connection and thread (for the in-flight cases).
+pub fn deliver_in_background(
+    addr: SocketAddr,
+    path: &str,
+    event_id: &str,
+    body: &[u8],
+) -> JoinHandle<std::io::Result<Response>> {
+    let (path, id, body) = (path.to_string(), event_id.to_string(), body.to_vec());
+    std::thread::spawn(move || sample::deliver(addr, &path, Some(&id), &body))
+}
+
+/// `len` bytes of a deterministic pseudo-random sequence (every byte value
+/// occurs, no structure a proxy could accidentally normalise).
+pub fn payload(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 56) as u8
+        })
+        .collect()
+}
+
+/// `body` in chunked transfer coding, with uneven chunk sizes (some of them
+/// crossing the 64 KiB mark).
+pub fn chunked(body: &[u8]) -> Vec<u8> {
+    let sizes = [1usize, 7000, 65536, 16384, 100_003, 4096];
+    let mut out = Vec::with_capacity(body.len() + 1024);
+    let (mut at, mut i) = (0, 0);
+    while at < body.len() {
+        let n = sizes[i % sizes.len()].min(body.len() - at);
+        out.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+        out.extend_from_slice(&body[at..at + n]);
+        out.extend_from_slice(b"\r\n");
+        at += n;
+        i += 1;
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+/// The head of a chunked POST to `path` with an `X-Event-ID`.
+pub fn chunked_head(path: &str, event_id: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: {event_id}\r\n\
+         Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+/// A raw HTTP/1.1 connection that shows every response head, 1xx included.
+pub struct Raw {
+    reader: BufReader<TcpStream>,
+}
+
+/// One response head (status line and headers), as received.
+#[derive(Debug)]
+pub struct Head {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Head {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl Raw {
+    pub fn connect(addr: SocketAddr) -> Raw {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_nodelay(true).unwrap();
+        Raw {
+            reader: BufReader::new(s),
+        }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.reader.get_mut().write_all(bytes)
+    }
+
+    /// A second handle on the socket, for writing from another thread.
+    pub fn writer(&self) -> TcpStream {
+        self.reader.get_ref().try_clone().expect("clone socket")
+    }
+
+    /// The next response head, interim or final.
+    pub fn head(&mut self) -> std::io::Result<Head> {
+        let (status, headers) = sample::read_head(&mut self.reader)?;
+        Ok(Head { status, headers })
+    }
+
+    /// The body of a final response whose head was read (Content-Length framing).
+    pub fn body(&mut self, head: &Head) -> std::io::Result<Vec<u8>> {
+        let n = head
+            .header("content-length")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; n];
+        self.reader.read_exact(&mut body)?;
+        Ok(body)
+    }
+}
+
+/// Whether a response asks to close the connection.
+pub fn says_close(headers: &[(String, String)]) -> bool {
+    headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close"))
+}
+
+/// The problem type's NAME, from `urn:idemgate:problem:NAME`.
+pub fn problem_type(r: &Response) -> String {
+    assert_eq!(
+        r.header("Content-Type"),
+        Some("application/problem+json"),
+        "a problem response: {r:?}"
+    );
+    r.json()["type"]
+        .as_str()
+        .and_then(|t| t.strip_prefix("urn:idemgate:problem:"))
+        .unwrap_or_default()
+        .to_string()
+}

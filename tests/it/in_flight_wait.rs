@@ -1,0 +1,230 @@
+//! `in_flight: wait` (issue 4): duplicates that find a live lease are held
+//! until the attempt settles, against a real consumer and a real store.
+
+use crate::common;
+use crate::core_util;
+
+use std::time::Duration;
+
+use common::*;
+use core_util::wait_until;
+
+/// `n` concurrent deliveries of one event, spread over `addrs` in turn.
+fn concurrent_over(
+    addrs: &[std::net::SocketAddr],
+    id: &str,
+    body: &'static [u8],
+    n: usize,
+) -> Vec<Response> {
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (id, addr) = (id.to_string(), addrs[i % addrs.len()]);
+            std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), body).unwrap())
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn concurrent(px: &Proxy, id: &str, body: &'static [u8], n: usize) -> Vec<Response> {
+    concurrent_over(&[px.addr], id, body, n)
+}
+
+#[test]
+fn twenty_held_duplicates_get_one_forward_and_twenty_successes() {
+    let dir = TempDir::new("wait");
+    let up = Consumer::start().unwrap();
+    let px = Proxy::start(
+        &dir,
+        &dir.sqlite_url("w.db"),
+        &route("w", "/hooks/w", &up.url(), "    in_flight: wait\n"),
+    );
+    let id = eid("held");
+    up.script(
+        &id,
+        vec![Reply::status(202).delay(Duration::from_millis(800))],
+    );
+    let answers = concurrent(&px, &id, b"{\"x\":1}", 20);
+    assert_eq!(up.count(&id), 1, "exactly one request reached the consumer");
+    assert!(
+        answers.iter().all(|r| r.status == 202),
+        "{:?}",
+        answers.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    let replayed = answers
+        .iter()
+        .filter(|r| r.header("Idempotent-Replayed") == Some("true"))
+        .count();
+    assert_eq!(
+        replayed, 19,
+        "the held duplicates were answered with the replay"
+    );
+}
+
+#[test]
+fn a_failed_first_attempt_lets_exactly_one_held_request_forward() {
+    let dir = TempDir::new("wait-fail");
+    let up = Consumer::start().unwrap();
+    let px = Proxy::start(
+        &dir,
+        &dir.sqlite_url("w.db"),
+        &route("w", "/hooks/w", &up.url(), "    in_flight: wait\n"),
+    );
+    let id = eid("held-fail");
+    up.script(
+        &id,
+        vec![
+            Reply::status(500).delay(Duration::from_millis(600)),
+            Reply::status(200).delay(Duration::from_millis(300)),
+        ],
+    );
+    let answers = concurrent(&px, &id, b"{\"x\":2}", 8);
+    let mut statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
+    statuses.sort_unstable();
+    assert_eq!(
+        up.count(&id),
+        2,
+        "the failed attempt and exactly one reclaim"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 500).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        7,
+        "{statuses:?}"
+    );
+}
+
+#[test]
+fn a_lease_that_runs_out_while_waiting_gives_409() {
+    let dir = TempDir::new("wait-lease");
+    let up = Consumer::start().unwrap();
+    let routes = route(
+        "w",
+        "/hooks/w",
+        &up.url(),
+        "    in_flight: wait\n    lease: 2s\n    upstream_timeout: 1s\n",
+    );
+    let px = Proxy::start(&dir, &dir.sqlite_url("w.db"), &routes);
+    let id = eid("held-lease");
+    // The first attempt's process dies with the claim live: kill it mid-flight.
+    up.script(
+        &id,
+        vec![Reply::status(200).delay(Duration::from_millis(900))],
+    );
+    let addr = px.addr;
+    let first = {
+        let id = id.clone();
+        std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), b"{}"))
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || up.count(&id) > 0),
+        "never reached the consumer; log:\n{}",
+        px.log()
+    );
+    let mut px = px;
+    px.kill();
+    let _ = first.join();
+    px.spawn();
+    let t = std::time::Instant::now();
+    let r = px.deliver("/hooks/w", Some(&id), b"{}");
+    assert_eq!(r.status, 409, "held until the lease ran out");
+    assert_eq!(r.json()["type"], "urn:idemgate:problem:in-flight");
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "answered when the 2s lease ended"
+    );
+    // and now the lease is over: the next delivery reclaims it
+    let again = px.deliver("/hooks/w", Some(&id), b"{}");
+    assert_eq!(again.status, 200);
+    assert_eq!(up.count(&id), 2);
+}
+
+#[test]
+fn max_waiters_caps_held_requests() {
+    let dir = TempDir::new("wait-cap");
+    let up = Consumer::start().unwrap();
+    let routes = route(
+        "w",
+        "/hooks/w",
+        &up.url(),
+        "    in_flight: wait\n    max_waiters: 2\n",
+    );
+    let px = Proxy::start(&dir, &dir.sqlite_url("w.db"), &routes);
+    let id = eid("held-cap");
+    up.script(
+        &id,
+        vec![Reply::status(200).delay(Duration::from_millis(1000))],
+    );
+    let answers = concurrent(&px, &id, b"{}", 6);
+    let ok = answers.iter().filter(|r| r.status == 200).count();
+    let conflicts = answers.iter().filter(|r| r.status == 409).count();
+    assert_eq!(
+        (ok, conflicts),
+        (3, 3),
+        "one forward, two held, three refused"
+    );
+    assert_eq!(up.count(&id), 1);
+}
+
+#[test]
+fn held_duplicates_across_two_replicas_on_postgres() {
+    let Some(base) = pg_url() else { return };
+    let dir = TempDir::new("wait-pg");
+    let up = Consumer::start().unwrap();
+    let schema = PgSchema::create(&base, "wait");
+    let store = schema.url();
+    let routes = route("w", "/hooks/w", &up.url(), "    in_flight: wait\n");
+    let (a, b) = (
+        Proxy::start(&dir, &store, &routes),
+        Proxy::start(&dir, &store, &routes),
+    );
+    let id = eid("held-pg");
+    up.script(
+        &id,
+        vec![Reply::status(202).delay(Duration::from_millis(800))],
+    );
+    let addrs = [a.addr, b.addr];
+    let answers = concurrent_over(&addrs, &id, b"{}", 20);
+    assert_eq!(
+        up.count(&id),
+        1,
+        "exactly one request reached the consumer across both replicas"
+    );
+    assert!(
+        answers.iter().all(|r| r.status == 202),
+        "{:?}",
+        answers.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+
+    // the first attempt fails on one replica: exactly one held request, on either, forwards
+    let id = eid("held-pg-fail");
+    up.script(
+        &id,
+        vec![
+            Reply::status(500).delay(Duration::from_millis(600)),
+            Reply::status(200),
+        ],
+    );
+    let statuses: Vec<u16> = concurrent_over(&addrs, &id, b"{}", 10)
+        .iter()
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(
+        up.count(&id),
+        2,
+        "the failed attempt and exactly one reclaim: {statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 500).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        9,
+        "{statuses:?}"
+    );
+}

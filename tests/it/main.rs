@@ -1,0 +1,59 @@
+//! The integration tests: one binary, one module per concern. Each module
+//! starts the real `idemgate` binary (or drives the library) against real
+//! stores, real consumers and real sockets on loopback; everything a test
+//! starts is stopped when its handle drops.
+//!
+//! Run one module with `cargo test --release --test it MODULE::`, one test
+//! with `cargo test --release --test it MODULE::NAME -- --exact`.
+//!
+//! # Support
+//! - [`common`]: the proxy process, temp dirs, PostgreSQL schemas, the
+//!   `idemgate` command line.
+//! - [`core_util`]: polling, background deliveries, payloads, raw
+//!   connections that show 1xx heads, problem types.
+//! - [`raw_upstream`]: a scripted raw TCP upstream for fault tests.
+//! - [`admin_util`]: admin-token proxies and admin API calls.
+//! - [`webdriver`]: headless Chromium for the console tests.
+//!
+//! # Adding a test module
+//! 1. Write `tests/it/NAME.rs`: a `//!` line saying what it covers, then
+//!    `use crate::common::*;` (and the other support modules it needs).
+//! 2. Add `mod NAME;` to the list below (alphabetical).
+//! 3. Add a helper to the support modules rather than a copy in the test.
+//!
+//! A standalone `tests/NAME.rs` still builds as a binary of its own (cargo
+//! discovers it), but repeats the link and the preamble: fold it in here.
+
+mod admin_util;
+mod common;
+mod core_util;
+mod raw_upstream;
+mod webdriver;
+
+mod admin_api;
+mod console;
+mod core;
+mod core_http;
+mod core_retry;
+mod core_routes;
+mod crash;
+mod hardening;
+mod headers;
+mod hostile;
+mod in_flight_wait;
+mod listener;
+mod model;
+mod monitoring;
+mod operations;
+mod options;
+mod outage;
+mod paths;
+mod properties;
+mod providers;
+mod replicas;
+mod store_contract;
+mod store_edges;
+mod store_faults;
+mod svix;
+mod tls;
+mod upstream_faults;
