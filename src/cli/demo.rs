@@ -5,47 +5,29 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::exit;
-use crate::sample::{self, Consumer, Reply};
+use crate::testkit::{self as kit, Consumer, Ports, Reply, Serve};
 
+/// The proxy process and its temp dir, removed after the process stops.
 struct Proxy {
-    child: Child,
+    serve: Serve,
     dir: PathBuf,
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        // SIGTERM for a clean stop, then make sure.
-        send_sigterm(self.child.id());
-        for _ in 0..100 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.serve.stop(Duration::from_secs(2));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-fn send_sigterm(pid: u32) {
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status();
-}
-
 fn start_proxy(dir: &Path, upstream: &str) -> Result<(Proxy, SocketAddr), String> {
-    let free = || crate::sample::free_port().map_err(|e| e.to_string());
-    let (port, admin) = (free()?, free()?);
+    let ports = Ports::free().map_err(|e| e.to_string())?;
     let config = format!(
-        r#"listen: "127.0.0.1:{port}"
-admin_listen: "127.0.0.1:{admin}"
-store:
+        r#"{head}store:
   url: "sqlite://{db}"
 routes:
   - name: demo
@@ -58,35 +40,33 @@ routes:
     lease: 10s
     upstream_timeout: 5s
 "#,
+        head = ports.config(),
         db = dir.join("idemgate.db").display()
     );
     let path = dir.join("demo.yaml");
     std::fs::write(&path, config).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let child = Command::new(exe)
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("cannot start the proxy: {e}"))?;
-    let proxy = Proxy {
-        child,
+    let serve = Serve::spawn(
+        Command::new(exe)
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit()),
+    )
+    .map_err(|e| format!("cannot start the proxy: {e}"))?;
+    let mut proxy = Proxy {
+        serve,
         dir: dir.to_path_buf(),
     };
-    let admin_addr: SocketAddr = format!("127.0.0.1:{admin}").parse().expect("loopback");
-    if !sample::wait_ready(admin_addr, "/readyz", Duration::from_secs(30)) {
-        return Err("the proxy did not become ready within 30s".into());
-    }
-    Ok((
-        proxy,
-        format!("127.0.0.1:{port}").parse().expect("loopback"),
-    ))
+    proxy
+        .serve
+        .wait_ready(ports.admin, Duration::from_secs(30), |s| s == 200)?;
+    Ok((proxy, ports.listen))
 }
 
 struct Step {
@@ -121,9 +101,9 @@ fn run_demo() -> Result<bool, String> {
 
     let path = "/hooks/demo";
     let send = |id: &str, body: &[u8]| {
-        sample::deliver(addr, path, Some(id), body).map_err(|e| e.to_string())
+        kit::deliver(addr, path, Some(id), body).map_err(|e| e.to_string())
     };
-    let describe = |r: &sample::Response| {
+    let describe = |r: &kit::Response| {
         let status = r.header("Idempotency-Status").unwrap_or("-");
         format!("{} ({status})", r.status)
     };
@@ -153,7 +133,7 @@ fn run_demo() -> Result<bool, String> {
     let handles: Vec<_> = (0..5)
         .map(|_| {
             std::thread::spawn(move || {
-                sample::deliver(addr, path, Some("evt_2"), br#"{"amount":50}"#)
+                kit::deliver(addr, path, Some("evt_2"), br#"{"amount":50}"#)
             })
         })
         .collect();

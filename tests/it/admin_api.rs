@@ -574,12 +574,11 @@ fn postgres_release_behind_the_token() {
 /// Without `admin.token` every action is refused, whatever is sent.
 #[test]
 fn without_a_token_every_action_is_forbidden() {
-    let dir = TempDir::new("api-notoken");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("n.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("api-notoken")
+        .route("r", "/hooks/r", "")
+        .start();
     let id = eid("nt");
-    assert_eq!(px.deliver("/hooks/r", Some(&id), b"{}").status, 200);
+    assert_eq!(h.deliver("/hooks/r", Some(&id), b"{}").status, 200);
     let bearer = format!("Bearer {TOKEN}");
     for headers in [
         vec![],
@@ -588,7 +587,7 @@ fn without_a_token_every_action_is_forbidden() {
     ] {
         for q in ["", "?force=true"] {
             let r = call(
-                &px,
+                &h,
                 "POST",
                 &format!("/api/events/r/{}/release{q}", enc(&id)),
                 &headers,
@@ -596,10 +595,10 @@ fn without_a_token_every_action_is_forbidden() {
             refused(&r, 403, "actions-disabled");
         }
     }
-    assert_eq!(show(&store, "r", &id)["state"], "delivered");
+    assert_eq!(show(&h.store, "r", &id)["state"], "delivered");
     // reads stay open
     assert_eq!(
-        get_json(&px, &format!("/api/events/r/{}", enc(&id)))["state"],
+        get_json(&h, &format!("/api/events/r/{}", enc(&id)))["state"],
         "delivered"
     );
 }

@@ -65,7 +65,7 @@ impl Setup {
 
     fn billing(&self, id: &str) -> Response {
         let body = format!("{{\"id\":\"{id}\",\"amount\":12}}");
-        sample::deliver(self.px.addr, "/hooks/billing", None, body.as_bytes()).unwrap()
+        kit::deliver(self.px.addr, "/hooks/billing", None, body.as_bytes()).unwrap()
     }
 }
 

@@ -14,29 +14,28 @@ use core_util::*;
 
 #[test]
 fn first_delivery_then_replay_then_mismatch() {
-    let dir = TempDir::new("core");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("core")
+        .route("r", "/hooks/r", "")
+        .start();
     let id = eid("evt");
-    let first = px.deliver("/hooks/r", Some(&id), br#"{"a":1}"#);
+    let first = h.deliver("/hooks/r", Some(&id), br#"{"a":1}"#);
     assert_eq!(first.status, 200);
     assert_eq!(first.header("Idempotency-Status"), Some("forwarded"));
-    let got = up.received();
+    let got = h.up.received();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].header("Idempotency-Key"), Some(id.as_str()));
     assert_eq!(got[0].body, br#"{"a":1}"#);
 
-    let dup = px.deliver("/hooks/r", Some(&id), br#"{"a":1}"#);
+    let dup = h.deliver("/hooks/r", Some(&id), br#"{"a":1}"#);
     assert_eq!(
         (dup.status, dup.header("Idempotent-Replayed")),
         (200, Some("true"))
     );
-    let other = px.deliver("/hooks/r", Some(&id), br#"{"a":2}"#);
+    let other = h.deliver("/hooks/r", Some(&id), br#"{"a":2}"#);
     assert_eq!(other.status, 422);
     assert_eq!(other.json()["type"], "urn:idemgate:problem:digest-mismatch");
-    assert_eq!(up.count(&id), 1);
-    let rec = show(&store, "r", &id);
+    assert_eq!(h.up.count(&id), 1);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(rec["state"], "delivered");
     assert_eq!(rec["attempts"], 1);
 }
@@ -46,13 +45,11 @@ fn first_delivery_then_replay_then_mismatch() {
 /// sender's; the upstream's answer comes back as it was.
 #[test]
 fn first_delivery_is_forwarded_byte_for_byte() {
-    let dir = TempDir::new("core-bytes");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let extra = "    guard_methods: [POST, PUT]\n";
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), extra));
+    let h = Harness::sqlite("core-bytes")
+        .route("r", "/hooks/r", "    guard_methods: [POST, PUT]\n")
+        .start();
     let id = eid("bytes");
-    up.script(&id, vec![Reply::status(201).body(b"created, thanks")]);
+    h.up.script(&id, vec![Reply::status(201).body(b"created, thanks")]);
     let body = payload(3000, 1);
     let path = "/hooks/r/sub/path?x=1&y=two%20words&x=3";
     let sent: [(&str, &str); 7] = [
@@ -64,14 +61,14 @@ fn first_delivery_is_forwarded_byte_for_byte() {
         ("User-Agent", "core-test/1.0"),
         ("Idempotency-Key", "chosen-by-the-sender"),
     ];
-    let resp = px.client().request("PUT", path, &sent, &body).unwrap();
+    let resp = h.client().request("PUT", path, &sent, &body).unwrap();
     assert_eq!(resp.status, 201);
     assert_eq!(resp.body, b"created, thanks");
     assert_eq!(resp.header("Content-Type"), Some("text/plain"));
     assert_eq!(resp.header("Idempotency-Status"), Some("forwarded"));
     assert_eq!(resp.header("Idempotent-Replayed"), None);
 
-    let got = up.received();
+    let got = h.up.received();
     let seen: Vec<(&str, &str, Option<&str>)> = got
         .iter()
         .map(|r| (r.method.as_str(), r.path.as_str(), r.key()))
@@ -80,7 +77,7 @@ fn first_delivery_is_forwarded_byte_for_byte() {
         got.len(),
         1,
         "the consumer saw {seen:?}\nproxy log:\n{}",
-        px.log()
+        h.log()
     );
     let got = &got[0];
     assert_eq!(got.method, "PUT");
@@ -111,24 +108,23 @@ fn first_delivery_is_forwarded_byte_for_byte() {
     assert!(all("Transfer-Encoding").is_empty());
 
     // PUT is guarded on this route: its duplicate is answered by idemgate.
-    let dup = px.client().request("PUT", path, &sent, &body).unwrap();
+    let dup = h.client().request("PUT", path, &sent, &body).unwrap();
     assert_eq!(dup.status, 201);
     assert_eq!(dup.header("Idempotent-Replayed"), Some("true"));
-    assert_eq!(up.count(&id), 1);
+    assert_eq!(h.up.count(&id), 1);
 }
 
 /// A duplicate of a delivered event gets the recorded status, marked as a
 /// replay, with an empty body (no `replay_body`); the consumer is not called.
 #[test]
 fn duplicates_replay_the_recorded_status() {
-    let dir = TempDir::new("core-replay");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("core-replay")
+        .route("r", "/hooks/r", "")
+        .start();
     for status in [200u16, 202, 204] {
         let id = eid(&format!("replay{status}"));
-        up.script(&id, vec![Reply::status(status).body(b"the first answer")]);
-        let first = px.deliver("/hooks/r", Some(&id), b"payload");
+        h.up.script(&id, vec![Reply::status(status).body(b"the first answer")]);
+        let first = h.deliver("/hooks/r", Some(&id), b"payload");
         assert_eq!(first.status, status);
         let expected_first: &[u8] = if status == 204 {
             b""
@@ -139,7 +135,7 @@ fn duplicates_replay_the_recorded_status() {
         assert_eq!(first.header("Idempotent-Replayed"), None);
 
         for _ in 0..2 {
-            let dup = px.deliver("/hooks/r", Some(&id), b"payload");
+            let dup = h.deliver("/hooks/r", Some(&id), b"payload");
             assert_eq!(dup.status, status, "replay of {status}");
             assert_eq!(dup.header("Idempotent-Replayed"), Some("true"));
             assert_eq!(dup.header("Idempotency-Status"), Some("replayed"));
@@ -148,8 +144,8 @@ fn duplicates_replay_the_recorded_status() {
                 assert_eq!(dup.header("Content-Length"), Some("0"));
             }
         }
-        assert_eq!(up.count(&id), 1, "upstream called once for {status}");
-        let rec = show(&store, "r", &id);
+        assert_eq!(h.up.count(&id), 1, "upstream called once for {status}");
+        let rec = show(&h.store, "r", &id);
         assert_eq!(rec["state"], "delivered");
         assert_eq!(rec["last_status"], status);
     }
@@ -159,17 +155,16 @@ fn duplicates_replay_the_recorded_status() {
 /// still processing and after it was delivered; the original still replays.
 #[test]
 fn digest_mismatch_while_processing_and_after_delivery() {
-    let dir = TempDir::new("core-mismatch");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("core-mismatch")
+        .route("r", "/hooks/r", "")
+        .start();
     let id = eid("mismatch");
-    up.script(&id, vec![Reply::status(200).delay(Duration::from_secs(3))]);
-    let first = deliver_in_background(px.addr, "/hooks/r", &id, b"original");
-    assert!(wait_until(Duration::from_secs(5), || up.count(&id) == 1));
-    assert_eq!(show(&store, "r", &id)["state"], "processing");
+    h.up.script(&id, vec![Reply::status(200).delay(Duration::from_secs(3))]);
+    let first = deliver_in_background(h.addr, "/hooks/r", &id, b"original");
+    assert!(wait_until(Duration::from_secs(5), || h.up.count(&id) == 1));
+    assert_eq!(show(&h.store, "r", &id)["state"], "processing");
 
-    let other = px.deliver("/hooks/r", Some(&id), b"changed");
+    let other = h.deliver("/hooks/r", Some(&id), b"changed");
     assert_eq!(other.status, 422, "mismatch while processing: {other:?}");
     assert_eq!(problem_type(&other), "digest-mismatch");
     assert_eq!(other.json()["event_id"], id.as_str());
@@ -180,14 +175,14 @@ fn digest_mismatch_while_processing_and_after_delivery() {
     assert_eq!(first.status, 200);
     assert_eq!(first.header("Idempotency-Status"), Some("forwarded"));
 
-    let other = px.deliver("/hooks/r", Some(&id), b"changed");
+    let other = h.deliver("/hooks/r", Some(&id), b"changed");
     assert_eq!(other.status, 422, "mismatch after delivery");
     assert_eq!(problem_type(&other), "digest-mismatch");
-    let dup = px.deliver("/hooks/r", Some(&id), b"original");
+    let dup = h.deliver("/hooks/r", Some(&id), b"original");
     assert_eq!(dup.status, 200);
     assert_eq!(dup.header("Idempotent-Replayed"), Some("true"));
-    assert_eq!(up.count(&id), 1);
-    let rec = show(&store, "r", &id);
+    assert_eq!(h.up.count(&id), 1);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(
         (rec["state"].as_str(), rec["attempts"].as_i64()),
         (Some("delivered"), Some(1))
@@ -198,16 +193,15 @@ fn digest_mismatch_while_processing_and_after_delivery() {
 /// `Retry-After` in whole seconds within the lease (10 s in the harness).
 #[test]
 fn in_flight_duplicate_gets_409_with_retry_after() {
-    let dir = TempDir::new("core-inflight");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("core-inflight")
+        .route("r", "/hooks/r", "")
+        .start();
     let id = eid("inflight");
-    up.script(&id, vec![Reply::status(200).delay(Duration::from_secs(3))]);
-    let first = deliver_in_background(px.addr, "/hooks/r", &id, b"same");
-    assert!(wait_until(Duration::from_secs(5), || up.count(&id) == 1));
+    h.up.script(&id, vec![Reply::status(200).delay(Duration::from_secs(3))]);
+    let first = deliver_in_background(h.addr, "/hooks/r", &id, b"same");
+    assert!(wait_until(Duration::from_secs(5), || h.up.count(&id) == 1));
 
-    let dup = px.deliver("/hooks/r", Some(&id), b"same");
+    let dup = h.deliver("/hooks/r", Some(&id), b"same");
     assert_eq!(dup.status, 409, "{dup:?}");
     assert_eq!(problem_type(&dup), "in-flight");
     assert_eq!(dup.json()["event_id"], id.as_str());
@@ -223,37 +217,36 @@ fn in_flight_duplicate_gets_409_with_retry_after() {
 
     let first = first.join().unwrap().expect("first delivery answered");
     assert_eq!(first.status, 200);
-    let dup = px.deliver("/hooks/r", Some(&id), b"same");
+    let dup = h.deliver("/hooks/r", Some(&id), b"same");
     assert_eq!(dup.status, 200);
     assert_eq!(dup.header("Idempotent-Replayed"), Some("true"));
-    assert_eq!(up.count(&id), 1, "the consumer saw the event once");
+    assert_eq!(h.up.count(&id), 1, "the consumer saw the event once");
 }
 
 /// Records survive a graceful restart: the duplicate is replayed and another
 /// payload under the same ID is still refused.
 #[test]
 fn records_persist_across_a_restart() {
-    let dir = TempDir::new("core-restart");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let mut px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let mut h = Harness::sqlite("core-restart")
+        .route("r", "/hooks/r", "")
+        .start();
     let id = eid("restart");
-    up.script(&id, vec![Reply::status(202)]);
-    assert_eq!(px.deliver("/hooks/r", Some(&id), b"kept").status, 202);
+    h.up.script(&id, vec![Reply::status(202)]);
+    assert_eq!(h.deliver("/hooks/r", Some(&id), b"kept").status, 202);
     assert_eq!(
-        px.stop(Duration::from_secs(10)),
+        h.stop(Duration::from_secs(10)),
         Some(0),
         "SIGTERM stops cleanly; log:\n{}",
-        px.log()
+        h.log()
     );
-    assert!(sample::get(px.addr, "/").is_err(), "the proxy is down");
-    px.spawn();
+    assert!(kit::get(h.addr, "/").is_err(), "the proxy is down");
+    h.spawn();
 
-    let dup = px.deliver("/hooks/r", Some(&id), b"kept");
+    let dup = h.deliver("/hooks/r", Some(&id), b"kept");
     assert_eq!(dup.status, 202);
     assert_eq!(dup.header("Idempotent-Replayed"), Some("true"));
-    let other = px.deliver("/hooks/r", Some(&id), b"not what was delivered");
+    let other = h.deliver("/hooks/r", Some(&id), b"not what was delivered");
     assert_eq!(other.status, 422);
     assert_eq!(problem_type(&other), "digest-mismatch");
-    assert_eq!(up.count(&id), 1);
+    assert_eq!(h.up.count(&id), 1);
 }

@@ -12,29 +12,28 @@ use std::time::Duration;
 
 use common::*;
 use core_util::*;
-use raw_upstream::{response, Behavior, RawUpstream};
+use raw_upstream::{response, upstream, Behavior};
 
 /// Every short-circuit answer leaves the connection usable: 422, 400 (missing
 /// ID), 400 (invalid ID), 409, replay and 404 on one connection, then a
 /// delivery that is forwarded on it.
 #[test]
 fn keep_alive_survives_every_short_circuit() {
-    let dir = TempDir::new("http-keepalive");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("http-keepalive")
+        .route("r", "/hooks/r", "")
+        .start();
     let done = eid("done");
     assert_eq!(
-        px.deliver("/hooks/r", Some(&done), b"delivered").status,
+        h.deliver("/hooks/r", Some(&done), b"delivered").status,
         200
     );
     let held = eid("held");
-    up.script(
+    h.up.script(
         &held,
         vec![Reply::status(200).delay(Duration::from_secs(4))],
     );
-    let first = deliver_in_background(px.addr, "/hooks/r", &held, b"held");
-    assert!(wait_until(Duration::from_secs(5), || up.count(&held) == 1));
+    let first = deliver_in_background(h.addr, "/hooks/r", &held, b"held");
+    assert!(wait_until(Duration::from_secs(5), || h.up.count(&held) == 1));
 
     let long_id = "x".repeat(300);
     let fresh = eid("fresh");
@@ -61,7 +60,7 @@ fn keep_alive_survives_every_short_circuit() {
         ("/nowhere", Some(&fresh), b"no route", 404, "no_route"),
         ("/hooks/r", Some(&fresh), b"fresh", 200, "forwarded"),
     ];
-    let mut c = px.client();
+    let mut c = h.client();
     for (path, id, body, status, outcome) in steps {
         let mut headers = vec![("Content-Type", "application/octet-stream")];
         if let Some(id) = id {
@@ -74,21 +73,19 @@ fn keep_alive_survives_every_short_circuit() {
         assert_eq!(r.header("Idempotency-Status"), Some(outcome));
         assert!(!says_close(&r.headers), "{outcome} keeps the connection");
     }
-    assert_eq!(up.count(&fresh), 1, "the last one was forwarded");
+    assert_eq!(h.up.count(&fresh), 1, "the last one was forwarded");
     assert_eq!(first.join().unwrap().unwrap().status, 200);
-    assert_eq!(up.total(), 3);
+    assert_eq!(h.up.total(), 3);
 }
 
 /// A Content-Length over `max_body` is refused from the header: 413, and the
 /// connection is either closed (and says so) or still usable.
 #[test]
 fn content_length_over_max_body_gets_413() {
-    let dir = TempDir::new("http-413");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let extra = "    max_body: 1KiB\n";
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), extra));
-    let mut c = px.client();
+    let h = Harness::sqlite("http-413")
+        .route("r", "/hooks/r", "    max_body: 1KiB\n")
+        .start();
+    let mut c = h.client();
     let id = eid("big");
     let r = c
         .request(
@@ -111,9 +108,9 @@ fn content_length_over_max_body_gets_413() {
         assert_eq!(next.expect("the connection is still usable").status, 200);
     }
     // Under the limit on a fresh connection, the event was not spoiled.
-    let ok = px.deliver("/hooks/r", Some(&id), b"small");
+    let ok = h.deliver("/hooks/r", Some(&id), b"small");
     assert!(ok.status == 200, "{ok:?}");
-    assert_eq!(up.count(&id), 1);
+    assert_eq!(h.up.count(&id), 1);
 }
 
 /// Bodies past pingora's 64 KiB retry buffer reach the consumer byte for
@@ -121,12 +118,10 @@ fn content_length_over_max_body_gets_413() {
 /// digest covers the whole body (a change in the last byte is a mismatch).
 #[test]
 fn large_bodies_are_forwarded_whole() {
-    let dir = TempDir::new("http-large");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let extra = "    max_body: 2MiB\n";
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), extra));
-    let mut c = px.client();
+    let h = Harness::sqlite("http-large")
+        .route("r", "/hooks/r", "    max_body: 2MiB\n")
+        .start();
+    let mut c = h.client();
     for (n, len) in [200_000usize, 1_000_000].into_iter().enumerate() {
         let body = payload(len, 10 + n as u64);
         let id = eid("cl");
@@ -134,7 +129,7 @@ fn large_bodies_are_forwarded_whole() {
             .request("POST", "/hooks/r", &[("X-Event-ID", &id)], &body)
             .unwrap();
         assert_eq!(r.status, 200, "{len} bytes with Content-Length");
-        let got = up.received().into_iter().find(|g| g.key() == Some(&id));
+        let got = h.up.received().into_iter().find(|g| g.key() == Some(&id));
         assert!(
             got.unwrap().body == body,
             "{len} bytes arrive byte for byte"
@@ -147,7 +142,7 @@ fn large_bodies_are_forwarded_whole() {
         let r = c.read_response(false).unwrap();
         assert_eq!(r.status, 200, "{len} bytes chunked: {r:?}");
         assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
-        let got = up.received().into_iter().find(|g| g.key() == Some(&id));
+        let got = h.up.received().into_iter().find(|g| g.key() == Some(&id));
         let got = got.expect("the chunked request reached the consumer");
         assert!(got.body == body, "{len} chunked bytes arrive byte for byte");
         assert_eq!(got.header("Content-Length"), Some(len.to_string().as_str()));
@@ -162,22 +157,20 @@ fn large_bodies_are_forwarded_whole() {
         c.send_raw(&chunked(&changed)).unwrap();
         let other = c.read_response(false).unwrap();
         assert_eq!(other.status, 422, "the last byte is part of the digest");
-        assert_eq!(up.count(&id), 1);
+        assert_eq!(h.up.count(&id), 1);
     }
-    assert_eq!(up.total(), 4);
+    assert_eq!(h.up.total(), 4);
 }
 
 /// A chunked body that grows past `max_body` gets 413 (the body is written
 /// from another thread: the proxy may answer before it has all been sent).
 #[test]
 fn chunked_body_over_max_body_gets_413() {
-    let dir = TempDir::new("http-chunked-413");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let extra = "    max_body: 2MiB\n";
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), extra));
+    let h = Harness::sqlite("http-chunked-413")
+        .route("r", "/hooks/r", "    max_body: 2MiB\n")
+        .start();
     let id = eid("huge");
-    let mut raw = Raw::connect(px.addr);
+    let mut raw = Raw::connect(h.addr);
     let mut writer = raw.writer();
     let bytes = [chunked_head("/hooks/r", &id), chunked(&payload(3 << 20, 3))].concat();
     let sending = std::thread::spawn(move || {
@@ -190,10 +183,10 @@ fn chunked_body_over_max_body_gets_413() {
     let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(doc["type"], "urn:idemgate:problem:body-too-large");
     sending.join().unwrap();
-    assert_eq!(up.total(), 0, "nothing forwarded");
+    assert_eq!(h.up.total(), 0, "nothing forwarded");
     // The event is not claimed: a body within the limit goes through.
-    assert_eq!(px.deliver("/hooks/r", Some(&id), b"small").status, 200);
-    assert_eq!(up.count(&id), 1);
+    assert_eq!(h.deliver("/hooks/r", Some(&id), b"small").status, 200);
+    assert_eq!(h.up.count(&id), 1);
 }
 
 /// `Expect: 100-continue`: `100 Continue` before the body, then the final
@@ -201,11 +194,9 @@ fn chunked_body_over_max_body_gets_413() {
 /// no event ID) the final status comes at once.
 #[test]
 fn expect_100_continue() {
-    let dir = TempDir::new("http-expect");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let extra = "    max_body: 1KiB\n";
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), extra));
+    let h = Harness::sqlite("http-expect")
+        .route("r", "/hooks/r", "    max_body: 1KiB\n")
+        .start();
     let head_to = |path: &str, id: Option<&str>, len: usize| {
         let id = id
             .map(|i| format!("X-Event-ID: {i}\r\n"))
@@ -219,11 +210,11 @@ fn expect_100_continue() {
 
     let id = eid("expect");
     let body = b"{\"after\":\"continue\"}";
-    let mut raw = Raw::connect(px.addr);
+    let mut raw = Raw::connect(h.addr);
     raw.send(head(Some(&id), body.len()).as_bytes()).unwrap();
     let interim = raw.head().expect("an interim answer before the body");
     assert_eq!(interim.status, 100);
-    assert_eq!(up.total(), 0);
+    assert_eq!(h.up.total(), 0);
     raw.send(body).unwrap();
     let fin = raw.head().unwrap();
     assert_eq!(fin.status, 200);
@@ -233,7 +224,7 @@ fn expect_100_continue() {
         "the 100 does not cost the keep-alive"
     );
     raw.body(&fin).unwrap();
-    let got = up.received();
+    let got = h.up.received();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].body, body);
     assert_eq!(
@@ -257,7 +248,7 @@ fn expect_100_continue() {
         ("/nowhere", Some(id.as_str()), 10, 404),
     ];
     for (path, id, len, status) in refused {
-        let mut raw = Raw::connect(px.addr);
+        let mut raw = Raw::connect(h.addr);
         raw.send(head_to(path, id, len).as_bytes()).unwrap();
         let t = std::time::Instant::now();
         let fin = raw.head().expect("the final answer without the body");
@@ -265,7 +256,7 @@ fn expect_100_continue() {
         // Not after the proxy gave up waiting for a body it never asked for.
         assert!(t.elapsed() < Duration::from_secs(5), "{status} at once");
     }
-    assert_eq!(up.total(), 1);
+    assert_eq!(h.up.total(), 1);
 }
 
 /// A guarded request with a small body reaches the upstream in one piece:
@@ -275,14 +266,13 @@ fn expect_100_continue() {
 /// body still arrives whole, after its header.
 #[test]
 fn small_requests_reach_the_upstream_in_one_write() {
-    let up = RawUpstream::start(|_, _| Behavior::Respond(response(200, b"ok")));
-    let dir = TempDir::new("http-one-write");
-    let store = dir.sqlite_url("core.db");
-    let extra = "    max_body: 1MiB\n";
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), extra));
+    let up = upstream(|_, _| Behavior::Respond(response(200, b"ok")));
+    let h = Harness::sqlite("http-one-write")
+        .route_to("r", "/hooks/r", &up.url(), "    max_body: 1MiB\n")
+        .start();
     let bodies = [payload(1024, 1), payload(3000, 2), payload(200_000, 3)];
     for body in &bodies {
-        let r = px.deliver("/hooks/r", Some(&eid("one-write")), body);
+        let r = h.deliver("/hooks/r", Some(&eid("one-write")), body);
         assert_eq!(r.status, 200, "{r:?}");
     }
     let got = up.received();
@@ -312,15 +302,11 @@ fn small_requests_reach_the_upstream_in_one_write() {
 /// own pool).
 #[test]
 fn small_unguarded_requests_reach_the_upstream_in_one_write() {
-    let up = RawUpstream::start(|_, _| Behavior::Respond(response(200, b"ok")));
-    let dir = TempDir::new("http-one-write-unguarded");
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(
-        &dir,
-        &store,
-        &route("p", "/plain", &up.url(), "    guard_methods: []\n"),
-    );
-    let mut c = px.client();
+    let up = upstream(|_, _| Behavior::Respond(response(200, b"ok")));
+    let h = Harness::sqlite("http-one-write-unguarded")
+        .route_to("p", "/plain", &up.url(), "    guard_methods: []\n")
+        .start();
+    let mut c = h.client();
     let small = [payload(1024, 4), payload(3000, 5)];
     for body in &small {
         let r = c.request("POST", "/plain", &[], body).unwrap();
@@ -360,7 +346,7 @@ fn small_unguarded_requests_reach_the_upstream_in_one_write() {
         "the small requests and the GET on one kept connection, the large one on its own"
     );
     assert_eq!(
-        px.metric(r#"idemgate_requests_total{outcome="unguarded",route="p"}"#),
+        h.metric(r#"idemgate_requests_total{outcome="unguarded",route="p"}"#),
         4.0
     );
 }

@@ -24,41 +24,40 @@ fn release(store: &str, route: &str, id: &str, force: bool) -> (i32, String, Str
 /// is forwarded and delivers, the next duplicate is replayed.
 #[test]
 fn failed_delivery_is_released_and_the_retry_delivers() {
-    let dir = TempDir::new("retry-500");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("retry-500")
+        .route("r", "/hooks/r", "")
+        .start();
     let id = eid("fail");
-    up.script(
+    h.up.script(
         &id,
         vec![
             Reply::status(500).body(b"consumer broke"),
             Reply::status(200).body(b"fine now"),
         ],
     );
-    let first = px.deliver("/hooks/r", Some(&id), b"event");
+    let first = h.deliver("/hooks/r", Some(&id), b"event");
     assert_eq!(first.status, 500);
     assert_eq!(first.body, b"consumer broke");
     assert_eq!(first.header("Idempotency-Status"), Some("forwarded"));
-    let rec = show(&store, "r", &id);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(rec["state"], "failed");
     assert_eq!(rec["attempts"], 1);
     assert_eq!(rec["last_status"], 500);
     assert!(rec["lease_until"].is_null(), "lease cleared: {rec}");
 
-    let retry = px.deliver("/hooks/r", Some(&id), b"event");
+    let retry = h.deliver("/hooks/r", Some(&id), b"event");
     assert_eq!(retry.status, 200);
     assert_eq!(retry.body, b"fine now");
     assert_eq!(retry.header("Idempotent-Replayed"), None);
-    let rec = show(&store, "r", &id);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(rec["state"], "delivered");
     assert_eq!(rec["attempts"], 2);
     assert_eq!(rec["last_status"], 200);
 
-    let dup = px.deliver("/hooks/r", Some(&id), b"event");
+    let dup = h.deliver("/hooks/r", Some(&id), b"event");
     assert_eq!(dup.status, 200);
     assert_eq!(dup.header("Idempotent-Replayed"), Some("true"));
-    assert_eq!(up.count(&id), 2);
+    assert_eq!(h.up.count(&id), 2);
 }
 
 /// The proxy dies with a claim in flight; after the restart the claim is
@@ -66,46 +65,45 @@ fn failed_delivery_is_released_and_the_retry_delivers() {
 /// is forwarded.
 #[test]
 fn operator_releases_a_claim_left_by_a_crash() {
-    let dir = TempDir::new("retry-crash");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let mut px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let mut h = Harness::sqlite("retry-crash")
+        .route("r", "/hooks/r", "")
+        .start();
     let id = eid("crash");
-    up.script(
+    h.up.script(
         &id,
         vec![
             Reply::status(200).delay(Duration::from_secs(60)),
             Reply::status(200).body(b"second try"),
         ],
     );
-    let lost = deliver_in_background(px.addr, "/hooks/r", &id, b"event");
-    assert!(wait_until(Duration::from_secs(5), || up.count(&id) == 1));
-    px.kill();
+    let lost = deliver_in_background(h.addr, "/hooks/r", &id, b"event");
+    assert!(wait_until(Duration::from_secs(5), || h.up.count(&id) == 1));
+    h.kill();
     assert!(
         lost.join().unwrap().is_err(),
         "the sender got no answer from the killed proxy"
     );
-    let rec = show(&store, "r", &id);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(rec["state"], "processing");
     assert_eq!(rec["attempts"], 1);
     assert!(!rec["lease_until"].is_null());
 
-    px.spawn();
-    let held = px.deliver("/hooks/r", Some(&id), b"event");
+    h.spawn();
+    let held = h.deliver("/hooks/r", Some(&id), b"event");
     assert_eq!(held.status, 409, "the lease outlives the crash: {held:?}");
 
-    let (code, out, err) = release(&store, "r", &id, false);
+    let (code, out, err) = release(&h.store, "r", &id, false);
     assert_eq!(code, 0, "release of a processing record: {out}{err}");
-    let rec = show(&store, "r", &id);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(rec["state"], "failed");
     assert!(rec["lease_until"].is_null(), "lease cleared: {rec}");
 
-    let again = px.deliver("/hooks/r", Some(&id), b"event");
+    let again = h.deliver("/hooks/r", Some(&id), b"event");
     assert_eq!(again.status, 200);
     assert_eq!(again.body, b"second try");
     assert_eq!(again.header("Idempotency-Status"), Some("forwarded"));
-    assert_eq!(up.count(&id), 2);
-    let rec = show(&store, "r", &id);
+    assert_eq!(h.up.count(&id), 2);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(
         (rec["state"].as_str(), rec["attempts"].as_i64()),
         (Some("delivered"), Some(2))
@@ -116,34 +114,33 @@ fn operator_releases_a_claim_left_by_a_crash() {
 /// reaches the consumer again.
 #[test]
 fn release_of_a_delivered_record_needs_force() {
-    let dir = TempDir::new("retry-force");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("retry-force")
+        .route("r", "/hooks/r", "")
+        .start();
     let id = eid("force");
-    assert_eq!(px.deliver("/hooks/r", Some(&id), b"event").status, 200);
+    assert_eq!(h.deliver("/hooks/r", Some(&id), b"event").status, 200);
 
-    let (code, _, err) = release(&store, "r", &id, false);
+    let (code, _, err) = release(&h.store, "r", &id, false);
     assert_eq!(code, 1, "refused without --force");
     assert!(err.contains("delivered"), "says why: {err}");
-    assert_eq!(show(&store, "r", &id)["state"], "delivered");
-    let dup = px.deliver("/hooks/r", Some(&id), b"event");
+    assert_eq!(show(&h.store, "r", &id)["state"], "delivered");
+    let dup = h.deliver("/hooks/r", Some(&id), b"event");
     assert_eq!(dup.header("Idempotent-Replayed"), Some("true"));
 
-    let (code, out, err) = release(&store, "r", &id, true);
+    let (code, out, err) = release(&h.store, "r", &id, true);
     assert_eq!(code, 0, "forced release: {out}{err}");
-    assert_eq!(show(&store, "r", &id)["state"], "failed");
-    let again = px.deliver("/hooks/r", Some(&id), b"event");
+    assert_eq!(show(&h.store, "r", &id)["state"], "failed");
+    let again = h.deliver("/hooks/r", Some(&id), b"event");
     assert_eq!(again.status, 200);
     assert_eq!(again.header("Idempotent-Replayed"), None);
-    assert_eq!(up.count(&id), 2);
-    let rec = show(&store, "r", &id);
+    assert_eq!(h.up.count(&id), 2);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(
         (rec["state"].as_str(), rec["attempts"].as_i64()),
         (Some("delivered"), Some(2))
     );
 
-    let (code, _, _) = release(&store, "r", &eid("unknown"), false);
+    let (code, _, _) = release(&h.store, "r", &eid("unknown"), false);
     assert_eq!(code, 3, "release of an unknown event");
 }
 
@@ -155,17 +152,12 @@ fn release_of_a_delivered_record_needs_force() {
 #[test]
 fn releases_during_a_storm_of_duplicates_are_never_answered_from_memory() {
     const ROUNDS: usize = 8;
-    let dir = TempDir::new("retry-storm");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(
-        &dir,
-        &store,
-        &route("r", "/hooks/r", &up.url(), "    replay_body: true\n"),
-    );
+    let h = Harness::sqlite("retry-storm")
+        .route("r", "/hooks/r", "    replay_body: true\n")
+        .start();
     let id = eid("storm");
     // the consumer answers its n-th delivery with the body "n"
-    up.script(
+    h.up.script(
         &id,
         (1..=ROUNDS + 1)
             .map(|n| Reply::status(200).body(n.to_string().as_bytes()))
@@ -176,14 +168,14 @@ fn releases_during_a_storm_of_duplicates_are_never_answered_from_memory() {
             .parse()
             .unwrap_or_else(|_| panic!("not a delivery number: {:?}", r.body))
     };
-    assert_eq!(delivery(&px.deliver("/hooks/r", Some(&id), b"event")), 1);
-    let addr = px.addr;
+    assert_eq!(delivery(&h.deliver("/hooks/r", Some(&id), b"event")), 1);
+    let addr = h.addr;
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
-                    let r = sample::deliver(addr, "/hooks/r", Some(&id), b"event").unwrap();
+                    let r = kit::deliver(addr, "/hooks/r", Some(&id), b"event").unwrap();
                     assert!(matches!(r.status, 200 | 409), "storm got {}", r.status);
                 }
             });
@@ -199,9 +191,9 @@ fn releases_during_a_storm_of_duplicates_are_never_answered_from_memory() {
         for round in 1..=ROUNDS {
             // let the storm replay delivery `round` for a while
             std::thread::sleep(Duration::from_millis(50));
-            let (code, out, err) = release(&store, "r", &id, true);
+            let (code, out, err) = release(&h.store, "r", &id, true);
             assert_eq!(code, 0, "round {round}: {out}{err}");
-            let next = px.deliver("/hooks/r", Some(&id), b"event");
+            let next = h.deliver("/hooks/r", Some(&id), b"event");
             match next.status {
                 200 => assert!(
                     delivery(&next) > round,
@@ -213,27 +205,25 @@ fn releases_during_a_storm_of_duplicates_are_never_answered_from_memory() {
             }
             assert!(
                 wait_until(Duration::from_secs(5), || {
-                    up.count(&id) == round + 1 && show(&store, "r", &id)["state"] == "delivered"
+                    h.up.count(&id) == round + 1 && show(&h.store, "r", &id)["state"] == "delivered"
                 }),
                 "round {round}: the redelivery did not settle; consumer saw {}",
-                up.count(&id)
+                h.up.count(&id)
             );
         }
     });
-    assert_eq!(up.count(&id), ROUNDS + 1, "one forward per release");
+    assert_eq!(h.up.count(&id), ROUNDS + 1, "one forward per release");
 }
 
 /// A consumer slower than `upstream_timeout`: 504 within the timeout (plus
 /// slack), the claim released, the retry forwarded.
 #[test]
 fn upstream_timeout_gives_504_and_releases_the_claim() {
-    let dir = TempDir::new("retry-timeout");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let extra = "    upstream_timeout: 1s\n";
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), extra));
+    let h = Harness::sqlite("retry-timeout")
+        .route("r", "/hooks/r", "    upstream_timeout: 1s\n")
+        .start();
     let id = eid("slow");
-    up.script(
+    h.up.script(
         &id,
         vec![
             Reply::status(200).delay(Duration::from_secs(30)),
@@ -241,7 +231,7 @@ fn upstream_timeout_gives_504_and_releases_the_claim() {
         ],
     );
     // One connection throughout: the 504 leaves it usable.
-    let mut c = px.client();
+    let mut c = h.client();
     let mut post = || {
         c.request("POST", "/hooks/r", &[("X-Event-ID", &id)], b"event")
             .expect("an answer on the same connection")
@@ -254,7 +244,7 @@ fn upstream_timeout_gives_504_and_releases_the_claim() {
     assert_eq!(problem_type(&late), "upstream-timeout");
     assert_eq!(late.json()["event_id"], id.as_str());
     assert_eq!(late.header("Idempotency-Status"), Some("forwarded"));
-    let rec = show(&store, "r", &id);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(rec["state"], "failed");
     assert_eq!(rec["attempts"], 1);
     assert!(rec["lease_until"].is_null());
@@ -262,8 +252,8 @@ fn upstream_timeout_gives_504_and_releases_the_claim() {
     let retry = post();
     assert_eq!(retry.status, 200);
     assert_eq!(retry.body, b"in time");
-    assert_eq!(up.count(&id), 2);
-    let rec = show(&store, "r", &id);
+    assert_eq!(h.up.count(&id), 2);
+    let rec = show(&h.store, "r", &id);
     assert_eq!(
         (rec["state"].as_str(), rec["attempts"].as_i64()),
         (Some("delivered"), Some(2))
@@ -347,16 +337,15 @@ fn wreck_sqlite(db: &std::path::Path) {
 /// nothing forwarded, not even a duplicate of a delivered event.
 #[test]
 fn store_failure_fails_closed() {
-    let dir = TempDir::new("retry-store");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("retry-store")
+        .route("r", "/hooks/r", "")
+        .start();
     let done = eid("before");
-    assert_eq!(px.deliver("/hooks/r", Some(&done), b"event").status, 200);
+    assert_eq!(h.deliver("/hooks/r", Some(&done), b"event").status, 200);
 
-    wreck_sqlite(&dir.path().join("core.db"));
+    wreck_sqlite(&h.sqlite_path());
     for id in [eid("during"), done.clone()] {
-        let refused = px.deliver("/hooks/r", Some(&id), b"event");
+        let refused = h.deliver("/hooks/r", Some(&id), b"event");
         assert_eq!(refused.status, 503, "{refused:?}");
         assert_eq!(refused.header("Retry-After"), Some("1"));
         assert_eq!(problem_type(&refused), "store-unavailable");
@@ -366,9 +355,9 @@ fn store_failure_fails_closed() {
             Some("store_unavailable")
         );
     }
-    assert_eq!(up.total(), 1, "nothing forwarded while the store fails");
+    assert_eq!(h.up.total(), 1, "nothing forwarded while the store fails");
     assert_eq!(
-        px.metric(r#"idemgate_requests_total{outcome="store_unavailable",route="r"}"#),
+        h.metric(r#"idemgate_requests_total{outcome="store_unavailable",route="r"}"#),
         2.0
     );
 }
@@ -376,19 +365,18 @@ fn store_failure_fails_closed() {
 /// SPEC §5: `/readyz` is 503 when the store does not answer.
 #[test]
 fn readyz_reports_a_failing_store() {
-    let dir = TempDir::new("retry-readyz");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let px = Proxy::start(&dir, &store, &route("r", "/hooks/r", &up.url(), ""));
+    let h = Harness::sqlite("retry-readyz")
+        .route("r", "/hooks/r", "")
+        .start();
     assert_eq!(
-        px.deliver("/hooks/r", Some(&eid("x")), b"event").status,
+        h.deliver("/hooks/r", Some(&eid("x")), b"event").status,
         200
     );
-    wreck_sqlite(&dir.path().join("core.db"));
+    wreck_sqlite(&h.sqlite_path());
     assert_eq!(
-        px.deliver("/hooks/r", Some(&eid("y")), b"event").status,
+        h.deliver("/hooks/r", Some(&eid("y")), b"event").status,
         503
     );
-    let ready = sample::get(px.admin, "/readyz").unwrap();
+    let ready = kit::get(h.admin, "/readyz").unwrap();
     assert_eq!(ready.status, 503, "{ready:?}");
 }

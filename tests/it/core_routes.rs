@@ -14,16 +14,11 @@ use core_util::*;
 /// idempotency key, and no event ID needed.
 #[test]
 fn unguarded_methods_and_routes_pass_through() {
-    let dir = TempDir::new("routes-unguarded");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
-    let routes = [
-        route("r", "/hooks/r", &up.url(), ""),
-        route("plain", "/plain", &up.url(), "    guard_methods: []\n"),
-    ]
-    .concat();
-    let px = Proxy::start(&dir, &store, &routes);
-    let mut c = px.client();
+    let h = Harness::sqlite("routes-unguarded")
+        .route("r", "/hooks/r", "")
+        .route("plain", "/plain", "    guard_methods: []\n")
+        .start();
+    let mut c = h.client();
     let id = eid("get");
     for _ in 0..2 {
         let r = c
@@ -57,7 +52,7 @@ fn unguarded_methods_and_routes_pass_through() {
         (200, Some("unguarded"))
     );
 
-    let got = up.received();
+    let got = h.up.received();
     let seen: Vec<(&str, &str)> = got
         .iter()
         .map(|g| (g.method.as_str(), g.path.as_str()))
@@ -81,7 +76,7 @@ fn unguarded_methods_and_routes_pass_through() {
     }
     assert!(got[2].body == body && got[5].body == body && got[7].body == big);
     for route in ["r", "plain"] {
-        let (code, _, _) = cli(&["events", "show", "--store", &store, "--route", route, &id]);
+        let (code, _, _) = cli(&["events", "show", "--store", &h.store, "--route", route, &id]);
         assert_eq!(code, 3, "no record on route {route}");
     }
 }
@@ -91,21 +86,13 @@ fn unguarded_methods_and_routes_pass_through() {
 /// whole segments.
 #[test]
 fn prefixes_strip_and_match_whole_segments() {
-    let dir = TempDir::new("routes-prefix");
-    let (outer, inner) = (Consumer::start().unwrap(), Consumer::start().unwrap());
-    let store = dir.sqlite_url("core.db");
-    let routes = [
-        route("outer", "/hooks", &outer.url(), ""),
-        route(
-            "inner",
-            "/hooks/r",
-            &inner.url(),
-            "    strip_prefix: true\n",
-        ),
-    ]
-    .concat();
-    let px = Proxy::start(&dir, &store, &routes);
-    let mut c = px.client();
+    let inner = Consumer::start().unwrap();
+    let h = Harness::sqlite("routes-prefix")
+        .route("outer", "/hooks", "")
+        .route_to("inner", "/hooks/r", &inner.url(), "    strip_prefix: true\n")
+        .start();
+    let outer = &h.up;
+    let mut c = h.client();
     let cases = [
         ("POST", "/hooks/r/x?y=1", "inner", "/x?y=1"),
         ("POST", "/hooks/r?y=2", "inner", "/?y=2"),
@@ -121,7 +108,7 @@ fn prefixes_strip_and_match_whole_segments() {
             .unwrap();
         assert_eq!(r.status, 200, "{method} {path}");
         if method == "POST" {
-            let rec = show(&store, to, &id);
+            let rec = show(&h.store, to, &id);
             assert_eq!(rec["route"], to, "{path} is claimed on route {to}");
         }
     }
@@ -148,23 +135,19 @@ fn prefixes_strip_and_match_whole_segments() {
 /// (the count once came from pingora's `logging` hook, after the answer).
 #[test]
 fn unguarded_requests_are_counted_before_their_answer() {
-    let dir = TempDir::new("routes-count-first");
-    let up = Consumer::start().unwrap();
-    let px = Proxy::start(
-        &dir,
-        &dir.sqlite_url("core.db"),
-        &route("r", "/hooks/r", &up.url(), ""),
-    );
+    let h = Harness::sqlite("routes-count-first")
+        .route("r", "/hooks/r", "")
+        .start();
     for n in 1..=40 {
-        let r = sample::get(px.addr, "/hooks/r").unwrap();
+        let r = kit::get(h.addr, "/hooks/r").unwrap();
         assert_eq!(r.status, 200);
         assert_eq!(
-            px.metric(r#"idemgate_requests_total{outcome="unguarded",route="r"}"#),
+            h.metric(r#"idemgate_requests_total{outcome="unguarded",route="r"}"#),
             f64::from(n),
             "after answer {n}"
         );
         assert_eq!(
-            px.metric(r#"idemgate_upstream_responses_total{class="2xx",route="r"}"#),
+            h.metric(r#"idemgate_upstream_responses_total{class="2xx",route="r"}"#),
             f64::from(n)
         );
     }
@@ -174,22 +157,12 @@ fn unguarded_requests_are_counted_before_their_answer() {
 /// labels and counts, and no event ID anywhere in the text.
 #[test]
 fn metrics_after_a_mix() {
-    let dir = TempDir::new("routes-metrics");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("core.db");
     let down = format!("http://127.0.0.1:{}", free_port());
-    let routes = [
-        route("r", "/hooks/r", &up.url(), "    max_body: 4KiB\n"),
-        route("down", "/hooks/down", &down, ""),
-        route(
-            "slow",
-            "/hooks/slow",
-            &up.url(),
-            "    upstream_timeout: 1s\n",
-        ),
-    ]
-    .concat();
-    let px = Proxy::start(&dir, &store, &routes);
+    let h = Harness::sqlite("routes-metrics")
+        .route("r", "/hooks/r", "    max_body: 4KiB\n")
+        .route_to("down", "/hooks/down", &down, "")
+        .route("slow", "/hooks/slow", "    upstream_timeout: 1s\n")
+        .start();
     let tag = "metricsecret";
     let mut ids = Vec::new();
     let mut id = || {
@@ -198,15 +171,15 @@ fn metrics_after_a_mix() {
         i
     };
     let (a, b, fail, held, d, s) = (id(), id(), id(), id(), id(), id());
-    up.script(&fail, vec![Reply::status(503), Reply::status(200)]);
-    up.script(
+    h.up.script(&fail, vec![Reply::status(503), Reply::status(200)]);
+    h.up.script(
         &held,
         vec![Reply::status(202).delay(Duration::from_secs(3))],
     );
-    up.script(&s, vec![Reply::status(200).delay(Duration::from_secs(30))]);
+    h.up.script(&s, vec![Reply::status(200).delay(Duration::from_secs(30))]);
 
     let deliver = |path: &str, id: Option<&str>, body: &[u8], status: u16| {
-        let r = px.deliver(path, id, body);
+        let r = h.deliver(path, id, body);
         assert_eq!(r.status, status, "{path} {id:?}: {r:?}");
     };
     deliver("/hooks/r", Some(&a), b"a", 200); // forwarded, 2xx, new, delivered
@@ -215,8 +188,8 @@ fn metrics_after_a_mix() {
     deliver("/hooks/r", Some(&b), b"b", 200); // forwarded, 2xx, new, delivered
     deliver("/hooks/r", Some(&fail), b"f", 503); // forwarded, 5xx, new, released
     deliver("/hooks/r", Some(&fail), b"f", 200); // forwarded, 2xx, retry_failed, delivered
-    let first = deliver_in_background(px.addr, "/hooks/r", &held, b"h");
-    assert!(wait_until(Duration::from_secs(5), || up.count(&held) == 1));
+    let first = deliver_in_background(h.addr, "/hooks/r", &held, b"h");
+    assert!(wait_until(Duration::from_secs(5), || h.up.count(&held) == 1));
     deliver("/hooks/r", Some(&held), b"h", 409); // in_flight
     assert_eq!(first.join().unwrap().unwrap().status, 202); // forwarded, 2xx, new, delivered
     deliver("/hooks/r", None, b"x", 400); // missing_id
@@ -225,112 +198,55 @@ fn metrics_after_a_mix() {
     deliver("/nowhere", Some(&id()), b"x", 404); // no_route
     deliver("/hooks/down", Some(&d), b"d", 502); // forwarded, connect_error, new, released
     deliver("/hooks/slow", Some(&s), b"s", 504); // forwarded, timeout, new, released
-    let get = px
+    let get = h
         .client()
         .request("GET", "/hooks/r/status", &[("X-Event-ID", &a)], b"")
         .unwrap();
     assert_eq!(get.status, 200); // unguarded, 2xx
 
-    let expected: &[(&str, f64)] = &[
-        (
-            r#"idemgate_requests_total{outcome="forwarded",route="r"}"#,
-            5.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="replayed",route="r"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="digest_mismatch",route="r"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="in_flight",route="r"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="missing_id",route="r"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="invalid_id",route="r"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="body_too_large",route="r"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="unguarded",route="r"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="no_route",route=""}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="forwarded",route="down"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_requests_total{outcome="forwarded",route="slow"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_upstream_responses_total{class="2xx",route="r"}"#,
-            5.0,
-        ),
-        (
-            r#"idemgate_upstream_responses_total{class="5xx",route="r"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_upstream_responses_total{class="connect_error",route="down"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_upstream_responses_total{class="timeout",route="slow"}"#,
-            1.0,
-        ),
-        (r#"idemgate_claims_total{kind="new",route="r"}"#, 4.0),
-        (
-            r#"idemgate_claims_total{kind="retry_failed",route="r"}"#,
-            1.0,
-        ),
-        (r#"idemgate_claims_total{kind="new",route="down"}"#, 1.0),
-        (
-            r#"idemgate_settles_total{result="delivered",route="r"}"#,
-            4.0,
-        ),
-        (
-            r#"idemgate_settles_total{result="released",route="r"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_settles_total{result="released",route="down"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_settles_total{result="released",route="slow"}"#,
-            1.0,
-        ),
-        (
-            r#"idemgate_upstream_duration_seconds_count{route="r"}"#,
-            6.0,
-        ),
-    ];
+    // The series and their values, as `/metrics` prints them.
+    let expected = r#"
+idemgate_requests_total{outcome="forwarded",route="r"} 5
+idemgate_requests_total{outcome="replayed",route="r"} 1
+idemgate_requests_total{outcome="digest_mismatch",route="r"} 1
+idemgate_requests_total{outcome="in_flight",route="r"} 1
+idemgate_requests_total{outcome="missing_id",route="r"} 1
+idemgate_requests_total{outcome="invalid_id",route="r"} 1
+idemgate_requests_total{outcome="body_too_large",route="r"} 1
+idemgate_requests_total{outcome="unguarded",route="r"} 1
+idemgate_requests_total{outcome="no_route",route=""} 1
+idemgate_requests_total{outcome="forwarded",route="down"} 1
+idemgate_requests_total{outcome="forwarded",route="slow"} 1
+idemgate_upstream_responses_total{class="2xx",route="r"} 5
+idemgate_upstream_responses_total{class="5xx",route="r"} 1
+idemgate_upstream_responses_total{class="connect_error",route="down"} 1
+idemgate_upstream_responses_total{class="timeout",route="slow"} 1
+idemgate_claims_total{kind="new",route="r"} 4
+idemgate_claims_total{kind="retry_failed",route="r"} 1
+idemgate_claims_total{kind="new",route="down"} 1
+idemgate_settles_total{result="delivered",route="r"} 4
+idemgate_settles_total{result="released",route="r"} 1
+idemgate_settles_total{result="released",route="down"} 1
+idemgate_settles_total{result="released",route="slow"} 1
+idemgate_upstream_duration_seconds_count{route="r"} 6
+"#;
+    let expected: Vec<(&str, f64)> = expected
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(series, v)| (series, v.parse().unwrap()))
+        .collect();
     // Unguarded traffic is counted in pingora's logging phase, just after the
     // response, its upstream duration last: poll for that rather than race it.
     let last = expected[expected.len() - 1];
-    assert!(wait_until(Duration::from_secs(5), || px.metric(last.0) == last.1));
-    let text = px.metrics();
+    assert!(wait_until(Duration::from_secs(5), || h.metric(last.0) == last.1));
+    let text = h.metrics();
     let value = |series: &str| {
         text.lines().find_map(|l| {
             l.strip_prefix(series)
                 .and_then(|v| v.trim().parse::<f64>().ok())
         })
     };
-    for (series, want) in expected {
+    for (series, want) in &expected {
         assert_eq!(value(series), Some(*want), "{series} in\n{text}");
     }
     // Duplicates are decided by a read (lookup): the four above. Events the

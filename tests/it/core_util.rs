@@ -1,29 +1,16 @@
-//! Helpers shared by the `core*` integration tests: polling instead of
-//! sleeping, deliveries that run in the background while the test pokes at the
-//! in-flight claim, a raw HTTP/1.1 connection for what `sample::Client` hides
-//! (interim `100 Continue` answers, bodies written while the answer arrives),
-//! and deterministic payloads.
+//! Helpers shared by the behaviour tests: deliveries that run in the
+//! background while the test pokes at the in-flight claim, a raw HTTP/1.1
+//! connection that shows what `Client::request` hides (interim `100
+//! Continue` answers, bodies written while the answer arrives), problem
+//! types, and deterministic payloads.
 
-use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use idemgate::sample::{self, Response};
-
-/// Polls `check` every 10 ms until it holds; false after `timeout`.
-pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub use idemgate::testkit::http::says_close;
+pub use idemgate::testkit::wait_until;
+use idemgate::testkit::{self as kit, http::Body, Client, Response};
 
 /// A delivery on its own connection and thread (for the in-flight cases).
 pub fn deliver_in_background(
@@ -33,7 +20,7 @@ pub fn deliver_in_background(
     body: &[u8],
 ) -> JoinHandle<std::io::Result<Response>> {
     let (path, id, body) = (path.to_string(), event_id.to_string(), body.to_vec());
-    std::thread::spawn(move || sample::deliver(addr, &path, Some(&id), &body))
+    std::thread::spawn(move || kit::deliver(addr, &path, Some(&id), &body))
 }
 
 /// `len` bytes of a deterministic pseudo-random sequence (every byte value
@@ -80,9 +67,7 @@ pub fn chunked_head(path: &str, event_id: &str) -> Vec<u8> {
 }
 
 /// A raw HTTP/1.1 connection that shows every response head, 1xx included.
-pub struct Raw {
-    reader: BufReader<TcpStream>,
-}
+pub struct Raw(Client);
 
 /// One response head (status line and headers), as received.
 #[derive(Debug)]
@@ -93,35 +78,27 @@ pub struct Head {
 
 impl Head {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        kit::http::find(&self.headers, name)
     }
 }
 
 impl Raw {
     pub fn connect(addr: SocketAddr) -> Raw {
-        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.set_nodelay(true).unwrap();
-        Raw {
-            reader: BufReader::new(s),
-        }
+        Raw(Client::connect_with(addr, Duration::from_secs(10)).expect("connect"))
     }
 
     pub fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.reader.get_mut().write_all(bytes)
+        self.0.send_raw(bytes)
     }
 
     /// A second handle on the socket, for writing from another thread.
     pub fn writer(&self) -> TcpStream {
-        self.reader.get_ref().try_clone().expect("clone socket")
+        self.0.writer().expect("clone socket")
     }
 
     /// The next response head, interim or final.
     pub fn head(&mut self) -> std::io::Result<Head> {
-        let (status, headers) = sample::read_head(&mut self.reader)?;
+        let (status, headers) = self.0.head()?;
         Ok(Head { status, headers })
     }
 
@@ -131,17 +108,8 @@ impl Raw {
             .header("content-length")
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(0);
-        let mut body = vec![0; n];
-        self.reader.read_exact(&mut body)?;
-        Ok(body)
+        self.0.body(Body::Length(n))
     }
-}
-
-/// Whether a response asks to close the connection.
-pub fn says_close(headers: &[(String, String)]) -> bool {
-    headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("connection") && v.eq_ignore_ascii_case("close"))
 }
 
 /// The problem type's NAME, from `urn:idemgate:problem:NAME`.

@@ -98,7 +98,7 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
         let sender = {
             let id = id.clone();
             std::thread::spawn(move || {
-                sample::deliver(addr, "/hooks/c", Some(&id), b"{\"crash\":true}")
+                kit::deliver(addr, "/hooks/c", Some(&id), b"{\"crash\":true}")
             })
         };
         if let Crash::RandomKill(ms) = crash {
@@ -167,7 +167,7 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
     );
 }
 
-/// The shipped binary — `cargo build --release`, without the `failpoints`
+/// The shipped binary — `cargo build --release`, without the `testkit`
 /// feature that test builds get — ignores `IDEMGATE_FAILPOINT`: set by
 /// mistake in production it must not abort the process. CI builds that
 /// binary after the tests and names it in `IDEMGATE_SHIPPED_BIN` (see

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use core_util::{payload, problem_type, wait_until};
 use idemgate::verify::sign;
-use raw_upstream::{Behavior, RawUpstream};
+use raw_upstream::{upstream, Behavior};
 
 const SECRET: &str = "hardening-secret";
 
@@ -30,13 +30,11 @@ fn signed(extra: &str, up: &str) -> String {
     )
 }
 
-fn start_signed(dir: &TempDir, up: &Consumer, extra: &str) -> Proxy {
-    Proxy::start_with_env(
-        dir,
-        &dir.sqlite_url("h.db"),
-        &signed(extra, &up.url()),
-        &[("HOOK_SECRET", SECRET)],
-    )
+/// A harness whose one route `s` (`/hooks/s`) verifies an HMAC signature.
+fn start_signed(tag: &str, extra: &str) -> Harness {
+    let h = Harness::sqlite(tag);
+    let route = signed(extra, &h.upstream());
+    h.yaml(&route).env("HOOK_SECRET", SECRET).start()
 }
 
 // ------------------------------------------------------------ every method
@@ -47,12 +45,9 @@ fn start_signed(dir: &TempDir, up: &Consumer, extra: &str) -> Proxy {
 /// unguarded: no claim, `Idempotency-Status: unguarded`.
 #[test]
 fn every_method_on_a_verify_route_is_verified() {
-    let dir = TempDir::new("hard-methods");
-    let up = Consumer::start().unwrap();
-    let px = start_signed(&dir, &up, "");
-    let store = dir.sqlite_url("h.db");
+    let h = start_signed("hard-methods", "");
     let body = br#"{"type":"refund.created"}"#;
-    let mut c = px.client();
+    let mut c = h.client();
     for method in ["PUT", "PATCH", "DELETE", "GET", "OPTIONS"] {
         let id = eid("forged");
         let r = c
@@ -78,9 +73,9 @@ fn every_method_on_a_verify_route_is_verified() {
     raw.extend_from_slice(&core_util::chunked(&big));
     c.send_raw(&raw).unwrap();
     assert_eq!(c.read_response(false).unwrap().status, 401, "chunked PUT");
-    assert_eq!(up.total(), 0, "nothing forged reached the consumer");
+    assert_eq!(h.up.total(), 0, "nothing forged reached the consumer");
     assert_eq!(
-        px.metric(r#"idemgate_requests_total{outcome="invalid_signature",route="s"}"#),
+        h.metric(r#"idemgate_requests_total{outcome="invalid_signature",route="s"}"#),
         11.0
     );
 
@@ -101,13 +96,13 @@ fn every_method_on_a_verify_route_is_verified() {
             Some("unguarded"),
             "{method}"
         );
-        let got = up.received().pop().unwrap();
+        let got = h.up.received().pop().unwrap();
         assert_eq!(
             (got.method.as_str(), got.body.as_slice()),
             (method, &body[..])
         );
         assert_eq!(got.header("Idempotency-Key"), None, "{method}: not claimed");
-        let (code, _, _) = cli(&["events", "show", "--store", &store, "--route", "s", &id]);
+        let (code, _, _) = cli(&["events", "show", "--store", &h.store, "--route", "s", &id]);
         assert_eq!(code, 3, "{method}: no record");
     }
     let empty = sign::hmac_hex(SECRET.as_bytes(), b"");
@@ -128,7 +123,7 @@ fn every_method_on_a_verify_route_is_verified() {
             .unwrap();
         assert_eq!(r.status, 200);
     }
-    assert_eq!(up.count(&id), 1);
+    assert_eq!(h.up.count(&id), 1);
 }
 
 /// `unverified_methods` (on the route or in `defaults`) lets the listed
@@ -136,35 +131,33 @@ fn every_method_on_a_verify_route_is_verified() {
 /// GET challenges — and nothing else. A guarded method cannot be listed.
 #[test]
 fn unverified_methods_pass_without_a_signature_and_nothing_else_does() {
-    let dir = TempDir::new("hard-unverified");
-    let up = Consumer::start().unwrap();
-    let px = start_signed(&dir, &up, "    unverified_methods: [get, HEAD]\n");
-    let mut c = px.client();
+    let mut h = start_signed("hard-unverified", "    unverified_methods: [get, HEAD]\n");
+    let mut c = h.client();
     let r = c
         .request("GET", "/hooks/s?challenge=abc", &[], b"")
         .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.header("Idempotency-Status"), Some("unguarded"));
-    assert_eq!(up.received().pop().unwrap().path, "/hooks/s?challenge=abc");
+    assert_eq!(h.up.received().pop().unwrap().path, "/hooks/s?challenge=abc");
     let r = c.request("HEAD", "/hooks/s", &[], b"").unwrap();
     assert_eq!(r.status, 200);
     for method in ["PUT", "DELETE"] {
         let r = c.request(method, "/hooks/s", &[], b"{}").unwrap();
         assert_eq!(r.status, 401, "{method}");
     }
-    assert_eq!(up.total(), 2);
+    assert_eq!(h.up.total(), 2);
     drop(c);
-    drop(px);
+    h.stop(Duration::from_secs(10));
 
     // from defaults
     let text = format!(
         "listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{}\"\nstore:\n  url: \"{}\"\ndefaults:\n  unverified_methods: [GET]\nroutes:\n{}",
         free_port(),
         free_port(),
-        dir.sqlite_url("d.db"),
-        signed("", &up.url())
+        h.dir.sqlite_url("d.db"),
+        signed("", &h.up.url())
     );
-    let path = dir.path().join("defaults.yaml");
+    let path = h.dir.path().join("defaults.yaml");
     std::fs::write(&path, &text).unwrap();
     let (code, out, err) = cli_env(
         &["check", "--config", &path.display().to_string()],
@@ -221,33 +214,29 @@ fn assert_tells_nothing(r: &Response, port: u16, what: &str) {
 /// delivery to the record's `last_error`.
 #[test]
 fn upstream_failures_tell_the_sender_nothing_internal() {
-    let dir = TempDir::new("hard-internal");
     let closed = free_port(); // nothing listens there
     let dead = format!("http://127.0.0.1:{closed}");
-    let stall = RawUpstream::start(|_, _| Behavior::Stall(Vec::new()));
-    let routes = [
-        route("dead", "/hooks/dead", &dead, "    verify: none\n"),
-        route(
+    let stall = upstream(|_, _| Behavior::Stall(Vec::new()));
+    let h = Harness::sqlite("hard-internal")
+        .route_to("dead", "/hooks/dead", &dead, "    verify: none\n")
+        .route_to(
             "slow",
             "/hooks/slow",
             &stall.url(),
             "    verify: none\n    upstream_timeout: 1s\n    lease: 5s\n",
-        ),
-        route("plain", "/plain", &dead, "    guard_methods: []\n"),
-    ]
-    .concat();
-    let store = dir.sqlite_url("i.db");
-    let px = Proxy::start(&dir, &store, &routes);
+        )
+        .route_to("plain", "/plain", &dead, "    guard_methods: []\n")
+        .start();
 
     let id = eid("dead");
-    let r = px.deliver("/hooks/dead", Some(&id), b"{}");
+    let r = h.deliver("/hooks/dead", Some(&id), b"{}");
     assert_eq!(
         (r.status, problem_type(&r)),
         (502, "upstream-unreachable".into())
     );
     assert_eq!(r.json()["event_id"], id.as_str());
     assert_tells_nothing(&r, closed, "guarded 502");
-    let rec = show(&store, "dead", &id);
+    let rec = show(&h.store, "dead", &id);
     assert_eq!(rec["state"], "failed");
     let last_error = rec["last_error"].as_str().unwrap_or_default();
     assert!(
@@ -256,22 +245,22 @@ fn upstream_failures_tell_the_sender_nothing_internal() {
     );
 
     let id = eid("slow");
-    let r = px.deliver("/hooks/slow", Some(&id), b"{}");
+    let r = h.deliver("/hooks/slow", Some(&id), b"{}");
     assert_eq!(
         (r.status, problem_type(&r)),
         (504, "upstream-timeout".into())
     );
     assert_tells_nothing(&r, stall.addr.port(), "guarded 504");
-    assert!(show(&store, "slow", &id)["last_error"]
+    assert!(show(&h.store, "slow", &id)["last_error"]
         .as_str()
         .unwrap_or_default()
         .contains("no response within"));
 
-    let mut c = px.client();
+    let mut c = h.client();
     let r = c.request("GET", "/plain/x", &[], b"").unwrap();
     assert_eq!(r.status, 502, "read whole");
     assert_tells_nothing(&r, closed, "unguarded 502");
-    let mut c = px.client();
+    let mut c = h.client();
     c.send_raw(b"POST /plain/y HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n")
         .unwrap();
     let r = c.read_response(false).unwrap();
@@ -287,14 +276,14 @@ fn upstream_failures_tell_the_sender_nothing_internal() {
     let addr = format!("127.0.0.1:{closed}");
     assert!(
         wait_until(Duration::from_secs(5), || {
-            let log = px.log();
+            let log = h.log();
             log.lines()
                 .filter(|l| l.contains("WARN") && l.contains(&addr))
                 .count()
                 >= 3
         }),
         "warn lines naming the upstream:\n{}",
-        px.log()
+        h.log()
     );
 }
 
@@ -302,15 +291,11 @@ fn upstream_failures_tell_the_sender_nothing_internal() {
 /// driver message); the log has the error.
 #[test]
 fn readyz_names_no_store_error() {
-    let dir = TempDir::new("hard-readyz");
-    let up = Consumer::start().unwrap();
-    let db = dir.path().join("ready.db");
-    let px = Proxy::start(
-        &dir,
-        &dir.sqlite_url("ready.db"),
-        &route("r", "/hooks/r", &up.url(), "    verify: none\n"),
-    );
-    assert_eq!(px.deliver("/hooks/r", Some(&eid("x")), b"{}").status, 200);
+    let h = Harness::sqlite("hard-readyz")
+        .route("r", "/hooks/r", "    verify: none\n")
+        .start();
+    let db = h.sqlite_path();
+    assert_eq!(h.deliver("/hooks/r", Some(&eid("x")), b"{}").status, 200);
     // the file turns to noise under the running proxy
     for suffix in ["", "-wal", "-shm"] {
         let mut name = db.as_os_str().to_owned();
@@ -318,21 +303,21 @@ fn readyz_names_no_store_error() {
         let len = std::fs::metadata(&name).unwrap().len() as usize;
         std::fs::write(&name, payload(len, 3)).unwrap();
     }
-    let r = px.deliver("/hooks/r", Some(&eid("y")), b"{}");
+    let r = h.deliver("/hooks/r", Some(&eid("y")), b"{}");
     assert_eq!(r.status, 503);
     assert_eq!(detail(&r), "the claim store did not answer; retry later");
-    let ready = sample::get(px.admin, "/readyz").unwrap();
+    let ready = kit::get(h.admin, "/readyz").unwrap();
     assert_eq!(ready.status, 503);
     assert_eq!(
         String::from_utf8_lossy(&ready.body),
         "store: not answering\n"
     );
     assert!(
-        wait_until(Duration::from_secs(5), || px
+        wait_until(Duration::from_secs(5), || h
             .log()
             .contains("/readyz: the store")),
         "{}",
-        px.log()
+        h.log()
     );
 }
 
@@ -514,38 +499,29 @@ fn match_host_with_a_port_is_a_config_error() {
 /// once. (Behaviour unchanged by issue 20; its docs said "per event".)
 #[test]
 fn max_waiters_counts_held_duplicates_per_route() {
-    let dir = TempDir::new("hard-waiters");
-    let up = Consumer::start().unwrap();
-    let px = Proxy::start(
-        &dir,
-        &dir.sqlite_url("w.db"),
-        &route(
-            "w",
-            "/hooks/w",
-            &up.url(),
-            "    verify: none\n    in_flight: wait\n    max_waiters: 1\n",
-        ),
-    );
+    let h = Harness::sqlite("hard-waiters")
+        .route("w", "/hooks/w", "    verify: none\n    in_flight: wait\n    max_waiters: 1\n")
+        .start();
     let (a, b) = (eid("wait-a"), eid("wait-b"));
     for id in [&a, &b] {
-        up.script(
+        h.up.script(
             id,
             vec![Reply::status(200).delay(Duration::from_millis(2500))],
         );
     }
-    let addr = px.addr;
+    let addr = h.addr;
     let bg = |id: &str| {
         let id = id.to_string();
-        std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), b"{}").unwrap())
+        std::thread::spawn(move || kit::deliver(addr, "/hooks/w", Some(&id), b"{}").unwrap())
     };
     let first_a = bg(&a);
     let first_b = bg(&b);
-    assert!(wait_until(Duration::from_secs(10), || up.count(&a) == 1
-        && up.count(&b) == 1));
+    assert!(wait_until(Duration::from_secs(10), || h.up.count(&a) == 1
+        && h.up.count(&b) == 1));
     let held_a = bg(&a); // takes the route's one slot
     std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
-    let refused = px.deliver("/hooks/w", Some(&b), b"{}");
+    let refused = h.deliver("/hooks/w", Some(&b), b"{}");
     assert_eq!(refused.status, 409, "{refused:?}");
     assert!(
         detail(&refused).contains("too many deliveries of this route"),
@@ -558,5 +534,5 @@ fn max_waiters_counts_held_duplicates_per_route() {
     for h in [first_a, first_b, held_a] {
         assert_eq!(h.join().unwrap().status, 200);
     }
-    assert_eq!((up.count(&a), up.count(&b)), (1, 1));
+    assert_eq!((h.up.count(&a), h.up.count(&b)), (1, 1));
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::*;
 use core_util::Raw;
-use raw_upstream::{response, Behavior, RawRequest, RawUpstream};
+use raw_upstream::{response, upstream, Behavior, Request};
 
 /// Every header name in a raw request or response head, lower-cased.
 fn names(head: &[u8]) -> Vec<String> {
@@ -79,7 +79,7 @@ const DROPPED_DOWNSTREAM: [&str; 4] = [
 #[test]
 fn hop_by_hop_headers_are_dropped_both_ways_on_every_path() {
     let dir = TempDir::new("hop");
-    let up = RawUpstream::start(|_, _| Behavior::Respond(upstream_answer(b"ok")));
+    let up = upstream(|_, _| Behavior::Respond(upstream_answer(b"ok")));
     let routes = [
         route("g", "/hooks/g", &up.url(), "    verify: none\n"),
         route("p", "/plain", &up.url(), "    guard_methods: []\n"),
@@ -133,11 +133,11 @@ fn hop_by_hop_headers_are_dropped_both_ways_on_every_path() {
             );
         }
         assert!(
-            sent.header("Connection")
+            sent.header_bytes("Connection")
                 .is_none_or(|v| !v.to_ascii_lowercase().windows(6).any(|w| w == b"secret")),
             "{what}"
         );
-        assert_eq!(sent.header("X-End-To-End"), Some(&b"kept"[..]), "{what}");
+        assert_eq!(sent.header_bytes("X-End-To-End"), Some(&b"kept"[..]), "{what}");
         assert_eq!(sent.body, b"{}".repeat(usize::from(n != 1)), "{what}");
     }
 }
@@ -149,7 +149,7 @@ fn hop_by_hop_headers_are_dropped_both_ways_on_every_path() {
 fn upgrades_are_never_tunnelled() {
     let dir = TempDir::new("hop-upgrade");
     // the upstream switches to anything it is offered
-    let up = RawUpstream::start(|req: &RawRequest, _| {
+    let up = upstream(|req: &Request, _| {
         if req.header("Upgrade").is_some() {
             Behavior::Stall(
                 b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
@@ -195,7 +195,7 @@ fn upgrades_are_never_tunnelled() {
     }
 
     // an upstream that switches protocols unasked
-    let rogue = RawUpstream::start(|_, _| {
+    let rogue = upstream(|_, _| {
         Behavior::Stall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".to_vec())
     });
     let routes = [
@@ -470,9 +470,9 @@ fn a_kept_connection_closed_before_answering_is_retried_once() {
     // A request marked `X-Kill-Once` is dropped unanswered the first time
     // it arrives; its retry (same headers) is answered.
     let killed = std::sync::Mutex::new(std::collections::HashSet::<Vec<u8>>::new());
-    let up = RawUpstream::start(move |req: &RawRequest, _| {
-        let id = req.header("X-Event-ID").unwrap_or_default().to_vec();
-        match req.header("X-Kill-Once") {
+    let up = upstream(move |req: &Request, _| {
+        let id = req.header_bytes("X-Event-ID").unwrap_or_default().to_vec();
+        match req.header_bytes("X-Kill-Once") {
             Some(how) if killed.lock().unwrap().insert(id) => {
                 if how == b"reset" {
                     Behavior::Reset(Vec::new())
@@ -520,10 +520,10 @@ fn a_kept_connection_closed_before_answering_is_retried_once() {
                 *n,
                 "{what}/{how}"
             );
-            let sent: Vec<RawRequest> = up
+            let sent: Vec<Request> = up
                 .received()
                 .into_iter()
-                .filter(|r| r.header("X-Event-ID") == Some(id.as_bytes()))
+                .filter(|r| r.header_bytes("X-Event-ID") == Some(id.as_bytes()))
                 .collect();
             assert_eq!(sent.len(), 2, "{what}/{how}: the request and its one retry");
             assert_eq!(sent[0].body, sent[1].body, "{what}/{how}: the same body");
@@ -551,7 +551,7 @@ fn a_kept_connection_closed_before_answering_is_retried_once() {
 #[test]
 fn no_retry_once_a_byte_came_or_on_a_new_connection() {
     let dir = TempDir::new("hop-noretry");
-    let up = RawUpstream::start(|req: &RawRequest, _| match req.header("X-Kill") {
+    let up = upstream(|req: &Request, _| match req.header_bytes("X-Kill") {
         Some(b"half") => Behavior::Close(b"HTTP/1.1 200 OK\r\nContent-Le".to_vec()),
         Some(b"close") => Behavior::Close(Vec::new()),
         _ => Behavior::Respond(response(200, b"ok")),
@@ -584,7 +584,7 @@ fn no_retry_once_a_byte_came_or_on_a_new_connection() {
         let sent = up
             .received()
             .iter()
-            .filter(|r| r.header("X-Event-ID") == Some(id.as_bytes()))
+            .filter(|r| r.header_bytes("X-Event-ID") == Some(id.as_bytes()))
             .count();
         assert_eq!(sent, 1, "{id}: sent once");
         assert_eq!(show(&store, "g", id)["state"], "failed");

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use raw_upstream::{Behavior, RawUpstream};
+use raw_upstream::{upstream, Behavior};
 
 const SMALL_MAX: usize = 1024;
 const BIG_MAX: usize = 100 * 1024;
@@ -433,7 +433,7 @@ fn non_utf8_bytes_in_other_header_fields() {
 
     // A raw upstream sees the exact bytes of the forwarded value.
     let dir = TempDir::new("hostile-non-utf8-raw");
-    let raw = RawUpstream::start(|_, _| Behavior::Respond(raw_upstream::response(200, b"ok")));
+    let raw = upstream(|_, _| Behavior::Respond(raw_upstream::response(200, b"ok")));
     let store = dir.sqlite_url("raw.db");
     let px = Proxy::start(&dir, &store, &route("raw", "/raw", &raw.url(), ""));
     let id = eid("latin1-value");
@@ -446,7 +446,7 @@ fn non_utf8_bytes_in_other_header_fields() {
     }
     let got = raw.received();
     assert_eq!(got.len(), 1);
-    assert_eq!(got[0].header("X-Note"), Some(&b"caf\xe9 \xff\xfe"[..]));
+    assert_eq!(got[0].header_bytes("X-Note"), Some(&b"caf\xe9 \xff\xfe"[..]));
     assert_eq!(show(&store, "raw", &id)["state"], "delivered");
 }
 
@@ -673,8 +673,8 @@ fn ten_thousand_distinct_events_on_one_connection() {
         .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.header("Idempotent-Replayed"), Some("true"));
-    assert_eq!(sample::get(s.px.admin, "/healthz").unwrap().status, 200);
-    assert_eq!(sample::get(s.px.admin, "/readyz").unwrap().status, 200);
+    assert_eq!(kit::get(s.px.admin, "/healthz").unwrap().status, 200);
+    assert_eq!(kit::get(s.px.admin, "/readyz").unwrap().status, 200);
     s.bystander("10,000 deliveries");
 }
 
@@ -684,15 +684,11 @@ fn ten_thousand_distinct_events_on_one_connection() {
 /// consumer; it is counted once.
 #[test]
 fn a_short_body_on_an_unguarded_route_is_refused() {
-    let dir = TempDir::new("hostile-unguarded-short");
-    let up = Consumer::start().unwrap();
-    let px = Proxy::start(
-        &dir,
-        &dir.sqlite_url("hostile.db"),
-        &route("plain", "/plain", &up.url(), "    guard_methods: []\n"),
-    );
+    let h = Harness::sqlite("hostile-unguarded-short")
+        .route("plain", "/plain", "    guard_methods: []\n")
+        .start();
     let bytes = b"POST /plain HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\nshort";
-    let got = exchange(px.addr, bytes, true, Duration::from_secs(15));
+    let got = exchange(h.addr, bytes, true, Duration::from_secs(15));
     let Got::Response(status, head, body) = &got else {
         panic!("expected an answer, got {}", brief(&got));
     };
@@ -703,9 +699,9 @@ fn a_short_body_on_an_unguarded_route_is_refused() {
             .any(|l| l.eq_ignore_ascii_case("idempotency-status: unguarded")),
         "{head}"
     );
-    assert_eq!(up.total(), 0, "the short request reached the consumer");
+    assert_eq!(h.up.total(), 0, "the short request reached the consumer");
     assert_eq!(
-        px.metric(r#"idemgate_requests_total{outcome="unguarded",route="plain"}"#),
+        h.metric(r#"idemgate_requests_total{outcome="unguarded",route="plain"}"#),
         1.0
     );
 }

@@ -19,7 +19,7 @@ fn concurrent_over(
     let handles: Vec<_> = (0..n)
         .map(|i| {
             let (id, addr) = (id.to_string(), addrs[i % addrs.len()]);
-            std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), body).unwrap())
+            std::thread::spawn(move || kit::deliver(addr, "/hooks/w", Some(&id), body).unwrap())
         })
         .collect();
     handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -31,20 +31,16 @@ fn concurrent(px: &Proxy, id: &str, body: &'static [u8], n: usize) -> Vec<Respon
 
 #[test]
 fn twenty_held_duplicates_get_one_forward_and_twenty_successes() {
-    let dir = TempDir::new("wait");
-    let up = Consumer::start().unwrap();
-    let px = Proxy::start(
-        &dir,
-        &dir.sqlite_url("w.db"),
-        &route("w", "/hooks/w", &up.url(), "    in_flight: wait\n"),
-    );
+    let h = Harness::sqlite("wait")
+        .route("w", "/hooks/w", "    in_flight: wait\n")
+        .start();
     let id = eid("held");
-    up.script(
+    h.up.script(
         &id,
         vec![Reply::status(202).delay(Duration::from_millis(800))],
     );
-    let answers = concurrent(&px, &id, b"{\"x\":1}", 20);
-    assert_eq!(up.count(&id), 1, "exactly one request reached the consumer");
+    let answers = concurrent(&h, &id, b"{\"x\":1}", 20);
+    assert_eq!(h.up.count(&id), 1, "exactly one request reached the consumer");
     assert!(
         answers.iter().all(|r| r.status == 202),
         "{:?}",
@@ -62,26 +58,22 @@ fn twenty_held_duplicates_get_one_forward_and_twenty_successes() {
 
 #[test]
 fn a_failed_first_attempt_lets_exactly_one_held_request_forward() {
-    let dir = TempDir::new("wait-fail");
-    let up = Consumer::start().unwrap();
-    let px = Proxy::start(
-        &dir,
-        &dir.sqlite_url("w.db"),
-        &route("w", "/hooks/w", &up.url(), "    in_flight: wait\n"),
-    );
+    let h = Harness::sqlite("wait-fail")
+        .route("w", "/hooks/w", "    in_flight: wait\n")
+        .start();
     let id = eid("held-fail");
-    up.script(
+    h.up.script(
         &id,
         vec![
             Reply::status(500).delay(Duration::from_millis(600)),
             Reply::status(200).delay(Duration::from_millis(300)),
         ],
     );
-    let answers = concurrent(&px, &id, b"{\"x\":2}", 8);
+    let answers = concurrent(&h, &id, b"{\"x\":2}", 8);
     let mut statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
     statuses.sort_unstable();
     assert_eq!(
-        up.count(&id),
+        h.up.count(&id),
         2,
         "the failed attempt and exactly one reclaim"
     );
@@ -99,37 +91,35 @@ fn a_failed_first_attempt_lets_exactly_one_held_request_forward() {
 
 #[test]
 fn a_lease_that_runs_out_while_waiting_gives_409() {
-    let dir = TempDir::new("wait-lease");
-    let up = Consumer::start().unwrap();
-    let routes = route(
-        "w",
-        "/hooks/w",
-        &up.url(),
-        "    in_flight: wait\n    lease: 2s\n    upstream_timeout: 1s\n",
-    );
-    let px = Proxy::start(&dir, &dir.sqlite_url("w.db"), &routes);
+    let h = Harness::sqlite("wait-lease")
+        .route(
+            "w",
+            "/hooks/w",
+            "    in_flight: wait\n    lease: 2s\n    upstream_timeout: 1s\n",
+        )
+        .start();
     let id = eid("held-lease");
     // The first attempt's process dies with the claim live: kill it mid-flight.
-    up.script(
+    h.up.script(
         &id,
         vec![Reply::status(200).delay(Duration::from_millis(900))],
     );
-    let addr = px.addr;
+    let addr = h.addr;
     let first = {
         let id = id.clone();
-        std::thread::spawn(move || sample::deliver(addr, "/hooks/w", Some(&id), b"{}"))
+        std::thread::spawn(move || kit::deliver(addr, "/hooks/w", Some(&id), b"{}"))
     };
     assert!(
-        wait_until(Duration::from_secs(10), || up.count(&id) > 0),
+        wait_until(Duration::from_secs(10), || h.up.count(&id) > 0),
         "never reached the consumer; log:\n{}",
-        px.log()
+        h.log()
     );
-    let mut px = px;
-    px.kill();
+    let mut h = h;
+    h.kill();
     let _ = first.join();
-    px.spawn();
+    h.spawn();
     let t = std::time::Instant::now();
-    let r = px.deliver("/hooks/w", Some(&id), b"{}");
+    let r = h.deliver("/hooks/w", Some(&id), b"{}");
     assert_eq!(r.status, 409, "held until the lease ran out");
     assert_eq!(r.json()["type"], "urn:idemgate:problem:in-flight");
     assert!(
@@ -137,28 +127,22 @@ fn a_lease_that_runs_out_while_waiting_gives_409() {
         "answered when the 2s lease ended"
     );
     // and now the lease is over: the next delivery reclaims it
-    let again = px.deliver("/hooks/w", Some(&id), b"{}");
+    let again = h.deliver("/hooks/w", Some(&id), b"{}");
     assert_eq!(again.status, 200);
-    assert_eq!(up.count(&id), 2);
+    assert_eq!(h.up.count(&id), 2);
 }
 
 #[test]
 fn max_waiters_caps_held_requests() {
-    let dir = TempDir::new("wait-cap");
-    let up = Consumer::start().unwrap();
-    let routes = route(
-        "w",
-        "/hooks/w",
-        &up.url(),
-        "    in_flight: wait\n    max_waiters: 2\n",
-    );
-    let px = Proxy::start(&dir, &dir.sqlite_url("w.db"), &routes);
+    let h = Harness::sqlite("wait-cap")
+        .route("w", "/hooks/w", "    in_flight: wait\n    max_waiters: 2\n")
+        .start();
     let id = eid("held-cap");
-    up.script(
+    h.up.script(
         &id,
         vec![Reply::status(200).delay(Duration::from_millis(1000))],
     );
-    let answers = concurrent(&px, &id, b"{}", 6);
+    let answers = concurrent(&h, &id, b"{}", 6);
     let ok = answers.iter().filter(|r| r.status == 200).count();
     let conflicts = answers.iter().filter(|r| r.status == 409).count();
     assert_eq!(
@@ -166,30 +150,26 @@ fn max_waiters_caps_held_requests() {
         (3, 3),
         "one forward, two held, three refused"
     );
-    assert_eq!(up.count(&id), 1);
+    assert_eq!(h.up.count(&id), 1);
 }
 
 #[test]
 fn held_duplicates_across_two_replicas_on_postgres() {
-    let Some(base) = pg_url() else { return };
-    let dir = TempDir::new("wait-pg");
-    let up = Consumer::start().unwrap();
-    let schema = PgSchema::create(&base, "wait");
-    let store = schema.url();
-    let routes = route("w", "/hooks/w", &up.url(), "    in_flight: wait\n");
-    let (a, b) = (
-        Proxy::start(&dir, &store, &routes),
-        Proxy::start(&dir, &store, &routes),
-    );
+    let Some(h) = Harness::postgres("wait-pg") else {
+        return;
+    };
+    let h = h.route("w", "/hooks/w", "    in_flight: wait\n").start();
+    let b = h.replica();
+    let a = &h.px;
     let id = eid("held-pg");
-    up.script(
+    h.up.script(
         &id,
         vec![Reply::status(202).delay(Duration::from_millis(800))],
     );
     let addrs = [a.addr, b.addr];
     let answers = concurrent_over(&addrs, &id, b"{}", 20);
     assert_eq!(
-        up.count(&id),
+        h.up.count(&id),
         1,
         "exactly one request reached the consumer across both replicas"
     );
@@ -201,7 +181,7 @@ fn held_duplicates_across_two_replicas_on_postgres() {
 
     // the first attempt fails on one replica: exactly one held request, on either, forwards
     let id = eid("held-pg-fail");
-    up.script(
+    h.up.script(
         &id,
         vec![
             Reply::status(500).delay(Duration::from_millis(600)),
@@ -213,7 +193,7 @@ fn held_duplicates_across_two_replicas_on_postgres() {
         .map(|r| r.status)
         .collect();
     assert_eq!(
-        up.count(&id),
+        h.up.count(&id),
         2,
         "the failed attempt and exactly one reclaim: {statuses:?}"
     );

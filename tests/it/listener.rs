@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use raw_upstream::{response, Behavior, RawUpstream};
+use raw_upstream::{response, upstream, Behavior};
 
 /// A guarded route `/h` (event ID in `X-Event-ID`) before `up`, and the
 /// `downstream` lines given.
@@ -266,7 +266,7 @@ fn body_timeout_answers_408_and_closes_with_nothing_claimed() {
 fn write_timeout_closes_a_connection_whose_client_does_not_read() {
     let big = vec![b'z'; 48 << 20];
     let body = response(200, &big);
-    let up = RawUpstream::start(move |_, _| Behavior::Respond(body.clone()));
+    let up = upstream(move |_, _| Behavior::Respond(body.clone()));
     let dir = TempDir::new("listener-write");
     let (px, _) = start(&dir, &up.url(), "  write_timeout: 500ms\n");
     let mut s = connect(px.addr);
@@ -407,13 +407,13 @@ fn a_stalled_log_sink_does_not_stop_deliveries() {
         .unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
-    assert!(sample::wait_ready(
+    assert!(kit::wait_ready(
         admin,
         "/readyz",
         Duration::from_secs(30)
     ));
     let dropped = || -> f64 {
-        let m = String::from_utf8(sample::get(admin, "/metrics").unwrap().body).unwrap();
+        let m = String::from_utf8(kit::get(admin, "/metrics").unwrap().body).unwrap();
         m.lines()
             .find_map(|l| l.strip_prefix("idemgate_log_lines_dropped_total "))
             .and_then(|v| v.trim().parse().ok())
@@ -462,7 +462,7 @@ fn a_stalled_log_sink_does_not_stop_deliveries() {
     });
     // one more line after the reader started, to wake the writer
     let _ = client.request("POST", "/h", &[("X-Event-ID", &eid("log"))], b"{}");
-    let _ = sample::get(admin, "/metrics");
+    let _ = kit::get(admin, "/metrics");
     let text = reader.join().unwrap();
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -529,7 +529,7 @@ fn the_open_files_limit_is_raised_and_max_connections_must_fit() {
     let (fits, admin) = write(1000);
     let mut child = limited(&fits).stderr(Stdio::null()).spawn().unwrap();
     assert!(
-        sample::wait_ready(admin, "/readyz", Duration::from_secs(30)),
+        kit::wait_ready(admin, "/readyz", Duration::from_secs(30)),
         "1000 connections fit in 4096"
     );
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
@@ -540,7 +540,7 @@ fn the_open_files_limit_is_raised_and_max_connections_must_fit() {
         .split_whitespace()
         .collect::<Vec<_>>();
     assert_eq!(&open_files[3..5], ["4096", "4096"], "soft raised to hard");
-    let m = String::from_utf8(sample::get(admin, "/metrics").unwrap().body).unwrap();
+    let m = String::from_utf8(kit::get(admin, "/metrics").unwrap().body).unwrap();
     assert!(m.contains("process_max_fds 4096"), "{m}");
     let _ = child.kill();
     let _ = child.wait();

@@ -7,8 +7,9 @@
 //! with `cargo test --release --test it MODULE::NAME -- --exact`.
 //!
 //! # Support
-//! - [`common`]: the proxy process, temp dirs, PostgreSQL schemas, the
-//!   `idemgate` command line.
+//! - [`common`]: the harness — [`common::Harness`] (temp dir, loopback
+//!   consumer, proxy process, store), the proxy process itself, temp dirs,
+//!   PostgreSQL schemas, the `idemgate` command line.
 //! - [`core_util`]: polling, background deliveries, payloads, raw
 //!   connections that show 1xx heads, problem types.
 //! - [`raw_upstream`]: a scripted raw TCP upstream for fault tests.
@@ -19,7 +20,9 @@
 //! 1. Write `tests/it/NAME.rs`: a `//!` line saying what it covers, then
 //!    `use crate::common::*;` (and the other support modules it needs).
 //! 2. Add `mod NAME;` to the list below (alphabetical).
-//! 3. Add a helper to the support modules rather than a copy in the test.
+//! 3. Start fixtures with `Harness::sqlite(tag).route(..).start()` (or
+//!    `Harness::postgres(tag)`, which skips without a database outside CI);
+//!    add a helper to the support modules rather than a copy in the test.
 //!
 //! A standalone `tests/NAME.rs` still builds as a binary of its own (cargo
 //! discovers it), but repeats the link and the preamble: fold it in here.

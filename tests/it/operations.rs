@@ -20,46 +20,44 @@ fn records(store: &str, extra: &[&str]) -> Vec<serde_json::Value> {
 
 #[test]
 fn the_sweeper_deletes_expired_records_but_never_a_live_lease() {
-    let dir = TempDir::new("sweeper");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("s.db");
-    let routes = route(
-        "s",
-        "/hooks/s",
-        &up.url(),
-        "    retention: 1s\n    lease: 8s\n    upstream_timeout: 6s\n",
-    ) + "sweeper:\n  interval: 300ms\n  batch_size: 2\n";
-    let px = Proxy::start(&dir, &store, &routes);
+    let h = Harness::sqlite("sweeper")
+        .route(
+            "s",
+            "/hooks/s",
+            "    retention: 1s\n    lease: 8s\n    upstream_timeout: 6s\n",
+        )
+        .yaml("sweeper:\n  interval: 300ms\n  batch_size: 2\n")
+        .start();
     for i in 0..5 {
         assert_eq!(
-            px.deliver("/hooks/s", Some(&eid(&format!("old{i}"))), b"{}")
+            h.deliver("/hooks/s", Some(&eid(&format!("old{i}"))), b"{}")
                 .status,
             200
         );
     }
     // a delivery in flight whose retention (1s) ends long before its lease (8s)
     let live = eid("live");
-    up.script(
+    h.up.script(
         &live,
         vec![Reply::status(200).delay(Duration::from_millis(3000))],
     );
-    let addr = px.addr;
+    let addr = h.addr;
     let in_flight = {
         let live = live.clone();
-        std::thread::spawn(move || sample::deliver(addr, "/hooks/s", Some(&live), b"{}").unwrap())
+        std::thread::spawn(move || kit::deliver(addr, "/hooks/s", Some(&live), b"{}").unwrap())
     };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !records(&store, &["--state", "delivered"]).is_empty() {
+    while !records(&h.store, &["--state", "delivered"]).is_empty() {
         assert!(Instant::now() < deadline, "expired records were not swept");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let left = records(&store, &[]);
+    let left = records(&h.store, &[]);
     assert_eq!(left.len(), 1, "only the live claim is left: {left:?}");
     assert_eq!(left[0]["event_id"], live.as_str());
     assert_eq!(left[0]["state"], "processing");
-    assert!(px.metric("idemgate_records_swept_total") >= 5.0);
+    assert!(h.metric("idemgate_records_swept_total") >= 5.0);
     assert_eq!(in_flight.join().unwrap().status, 200);
-    let age = px.metric(r#"idemgate_processing_oldest_age_seconds{route="s"}"#);
+    let age = h.metric(r#"idemgate_processing_oldest_age_seconds{route="s"}"#);
     assert!(age >= 0.0);
 }
 
@@ -69,25 +67,23 @@ fn the_sweeper_deletes_expired_records_but_never_a_live_lease() {
 /// swept record's digest.
 #[test]
 fn a_sweep_by_another_process_reaches_the_proxy_at_once() {
-    let dir = TempDir::new("sweep-cached");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("c.db");
-    // the proxy's own sweeper stays out of the way
-    let routes =
-        route("c", "/hooks/c", &up.url(), "    retention: 1s\n") + "sweeper:\n  interval: 1h\n";
-    let px = Proxy::start(&dir, &store, &routes);
+    let h = Harness::sqlite("sweep-cached")
+        .route("c", "/hooks/c", "    retention: 1s\n")
+        // the proxy's own sweeper stays out of the way
+        .yaml("sweeper:\n  interval: 1h\n")
+        .start();
     let id = eid("swept");
-    assert_eq!(px.deliver("/hooks/c", Some(&id), b"first").status, 200);
+    assert_eq!(h.deliver("/hooks/c", Some(&id), b"first").status, 200);
     std::thread::sleep(Duration::from_millis(1100));
     // expired but not swept: still replayed, and now held in memory
     for _ in 0..2 {
-        let dup = px.deliver("/hooks/c", Some(&id), b"first");
+        let dup = h.deliver("/hooks/c", Some(&id), b"first");
         assert_eq!(dup.header("Idempotency-Status"), Some("replayed"));
     }
-    let (code, out, err) = cli(&["sweep", "--store", &store]);
+    let (code, out, err) = cli(&["sweep", "--store", &h.store]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.split_whitespace().next(), Some("1"), "{out}");
-    let again = px.deliver("/hooks/c", Some(&id), b"second");
+    let again = h.deliver("/hooks/c", Some(&id), b"second");
     assert_eq!(
         again.status,
         200,
@@ -95,35 +91,34 @@ fn a_sweep_by_another_process_reaches_the_proxy_at_once() {
         String::from_utf8_lossy(&again.body)
     );
     assert_eq!(again.header("Idempotency-Status"), Some("forwarded"));
-    assert_eq!(up.count(&id), 2);
+    assert_eq!(h.up.count(&id), 2);
     // and the new record binds the ID to the new payload
-    assert_eq!(px.deliver("/hooks/c", Some(&id), b"first").status, 422);
+    assert_eq!(h.deliver("/hooks/c", Some(&id), b"first").status, 422);
 }
 
 #[test]
 fn sigterm_lets_the_request_in_flight_finish_and_settle() {
-    let dir = TempDir::new("drain");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("d.db");
-    let mut px = Proxy::start(&dir, &store, &route("d", "/hooks/d", &up.url(), ""));
+    let mut h = Harness::sqlite("drain")
+        .route("d", "/hooks/d", "")
+        .start();
     let id = eid("drain");
-    up.script(
+    h.up.script(
         &id,
         vec![Reply::status(202).delay(Duration::from_millis(1500))],
     );
-    let addr = px.addr;
+    let addr = h.addr;
     let sender = {
         let id = id.clone();
-        std::thread::spawn(move || sample::deliver(addr, "/hooks/d", Some(&id), b"{}"))
+        std::thread::spawn(move || kit::deliver(addr, "/hooks/d", Some(&id), b"{}"))
     };
     assert!(
-        wait_until(Duration::from_secs(10), || up.count(&id) > 0),
+        wait_until(Duration::from_secs(10), || h.up.count(&id) > 0),
         "never reached the consumer; log:\n{}",
-        px.log()
+        h.log()
     );
     let t = Instant::now();
     assert_eq!(
-        px.stop(Duration::from_secs(15)),
+        h.stop(Duration::from_secs(15)),
         Some(0),
         "exit code after SIGTERM"
     );
@@ -136,38 +131,33 @@ fn sigterm_lets_the_request_in_flight_finish_and_settle() {
         .unwrap()
         .expect("the in-flight delivery was answered");
     assert_eq!(answer.status, 202);
-    assert_eq!(show(&store, "d", &id)["state"], "delivered");
+    assert_eq!(show(&h.store, "d", &id)["state"], "delivered");
     assert!(
-        records(&store, &["--state", "processing"]).is_empty(),
+        records(&h.store, &["--state", "processing"]).is_empty(),
         "a clean stop leaves nothing processing"
     );
 }
 
 #[test]
 fn json_logs_carry_one_line_per_guarded_request_and_never_the_payload() {
-    let dir = TempDir::new("logs");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("l.db");
-    let mut px = Proxy::start_with_env(
-        &dir,
-        &store,
-        &route("l", "/hooks/l", &up.url(), ""),
-        &[("IDEMGATE_LOG_FORMAT", "json")],
-    );
+    let mut h = Harness::sqlite("logs")
+        .route("l", "/hooks/l", "")
+        .env("IDEMGATE_LOG_FORMAT", "json")
+        .start();
     let id = eid("log");
     let marker = "PAYLOAD-MARKER-7f3a";
-    px.deliver(
+    h.deliver(
         "/hooks/l",
         Some(&id),
         format!("{{\"secret\":\"{marker}\"}}").as_bytes(),
     );
-    px.deliver(
+    h.deliver(
         "/hooks/l",
         Some(&id),
         format!("{{\"secret\":\"{marker}\"}}").as_bytes(),
     );
-    px.stop(Duration::from_secs(10));
-    let log = px.log();
+    h.stop(Duration::from_secs(10));
+    let log = h.log();
     assert!(!log.contains(marker), "the payload leaked into the log");
     let lines: Vec<serde_json::Value> = log
         .lines()

@@ -212,7 +212,7 @@ fn setup(tag: &str) -> Option<Setup> {
 }
 
 fn readyz(px: &Proxy) -> u16 {
-    sample::get(px.admin, "/readyz")
+    kit::get(px.admin, "/readyz")
         .map(|r| r.status)
         .unwrap_or(0)
 }

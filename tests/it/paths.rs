@@ -16,22 +16,17 @@ use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
 
 const SECRET: &str = "paths-test-secret";
 
-fn signed_route(up: &Consumer) -> String {
-    route(
-        "stripe",
-        "/hooks/stripe",
-        &up.url(),
-        "    verify:\n      scheme: hmac-sha256\n      header: X-Signature\n      secrets: [env:HOOK_SECRET]\n",
-    )
-}
-
-fn catch_all(up: &Consumer) -> String {
-    route(
-        "all",
-        "/",
-        &format!("{}/all", up.url()),
-        "    guard_methods: []\n",
-    )
+/// A signed route (`/hooks/stripe`) and a catch-all pass-through (`/` to the consumer's `/all`).
+fn signed_and_catch_all(tag: &str) -> Harness {
+    Harness::sqlite(tag)
+        .route(
+            "stripe",
+            "/hooks/stripe",
+            "    verify:\n      scheme: hmac-sha256\n      header: X-Signature\n      secrets: [env:HOOK_SECRET]\n",
+        )
+        .yaml_with(|up| route("all", "/", &format!("{up}/all"), "    guard_methods: []\n"))
+        .env("HOOK_SECRET", SECRET)
+        .start()
 }
 
 /// A signed route and a catch-all pass-through: the issue's attack. Every
@@ -40,15 +35,7 @@ fn catch_all(up: &Consumer) -> String {
 /// and never reaches the consumer; a signed one arrives as `/hooks/stripe`.
 #[test]
 fn every_spelling_of_a_signed_path_is_verified_not_passed_through() {
-    let dir = TempDir::new("paths-spellings");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("p.db");
-    let px = Proxy::start_with_env(
-        &dir,
-        &store,
-        &[signed_route(&up), catch_all(&up)].concat(),
-        &[("HOOK_SECRET", SECRET)],
-    );
+    let h = signed_and_catch_all("paths-spellings");
     let body = br#"{"type":"payout.paid"}"#;
     let signature = sign::hmac_hex(SECRET.as_bytes(), body);
     let spellings = [
@@ -63,7 +50,7 @@ fn every_spelling_of_a_signed_path_is_verified_not_passed_through() {
         "/other/../hooks/stripe",
         "/hooks/stripe/.",
     ];
-    let mut c = px.client();
+    let mut c = h.client();
     for path in spellings {
         let id = eid("forged");
         let r = c
@@ -72,12 +59,12 @@ fn every_spelling_of_a_signed_path_is_verified_not_passed_through() {
         assert_eq!(r.status, 401, "{path}: {r:?}");
         assert_eq!(problem_type(&r), "invalid-signature", "{path}");
         assert_eq!(
-            up.total(),
+            h.up.total(),
             0,
             "{path}: the forged delivery reached the consumer"
         );
         let (code, _, _) = cli(&[
-            "events", "show", "--store", &store, "--route", "stripe", &id,
+            "events", "show", "--store", &h.store, "--route", "stripe", &id,
         ]);
         assert_eq!(code, 3, "{path}: nothing claimed");
     }
@@ -93,7 +80,7 @@ fn every_spelling_of_a_signed_path_is_verified_not_passed_through() {
             .unwrap();
         assert_eq!(r.status, 200, "{path}: {r:?}");
         assert_eq!(r.header("Idempotency-Status"), Some("forwarded"), "{path}");
-        let got = up.received().pop().unwrap();
+        let got = h.up.received().pop().unwrap();
         let want = if path.ends_with("/.") {
             "/hooks/stripe/"
         } else {
@@ -101,7 +88,7 @@ fn every_spelling_of_a_signed_path_is_verified_not_passed_through() {
         };
         assert_eq!(got.path, want, "{path}");
         assert_eq!(got.key(), Some(id.as_str()));
-        assert_eq!(show(&store, "stripe", &id)["state"], "delivered", "{path}");
+        assert_eq!(show(&h.store, "stripe", &id)["state"], "delivered", "{path}");
     }
 }
 
@@ -110,15 +97,7 @@ fn every_spelling_of_a_signed_path_is_verified_not_passed_through() {
 /// with `route=""`, nothing forwarded, and the connection stays usable.
 #[test]
 fn paths_without_a_normal_form_get_400_invalid_path() {
-    let dir = TempDir::new("paths-invalid");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("p.db");
-    let px = Proxy::start_with_env(
-        &dir,
-        &store,
-        &[signed_route(&up), catch_all(&up)].concat(),
-        &[("HOOK_SECRET", SECRET)],
-    );
+    let h = signed_and_catch_all("paths-invalid");
     let bad = [
         "/hooks%2Fstripe",
         "/hooks%2fstripe",
@@ -135,7 +114,7 @@ fn paths_without_a_normal_form_get_400_invalid_path() {
         "/hooks/stri%pe",
         "/hooks/stripe%4",
     ];
-    let mut c = px.client();
+    let mut c = h.client();
     for (i, path) in bad.iter().enumerate() {
         let method = if i % 2 == 0 { "POST" } else { "GET" };
         let id = eid("bad");
@@ -158,9 +137,9 @@ fn paths_without_a_normal_form_get_400_invalid_path() {
     // still the same connection
     let ok = c.request("GET", "/fine", &[], b"").unwrap();
     assert_eq!(ok.status, 200);
-    assert_eq!(up.total(), 1, "only the last request reached the consumer");
+    assert_eq!(h.up.total(), 1, "only the last request reached the consumer");
     assert_eq!(
-        px.metric(r#"idemgate_requests_total{outcome="invalid_path",route=""}"#),
+        h.metric(r#"idemgate_requests_total{outcome="invalid_path",route=""}"#),
         bad.len() as f64
     );
 }

@@ -248,26 +248,21 @@ fn assert_invalid_signature(r: &Response, needle: &str) {
 /// event ID is refused with 401, stores nothing and never reaches the
 /// consumer; the genuine delivery of that ID is then forwarded.
 fn preset_scenario(p: Preset) {
-    let dir = TempDir::new(p.name);
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("p.db");
     let var = p.var();
-    let px = Proxy::start_with_env(
-        &dir,
-        &store,
-        &provider_route(p.name, &up.url(), &format!("[env:{var}]"), ""),
-        &[(&var, &p.secret)],
-    );
+    let h = Harness::sqlite(p.name)
+        .yaml_with(|up| provider_route(p.name, up, &format!("[env:{var}]"), ""))
+        .env(&var, &p.secret)
+        .start();
     let path = p.path();
     let ts = now();
 
     let id = eid(&format!("{}-evt", p.name));
     let first = (p.sign)(&p.key, &id, ts);
-    let r = first.post(&px, &path);
-    assert_eq!(r.status, 200, "{}: {}", p.name, px.log());
+    let r = first.post(&h, &path);
+    assert_eq!(r.status, 200, "{}: {}", p.name, h.log());
     assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
-    assert_eq!(up.count(&id), 1, "{}", p.name);
-    let got = &up.received()[0];
+    assert_eq!(h.up.count(&id), 1, "{}", p.name);
+    let got = &h.up.received()[0];
     assert_eq!(
         got.body, first.body,
         "the body reaches the consumer unchanged"
@@ -276,7 +271,7 @@ fn preset_scenario(p: Preset) {
         assert_eq!(got.header(k), Some(v.as_str()), "{}: header {k}", p.name);
     }
 
-    let dup = first.post(&px, &path);
+    let dup = first.post(&h, &path);
     assert_eq!(
         (dup.status, dup.header("Idempotent-Replayed")),
         (200, Some("true")),
@@ -284,7 +279,7 @@ fn preset_scenario(p: Preset) {
         p.name
     );
     assert_eq!(
-        up.count(&id),
+        h.up.count(&id),
         1,
         "{}: the duplicate is not forwarded",
         p.name
@@ -293,27 +288,27 @@ fn preset_scenario(p: Preset) {
     // An attacker who knows (or guesses) the next event ID.
     let next = eid(&format!("{}-next", p.name));
     let forged = (p.sign)(b"not-the-secret", &next, ts);
-    let r = forged.post(&px, &path);
+    let r = forged.post(&h, &path);
     assert_invalid_signature(&r, "no signature matches");
     let named = r.json()["event_id"].as_str().map(str::to_owned);
     assert_eq!(named, p.id_in_header.then(|| next.clone()), "{}", p.name);
     assert_eq!(
-        show_code(&store, p.name, &next),
+        show_code(&h.store, p.name, &next),
         3,
         "{}: nothing stored",
         p.name
     );
-    assert_eq!(up.total(), 1, "{}: the consumer is not contacted", p.name);
+    assert_eq!(h.up.total(), 1, "{}: the consumer is not contacted", p.name);
 
     // The genuine delivery of that ID was not pre-empted.
-    let r = (p.sign)(&p.key, &next, now()).post(&px, &path);
+    let r = (p.sign)(&p.key, &next, now()).post(&h, &path);
     assert_eq!(r.status, 200, "{}", p.name);
     assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
-    assert_eq!(up.count(&next), 1, "{}", p.name);
-    assert_eq!(show(&store, p.name, &next)["state"], "delivered");
+    assert_eq!(h.up.count(&next), 1, "{}", p.name);
+    assert_eq!(show(&h.store, p.name, &next)["state"], "delivered");
 
     let series = |outcome: &str| {
-        px.metric(&format!(
+        h.metric(&format!(
             "idemgate_requests_total{{outcome=\"{outcome}\",route=\"{}\"}}",
             p.name
         ))
@@ -382,27 +377,22 @@ fn svix_preset() {
 /// genuine delivery re-sent with another `svix-id` must not occupy that ID.
 #[test]
 fn svix_id_must_be_the_signed_id() {
-    let dir = TempDir::new("svixid");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("s.db");
     let key = b"svix-id-binding-key";
-    let px = Proxy::start_with_env(
-        &dir,
-        &store,
-        &provider_route("svix", &up.url(), "[env:SVIX_SECRET]", ""),
-        &[("SVIX_SECRET", &sign::standard_webhooks_secret(key))],
-    );
+    let h = Harness::sqlite("svixid")
+        .yaml_with(|up| provider_route("svix", up, "[env:SVIX_SECRET]", ""))
+        .env("SVIX_SECRET", &sign::standard_webhooks_secret(key))
+        .start();
     let captured = eid("msg-captured");
     let future = eid("msg-future");
     let replay = standard_webhooks(key, &captured, now()).header("svix-id", &future);
-    let r = replay.post(&px, "/hooks/svix");
+    let r = replay.post(&h, "/hooks/svix");
     assert_invalid_signature(&r, "svix-id");
-    assert_eq!(show_code(&store, "svix", &future), 3);
-    assert_eq!(up.total(), 0);
+    assert_eq!(show_code(&h.store, "svix", &future), 3);
+    assert_eq!(h.up.total(), 0);
     // Both sets naming the same message are fine.
     let both = standard_webhooks(key, &future, now()).header("svix-id", &future);
-    assert_eq!(both.post(&px, "/hooks/svix").status, 200);
-    assert_eq!(up.count(&future), 1);
+    assert_eq!(both.post(&h, "/hooks/svix").status, 200);
+    assert_eq!(h.up.count(&future), 1);
 }
 
 // ------------------------------------------------------------ timestamps
@@ -411,31 +401,23 @@ fn svix_id_must_be_the_signed_id() {
 /// a timestamp inside the tolerance passes.
 #[test]
 fn stale_and_future_timestamps_are_refused() {
-    let dir = TempDir::new("ts");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("ts.db");
     let presets = [
         Preset::new("stripe", stripe, false, "whsec_stripe_ts"),
         Preset::new("slack", slack, false, "slack-ts-secret"),
         Preset::whsec("standard-webhooks", standard_webhooks, b"sw-ts-key"),
     ];
-    let routes: String = presets
-        .iter()
-        .map(|p| {
-            let extra = if p.name == "slack" {
-                "      tolerance: 1m\n"
-            } else {
-                ""
-            };
-            provider_route(p.name, &up.url(), &format!("[env:{}]", p.var()), extra)
-        })
-        .collect();
-    let env: Vec<(String, String)> = presets
-        .iter()
-        .map(|p| (p.var(), p.secret.clone()))
-        .collect();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let px = Proxy::start_with_env(&dir, &store, &routes, &env);
+    let mut h = Harness::sqlite("ts");
+    for p in &presets {
+        let extra = if p.name == "slack" {
+            "      tolerance: 1m\n"
+        } else {
+            ""
+        };
+        h = h
+            .yaml_with(|up| provider_route(p.name, up, &format!("[env:{}]", p.var()), extra))
+            .env(&p.var(), &p.secret);
+    }
+    let h = h.start();
 
     for p in &presets {
         // Default tolerance 5m; slack's is set to 1m above.
@@ -447,17 +429,17 @@ fn stale_and_future_timestamps_are_refused() {
             (86_400, "in the future"),
         ] {
             let id = eid(&format!("{}-ts", p.name));
-            let r = (p.sign)(&p.key, &id, now() + offset).post(&px, &p.path());
+            let r = (p.sign)(&p.key, &id, now() + offset).post(&h, &p.path());
             assert_invalid_signature(&r, why);
-            assert_eq!(show_code(&store, p.name, &id), 3, "{} {offset}", p.name);
+            assert_eq!(show_code(&h.store, p.name, &id), 3, "{} {offset}", p.name);
         }
-        assert_eq!(up.total(), 0, "{}: the consumer is not contacted", p.name);
+        assert_eq!(h.up.total(), 0, "{}: the consumer is not contacted", p.name);
     }
     for p in &presets {
         let id = eid(&format!("{}-in", p.name));
-        let r = (p.sign)(&p.key, &id, now() - 40).post(&px, &p.path());
+        let r = (p.sign)(&p.key, &id, now() - 40).post(&h, &p.path());
         assert_eq!(r.status, 200, "{}: inside the tolerance", p.name);
-        assert_eq!(up.count(&id), 1);
+        assert_eq!(h.up.count(&id), 1);
     }
 }
 
@@ -467,31 +449,16 @@ fn stale_and_future_timestamps_are_refused() {
 /// the list too); one signed with neither does not.
 #[test]
 fn rotation_accepts_any_listed_secret() {
-    let dir = TempDir::new("rot");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("rot.db");
     let (gh_old, gh_new) = ("github-old-secret", "github-new-secret");
     let (sw_old, sw_new) = (b"sw-old-key".as_slice(), b"sw-new-key".as_slice());
-    let sw_old_s = sign::standard_webhooks_secret(sw_old);
-    let sw_new_s = sign::standard_webhooks_secret(sw_new);
-    let routes = provider_route("github", &up.url(), "[env:GH_OLD, env:GH_NEW]", "")
-        + &provider_route(
-            "standard-webhooks",
-            &up.url(),
-            "[env:SW_OLD, env:SW_NEW]",
-            "",
-        );
-    let px = Proxy::start_with_env(
-        &dir,
-        &store,
-        &routes,
-        &[
-            ("GH_OLD", gh_old),
-            ("GH_NEW", gh_new),
-            ("SW_OLD", &sw_old_s),
-            ("SW_NEW", &sw_new_s),
-        ],
-    );
+    let h = Harness::sqlite("rot")
+        .yaml_with(|up| provider_route("github", up, "[env:GH_OLD, env:GH_NEW]", ""))
+        .yaml_with(|up| provider_route("standard-webhooks", up, "[env:SW_OLD, env:SW_NEW]", ""))
+        .env("GH_OLD", gh_old)
+        .env("GH_NEW", gh_new)
+        .env("SW_OLD", &sign::standard_webhooks_secret(sw_old))
+        .env("SW_NEW", &sign::standard_webhooks_secret(sw_new))
+        .start();
     let cases: [(&str, Signer, &[u8], &[u8]); 2] = [
         ("github", github, gh_old.as_bytes(), gh_new.as_bytes()),
         ("standard-webhooks", standard_webhooks, sw_old, sw_new),
@@ -500,31 +467,27 @@ fn rotation_accepts_any_listed_secret() {
         let path = format!("/hooks/{name}");
         for key in [new, old] {
             let id = eid(name);
-            let r = signer(key, &id, now()).post(&px, &path);
+            let r = signer(key, &id, now()).post(&h, &path);
             assert_eq!(r.status, 200, "{name}");
-            assert_eq!(up.count(&id), 1, "{name}");
+            assert_eq!(h.up.count(&id), 1, "{name}");
         }
         let id = eid(name);
-        let r = signer(b"retired-secret", &id, now()).post(&px, &path);
+        let r = signer(b"retired-secret", &id, now()).post(&h, &path);
         assert_invalid_signature(&r, "no signature matches");
-        assert_eq!(show_code(&store, name, &id), 3);
+        assert_eq!(show_code(&h.store, name, &id), 3);
     }
-    assert_eq!(up.total(), 4);
+    assert_eq!(h.up.total(), 4);
 }
 
 /// Standard Webhooks lets a sender sign with several keys at once
 /// (`v1,<a> v1,<b>`): one matching entry is enough.
 #[test]
 fn standard_webhooks_several_signatures_in_one_header() {
-    let dir = TempDir::new("multi");
-    let up = Consumer::start().unwrap();
     let key = b"multi-sig-key";
-    let px = Proxy::start_with_env(
-        &dir,
-        &dir.sqlite_url("m.db"),
-        &provider_route("standard-webhooks", &up.url(), "[env:SW]", ""),
-        &[("SW", &sign::standard_webhooks_secret(key))],
-    );
+    let h = Harness::sqlite("multi")
+        .yaml_with(|up| provider_route("standard-webhooks", up, "[env:SW]", ""))
+        .env("SW", &sign::standard_webhooks_secret(key))
+        .start();
     let id = eid("msg");
     let ts = now();
     let body = standard_webhooks_body(&id);
@@ -534,9 +497,9 @@ fn standard_webhooks_several_signatures_in_one_header() {
         .header("webhook-id", &id)
         .header("webhook-timestamp", ts.to_string())
         .header("webhook-signature", format!("{other} {good}"))
-        .post(&px, "/hooks/standard-webhooks");
-    assert_eq!(r.status, 200, "{}", px.log());
-    assert_eq!(up.count(&id), 1);
+        .post(&h, "/hooks/standard-webhooks");
+    assert_eq!(r.status, 200, "{}", h.log());
+    assert_eq!(h.up.count(&id), 1);
 }
 
 /// Issue 20, "Signature lists": a list holding an entry that is not 32 bytes
@@ -548,14 +511,12 @@ fn standard_webhooks_several_signatures_in_one_header() {
 /// Before the fix, every list with a short entry was refused with 401.
 #[test]
 fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
-    let dir = TempDir::new("lenient");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("l.db");
     let key = b"lenient-list-key";
-    let secret = sign::standard_webhooks_secret(key);
-    let routes = provider_route("standard-webhooks", &up.url(), "[env:SW]", "")
-        + &provider_route("svix", &up.url(), "[env:SW]", "");
-    let px = Proxy::start_with_env(&dir, &store, &routes, &[("SW", &secret)]);
+    let h = Harness::sqlite("lenient")
+        .yaml_with(|up| provider_route("standard-webhooks", up, "[env:SW]", ""))
+        .yaml_with(|up| provider_route("svix", up, "[env:SW]", ""))
+        .env("SW", &sign::standard_webhooks_secret(key))
+        .start();
     let b64 = |bytes: &[u8]| {
         use base64::Engine as _;
         base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -578,7 +539,7 @@ fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
                 .header(&format!("{prefix}-id"), id)
                 .header(&format!("{prefix}-timestamp"), ts.to_string())
                 .header(&format!("{prefix}-signature"), list(&good))
-                .post(&px, &path)
+                .post(&h, &path)
         };
         for (what, list) in [
             (
@@ -601,9 +562,9 @@ fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
                 String::from_utf8_lossy(&r.body)
             );
             assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
-            assert_eq!(up.count(&id), 1, "{route}/{prefix}, {what}");
+            assert_eq!(h.up.count(&id), 1, "{route}/{prefix}, {what}");
         }
-        let before = up.total();
+        let before = h.up.total();
         for (what, list, needle) in [
             (
                 "only skipped entries",
@@ -620,13 +581,13 @@ fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
             let r = deliver(&id, list);
             assert_invalid_signature(&r, needle);
             assert_eq!(
-                show_code(&store, route, &id),
+                show_code(&h.store, route, &id),
                 3,
                 "{route}/{prefix}, {what}: nothing claimed"
             );
         }
         assert_eq!(
-            up.total(),
+            h.up.total(),
             before,
             "{route}/{prefix}: no forgery reaches the consumer"
         );
@@ -639,32 +600,27 @@ fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
 /// the consumer unguarded (nothing claimed); unsigned or forged, it is refused.
 #[test]
 fn slack_url_verification_passes_unguarded_only_when_signed() {
-    let dir = TempDir::new("slackuv");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("s.db");
     let secret = "slack-signing-secret";
-    let px = Proxy::start_with_env(
-        &dir,
-        &store,
-        &provider_route("slack", &up.url(), "[env:SLACK_SIGNING_SECRET]", ""),
-        &[("SLACK_SIGNING_SECRET", secret)],
-    );
+    let h = Harness::sqlite("slackuv")
+        .yaml_with(|up| provider_route("slack", up, "[env:SLACK_SIGNING_SECRET]", ""))
+        .env("SLACK_SIGNING_SECRET", secret)
+        .start();
     let body = br#"{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
 
-    let unsigned = Delivery::new(body.as_slice()).post(&px, "/hooks/slack");
+    let unsigned = Delivery::new(body.as_slice()).post(&h, "/hooks/slack");
     assert_invalid_signature(&unsigned, "missing signature header `x-slack-signature`");
-    let forged = slack_signed(b"guess", now(), body.to_vec()).post(&px, "/hooks/slack");
+    let forged = slack_signed(b"guess", now(), body.to_vec()).post(&h, "/hooks/slack");
     assert_invalid_signature(&forged, "no signature matches");
     let no_ts = slack_signed(secret.as_bytes(), now(), body.to_vec())
         .without("X-Slack-Request-Timestamp")
-        .post(&px, "/hooks/slack");
+        .post(&h, "/hooks/slack");
     assert_invalid_signature(&no_ts, "x-slack-request-timestamp");
-    assert_eq!(up.total(), 0, "refused handshakes never reach the consumer");
+    assert_eq!(h.up.total(), 0, "refused handshakes never reach the consumer");
 
-    let signed = slack_signed(secret.as_bytes(), now(), body.to_vec()).post(&px, "/hooks/slack");
-    assert_eq!(signed.status, 200, "{}", px.log());
+    let signed = slack_signed(secret.as_bytes(), now(), body.to_vec()).post(&h, "/hooks/slack");
+    assert_eq!(signed.status, 200, "{}", h.log());
     assert_eq!(signed.header("Idempotency-Status"), Some("unguarded"));
-    let got = up.received();
+    let got = h.up.received();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].body, body);
     assert_eq!(
@@ -672,10 +628,10 @@ fn slack_url_verification_passes_unguarded_only_when_signed() {
         None,
         "nothing was claimed"
     );
-    let (code, out, err) = cli(&["events", "list", "--store", &store, "--json"]);
+    let (code, out, err) = cli(&["events", "list", "--store", &h.store, "--json"]);
     assert_eq!((code, out.trim()), (0, "[]"), "{err}");
     assert_eq!(
-        px.metric("idemgate_requests_total{outcome=\"invalid_signature\",route=\"slack\"}"),
+        h.metric("idemgate_requests_total{outcome=\"invalid_signature\",route=\"slack\"}"),
         3.0
     );
 }
@@ -686,21 +642,15 @@ fn slack_url_verification_passes_unguarded_only_when_signed() {
 /// route's choosing (either case, optional `sha256=`).
 #[test]
 fn generic_hmac_sha256_with_a_custom_header() {
-    let dir = TempDir::new("hmac");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("h.db");
     let secret = "generic-hmac-secret";
-    let px = Proxy::start_with_env(
-        &dir,
-        &store,
-        &route(
+    let h = Harness::sqlite("hmac")
+        .route(
             "acme",
             "/hooks/acme",
-            &up.url(),
             "    verify:\n      scheme: hmac-sha256\n      header: X-Acme-Signature\n      secrets: [env:ACME_SECRET]\n",
-        ),
-        &[("ACME_SECRET", secret)],
-    );
+        )
+        .env("ACME_SECRET", secret)
+        .start();
     let body = br#"{"event":"order.paid","order":42}"#;
     let hex = sign::hmac_hex(secret.as_bytes(), body);
     let post = |id: &str, sig: Option<String>| {
@@ -708,7 +658,7 @@ fn generic_hmac_sha256_with_a_custom_header() {
         if let Some(sig) = sig {
             d = d.header("X-Acme-Signature", sig);
         }
-        d.post(&px, "/hooks/acme")
+        d.post(&h, "/hooks/acme")
     };
     for (i, sig) in [hex.clone(), hex.to_uppercase(), format!("sha256={hex}")]
         .into_iter()
@@ -716,7 +666,7 @@ fn generic_hmac_sha256_with_a_custom_header() {
     {
         let id = eid(&format!("acme{i}"));
         assert_eq!(post(&id, Some(sig)).status, 200);
-        assert_eq!(up.count(&id), 1);
+        assert_eq!(h.up.count(&id), 1);
     }
     let id = eid("acme-forged");
     let forged = sign::hmac_hex(b"wrong", body);
@@ -727,53 +677,44 @@ fn generic_hmac_sha256_with_a_custom_header() {
     let r = Delivery::new(body.as_slice())
         .header("X-Event-ID", &id)
         .header("X-Hub-Signature-256", format!("sha256={hex}"))
-        .post(&px, "/hooks/acme");
+        .post(&h, "/hooks/acme");
     assert_invalid_signature(&r, "x-acme-signature");
     assert_invalid_signature(&post(&id, Some("zz".repeat(32))), "64 hex digits");
-    assert_eq!(show_code(&store, "acme", &id), 3);
-    assert_eq!(up.total(), 3);
+    assert_eq!(show_code(&h.store, "acme", &id), 3);
+    assert_eq!(h.up.total(), 3);
     assert_eq!(post(&id, Some(hex)).status, 200);
-    assert_eq!(up.count(&id), 1);
+    assert_eq!(h.up.count(&id), 1);
 }
 
 /// `file:` secrets: one trailing newline is dropped (as editors add one), and
 /// a `whsec_` secret in a file is decoded like one from the environment.
 #[test]
 fn file_secrets() {
-    let dir = TempDir::new("filesecret");
-    let up = Consumer::start().unwrap();
-    let gh = dir.path().join("github.secret");
+    let h = Harness::sqlite("filesecret");
+    let (gh, sw) = (h.path("github.secret"), h.path("sw.secret"));
     std::fs::write(&gh, "file-github-secret\n").unwrap();
     let sw_key = b"file-sw-key";
-    let sw = dir.path().join("sw.secret");
     std::fs::write(
         &sw,
         format!("{}\r\n", sign::standard_webhooks_secret(sw_key)),
     )
     .unwrap();
-    let routes = provider_route(
-        "github",
-        &up.url(),
-        &format!("[\"file:{}\"]", gh.display()),
-        "",
-    ) + &provider_route(
-        "svix",
-        &up.url(),
-        &format!("[\"file:{}\"]", sw.display()),
-        "",
-    );
-    let px = Proxy::start(&dir, &dir.sqlite_url("f.db"), &routes);
+    let file = |p: &std::path::Path| format!("[\"file:{}\"]", p.display());
+    let h = h
+        .yaml_with(|up| provider_route("github", up, &file(&gh), ""))
+        .yaml_with(|up| provider_route("svix", up, &file(&sw), ""))
+        .start();
     let id = eid("gh");
-    let r = github(b"file-github-secret", &id, now()).post(&px, "/hooks/github");
-    assert_eq!(r.status, 200, "{}", px.log());
-    let r = github(b"file-github-secret\n", &eid("gh"), now()).post(&px, "/hooks/github");
+    let r = github(b"file-github-secret", &id, now()).post(&h, "/hooks/github");
+    assert_eq!(r.status, 200, "{}", h.log());
+    let r = github(b"file-github-secret\n", &eid("gh"), now()).post(&h, "/hooks/github");
     assert_invalid_signature(&r, "no signature matches");
     let id2 = eid("msg");
     assert_eq!(
-        svix(sw_key, &id2, now()).post(&px, "/hooks/svix").status,
+        svix(sw_key, &id2, now()).post(&h, "/hooks/svix").status,
         200
     );
-    assert_eq!((up.count(&id), up.count(&id2), up.total()), (1, 1, 2));
+    assert_eq!((h.up.count(&id), h.up.count(&id2), h.up.total()), (1, 1, 2));
 }
 
 // ------------------------------------------------------------ no unverified path
@@ -782,68 +723,48 @@ fn file_secrets() {
 /// (`on_missing_id: forward`, `body_digest`) still checks the signature first.
 #[test]
 fn no_guarded_path_skips_verification() {
-    let dir = TempDir::new("paths");
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("paths.db");
     let verify = "    verify:\n      scheme: hmac-sha256\n      header: X-Sig\n      secrets: [env:PATHS_SECRET]\n";
-    let routes = route(
-        "fwd",
-        "/hooks/fwd",
-        &up.url(),
-        &format!("    on_missing_id: forward\n{verify}"),
-    ) + &route(
-        "dig",
-        "/hooks/dig",
-        &up.url(),
-        &format!("    on_missing_id: body_digest\n{verify}"),
-    );
-    let px = Proxy::start_with_env(&dir, &store, &routes, &[("PATHS_SECRET", "paths")]);
+    let h = Harness::sqlite("paths")
+        .route("fwd", "/hooks/fwd", &format!("    on_missing_id: forward\n{verify}"))
+        .route("dig", "/hooks/dig", &format!("    on_missing_id: body_digest\n{verify}"))
+        .env("PATHS_SECRET", "paths")
+        .start();
     let body = br#"{"no":"id"}"#;
     for path in ["/hooks/fwd", "/hooks/dig"] {
         let forged = Delivery::new(body.as_slice())
             .header("X-Sig", sign::hmac_hex(b"nope", body))
-            .post(&px, path);
+            .post(&h, path);
         assert_invalid_signature(&forged, "no signature matches");
-        let unsigned = Delivery::new(body.as_slice()).post(&px, path);
+        let unsigned = Delivery::new(body.as_slice()).post(&h, path);
         assert_invalid_signature(&unsigned, "missing signature header");
     }
-    assert_eq!(up.total(), 0);
-    let (code, out, _) = cli(&["events", "list", "--store", &store, "--json"]);
+    assert_eq!(h.up.total(), 0);
+    let (code, out, _) = cli(&["events", "list", "--store", &h.store, "--json"]);
     assert_eq!((code, out.trim()), (0, "[]"), "nothing claimed");
 
     let signed = Delivery::new(body.as_slice()).header("X-Sig", sign::hmac_hex(b"paths", body));
-    let r = signed.post(&px, "/hooks/fwd");
+    let r = signed.post(&h, "/hooks/fwd");
     assert_eq!(
         (r.status, r.header("Idempotency-Status")),
         (200, Some("unguarded"))
     );
-    let r = signed.post(&px, "/hooks/dig");
+    let r = signed.post(&h, "/hooks/dig");
     assert_eq!(
         (r.status, r.header("Idempotency-Status")),
         (200, Some("forwarded"))
     );
-    assert_eq!(up.total(), 2);
+    assert_eq!(h.up.total(), 2);
 }
 
 /// `on_store_error: forward` forwards unguarded when the store fails, but
 /// never a request whose signature does not verify: the check comes first.
 #[test]
 fn store_error_forward_still_verifies() {
-    let dir = TempDir::new("storeerr");
-    let up = Consumer::start().unwrap();
-    let db = dir.path().join("broken.db");
-    let store = format!("sqlite://{}", db.display());
-    let px = Proxy::start_with_env(
-        &dir,
-        &store,
-        &provider_route(
-            "github",
-            &up.url(),
-            "[env:GH]",
-            "    on_store_error: forward\n",
-        ),
-        &[("GH", "store-error-secret")],
-    );
+    let h = Harness::sqlite("storeerr")
+        .yaml_with(|up| provider_route("github", up, "[env:GH]", "    on_store_error: forward\n"))
+        .env("GH", "store-error-secret")
+        .start();
+    let db = h.sqlite_path();
     // Break the store under the running proxy: every claim now fails.
     for suffix in ["", "-wal", "-shm"] {
         let mut p = db.clone().into_os_string();
@@ -855,21 +776,21 @@ fn store_error_forward_still_verifies() {
     }
     let key = b"store-error-secret";
     let id = eid("gh");
-    let r = github(key, &id, now()).post(&px, "/hooks/github");
+    let r = github(key, &id, now()).post(&h, "/hooks/github");
     assert_eq!(
         (r.status, r.header("Idempotency-Status")),
         (200, Some("unguarded")),
         "the store must be broken for this test to mean anything: {}",
-        px.log()
+        h.log()
     );
-    assert_eq!(up.total(), 1);
-    let r = github(b"forged", &eid("gh"), now()).post(&px, "/hooks/github");
+    assert_eq!(h.up.total(), 1);
+    let r = github(b"forged", &eid("gh"), now()).post(&h, "/hooks/github");
     assert_invalid_signature(&r, "no signature matches");
     let r = github(key, &eid("gh"), now())
         .without("X-Hub-Signature-256")
-        .post(&px, "/hooks/github");
+        .post(&h, "/hooks/github");
     assert_invalid_signature(&r, "missing signature header");
-    assert_eq!(up.total(), 1, "forged deliveries never reach the consumer");
+    assert_eq!(h.up.total(), 1, "forged deliveries never reach the consumer");
 }
 
 // ------------------------------------------------------------ config errors (CLI)

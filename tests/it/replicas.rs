@@ -58,7 +58,7 @@ fn replicas(store: &SharedStore, up: &Consumer) -> [Proxy; 2] {
 type Seen = (u16, String);
 
 fn send(addr: SocketAddr, id: &str, body: &[u8]) -> Seen {
-    let r = sample::deliver(addr, PATH, Some(id), body)
+    let r = kit::deliver(addr, PATH, Some(id), body)
         .unwrap_or_else(|e| panic!("delivery of {id} to {addr}: {e}"));
     let status = r.header("Idempotency-Status").unwrap_or("").to_string();
     (r.status, status)

@@ -27,7 +27,7 @@ fn deliver_in_thread(
     id: &str,
 ) -> std::thread::JoinHandle<std::io::Result<Response>> {
     let id = id.to_string();
-    std::thread::spawn(move || sample::deliver(addr, PATH, Some(&id), br#"{"n":1}"#))
+    std::thread::spawn(move || kit::deliver(addr, PATH, Some(&id), br#"{"n":1}"#))
 }
 
 /// The settle waits for the SQLite write lock that another process holds

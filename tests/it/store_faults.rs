@@ -76,7 +76,7 @@ fn send_until_ok(seen: &Seen, addrs: &[SocketAddr], start: usize, id: &str, pati
         let addr = addrs[i % addrs.len()];
         i += 1;
         seen.sent.fetch_add(1, Ordering::Relaxed);
-        match sample::deliver(addr, PATH, Some(id), br#"{"fault":true}"#) {
+        match kit::deliver(addr, PATH, Some(id), br#"{"fault":true}"#) {
             Ok(r) if r.status == 200 => {
                 let how = r.header("Idempotency-Status").unwrap_or("").to_string();
                 if !matches!(how.as_str(), "forwarded" | "replayed") {
@@ -125,7 +125,7 @@ impl ReadyLog {
         };
         let mut last = 0;
         while !stop.load(Ordering::Relaxed) {
-            let status = sample::get(admin, "/readyz").map(|r| r.status).unwrap_or(0);
+            let status = kit::get(admin, "/readyz").map(|r| r.status).unwrap_or(0);
             if status != last {
                 log.changes.lock().unwrap().push((Instant::now(), status));
                 last = status;
@@ -176,7 +176,7 @@ fn first_claim_after(addr: SocketAddr, tag: &str, limit: Duration) -> Option<Dur
     let t = Instant::now();
     let id = eid(tag);
     while t.elapsed() < limit {
-        if let Ok(r) = sample::deliver(addr, PATH, Some(&id), br#"{"probe":true}"#) {
+        if let Ok(r) = kit::deliver(addr, PATH, Some(&id), br#"{"probe":true}"#) {
             if r.status == 200 {
                 return Some(t.elapsed());
             }
@@ -446,7 +446,7 @@ fn first_503(answers: &Answers, from: Instant) -> Option<Instant> {
 
 /// One delivery attempt through the proxy: (status, Idempotency-Status).
 fn attempt(addr: SocketAddr, id: &str) -> (u16, String) {
-    match sample::deliver(addr, PATH, Some(id), br#"{"disk":true}"#) {
+    match kit::deliver(addr, PATH, Some(id), br#"{"disk":true}"#) {
         Ok(r) => (
             r.status,
             r.header("Idempotency-Status").unwrap_or("").to_string(),
@@ -456,7 +456,7 @@ fn attempt(addr: SocketAddr, id: &str) -> (u16, String) {
 }
 
 fn readyz(px: &Proxy) -> u16 {
-    sample::get(px.admin, "/readyz")
+    kit::get(px.admin, "/readyz")
         .map(|r| r.status)
         .unwrap_or(0)
 }

@@ -19,7 +19,7 @@ use crate::raw_upstream;
 use std::time::{Duration, Instant};
 
 use common::*;
-use raw_upstream::{response, send_and_read_to_close, status_of, Behavior, RawUpstream};
+use raw_upstream::{response, send_and_read_to_close, status_of, upstream, Behavior};
 
 /// `upstream_timeout` on every route here.
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -104,8 +104,8 @@ struct Attempts(std::sync::Mutex<std::collections::HashMap<String, usize>>);
 
 impl Attempts {
     /// 0 for the first request carrying this key, 1 for the second, …
-    fn next(&self, req: &raw_upstream::RawRequest) -> usize {
-        let key = req.key().unwrap_or_default();
+    fn next(&self, req: &Request) -> usize {
+        let key = req.header("Idempotency-Key").unwrap_or_default().to_string();
         let mut seen = self.0.lock().unwrap();
         let n = seen.entry(key).or_insert(0);
         *n += 1;
@@ -115,9 +115,9 @@ impl Attempts {
 
 /// Starts a raw upstream whose first answer for each event is `first(key)`
 /// and whose later answers are a plain 200.
-fn first_then_ok(first: impl Fn(&str) -> Behavior + Send + Sync + 'static) -> RawUpstream {
+fn first_then_ok(first: impl Fn(&str) -> Behavior + Send + Sync + 'static) -> Server {
     let attempts = Attempts::default();
-    RawUpstream::start(move |req, _| {
+    upstream(move |req, _| {
         if attempts.next(req) == 0 {
             first(&req.key().unwrap_or_default())
         } else {
@@ -355,7 +355,7 @@ fn a_5xx_storm_releases_every_claim_and_the_retries_go_through() {
                     chunk
                         .iter()
                         .map(|id| {
-                            sample::deliver(addr, "/r", Some(id), b"{\"storm\":true}").unwrap()
+                            kit::deliver(addr, "/r", Some(id), b"{\"storm\":true}").unwrap()
                         })
                         .collect::<Vec<_>>()
                 })
@@ -414,7 +414,7 @@ fn a_slow_but_live_body_is_relayed_to_its_end() {
     let dir = TempDir::new("faults-trickle");
     let body = b"0123456789abcdef";
     // The header at once, then one body byte every 200 ms (3.2 s in all).
-    let trickle = RawUpstream::start(move |_, _| {
+    let trickle = upstream(move |_, _| {
         Behavior::Trickle(
             b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\n\r\n".to_vec(),
             body.to_vec(),

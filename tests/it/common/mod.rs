@@ -1,16 +1,19 @@
 //! Integration-test harness: the real `idemgate` binary started on free
 //! loopback ports against a real store (a SQLite file in a temp dir, or the
-//! PostgreSQL server), a real sample consumer, and a blocking HTTP client.
-//! Everything a test starts is stopped when its handle drops.
+//! PostgreSQL server), a real sample consumer, and a blocking HTTP client
+//! (all three from `idemgate::testkit`). [`Harness`] puts them together;
+//! everything a test starts is stopped when its handle drops.
 
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-pub use idemgate::sample::{self, Client, Consumer, Reply, Response};
+pub use idemgate::testkit::{
+    self as kit, wait_until, Client, Consumer, Ports, Reply, Request, Response, Serve, Server,
+};
 
 pub mod pg_cluster;
 pub mod tmpfs;
@@ -68,7 +71,7 @@ pub fn eid(tag: &str) -> String {
 }
 
 pub fn free_port() -> u16 {
-    sample::free_port().expect("a free loopback port")
+    kit::free_port().expect("a free loopback port")
 }
 
 pub fn bin() -> &'static str {
@@ -162,7 +165,7 @@ pub struct Proxy {
     env: Vec<(String, String)>,
     /// The binary to run: this build's `idemgate` unless a test names another.
     pub bin: PathBuf,
-    child: Option<Child>,
+    process: Option<Serve>,
 }
 
 /// Builds a config: `routes` is YAML for the `routes:` list, indented by 2.
@@ -206,13 +209,14 @@ impl Proxy {
         routes: &str,
         env: &[(&str, &str)],
     ) -> Proxy {
-        let (port, admin) = (free_port(), free_port());
+        let ports = Ports::free().expect("free loopback ports");
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let config_path = dir.path().join(format!("proxy{n}.yaml"));
-        std::fs::write(&config_path, config_text(port, admin, store_url, routes)).unwrap();
+        let text = config_text(ports.listen.port(), ports.admin.port(), store_url, routes);
+        std::fs::write(&config_path, text).unwrap();
         let mut p = Proxy {
-            addr: format!("127.0.0.1:{port}").parse().unwrap(),
-            admin: format!("127.0.0.1:{admin}").parse().unwrap(),
+            addr: ports.listen,
+            admin: ports.admin,
             log_path: dir.path().join(format!("proxy{n}.log")),
             config_path,
             env: env
@@ -220,7 +224,7 @@ impl Proxy {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             bin: bin.to_path_buf(),
-            child: None,
+            process: None,
         };
         p.spawn();
         p
@@ -238,40 +242,31 @@ impl Proxy {
     }
 
     fn spawn_until(&mut self, ready: impl Fn(u16) -> bool) {
-        assert!(self.child.is_none(), "already running");
+        assert!(self.process.is_none(), "already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.log_path)
             .unwrap();
-        let child = Command::new(&self.bin)
-            .args(["serve", "--config"])
-            .arg(&self.config_path)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("idemgate starts");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "idemgate exited with {status} before ready; log:\n{}",
-                    self.log()
-                );
-            }
-            if sample::get(self.admin, "/readyz").is_ok_and(|r| ready(r.status)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(25));
+        let mut process = Serve::spawn(
+            Command::new(&self.bin)
+                .args(["serve", "--config"])
+                .arg(&self.config_path)
+                .env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+                )
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log),
+        )
+        .expect("idemgate starts");
+        let waited = process.wait_ready(self.admin, Duration::from_secs(30), ready);
+        self.process = Some(process);
+        if let Err(e) = waited {
+            panic!("{e}; log:\n{}", self.log());
         }
-        panic!("idemgate not ready within 30s; log:\n{}", self.log());
     }
 
     pub fn log(&self) -> String {
@@ -284,7 +279,7 @@ impl Proxy {
 
     /// POST with `X-Event-ID` on a fresh connection.
     pub fn deliver(&self, path: &str, event_id: Option<&str>, body: &[u8]) -> Response {
-        sample::deliver(self.addr, path, event_id, body).expect("delivery")
+        kit::deliver(self.addr, path, event_id, body).expect("delivery")
     }
 
     pub fn client(&self) -> Client {
@@ -292,7 +287,7 @@ impl Proxy {
     }
 
     pub fn metrics(&self) -> String {
-        String::from_utf8(sample::get(self.admin, "/metrics").expect("metrics").body).unwrap()
+        String::from_utf8(kit::get(self.admin, "/metrics").expect("metrics").body).unwrap()
     }
 
     /// The value of one sample, e.g. `idemgate_requests_total{outcome="replayed",route="r"}`
@@ -304,37 +299,159 @@ impl Proxy {
             .unwrap_or(0.0)
     }
 
-    /// SIGTERM; waits up to `timeout`; returns the exit code.
+    /// SIGTERM; waits up to `timeout` (then SIGKILL); the exit code.
     pub fn stop(&mut self, timeout: Duration) -> Option<i32> {
-        let mut child = self.child.take()?;
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        self.process.take()?.stop(timeout)
     }
 
     /// SIGKILL: a crash.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut p) = self.process.take() {
+            p.kill();
         }
     }
 }
 
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        if self.stop(Duration::from_secs(10)).is_none() && self.child.is_some() {
-            self.kill();
+/// A test's fixture: a temp dir, a loopback [`Consumer`], a store, and the
+/// proxy process in front of the consumer. Built with
+/// `Harness::sqlite(tag).route(..).start()`; dereferences to its [`Proxy`].
+/// Dropping it stops the proxy, then the consumer, then removes the
+/// PostgreSQL schema (if any) and the temp dir.
+pub struct Harness {
+    // Field order is drop order: the proxy stops before what it uses goes.
+    pub px: Proxy,
+    pub up: Consumer,
+    /// The store URL the proxy was started with.
+    pub store: String,
+    /// The `routes:` YAML and the environment, for replicas.
+    routes: String,
+    env: Vec<(String, String)>,
+    _schema: Option<PgSchema>,
+    pub dir: TempDir,
+}
+
+/// What a [`Harness`] will start: see [`Harness::sqlite`].
+pub struct HarnessBuilder {
+    dir: TempDir,
+    up: Consumer,
+    store: String,
+    schema: Option<PgSchema>,
+    routes: String,
+    env: Vec<(String, String)>,
+}
+
+impl Harness {
+    /// A harness on a fresh SQLite file in a temp dir named after `tag`.
+    pub fn sqlite(tag: &str) -> HarnessBuilder {
+        let dir = TempDir::new(tag);
+        let store = dir.sqlite_url("h.db");
+        HarnessBuilder::new(dir, store, None)
+    }
+
+    /// A harness on a fresh schema of the test PostgreSQL server; `None`
+    /// (the test skips) when there is none outside CI, see [`pg_url`].
+    pub fn postgres(tag: &str) -> Option<HarnessBuilder> {
+        let schema = PgSchema::create(&pg_url()?, &tag.replace('-', "_"));
+        let store = schema.url();
+        Some(HarnessBuilder::new(TempDir::new(tag), store, Some(schema)))
+    }
+}
+
+fn start_proxy(dir: &TempDir, store: &str, routes: &str, env: &[(String, String)]) -> Proxy {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&**k, &**v)).collect();
+    Proxy::start_with_env(dir, store, routes, &env)
+}
+
+impl Harness {
+    /// Another proxy process with the same config and store: a replica
+    /// (stopped when it drops; drop it before the harness).
+    pub fn replica(&self) -> Proxy {
+        start_proxy(&self.dir, &self.store, &self.routes, &self.env)
+    }
+
+    /// The SQLite file of a [`Harness::sqlite`] store.
+    pub fn sqlite_path(&self) -> PathBuf {
+        self.dir.path().join("h.db")
+    }
+}
+
+impl std::ops::Deref for Harness {
+    type Target = Proxy;
+    fn deref(&self) -> &Proxy {
+        &self.px
+    }
+}
+
+impl std::ops::DerefMut for Harness {
+    fn deref_mut(&mut self) -> &mut Proxy {
+        &mut self.px
+    }
+}
+
+impl HarnessBuilder {
+    fn new(dir: TempDir, store: String, schema: Option<PgSchema>) -> HarnessBuilder {
+        HarnessBuilder {
+            dir,
+            up: Consumer::start().expect("the sample consumer starts"),
+            store,
+            schema,
+            routes: String::new(),
+            env: Vec::new(),
+        }
+    }
+
+    /// A path in the harness's temp dir (for files the config names).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The consumer's URL, for routes written by hand.
+    pub fn upstream(&self) -> String {
+        self.up.url()
+    }
+
+    /// A guarded route to the consumer (see [`route`]; `extra` lines indented by 4).
+    pub fn route(self, name: &str, prefix: &str, extra: &str) -> HarnessBuilder {
+        let url = self.up.url();
+        self.route_to(name, prefix, &url, extra)
+    }
+
+    /// A guarded route to another upstream.
+    pub fn route_to(mut self, name: &str, prefix: &str, upstream: &str, extra: &str) -> Self {
+        self.routes += &route(name, prefix, upstream, extra);
+        self
+    }
+
+    /// YAML appended as it is after the routes so far (more routes, or
+    /// top-level sections such as `downstream:` or `admin:`).
+    pub fn yaml(mut self, text: &str) -> HarnessBuilder {
+        self.routes += text;
+        self
+    }
+
+    /// YAML made from the consumer's URL, appended as [`HarnessBuilder::yaml`] does.
+    pub fn yaml_with(self, make: impl FnOnce(&str) -> String) -> HarnessBuilder {
+        let text = make(&self.up.url());
+        self.yaml(&text)
+    }
+
+    /// An environment variable for the process (for `env:NAME` secrets).
+    pub fn env(mut self, name: &str, value: &str) -> HarnessBuilder {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// Starts the proxy; waits for `/readyz` 200.
+    pub fn start(self) -> Harness {
+        let px = start_proxy(&self.dir, &self.store, &self.routes, &self.env);
+        Harness {
+            px,
+            up: self.up,
+            store: self.store,
+            routes: self.routes,
+            env: self.env,
+            _schema: self.schema,
+            dir: self.dir,
         }
     }
 }
