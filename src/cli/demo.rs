@@ -9,7 +9,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::exit;
-use crate::testkit::{self as kit, Consumer, Ports, Reply, Serve};
+use crate::testkit::client as kit;
+use crate::testkit::consumer::{Consumer, Reply};
+use crate::testkit::http::Response;
+use crate::testkit::serve::{Ports, Serve};
 
 /// The proxy process and its temp dir, removed after the process stops.
 struct Proxy {
@@ -100,10 +103,9 @@ fn run_demo() -> Result<bool, String> {
     );
 
     let path = "/hooks/demo";
-    let send = |id: &str, body: &[u8]| {
-        kit::deliver(addr, path, Some(id), body).map_err(|e| e.to_string())
-    };
-    let describe = |r: &kit::Response| {
+    let send =
+        |id: &str, body: &[u8]| kit::deliver(addr, path, Some(id), body).map_err(|e| e.to_string());
+    let describe = |r: &Response| {
         let status = r.header("Idempotency-Status").unwrap_or("-");
         format!("{} ({status})", r.status)
     };
@@ -132,9 +134,7 @@ fn run_demo() -> Result<bool, String> {
     );
     let handles: Vec<_> = (0..5)
         .map(|_| {
-            std::thread::spawn(move || {
-                kit::deliver(addr, path, Some("evt_2"), br#"{"amount":50}"#)
-            })
+            std::thread::spawn(move || kit::deliver(addr, path, Some("evt_2"), br#"{"amount":50}"#))
         })
         .collect();
     let mut statuses: Vec<u16> = handles

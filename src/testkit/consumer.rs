@@ -60,7 +60,12 @@ impl Consumer {
         let server = Server::start_on(addr, move |req: &Request, _| {
             let reply = req
                 .key()
-                .and_then(|k| own.lock().unwrap_or_else(|e| e.into_inner()).get_mut(k).map(next))
+                .and_then(|k| {
+                    own.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_mut(k)
+                        .map(next)
+                })
                 .unwrap_or_else(|| Reply::status(200));
             let bytes = http::response(reply.status, reply.content_type, &reply.body);
             Behavior::Late(reply.delay, bytes)
@@ -79,6 +84,11 @@ impl Consumer {
     /// Answers for `key`, in order; the last repeats. Default: 200 "ok".
     pub fn script(&self, key: &str, replies: Vec<Reply>) {
         (self.scripter())(key, replies)
+    }
+
+    /// One answer for `key`, every time: `status` (body "ok") after `delay`.
+    pub fn hold(&self, key: &str, status: u16, delay: Duration) {
+        self.script(key, vec![Reply::status(status).delay(delay)])
     }
 
     /// A handle that scripts answers from other threads.

@@ -112,6 +112,11 @@ impl Response {
         find(&self.headers, name)
     }
 
+    /// The body as text (lossy UTF-8), for messages.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
     /// The body as JSON (`Null` when it is not).
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
@@ -304,7 +309,10 @@ mod tests {
         let mut buf = b"hello world".to_vec();
         let got = Body::of_request(&h("Content-Length", "5")).take(&mut buf, false);
         assert_eq!(got.unwrap().as_deref(), Some(&b"hello"[..]));
-        assert!(matches!(Body::of_response(204, &h("Content-Length", "5"), false), Body::Empty));
+        assert!(matches!(
+            Body::of_response(204, &h("Content-Length", "5"), false),
+            Body::Empty
+        ));
         assert!(matches!(Body::of_response(200, &[], false), Body::ToEnd));
         assert!(Body::Length(9).take(&mut b"abc".to_vec(), true).is_err());
     }
@@ -313,7 +321,10 @@ mod tests {
     fn heads_parse_with_their_raw_bytes() {
         let wire = b"POST /a?b=1 HTTP/1.1\r\nX-Event-ID: e1\r\nX-Raw: caf\xe9\r\n\r\nbody";
         let (req, n) = request_head(wire).unwrap().unwrap();
-        assert_eq!((req.method.as_str(), req.path.as_str(), n), ("POST", "/a?b=1", wire.len() - 4));
+        assert_eq!(
+            (req.method.as_str(), req.path.as_str(), n),
+            ("POST", "/a?b=1", wire.len() - 4)
+        );
         assert_eq!(req.key(), Some("e1"));
         assert_eq!(req.header_bytes("x-raw"), Some(&b"caf\xe9"[..]));
         assert!(request_head(&wire[..20]).unwrap().is_none());

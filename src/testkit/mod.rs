@@ -25,8 +25,14 @@ pub mod http;
 pub mod serve;
 pub mod server;
 
+// The short paths are for the tests and benches; `demo` names the modules.
+#[cfg(feature = "testkit")]
 pub use client::{deliver, free_port, get, wait_ready, wait_until, Client};
+#[cfg(feature = "testkit")]
 pub use consumer::{Consumer, Reply};
+#[cfg(feature = "testkit")]
 pub use http::{Request, Response};
+#[cfg(feature = "testkit")]
 pub use serve::{memory_kib, Ports, Serve};
+#[cfg(feature = "testkit")]
 pub use server::{response, Behavior, Server};

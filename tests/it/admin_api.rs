@@ -12,33 +12,10 @@ use crate::common;
 use admin_util::*;
 use common::*;
 
-use idemgate::store::{self, ClaimOutcome, ClaimRequest};
-
-/// A store for one test, removed when it drops (after the proxy: declare
-/// it first).
-struct Backend {
-    url: String,
-    _dir: TempDir,
-    _schema: Option<PgSchema>,
-}
-
-fn sqlite(tag: &str) -> Backend {
-    let dir = TempDir::new(tag);
-    Backend {
-        url: dir.sqlite_url("api.db"),
-        _dir: dir,
-        _schema: None,
-    }
-}
-
-fn postgres(tag: &str) -> Option<Backend> {
-    let base = pg_url()?;
-    let schema = PgSchema::create(&base, tag);
-    Some(Backend {
-        url: schema.url(),
-        _dir: TempDir::new(tag),
-        _schema: Some(schema),
-    })
+/// `method path` (no headers) is refused with `status` and problem type `NAME`.
+#[track_caller]
+fn refuses(px: &Proxy, method: &str, path: &str, status: u16, name: &str) {
+    refused(&call(px, method, path, &[]), status, name);
 }
 
 fn problem(r: &Response) -> serde_json::Value {
@@ -47,7 +24,7 @@ fn problem(r: &Response) -> serde_json::Value {
         Some("application/problem+json"),
         "status {}: {}",
         r.status,
-        String::from_utf8_lossy(&r.body)
+        r.text()
     );
     let doc = r.json();
     assert_eq!(doc["status"], r.status, "{doc}");
@@ -58,7 +35,7 @@ fn problem(r: &Response) -> serde_json::Value {
 
 #[track_caller]
 fn refused(r: &Response, status: u16, name: &str) -> serde_json::Value {
-    assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, status, "{}", r.text());
     let doc = problem(r);
     assert_eq!(doc["type"], format!("urn:idemgate:problem:{name}"), "{doc}");
     doc
@@ -205,24 +182,16 @@ fn routes_have_their_settings_and_counters_that_match_metrics() {
         Some(px.metric("idemgate_store_duration_seconds_count{operation=\"claim\"}"))
     );
     assert!(claim["buckets"].as_array().unwrap().len() >= 10);
-    refused(
-        &call(&px, "GET", "/api/routes?x=1", &[]),
-        400,
-        "invalid-query",
-    );
-    refused(
-        &call(&px, "POST", "/api/routes", &[]),
-        405,
-        "method-not-allowed",
-    );
+    refuses(&px, "GET", "/api/routes?x=1", 400, "invalid-query");
+    refuses(&px, "POST", "/api/routes", 405, "method-not-allowed");
 }
 
 // ---- GET /api/events -----------------------------------------------------------
 
-fn list_pages_and_filters(b: Backend) {
+fn list_pages_and_filters(b: TestStore) {
     let up = Consumer::start().unwrap();
     let routes = route("r", "/hooks/r", &up.url(), "") + &route("s", "/hooks/s", &up.url(), "");
-    let px = start_with_token(&b._dir, &b.url, &routes);
+    let px = start_with_token(&b.dir, &b.url, &routes);
     let tag = eid("pg");
     let mut ids = Vec::new();
     for i in 0..7 {
@@ -306,27 +275,7 @@ fn list_pages_and_filters(b: Backend) {
 
     // stuck: a processing record whose lease ended (its process died)
     let stuck_id = format!("{tag}/stuck");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let s = store::open(&b.url, 1).await.unwrap();
-        let now = idemgate::proxy::now_ms();
-        let out = s
-            .claim(&ClaimRequest {
-                route: "r",
-                event_id: &stuck_id,
-                digest: &"0".repeat(64),
-                now: now - 60_000,
-                lease_ms: 10_000,
-                retention_ms: 86_400_000,
-            })
-            .await
-            .unwrap();
-        assert!(matches!(out, ClaimOutcome::Claimed { .. }));
-        s.close().await;
-    });
+    stuck_claim(&b.url, "r", &stuck_id, 60_000, 10_000);
     let stuck = api("stuck=true");
     assert_eq!(stuck.len(), 1, "{stuck:?}");
     assert_eq!(stuck[0]["event_id"], stuck_id.as_str());
@@ -352,11 +301,7 @@ fn list_pages_and_filters(b: Backend) {
         let r = call(&px, "GET", &format!("/api/events?{q}"), &[]);
         refused(&r, 400, name);
     }
-    refused(
-        &call(&px, "DELETE", "/api/events", &[]),
-        405,
-        "method-not-allowed",
-    );
+    refuses(&px, "DELETE", "/api/events", 405, "method-not-allowed");
 }
 
 fn cli_all_contains(cli_all: &[serde_json::Value], e: &serde_json::Value) {
@@ -366,23 +311,13 @@ fn cli_all_contains(cli_all: &[serde_json::Value], e: &serde_json::Value) {
     );
 }
 
-#[test]
-fn sqlite_list_pages_and_filters() {
-    list_pages_and_filters(sqlite("api-list"));
-}
-
-#[test]
-fn postgres_list_pages_and_filters() {
-    if let Some(b) = postgres("apilist") {
-        list_pages_and_filters(b);
-    }
-}
+on_both_stores!(list_pages_and_filters("api-list"): sqlite_list_pages_and_filters, postgres_list_pages_and_filters);
 
 // ---- GET /api/events/{route}/{event_id} ------------------------------------------
 
-fn show_with_encoded_segments(b: Backend) {
+fn show_with_encoded_segments(b: TestStore) {
     let up = Consumer::start().unwrap();
-    let px = start_with_token(&b._dir, &b.url, &route("r", "/hooks/r", &up.url(), ""));
+    let px = start_with_token(&b.dir, &b.url, &route("r", "/hooks/r", &up.url(), ""));
     let tag = eid("show");
     for id in [
         format!("{tag}/with/slashes"),
@@ -414,53 +349,29 @@ fn show_with_encoded_segments(b: Backend) {
     );
     let doc = refused(&r, 404, "no-endpoint");
     assert!(doc["detail"].as_str().unwrap().contains("%2F"));
-    refused(
-        &call(&px, "GET", "/api/events/r/a%zz", &[]),
-        400,
-        "invalid-path",
-    );
-    refused(
-        &call(&px, "GET", "/api/events/r/a%00b", &[]),
-        400,
-        "invalid-path",
-    );
-    refused(
-        &call(&px, "GET", "/api/events/r/%FF", &[]),
-        400,
-        "invalid-path",
-    );
-    refused(&call(&px, "GET", "/api/events/r/", &[]), 404, "no-endpoint");
-    refused(&call(&px, "GET", "/api/nothing", &[]), 404, "no-endpoint");
-    refused(&call(&px, "GET", "/api", &[]), 404, "no-endpoint");
-    refused(
-        &call(&px, "POST", "/api/events/r/x", &[]),
-        405,
-        "method-not-allowed",
-    );
-    refused(
-        &call(&px, "GET", "/api/events/r/x?force=true", &[]),
+    refuses(&px, "GET", "/api/events/r/a%zz", 400, "invalid-path");
+    refuses(&px, "GET", "/api/events/r/a%00b", 400, "invalid-path");
+    refuses(&px, "GET", "/api/events/r/%FF", 400, "invalid-path");
+    refuses(&px, "GET", "/api/events/r/", 404, "no-endpoint");
+    refuses(&px, "GET", "/api/nothing", 404, "no-endpoint");
+    refuses(&px, "GET", "/api", 404, "no-endpoint");
+    refuses(&px, "POST", "/api/events/r/x", 405, "method-not-allowed");
+    refuses(
+        &px,
+        "GET",
+        "/api/events/r/x?force=true",
         400,
         "invalid-query",
     );
 }
 
-#[test]
-fn sqlite_show_with_encoded_segments() {
-    show_with_encoded_segments(sqlite("api-show"));
-}
-
-#[test]
-fn postgres_show_with_encoded_segments() {
-    if let Some(b) = postgres("apishow") {
-        show_with_encoded_segments(b);
-    }
-}
+on_both_stores!(show_with_encoded_segments("api-show"): sqlite_show_with_encoded_segments, postgres_show_with_encoded_segments);
 
 // ---- POST /api/events/{route}/{event_id}/release ----------------------------------
 
-fn release_behind_the_token(b: Backend) {
+fn release_behind_the_token(b: TestStore) {
     let up = Consumer::start().unwrap();
-    let px = start_with_token(&b._dir, &b.url, &route("r", "/hooks/r", &up.url(), ""));
+    let px = start_with_token(&b.dir, &b.url, &route("r", "/hooks/r", &up.url(), ""));
     let id = format!("{}/with/slash", eid("rel"));
     assert_eq!(px.deliver("/hooks/r", Some(&id), b"{}").status, 200);
     let path = format!("/api/events/r/{}/release", enc(&id));
@@ -513,7 +424,7 @@ fn release_behind_the_token(b: Backend) {
 
     // 200 with force: the record after; the next delivery is forwarded
     let r = release(&px, "r", &id, true);
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 200, "{}", r.text());
     let after = r.json();
     assert_eq!(
         after,
@@ -559,24 +470,12 @@ fn release_behind_the_token(b: Backend) {
     assert!(!px.log().contains(TOKEN), "the token is never logged");
 }
 
-#[test]
-fn sqlite_release_behind_the_token() {
-    release_behind_the_token(sqlite("api-release"));
-}
-
-#[test]
-fn postgres_release_behind_the_token() {
-    if let Some(b) = postgres("apirelease") {
-        release_behind_the_token(b);
-    }
-}
+on_both_stores!(release_behind_the_token("api-release"): sqlite_release_behind_the_token, postgres_release_behind_the_token);
 
 /// Without `admin.token` every action is refused, whatever is sent.
 #[test]
 fn without_a_token_every_action_is_forbidden() {
-    let h = Harness::sqlite("api-notoken")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("api-notoken", "");
     let id = eid("nt");
     assert_eq!(h.deliver("/hooks/r", Some(&id), b"{}").status, 200);
     let bearer = format!("Bearer {TOKEN}");

@@ -12,6 +12,33 @@ pub fn start_with_token(dir: &TempDir, store: &str, routes: &str) -> Proxy {
     Proxy::start_with_env(dir, store, &routes, &[("IDEMGATE_ADMIN_TOKEN", TOKEN)])
 }
 
+/// Writes a claim for `id` straight to the store, as a process that died
+/// `age_ms` ago holding a `lease_ms` lease would have left it: a stuck claim.
+pub fn stuck_claim(store: &str, route: &str, id: &str, age_ms: i64, lease_ms: i64) {
+    use idemgate::store::{self, ClaimOutcome, ClaimRequest};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = store::open(store, 1).await.unwrap();
+        let now = idemgate::proxy::now_ms();
+        let out = s
+            .claim(&ClaimRequest {
+                route,
+                event_id: id,
+                digest: &"0".repeat(64),
+                now: now - age_ms,
+                lease_ms,
+                retention_ms: 86_400_000,
+            })
+            .await
+            .unwrap();
+        assert!(matches!(out, ClaimOutcome::Claimed { .. }), "a new claim");
+        s.close().await;
+    });
+}
+
 /// One request to the admin listener on a fresh connection.
 pub fn call(px: &Proxy, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
     Client::connect(px.admin)
@@ -22,12 +49,7 @@ pub fn call(px: &Proxy, method: &str, path: &str, headers: &[(&str, &str)]) -> R
 
 pub fn get_json(px: &Proxy, path: &str) -> serde_json::Value {
     let r = call(px, "GET", path, &[]);
-    assert_eq!(
-        r.status,
-        200,
-        "GET {path}: {}",
-        String::from_utf8_lossy(&r.body)
-    );
+    assert_eq!(r.status, 200, "GET {path}: {}", r.text());
     assert_eq!(r.header("content-type"), Some("application/json"));
     r.json()
 }

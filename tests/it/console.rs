@@ -427,25 +427,7 @@ fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
     // ... and the issue's own example, with spaces, written to the store
     // directly as a claim whose process died (so it is also a stuck claim)
     let issue = "<img src=x onerror=alert(1)>".to_string();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let st = idemgate::store::open(&s.store, 1).await.unwrap();
-        let now = idemgate::proxy::now_ms();
-        st.claim(&idemgate::store::ClaimRequest {
-            route: "orders",
-            event_id: &issue,
-            digest: &"0".repeat(64),
-            now: now - 120_000,
-            lease_ms: 30_000,
-            retention_ms: 86_400_000,
-        })
-        .await
-        .unwrap();
-        st.close().await;
-    });
+    stuck_claim(&s.store, "orders", &issue, 120_000, 30_000);
 
     let no_markup = |b: &Browser, where_: &str| {
         let v = b.execute(

@@ -14,9 +14,7 @@ use core_util::*;
 
 #[test]
 fn first_delivery_then_replay_then_mismatch() {
-    let h = Harness::sqlite("core")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("core", "");
     let id = eid("evt");
     let first = h.deliver("/hooks/r", Some(&id), br#"{"a":1}"#);
     assert_eq!(first.status, 200);
@@ -35,9 +33,7 @@ fn first_delivery_then_replay_then_mismatch() {
     assert_eq!(other.status, 422);
     assert_eq!(other.json()["type"], "urn:idemgate:problem:digest-mismatch");
     assert_eq!(h.up.count(&id), 1);
-    let rec = show(&h.store, "r", &id);
-    assert_eq!(rec["state"], "delivered");
-    assert_eq!(rec["attempts"], 1);
+    assert_state(&h.store, "r", &id, "delivered", 1);
 }
 
 /// Method, path and query, every header, the body: the consumer gets the
@@ -45,9 +41,7 @@ fn first_delivery_then_replay_then_mismatch() {
 /// sender's; the upstream's answer comes back as it was.
 #[test]
 fn first_delivery_is_forwarded_byte_for_byte() {
-    let h = Harness::sqlite("core-bytes")
-        .route("r", "/hooks/r", "    guard_methods: [POST, PUT]\n")
-        .start();
+    let h = Harness::guarded("core-bytes", "    guard_methods: [POST, PUT]\n");
     let id = eid("bytes");
     h.up.script(&id, vec![Reply::status(201).body(b"created, thanks")]);
     let body = payload(3000, 1);
@@ -118,9 +112,7 @@ fn first_delivery_is_forwarded_byte_for_byte() {
 /// replay, with an empty body (no `replay_body`); the consumer is not called.
 #[test]
 fn duplicates_replay_the_recorded_status() {
-    let h = Harness::sqlite("core-replay")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("core-replay", "");
     for status in [200u16, 202, 204] {
         let id = eid(&format!("replay{status}"));
         h.up.script(&id, vec![Reply::status(status).body(b"the first answer")]);
@@ -155,13 +147,10 @@ fn duplicates_replay_the_recorded_status() {
 /// still processing and after it was delivered; the original still replays.
 #[test]
 fn digest_mismatch_while_processing_and_after_delivery() {
-    let h = Harness::sqlite("core-mismatch")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("core-mismatch", "");
     let id = eid("mismatch");
-    h.up.script(&id, vec![Reply::status(200).delay(Duration::from_secs(3))]);
-    let first = deliver_in_background(h.addr, "/hooks/r", &id, b"original");
-    assert!(wait_until(Duration::from_secs(5), || h.up.count(&id) == 1));
+    h.up.hold(&id, 200, Duration::from_secs(3));
+    let first = deliver_in_flight(&h, "/hooks/r", &id, b"original");
     assert_eq!(show(&h.store, "r", &id)["state"], "processing");
 
     let other = h.deliver("/hooks/r", Some(&id), b"changed");
@@ -182,24 +171,17 @@ fn digest_mismatch_while_processing_and_after_delivery() {
     assert_eq!(dup.status, 200);
     assert_eq!(dup.header("Idempotent-Replayed"), Some("true"));
     assert_eq!(h.up.count(&id), 1);
-    let rec = show(&h.store, "r", &id);
-    assert_eq!(
-        (rec["state"].as_str(), rec["attempts"].as_i64()),
-        (Some("delivered"), Some(1))
-    );
+    assert_state(&h.store, "r", &id, "delivered", 1);
 }
 
 /// A duplicate while the first delivery is at the consumer: 409 at once with
 /// `Retry-After` in whole seconds within the lease (10 s in the harness).
 #[test]
 fn in_flight_duplicate_gets_409_with_retry_after() {
-    let h = Harness::sqlite("core-inflight")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("core-inflight", "");
     let id = eid("inflight");
-    h.up.script(&id, vec![Reply::status(200).delay(Duration::from_secs(3))]);
-    let first = deliver_in_background(h.addr, "/hooks/r", &id, b"same");
-    assert!(wait_until(Duration::from_secs(5), || h.up.count(&id) == 1));
+    h.up.hold(&id, 200, Duration::from_secs(3));
+    let first = deliver_in_flight(&h, "/hooks/r", &id, b"same");
 
     let dup = h.deliver("/hooks/r", Some(&id), b"same");
     assert_eq!(dup.status, 409, "{dup:?}");
@@ -227,9 +209,7 @@ fn in_flight_duplicate_gets_409_with_retry_after() {
 /// payload under the same ID is still refused.
 #[test]
 fn records_persist_across_a_restart() {
-    let mut h = Harness::sqlite("core-restart")
-        .route("r", "/hooks/r", "")
-        .start();
+    let mut h = Harness::guarded("core-restart", "");
     let id = eid("restart");
     h.up.script(&id, vec![Reply::status(202)]);
     assert_eq!(h.deliver("/hooks/r", Some(&id), b"kept").status, 202);

@@ -19,21 +19,12 @@ use raw_upstream::{response, upstream, Behavior};
 /// delivery that is forwarded on it.
 #[test]
 fn keep_alive_survives_every_short_circuit() {
-    let h = Harness::sqlite("http-keepalive")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("http-keepalive", "");
     let done = eid("done");
-    assert_eq!(
-        h.deliver("/hooks/r", Some(&done), b"delivered").status,
-        200
-    );
+    assert_eq!(h.deliver("/hooks/r", Some(&done), b"delivered").status, 200);
     let held = eid("held");
-    h.up.script(
-        &held,
-        vec![Reply::status(200).delay(Duration::from_secs(4))],
-    );
-    let first = deliver_in_background(h.addr, "/hooks/r", &held, b"held");
-    assert!(wait_until(Duration::from_secs(5), || h.up.count(&held) == 1));
+    h.up.hold(&held, 200, Duration::from_secs(4));
+    let first = deliver_in_flight(&h, "/hooks/r", &held, b"held");
 
     let long_id = "x".repeat(300);
     let fresh = eid("fresh");
@@ -82,9 +73,7 @@ fn keep_alive_survives_every_short_circuit() {
 /// connection is either closed (and says so) or still usable.
 #[test]
 fn content_length_over_max_body_gets_413() {
-    let h = Harness::sqlite("http-413")
-        .route("r", "/hooks/r", "    max_body: 1KiB\n")
-        .start();
+    let h = Harness::guarded("http-413", "    max_body: 1KiB\n");
     let mut c = h.client();
     let id = eid("big");
     let r = c
@@ -118,9 +107,7 @@ fn content_length_over_max_body_gets_413() {
 /// digest covers the whole body (a change in the last byte is a mismatch).
 #[test]
 fn large_bodies_are_forwarded_whole() {
-    let h = Harness::sqlite("http-large")
-        .route("r", "/hooks/r", "    max_body: 2MiB\n")
-        .start();
+    let h = Harness::guarded("http-large", "    max_body: 2MiB\n");
     let mut c = h.client();
     for (n, len) in [200_000usize, 1_000_000].into_iter().enumerate() {
         let body = payload(len, 10 + n as u64);
@@ -166,9 +153,7 @@ fn large_bodies_are_forwarded_whole() {
 /// from another thread: the proxy may answer before it has all been sent).
 #[test]
 fn chunked_body_over_max_body_gets_413() {
-    let h = Harness::sqlite("http-chunked-413")
-        .route("r", "/hooks/r", "    max_body: 2MiB\n")
-        .start();
+    let h = Harness::guarded("http-chunked-413", "    max_body: 2MiB\n");
     let id = eid("huge");
     let mut raw = Raw::connect(h.addr);
     let mut writer = raw.writer();
@@ -194,9 +179,7 @@ fn chunked_body_over_max_body_gets_413() {
 /// no event ID) the final status comes at once.
 #[test]
 fn expect_100_continue() {
-    let h = Harness::sqlite("http-expect")
-        .route("r", "/hooks/r", "    max_body: 1KiB\n")
-        .start();
+    let h = Harness::guarded("http-expect", "    max_body: 1KiB\n");
     let head_to = |path: &str, id: Option<&str>, len: usize| {
         let id = id
             .map(|i| format!("X-Event-ID: {i}\r\n"))
@@ -345,8 +328,5 @@ fn small_unguarded_requests_reach_the_upstream_in_one_write() {
         2,
         "the small requests and the GET on one kept connection, the large one on its own"
     );
-    assert_eq!(
-        h.metric(r#"idemgate_requests_total{outcome="unguarded",route="p"}"#),
-        4.0
-    );
+    assert_eq!(h.requests("p", "unguarded"), 4.0);
 }

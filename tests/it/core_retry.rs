@@ -24,9 +24,7 @@ fn release(store: &str, route: &str, id: &str, force: bool) -> (i32, String, Str
 /// is forwarded and delivers, the next duplicate is replayed.
 #[test]
 fn failed_delivery_is_released_and_the_retry_delivers() {
-    let h = Harness::sqlite("retry-500")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("retry-500", "");
     let id = eid("fail");
     h.up.script(
         &id,
@@ -65,9 +63,7 @@ fn failed_delivery_is_released_and_the_retry_delivers() {
 /// is forwarded.
 #[test]
 fn operator_releases_a_claim_left_by_a_crash() {
-    let mut h = Harness::sqlite("retry-crash")
-        .route("r", "/hooks/r", "")
-        .start();
+    let mut h = Harness::guarded("retry-crash", "");
     let id = eid("crash");
     h.up.script(
         &id,
@@ -76,8 +72,7 @@ fn operator_releases_a_claim_left_by_a_crash() {
             Reply::status(200).body(b"second try"),
         ],
     );
-    let lost = deliver_in_background(h.addr, "/hooks/r", &id, b"event");
-    assert!(wait_until(Duration::from_secs(5), || h.up.count(&id) == 1));
+    let lost = deliver_in_flight(&h, "/hooks/r", &id, b"event");
     h.kill();
     assert!(
         lost.join().unwrap().is_err(),
@@ -103,20 +98,14 @@ fn operator_releases_a_claim_left_by_a_crash() {
     assert_eq!(again.body, b"second try");
     assert_eq!(again.header("Idempotency-Status"), Some("forwarded"));
     assert_eq!(h.up.count(&id), 2);
-    let rec = show(&h.store, "r", &id);
-    assert_eq!(
-        (rec["state"].as_str(), rec["attempts"].as_i64()),
-        (Some("delivered"), Some(2))
-    );
+    assert_state(&h.store, "r", &id, "delivered", 2);
 }
 
 /// Releasing a delivered record needs `--force`; after it the next delivery
 /// reaches the consumer again.
 #[test]
 fn release_of_a_delivered_record_needs_force() {
-    let h = Harness::sqlite("retry-force")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("retry-force", "");
     let id = eid("force");
     assert_eq!(h.deliver("/hooks/r", Some(&id), b"event").status, 200);
 
@@ -134,11 +123,7 @@ fn release_of_a_delivered_record_needs_force() {
     assert_eq!(again.status, 200);
     assert_eq!(again.header("Idempotent-Replayed"), None);
     assert_eq!(h.up.count(&id), 2);
-    let rec = show(&h.store, "r", &id);
-    assert_eq!(
-        (rec["state"].as_str(), rec["attempts"].as_i64()),
-        (Some("delivered"), Some(2))
-    );
+    assert_state(&h.store, "r", &id, "delivered", 2);
 
     let (code, _, _) = release(&h.store, "r", &eid("unknown"), false);
     assert_eq!(code, 3, "release of an unknown event");
@@ -152,9 +137,7 @@ fn release_of_a_delivered_record_needs_force() {
 #[test]
 fn releases_during_a_storm_of_duplicates_are_never_answered_from_memory() {
     const ROUNDS: usize = 8;
-    let h = Harness::sqlite("retry-storm")
-        .route("r", "/hooks/r", "    replay_body: true\n")
-        .start();
+    let h = Harness::guarded("retry-storm", "    replay_body: true\n");
     let id = eid("storm");
     // the consumer answers its n-th delivery with the body "n"
     h.up.script(
@@ -164,7 +147,7 @@ fn releases_during_a_storm_of_duplicates_are_never_answered_from_memory() {
             .collect(),
     );
     let delivery = |r: &Response| -> usize {
-        String::from_utf8_lossy(&r.body)
+        r.text()
             .parse()
             .unwrap_or_else(|_| panic!("not a delivery number: {:?}", r.body))
     };
@@ -219,9 +202,7 @@ fn releases_during_a_storm_of_duplicates_are_never_answered_from_memory() {
 /// slack), the claim released, the retry forwarded.
 #[test]
 fn upstream_timeout_gives_504_and_releases_the_claim() {
-    let h = Harness::sqlite("retry-timeout")
-        .route("r", "/hooks/r", "    upstream_timeout: 1s\n")
-        .start();
+    let h = Harness::guarded("retry-timeout", "    upstream_timeout: 1s\n");
     let id = eid("slow");
     h.up.script(
         &id,
@@ -253,11 +234,7 @@ fn upstream_timeout_gives_504_and_releases_the_claim() {
     assert_eq!(retry.status, 200);
     assert_eq!(retry.body, b"in time");
     assert_eq!(h.up.count(&id), 2);
-    let rec = show(&h.store, "r", &id);
-    assert_eq!(
-        (rec["state"].as_str(), rec["attempts"].as_i64()),
-        (Some("delivered"), Some(2))
-    );
+    assert_state(&h.store, "r", &id, "delivered", 2);
 }
 
 /// Nothing listens at the upstream: 502, claim released; once the consumer
@@ -281,22 +258,14 @@ fn unreachable_upstream_gives_502_and_the_retry_delivers() {
     assert_eq!(problem_type(&refused), "upstream-unreachable");
     assert_eq!(refused.json()["event_id"], id.as_str());
     assert_eq!(refused.header("Idempotency-Status"), Some("forwarded"));
-    let rec = show(&store, "r", &id);
-    assert_eq!(
-        (rec["state"].as_str(), rec["attempts"].as_i64()),
-        (Some("failed"), Some(1))
-    );
+    assert_state(&store, "r", &id, "failed", 1);
 
     let up = Consumer::start_on(up_addr).expect("the upstream's port is still free");
     let retry = post();
     assert_eq!(retry.status, 200);
     assert_eq!(retry.header("Idempotency-Status"), Some("forwarded"));
     assert_eq!(up.count(&id), 1);
-    let rec = show(&store, "r", &id);
-    assert_eq!(
-        (rec["state"].as_str(), rec["attempts"].as_i64()),
-        (Some("delivered"), Some(2))
-    );
+    assert_state(&store, "r", &id, "delivered", 2);
 
     // The consumer restarts: the proxy's pooled connection to it is dead,
     // which must not cost the next event a 502.
@@ -337,9 +306,7 @@ fn wreck_sqlite(db: &std::path::Path) {
 /// nothing forwarded, not even a duplicate of a delivered event.
 #[test]
 fn store_failure_fails_closed() {
-    let h = Harness::sqlite("retry-store")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("retry-store", "");
     let done = eid("before");
     assert_eq!(h.deliver("/hooks/r", Some(&done), b"event").status, 200);
 
@@ -356,27 +323,16 @@ fn store_failure_fails_closed() {
         );
     }
     assert_eq!(h.up.total(), 1, "nothing forwarded while the store fails");
-    assert_eq!(
-        h.metric(r#"idemgate_requests_total{outcome="store_unavailable",route="r"}"#),
-        2.0
-    );
+    assert_eq!(h.requests("r", "store_unavailable"), 2.0);
 }
 
 /// SPEC §5: `/readyz` is 503 when the store does not answer.
 #[test]
 fn readyz_reports_a_failing_store() {
-    let h = Harness::sqlite("retry-readyz")
-        .route("r", "/hooks/r", "")
-        .start();
-    assert_eq!(
-        h.deliver("/hooks/r", Some(&eid("x")), b"event").status,
-        200
-    );
+    let h = Harness::guarded("retry-readyz", "");
+    assert_eq!(h.deliver("/hooks/r", Some(&eid("x")), b"event").status, 200);
     wreck_sqlite(&h.sqlite_path());
-    assert_eq!(
-        h.deliver("/hooks/r", Some(&eid("y")), b"event").status,
-        503
-    );
+    assert_eq!(h.deliver("/hooks/r", Some(&eid("y")), b"event").status, 503);
     let ready = kit::get(h.admin, "/readyz").unwrap();
     assert_eq!(ready.status, 503, "{ready:?}");
 }

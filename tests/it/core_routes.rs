@@ -89,7 +89,12 @@ fn prefixes_strip_and_match_whole_segments() {
     let inner = Consumer::start().unwrap();
     let h = Harness::sqlite("routes-prefix")
         .route("outer", "/hooks", "")
-        .route_to("inner", "/hooks/r", &inner.url(), "    strip_prefix: true\n")
+        .route_to(
+            "inner",
+            "/hooks/r",
+            &inner.url(),
+            "    strip_prefix: true\n",
+        )
         .start();
     let outer = &h.up;
     let mut c = h.client();
@@ -135,14 +140,12 @@ fn prefixes_strip_and_match_whole_segments() {
 /// (the count once came from pingora's `logging` hook, after the answer).
 #[test]
 fn unguarded_requests_are_counted_before_their_answer() {
-    let h = Harness::sqlite("routes-count-first")
-        .route("r", "/hooks/r", "")
-        .start();
+    let h = Harness::guarded("routes-count-first", "");
     for n in 1..=40 {
         let r = kit::get(h.addr, "/hooks/r").unwrap();
         assert_eq!(r.status, 200);
         assert_eq!(
-            h.metric(r#"idemgate_requests_total{outcome="unguarded",route="r"}"#),
+            h.requests("r", "unguarded"),
             f64::from(n),
             "after answer {n}"
         );
@@ -172,11 +175,8 @@ fn metrics_after_a_mix() {
     };
     let (a, b, fail, held, d, s) = (id(), id(), id(), id(), id(), id());
     h.up.script(&fail, vec![Reply::status(503), Reply::status(200)]);
-    h.up.script(
-        &held,
-        vec![Reply::status(202).delay(Duration::from_secs(3))],
-    );
-    h.up.script(&s, vec![Reply::status(200).delay(Duration::from_secs(30))]);
+    h.up.hold(&held, 202, Duration::from_secs(3));
+    h.up.hold(&s, 200, Duration::from_secs(30));
 
     let deliver = |path: &str, id: Option<&str>, body: &[u8], status: u16| {
         let r = h.deliver(path, id, body);
@@ -188,8 +188,7 @@ fn metrics_after_a_mix() {
     deliver("/hooks/r", Some(&b), b"b", 200); // forwarded, 2xx, new, delivered
     deliver("/hooks/r", Some(&fail), b"f", 503); // forwarded, 5xx, new, released
     deliver("/hooks/r", Some(&fail), b"f", 200); // forwarded, 2xx, retry_failed, delivered
-    let first = deliver_in_background(h.addr, "/hooks/r", &held, b"h");
-    assert!(wait_until(Duration::from_secs(5), || h.up.count(&held) == 1));
+    let first = deliver_in_flight(&h, "/hooks/r", &held, b"h");
     deliver("/hooks/r", Some(&held), b"h", 409); // in_flight
     assert_eq!(first.join().unwrap().unwrap().status, 202); // forwarded, 2xx, new, delivered
     deliver("/hooks/r", None, b"x", 400); // missing_id

@@ -4,10 +4,12 @@
 //! Continue` answers, bodies written while the answer arrives), problem
 //! types, and deterministic payloads.
 
+use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::common::Harness;
 pub use idemgate::testkit::http::says_close;
 pub use idemgate::testkit::wait_until;
 use idemgate::testkit::{self as kit, http::Body, Client, Response};
@@ -21,6 +23,33 @@ pub fn deliver_in_background(
 ) -> JoinHandle<std::io::Result<Response>> {
     let (path, id, body) = (path.to_string(), event_id.to_string(), body.to_vec());
     std::thread::spawn(move || kit::deliver(addr, &path, Some(&id), &body))
+}
+
+/// How many responses had each status.
+pub fn tally(statuses: impl IntoIterator<Item = u16>) -> std::collections::BTreeMap<u16, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for s in statuses {
+        *counts.entry(s).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// A delivery on its own connection and thread, returned once the
+/// consumer has it: the claim is then in flight, the consumer holding its
+/// answer as scripted.
+pub fn deliver_in_flight(
+    h: &Harness,
+    path: &str,
+    event_id: &str,
+    body: &[u8],
+) -> JoinHandle<std::io::Result<Response>> {
+    let delivery = deliver_in_background(h.addr, path, event_id, body);
+    assert!(
+        wait_until(Duration::from_secs(10), || h.up.count(event_id) > 0),
+        "never reached the consumer; log:\n{}",
+        h.log()
+    );
+    delivery
 }
 
 /// `len` bytes of a deterministic pseudo-random sequence (every byte value
@@ -109,6 +138,27 @@ impl Raw {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(0);
         self.0.body(Body::Length(n))
+    }
+}
+
+/// One response read from `s` (a head and a `Content-Length` body): its
+/// status and everything read, as text.
+pub fn read_response_text(s: &mut impl Read) -> (u16, String) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some((status, headers, n)) = kit::http::response_head(&got).expect("a response head")
+        {
+            let len = kit::http::find(&headers, "content-length")
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            if got.len() >= n + len {
+                return (status, String::from_utf8_lossy(&got).into());
+            }
+        }
+        let n = s.read(&mut buf).expect("a response");
+        assert!(n > 0, "closed before a whole response: {got:?}");
+        got.extend_from_slice(&buf[..n]);
     }
 }
 

@@ -50,10 +50,7 @@ fn redeliver(px: &Proxy, id: &str) -> usize {
         match r.status {
             200 => return tries,
             409 => std::thread::sleep(Duration::from_millis(200)),
-            other => panic!(
-                "{id}: unexpected {other} {}",
-                String::from_utf8_lossy(&r.body)
-            ),
+            other => panic!("{id}: unexpected {other} {}", r.text()),
         }
         assert!(Instant::now() < deadline, "{id}: no success within 15s");
     }
@@ -78,10 +75,7 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
             _ => Crash::RandomKill(rng.next() % 300),
         };
         let id = eid("crash");
-        up.script(
-            &id,
-            vec![Reply::status(200).delay(Duration::from_millis(150))],
-        );
+        up.hold(&id, 200, Duration::from_millis(150));
         let failpoint = match crash {
             Crash::BeforeClaim => "before_claim",
             Crash::AfterClaim => "after_claim",

@@ -74,10 +74,7 @@ fn every_method_on_a_verify_route_is_verified() {
     c.send_raw(&raw).unwrap();
     assert_eq!(c.read_response(false).unwrap().status, 401, "chunked PUT");
     assert_eq!(h.up.total(), 0, "nothing forged reached the consumer");
-    assert_eq!(
-        h.metric(r#"idemgate_requests_total{outcome="invalid_signature",route="s"}"#),
-        11.0
-    );
+    assert_eq!(h.requests("s", "invalid_signature"), 11.0);
 
     let signature = sign::hmac_hex(SECRET.as_bytes(), body);
     for method in ["PUT", "PATCH", "DELETE"] {
@@ -138,7 +135,10 @@ fn unverified_methods_pass_without_a_signature_and_nothing_else_does() {
         .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.header("Idempotency-Status"), Some("unguarded"));
-    assert_eq!(h.up.received().pop().unwrap().path, "/hooks/s?challenge=abc");
+    assert_eq!(
+        h.up.received().pop().unwrap().path,
+        "/hooks/s?challenge=abc"
+    );
     let r = c.request("HEAD", "/hooks/s", &[], b"").unwrap();
     assert_eq!(r.status, 200);
     for method in ["PUT", "DELETE"] {
@@ -154,10 +154,10 @@ fn unverified_methods_pass_without_a_signature_and_nothing_else_does() {
         "listen: \"127.0.0.1:{}\"\nadmin_listen: \"127.0.0.1:{}\"\nstore:\n  url: \"{}\"\ndefaults:\n  unverified_methods: [GET]\nroutes:\n{}",
         free_port(),
         free_port(),
-        h.dir.sqlite_url("d.db"),
+        h.dir().sqlite_url("d.db"),
         signed("", &h.up.url())
     );
-    let path = h.dir.path().join("defaults.yaml");
+    let path = h.dir().path().join("defaults.yaml");
     std::fs::write(&path, &text).unwrap();
     let (code, out, err) = cli_env(
         &["check", "--config", &path.display().to_string()],
@@ -291,9 +291,7 @@ fn upstream_failures_tell_the_sender_nothing_internal() {
 /// driver message); the log has the error.
 #[test]
 fn readyz_names_no_store_error() {
-    let h = Harness::sqlite("hard-readyz")
-        .route("r", "/hooks/r", "    verify: none\n")
-        .start();
+    let h = Harness::guarded("hard-readyz", "    verify: none\n");
     let db = h.sqlite_path();
     assert_eq!(h.deliver("/hooks/r", Some(&eid("x")), b"{}").status, 200);
     // the file turns to noise under the running proxy
@@ -308,10 +306,7 @@ fn readyz_names_no_store_error() {
     assert_eq!(detail(&r), "the claim store did not answer; retry later");
     let ready = kit::get(h.admin, "/readyz").unwrap();
     assert_eq!(ready.status, 503);
-    assert_eq!(
-        String::from_utf8_lossy(&ready.body),
-        "store: not answering\n"
-    );
+    assert_eq!(ready.text(), "store: not answering\n");
     assert!(
         wait_until(Duration::from_secs(5), || h
             .log()
@@ -500,14 +495,15 @@ fn match_host_with_a_port_is_a_config_error() {
 #[test]
 fn max_waiters_counts_held_duplicates_per_route() {
     let h = Harness::sqlite("hard-waiters")
-        .route("w", "/hooks/w", "    verify: none\n    in_flight: wait\n    max_waiters: 1\n")
+        .route(
+            "w",
+            "/hooks/w",
+            "    verify: none\n    in_flight: wait\n    max_waiters: 1\n",
+        )
         .start();
     let (a, b) = (eid("wait-a"), eid("wait-b"));
     for id in [&a, &b] {
-        h.up.script(
-            id,
-            vec![Reply::status(200).delay(Duration::from_millis(2500))],
-        );
+        h.up.hold(id, 200, Duration::from_millis(2500));
     }
     let addr = h.addr;
     let bg = |id: &str| {

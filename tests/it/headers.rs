@@ -137,7 +137,11 @@ fn hop_by_hop_headers_are_dropped_both_ways_on_every_path() {
                 .is_none_or(|v| !v.to_ascii_lowercase().windows(6).any(|w| w == b"secret")),
             "{what}"
         );
-        assert_eq!(sent.header_bytes("X-End-To-End"), Some(&b"kept"[..]), "{what}");
+        assert_eq!(
+            sent.header_bytes("X-End-To-End"),
+            Some(&b"kept"[..]),
+            "{what}"
+        );
         assert_eq!(sent.body, b"{}".repeat(usize::from(n != 1)), "{what}");
     }
 }

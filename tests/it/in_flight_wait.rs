@@ -7,7 +7,7 @@ use crate::core_util;
 use std::time::Duration;
 
 use common::*;
-use core_util::wait_until;
+use core_util::{deliver_in_flight, tally};
 
 /// `n` concurrent deliveries of one event, spread over `addrs` in turn.
 fn concurrent_over(
@@ -35,17 +35,14 @@ fn twenty_held_duplicates_get_one_forward_and_twenty_successes() {
         .route("w", "/hooks/w", "    in_flight: wait\n")
         .start();
     let id = eid("held");
-    h.up.script(
-        &id,
-        vec![Reply::status(202).delay(Duration::from_millis(800))],
-    );
+    h.up.hold(&id, 202, Duration::from_millis(800));
     let answers = concurrent(&h, &id, b"{\"x\":1}", 20);
-    assert_eq!(h.up.count(&id), 1, "exactly one request reached the consumer");
-    assert!(
-        answers.iter().all(|r| r.status == 202),
-        "{:?}",
-        answers.iter().map(|r| r.status).collect::<Vec<_>>()
+    assert_eq!(
+        h.up.count(&id),
+        1,
+        "exactly one request reached the consumer"
     );
+    assert_eq!(tally(answers.iter().map(|r| r.status)), [(202, 20)].into());
     let replayed = answers
         .iter()
         .filter(|r| r.header("Idempotent-Replayed") == Some("true"))
@@ -70,23 +67,13 @@ fn a_failed_first_attempt_lets_exactly_one_held_request_forward() {
         ],
     );
     let answers = concurrent(&h, &id, b"{\"x\":2}", 8);
-    let mut statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
-    statuses.sort_unstable();
     assert_eq!(
         h.up.count(&id),
         2,
         "the failed attempt and exactly one reclaim"
     );
-    assert_eq!(
-        statuses.iter().filter(|s| **s == 500).count(),
-        1,
-        "{statuses:?}"
-    );
-    assert_eq!(
-        statuses.iter().filter(|s| **s == 200).count(),
-        7,
-        "{statuses:?}"
-    );
+    let statuses = tally(answers.iter().map(|r| r.status));
+    assert_eq!(statuses, [(200, 7), (500, 1)].into(), "{statuses:?}");
 }
 
 #[test]
@@ -100,20 +87,8 @@ fn a_lease_that_runs_out_while_waiting_gives_409() {
         .start();
     let id = eid("held-lease");
     // The first attempt's process dies with the claim live: kill it mid-flight.
-    h.up.script(
-        &id,
-        vec![Reply::status(200).delay(Duration::from_millis(900))],
-    );
-    let addr = h.addr;
-    let first = {
-        let id = id.clone();
-        std::thread::spawn(move || kit::deliver(addr, "/hooks/w", Some(&id), b"{}"))
-    };
-    assert!(
-        wait_until(Duration::from_secs(10), || h.up.count(&id) > 0),
-        "never reached the consumer; log:\n{}",
-        h.log()
-    );
+    h.up.hold(&id, 200, Duration::from_millis(900));
+    let first = deliver_in_flight(&h, "/hooks/w", &id, b"{}");
     let mut h = h;
     h.kill();
     let _ = first.join();
@@ -138,16 +113,11 @@ fn max_waiters_caps_held_requests() {
         .route("w", "/hooks/w", "    in_flight: wait\n    max_waiters: 2\n")
         .start();
     let id = eid("held-cap");
-    h.up.script(
-        &id,
-        vec![Reply::status(200).delay(Duration::from_millis(1000))],
-    );
+    h.up.hold(&id, 200, Duration::from_millis(1000));
     let answers = concurrent(&h, &id, b"{}", 6);
-    let ok = answers.iter().filter(|r| r.status == 200).count();
-    let conflicts = answers.iter().filter(|r| r.status == 409).count();
     assert_eq!(
-        (ok, conflicts),
-        (3, 3),
+        tally(answers.iter().map(|r| r.status)),
+        [(200, 3), (409, 3)].into(),
         "one forward, two held, three refused"
     );
     assert_eq!(h.up.count(&id), 1);
@@ -162,10 +132,7 @@ fn held_duplicates_across_two_replicas_on_postgres() {
     let b = h.replica();
     let a = &h.px;
     let id = eid("held-pg");
-    h.up.script(
-        &id,
-        vec![Reply::status(202).delay(Duration::from_millis(800))],
-    );
+    h.up.hold(&id, 202, Duration::from_millis(800));
     let addrs = [a.addr, b.addr];
     let answers = concurrent_over(&addrs, &id, b"{}", 20);
     assert_eq!(
@@ -173,11 +140,7 @@ fn held_duplicates_across_two_replicas_on_postgres() {
         1,
         "exactly one request reached the consumer across both replicas"
     );
-    assert!(
-        answers.iter().all(|r| r.status == 202),
-        "{:?}",
-        answers.iter().map(|r| r.status).collect::<Vec<_>>()
-    );
+    assert_eq!(tally(answers.iter().map(|r| r.status)), [(202, 20)].into());
 
     // the first attempt fails on one replica: exactly one held request, on either, forwards
     let id = eid("held-pg-fail");
@@ -188,23 +151,15 @@ fn held_duplicates_across_two_replicas_on_postgres() {
             Reply::status(200),
         ],
     );
-    let statuses: Vec<u16> = concurrent_over(&addrs, &id, b"{}", 10)
-        .iter()
-        .map(|r| r.status)
-        .collect();
+    let statuses = tally(
+        concurrent_over(&addrs, &id, b"{}", 10)
+            .iter()
+            .map(|r| r.status),
+    );
     assert_eq!(
         h.up.count(&id),
         2,
         "the failed attempt and exactly one reclaim: {statuses:?}"
     );
-    assert_eq!(
-        statuses.iter().filter(|s| **s == 500).count(),
-        1,
-        "{statuses:?}"
-    );
-    assert_eq!(
-        statuses.iter().filter(|s| **s == 200).count(),
-        9,
-        "{statuses:?}"
-    );
+    assert_eq!(statuses, [(200, 9), (500, 1)].into(), "{statuses:?}");
 }

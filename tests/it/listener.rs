@@ -4,6 +4,7 @@
 //! open-files check, and the connection metrics.
 
 use crate::common;
+use crate::core_util::read_response_text;
 use crate::raw_upstream;
 
 use std::io::{Read, Write};
@@ -14,16 +15,18 @@ use std::time::{Duration, Instant};
 use common::*;
 use raw_upstream::{response, upstream, Behavior};
 
-/// A guarded route `/h` (event ID in `X-Event-ID`) before `up`, and the
-/// `downstream` lines given.
-fn start(dir: &TempDir, up: &str, downstream: &str) -> (Proxy, String) {
-    let store = dir.sqlite_url("listener.db");
-    let routes = format!(
-        "{}  - name: pass\n    match:\n      path_prefix: /pass\n    upstream: \"{up}\"\n    guard_methods: []\n\
-         downstream:\n{downstream}",
-        route("r", "/h", up, "")
-    );
-    (Proxy::start(dir, &store, &routes), store)
+/// A harness with a guarded route `/h` (event ID in `X-Event-ID`) and a
+/// pass-through route `/pass` before `up` (the harness's consumer when
+/// `None`), and the `downstream` lines given.
+fn start(tag: &str, up: Option<&str>, downstream: &str) -> Harness {
+    let h = Harness::sqlite(tag);
+    let up = up.map_or_else(|| h.upstream(), str::to_string);
+    h.route_to("r", "/h", &up, "")
+        .yaml(&format!(
+            "  - name: pass\n    match:\n      path_prefix: /pass\n    upstream: \"{up}\"\n    guard_methods: []\n\
+             downstream:\n{downstream}"
+        ))
+        .start()
 }
 
 fn connect(addr: SocketAddr) -> TcpStream {
@@ -60,28 +63,7 @@ fn closed_within(s: &mut TcpStream, max: Duration) -> Option<Duration> {
 /// Content-Length body).
 fn read_response(s: &mut TcpStream) -> (u16, String) {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&got[..end]).to_string();
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse::<usize>().ok())?
-                })
-                .unwrap_or(0);
-            if got.len() >= end + 4 + len {
-                let status = head[9..12].parse().unwrap();
-                return (status, String::from_utf8_lossy(&got).to_string());
-            }
-        }
-        let n = s.read(&mut buf).expect("a response");
-        assert!(n > 0, "closed before a whole response: {got:?}");
-        got.extend_from_slice(&buf[..n]);
-    }
+    read_response_text(s)
 }
 
 fn get(path: &str) -> String {
@@ -108,15 +90,13 @@ fn closes(px: &Proxy, reason: &str) -> f64 {
 
 #[test]
 fn header_timeout_is_a_total_for_the_head_from_the_accept_or_the_first_byte() {
-    let dir = TempDir::new("listener-header");
-    let up = Consumer::start().unwrap();
-    let (px, _) = start(&dir, &up.url(), "  header_timeout: 600ms\n");
+    let h = start("listener-header", None, "  header_timeout: 600ms\n");
 
     // nothing at all
-    let mut silent = connect(px.addr);
+    let mut silent = connect(h.addr);
     // a head dripped a byte every 50 ms: no single read waits long
     let drip = std::thread::spawn({
-        let addr = px.addr;
+        let addr = h.addr;
         move || {
             let mut s = connect(addr);
             let t = Instant::now();
@@ -142,7 +122,7 @@ fn header_timeout_is_a_total_for_the_head_from_the_accept_or_the_first_byte() {
 
     // kept alive: one request, a pause (the keep-alive's, not the head's),
     // then half a head, the rest never
-    let mut kept = connect(px.addr);
+    let mut kept = connect(h.addr);
     kept.write_all(get("/pass/x").as_bytes()).unwrap();
     assert_eq!(read_response(&mut kept).0, 200);
     std::thread::sleep(Duration::from_millis(900));
@@ -152,11 +132,11 @@ fn header_timeout_is_a_total_for_the_head_from_the_accept_or_the_first_byte() {
         t > Duration::from_millis(400) && t < Duration::from_millis(600 + 1500),
         "the next head's time runs from its first byte: {t:?}"
     );
-    assert_eq!(closes(&px, "header_timeout"), 3.0);
-    assert_eq!(posts(&up), 0, "nothing was forwarded");
+    assert_eq!(closes(&h, "header_timeout"), 3.0);
+    assert_eq!(posts(&h.up), 0, "nothing was forwarded");
 
     // a head that arrives in time is served
-    let mut ok = connect(px.addr);
+    let mut ok = connect(h.addr);
     ok.write_all(get("/pass/z").as_bytes()).unwrap();
     assert_eq!(read_response(&mut ok).0, 200);
 }
@@ -167,10 +147,8 @@ fn silent_close(s: &mut TcpStream) -> Duration {
 
 #[test]
 fn keepalive_timeout_closes_idle_connections_and_restarts_with_each_request() {
-    let dir = TempDir::new("listener-keepalive");
-    let up = Consumer::start().unwrap();
-    let (px, _) = start(&dir, &up.url(), "  keepalive_timeout: 800ms\n");
-    let mut busy = connect(px.addr);
+    let h = start("listener-keepalive", None, "  keepalive_timeout: 800ms\n");
+    let mut busy = connect(h.addr);
     for _ in 0..5 {
         busy.write_all(get("/pass/a").as_bytes()).unwrap();
         assert_eq!(read_response(&mut busy).0, 200);
@@ -184,18 +162,16 @@ fn keepalive_timeout_closes_idle_connections_and_restarts_with_each_request() {
         t > Duration::from_millis(600) && t < Duration::from_millis(800 + 1500),
         "{t:?}"
     );
-    assert_eq!(closes(&px, "keepalive_timeout"), 1.0);
-    assert_eq!(closes(&px, "header_timeout"), 0.0);
+    assert_eq!(closes(&h, "keepalive_timeout"), 1.0);
+    assert_eq!(closes(&h, "header_timeout"), 0.0);
 }
 
 #[test]
 fn body_timeout_answers_408_and_closes_with_nothing_claimed() {
-    let dir = TempDir::new("listener-body");
-    let up = Consumer::start().unwrap();
-    let (px, store) = start(&dir, &up.url(), "  body_timeout: 700ms\n");
+    let h = start("listener-body", None, "  body_timeout: 700ms\n");
     let id = eid("slow-body");
     // half a body, then silence
-    let mut half = connect(px.addr);
+    let mut half = connect(h.addr);
     half.write_all(
         format!(
             "POST /h HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: {id}\r\nContent-Length: 100\r\n\r\n{}",
@@ -207,7 +183,7 @@ fn body_timeout_answers_408_and_closes_with_nothing_claimed() {
     // a body dripped a byte every 50 ms: no single read waits long
     let id2 = eid("drip-body");
     let drip = std::thread::spawn({
-        let (addr, id2) = (px.addr, id2.clone());
+        let (addr, id2) = (h.addr, id2.clone());
         move || {
             let mut s = connect(addr);
             s.write_all(
@@ -248,17 +224,14 @@ fn body_timeout_answers_408_and_closes_with_nothing_claimed() {
         dripped < Duration::from_millis(700 + 1500),
         "a dripped body is cut at the body timeout, not per read: {dripped:?}"
     );
-    assert_eq!(up.total(), 0, "nothing forwarded");
-    let (code, out, err) = cli(&["events", "list", "--store", &store, "--json"]);
+    assert_eq!(h.up.total(), 0, "nothing forwarded");
+    let (code, out, err) = cli(&["events", "list", "--store", &h.store, "--json"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "[]", "nothing claimed");
-    assert_eq!(closes(&px, "body_timeout"), 2.0);
-    assert_eq!(
-        px.metric("idemgate_requests_total{outcome=\"invalid_body\",route=\"r\"}"),
-        2.0
-    );
+    assert_eq!(closes(&h, "body_timeout"), 2.0);
+    assert_eq!(h.requests("r", "invalid_body"), 2.0);
     // the next delivery goes through
-    let r = px.deliver("/h", Some(&id), b"{}");
+    let r = h.deliver("/h", Some(&id), b"{}");
     assert_eq!(r.status, 200);
 }
 
@@ -267,16 +240,19 @@ fn write_timeout_closes_a_connection_whose_client_does_not_read() {
     let big = vec![b'z'; 48 << 20];
     let body = response(200, &big);
     let up = upstream(move |_, _| Behavior::Respond(body.clone()));
-    let dir = TempDir::new("listener-write");
-    let (px, _) = start(&dir, &up.url(), "  write_timeout: 500ms\n");
-    let mut s = connect(px.addr);
+    let h = start(
+        "listener-write",
+        Some(&up.url()),
+        "  write_timeout: 500ms\n",
+    );
+    let mut s = connect(h.addr);
     s.write_all(get("/pass/big").as_bytes()).unwrap();
     // read nothing: the socket buffers fill and the proxy's writes stall
     let deadline = Instant::now() + Duration::from_secs(15);
-    while closes(&px, "write_timeout") < 1.0 && Instant::now() < deadline {
+    while closes(&h, "write_timeout") < 1.0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(closes(&px, "write_timeout"), 1.0);
+    assert_eq!(closes(&h, "write_timeout"), 1.0);
     // what was in flight arrives, then the end: not the whole body
     let mut got = 0usize;
     let mut buf = vec![0u8; 1 << 16];
@@ -289,36 +265,34 @@ fn write_timeout_closes_a_connection_whose_client_does_not_read() {
     }
     assert!(got < big.len(), "the response was cut: {got}");
     // the proxy serves others meanwhile
-    let mut other = connect(px.addr);
+    let mut other = connect(h.addr);
     other.write_all(get("/pass/small").as_bytes()).unwrap();
     assert_eq!(read_response(&mut other).0, 200);
 }
 
 #[test]
 fn the_cap_reclaims_idle_connections_oldest_first_while_deliveries_succeed() {
-    let dir = TempDir::new("listener-cap");
-    let up = Consumer::start().unwrap();
-    let (px, store) = start(&dir, &up.url(), "  max_connections: 40\n");
+    let h = start("listener-cap", None, "  max_connections: 40\n");
     // 40 idle kept-alive connections, oldest first
     let mut idle = Vec::new();
     for _ in 0..40 {
-        let mut s = connect(px.addr);
+        let mut s = connect(h.addr);
         s.write_all(get("/pass/idle").as_bytes()).unwrap();
         assert_eq!(read_response(&mut s).0, 200);
         idle.push(s);
         std::thread::sleep(Duration::from_millis(5));
     }
     let deadline = Instant::now() + Duration::from_secs(5);
-    while px.metric("idemgate_connections{state=\"idle\"}") < 40.0 && Instant::now() < deadline {
+    while h.metric("idemgate_connections{state=\"idle\"}") < 40.0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(px.metric("idemgate_connections{state=\"idle\"}"), 40.0);
+    assert_eq!(h.metric("idemgate_connections{state=\"idle\"}"), 40.0);
     // 20 genuine deliveries, each on a new connection that stays open
     let mut ids = Vec::new();
     let mut kept = Vec::new();
     for i in 0..20 {
         let id = eid(&format!("cap{i}"));
-        let mut s = connect(px.addr);
+        let mut s = connect(h.addr);
         s.write_all(post(&id, "{\"n\":1}").as_bytes()).unwrap();
         let (status, text) = read_response(&mut s);
         assert_eq!(status, 200, "delivery {i}: {text}");
@@ -326,8 +300,8 @@ fn the_cap_reclaims_idle_connections_oldest_first_while_deliveries_succeed() {
         ids.push(id);
         kept.push(s);
     }
-    assert_eq!(posts(&up), 20);
-    assert_eq!(closes(&px, "limit"), 20.0);
+    assert_eq!(posts(&h.up), 20);
+    assert_eq!(closes(&h, "limit"), 20.0);
     // the 20 oldest idle ones were closed, the 20 newest still work
     for (i, s) in idle.iter_mut().enumerate() {
         if i < 20 {
@@ -341,44 +315,39 @@ fn the_cap_reclaims_idle_connections_oldest_first_while_deliveries_succeed() {
         }
     }
     for id in &ids {
-        assert_eq!(show(&store, "r", id)["state"], "delivered");
+        assert_eq!(show(&h.store, "r", id)["state"], "delivered");
     }
 }
 
 #[test]
 fn past_the_cap_new_connections_close_at_once_and_requests_in_progress_finish() {
-    let dir = TempDir::new("listener-cap-full");
-    let up = Consumer::start().unwrap();
-    let (px, store) = start(&dir, &up.url(), "  max_connections: 4\n");
+    let h = start("listener-cap-full", None, "  max_connections: 4\n");
     // 2 guarded deliveries in progress (the consumer takes 1.5 s) and 2
     // connections waiting for their head: nothing to reclaim
     let slow: Vec<String> = (0..2).map(|i| eid(&format!("slow{i}"))).collect();
     let mut busy = Vec::new();
     for id in &slow {
-        up.script(
-            id,
-            vec![Reply::status(200).delay(Duration::from_millis(1500))],
-        );
-        let mut s = connect(px.addr);
+        h.up.hold(id, 200, Duration::from_millis(1500));
+        let mut s = connect(h.addr);
         s.write_all(post(id, "{}").as_bytes()).unwrap();
         busy.push(s);
     }
-    let mut waiting: Vec<TcpStream> = (0..2).map(|_| connect(px.addr)).collect();
+    let mut waiting: Vec<TcpStream> = (0..2).map(|_| connect(h.addr)).collect();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while px.metric("idemgate_connections{state=\"active\"}") < 2.0 && Instant::now() < deadline {
+    while h.metric("idemgate_connections{state=\"active\"}") < 2.0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut extra = connect(px.addr);
+    let mut extra = connect(h.addr);
     let t = closed_within(&mut extra, Duration::from_secs(3)).expect("refused");
     assert!(t < Duration::from_millis(500), "closed at once: {t:?}");
-    assert_eq!(closes(&px, "limit"), 1.0);
+    assert_eq!(closes(&h, "limit"), 1.0);
     for (s, id) in busy.iter_mut().zip(&slow) {
         assert_eq!(
             read_response(s).0,
             200,
             "a request in progress is never cut"
         );
-        assert_eq!(show(&store, "r", id)["state"], "delivered");
+        assert_eq!(show(&h.store, "r", id)["state"], "delivered");
     }
     drop(waiting.drain(..));
 }
@@ -407,11 +376,7 @@ fn a_stalled_log_sink_does_not_stop_deliveries() {
         .unwrap();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
-    assert!(kit::wait_ready(
-        admin,
-        "/readyz",
-        Duration::from_secs(30)
-    ));
+    assert!(kit::wait_ready(admin, "/readyz", Duration::from_secs(30)));
     let dropped = || -> f64 {
         let m = String::from_utf8(kit::get(admin, "/metrics").unwrap().body).unwrap();
         m.lines()
@@ -548,13 +513,11 @@ fn the_open_files_limit_is_raised_and_max_connections_must_fit() {
 
 #[test]
 fn connection_gauges_follow_the_connections() {
-    let dir = TempDir::new("listener-gauges");
-    let up = Consumer::start().unwrap();
-    let (px, _) = start(&dir, &up.url(), "  header_timeout: 5s\n");
-    let reading: Vec<TcpStream> = (0..3).map(|_| connect(px.addr)).collect();
+    let h = start("listener-gauges", None, "  header_timeout: 5s\n");
+    let reading: Vec<TcpStream> = (0..3).map(|_| connect(h.addr)).collect();
     let mut idle = Vec::new();
     for _ in 0..2 {
-        let mut s = connect(px.addr);
+        let mut s = connect(h.addr);
         s.write_all(get("/pass/g").as_bytes()).unwrap();
         assert_eq!(read_response(&mut s).0, 200);
         idle.push(s);
@@ -562,10 +525,10 @@ fn connection_gauges_follow_the_connections() {
     let want = |state: &str, n: f64| {
         let deadline = Instant::now() + Duration::from_secs(5);
         let series = format!("idemgate_connections{{state=\"{state}\"}}");
-        while px.metric(&series) != n && Instant::now() < deadline {
+        while h.metric(&series) != n && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert_eq!(px.metric(&series), n, "{state}");
+        assert_eq!(h.metric(&series), n, "{state}");
     };
     want("reading", 3.0);
     want("idle", 2.0);
@@ -574,7 +537,7 @@ fn connection_gauges_follow_the_connections() {
     drop(idle);
     want("reading", 0.0);
     want("idle", 0.0);
-    let m = px.metrics();
+    let m = h.metrics();
     for name in [
         "process_resident_memory_bytes",
         "process_open_fds",

@@ -27,8 +27,9 @@
 //! A standalone `tests/NAME.rs` still builds as a binary of its own (cargo
 //! discovers it), but repeats the link and the preamble: fold it in here.
 
-mod admin_util;
+#[macro_use]
 mod common;
+mod admin_util;
 mod core_util;
 mod raw_upstream;
 mod webdriver;

@@ -8,7 +8,7 @@ use crate::core_util;
 use std::time::{Duration, Instant};
 
 use common::*;
-use core_util::wait_until;
+use core_util::deliver_in_flight;
 
 fn records(store: &str, extra: &[&str]) -> Vec<serde_json::Value> {
     let mut args = vec!["events", "list", "--store", store, "--json"];
@@ -37,10 +37,7 @@ fn the_sweeper_deletes_expired_records_but_never_a_live_lease() {
     }
     // a delivery in flight whose retention (1s) ends long before its lease (8s)
     let live = eid("live");
-    h.up.script(
-        &live,
-        vec![Reply::status(200).delay(Duration::from_millis(3000))],
-    );
+    h.up.hold(&live, 200, Duration::from_millis(3000));
     let addr = h.addr;
     let in_flight = {
         let live = live.clone();
@@ -84,12 +81,7 @@ fn a_sweep_by_another_process_reaches_the_proxy_at_once() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.split_whitespace().next(), Some("1"), "{out}");
     let again = h.deliver("/hooks/c", Some(&id), b"second");
-    assert_eq!(
-        again.status,
-        200,
-        "{:?}",
-        String::from_utf8_lossy(&again.body)
-    );
+    assert_eq!(again.status, 200, "{:?}", again.text());
     assert_eq!(again.header("Idempotency-Status"), Some("forwarded"));
     assert_eq!(h.up.count(&id), 2);
     // and the new record binds the ID to the new payload
@@ -98,24 +90,10 @@ fn a_sweep_by_another_process_reaches_the_proxy_at_once() {
 
 #[test]
 fn sigterm_lets_the_request_in_flight_finish_and_settle() {
-    let mut h = Harness::sqlite("drain")
-        .route("d", "/hooks/d", "")
-        .start();
+    let mut h = Harness::sqlite("drain").route("d", "/hooks/d", "").start();
     let id = eid("drain");
-    h.up.script(
-        &id,
-        vec![Reply::status(202).delay(Duration::from_millis(1500))],
-    );
-    let addr = h.addr;
-    let sender = {
-        let id = id.clone();
-        std::thread::spawn(move || kit::deliver(addr, "/hooks/d", Some(&id), b"{}"))
-    };
-    assert!(
-        wait_until(Duration::from_secs(10), || h.up.count(&id) > 0),
-        "never reached the consumer; log:\n{}",
-        h.log()
-    );
+    h.up.hold(&id, 202, Duration::from_millis(1500));
+    let sender = deliver_in_flight(&h, "/hooks/d", &id, b"{}");
     let t = Instant::now();
     assert_eq!(
         h.stop(Duration::from_secs(15)),
@@ -181,71 +159,60 @@ fn json_logs_carry_one_line_per_guarded_request_and_never_the_payload() {
     assert_eq!(by_outcome("replayed")["event_id"], id.as_str());
 }
 
-fn operator_commands(store: &str, dir: &TempDir) {
-    let up = Consumer::start().unwrap();
-    let px = Proxy::start(dir, store, &route("o", "/hooks/o", &up.url(), ""));
+fn operator_commands(s: TestStore) {
+    let h = Harness::on(s).route("o", "/hooks/o", "").start();
     let (a, b) = (eid("op-a"), eid("op-b"));
-    up.script(&b, vec![Reply::status(500)]);
-    px.deliver("/hooks/o", Some(&a), b"{}");
-    px.deliver("/hooks/o", Some(&b), b"{}");
+    h.up.script(&b, vec![Reply::status(500)]);
+    h.deliver("/hooks/o", Some(&a), b"{}");
+    h.deliver("/hooks/o", Some(&b), b"{}");
     // human-readable table and JSON
-    let (code, out, _) = cli(&["events", "list", "--store", store, "--route", "o"]);
+    let (code, out, _) = cli(&["events", "list", "--store", &h.store, "--route", "o"]);
     assert_eq!(code, 0);
     assert!(out.lines().next().unwrap().contains("EVENT ID"), "{out}");
     assert!(out.contains(&a) && out.contains(&b));
-    let failed = records(store, &["--route", "o", "--state", "failed"]);
+    let failed = records(&h.store, &["--route", "o", "--state", "failed"]);
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["event_id"], b.as_str());
-    assert_eq!(records(store, &["--route", "o", "--limit", "1"]).len(), 1);
-    let (code, out, _) = cli(&["events", "show", "--store", store, "--route", "o", &a]);
+    assert_eq!(
+        records(&h.store, &["--route", "o", "--limit", "1"]).len(),
+        1
+    );
+    let (code, out, _) = cli(&["events", "show", "--store", &h.store, "--route", "o", &a]);
     assert_eq!(code, 0);
     assert!(out.contains("delivered"), "{out}");
     // release: refused for delivered without --force, then the deliberate redelivery
-    let (code, _, err) = cli(&["events", "release", "--store", store, "--route", "o", &a]);
+    let (code, _, err) = cli(&["events", "release", "--store", &h.store, "--route", "o", &a]);
     assert_eq!(code, 1, "delivered needs --force");
     assert!(err.contains("--force"), "{err}");
     let (code, _, _) = cli(&[
-        "events", "release", "--store", store, "--route", "o", &a, "--force",
+        "events", "release", "--store", &h.store, "--route", "o", &a, "--force",
     ]);
     assert_eq!(code, 0);
-    let rec = show(store, "o", &a);
+    let rec = show(&h.store, "o", &a);
     assert_eq!(
         (rec["state"].as_str(), rec["lease_until"].is_null()),
         (Some("failed"), true)
     );
-    let again = px.deliver("/hooks/o", Some(&a), b"{}");
+    let again = h.deliver("/hooks/o", Some(&a), b"{}");
     assert_eq!(
-        (again.status, up.count(&a)),
+        (again.status, h.up.count(&a)),
         (200, 2),
         "the released event is forwarded again; answered {:?}; record now {}; proxy log:\n{}",
         again.header("Idempotency-Status"),
-        show(store, "o", &a),
-        px.log()
+        show(&h.store, "o", &a),
+        h.log()
     );
     let (code, _, _) = cli(&[
-        "events", "release", "--store", store, "--route", "o", "absent",
+        "events", "release", "--store", &h.store, "--route", "o", "absent",
     ]);
     assert_eq!(code, 3);
     // sweep once: nothing has expired yet
-    let (code, out, _) = cli(&["sweep", "--store", store]);
+    let (code, out, _) = cli(&["sweep", "--store", &h.store]);
     assert_eq!(code, 0);
     assert_eq!(out.split_whitespace().next(), Some("0"), "{out}");
 }
 
-#[test]
-fn operator_commands_on_sqlite() {
-    let dir = TempDir::new("ops-sqlite");
-    let store = dir.sqlite_url("o.db");
-    operator_commands(&store, &dir);
-}
-
-#[test]
-fn operator_commands_on_postgres() {
-    let Some(base) = pg_url() else { return };
-    let dir = TempDir::new("ops-pg");
-    let schema = PgSchema::create(&base, "ops");
-    operator_commands(&schema.url(), &dir);
-}
+on_both_stores!(operator_commands("ops"): operator_commands_on_sqlite, operator_commands_on_postgres);
 
 /// `/readyz` says ready only once the proxy port accepts: pingora starts
 /// the admin service first, and a client that trusted an early 200 got

@@ -86,10 +86,7 @@ fn on_missing_id_forward_passes_unguarded() {
         );
     }
     assert_eq!(h.up.total(), 2, "both unguarded deliveries were forwarded");
-    assert_eq!(
-        h.metric(r#"idemgate_requests_total{outcome="unguarded",route="j"}"#),
-        2.0
-    );
+    assert_eq!(h.requests("j", "unguarded"), 2.0);
 }
 
 #[test]
@@ -111,9 +108,10 @@ fn on_missing_id_body_digest_uses_the_digest_as_the_id() {
 
 #[test]
 fn replay_body_stores_and_replays_the_settled_response() {
-    let h = Harness::sqlite("replay-body")
-        .route("r", "/hooks/r", "    replay_body: true\n    replay_body_limit: 1KiB\n")
-        .start();
+    let h = Harness::guarded(
+        "replay-body",
+        "    replay_body: true\n    replay_body_limit: 1KiB\n",
+    );
     let small = eid("small");
     h.up.script(&small, vec![Reply::status(201).body(br#"{"stored":true}"#)]);
     let first = h.deliver("/hooks/r", Some(&small), b"{}");

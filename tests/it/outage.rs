@@ -212,9 +212,7 @@ fn setup(tag: &str) -> Option<Setup> {
 }
 
 fn readyz(px: &Proxy) -> u16 {
-    kit::get(px.admin, "/readyz")
-        .map(|r| r.status)
-        .unwrap_or(0)
+    kit::get(px.admin, "/readyz").map(|r| r.status).unwrap_or(0)
 }
 
 /// Asserts a fail-closed answer and returns how long it took.
@@ -290,7 +288,7 @@ fn database_cut_fails_closed_then_recovers_without_restart() {
     assert_eq!(up.count(&old), 1);
     assert_eq!(up.count(&fresh), 1);
     assert_eq!(up.total(), 3);
-    assert!(px.metric(r#"idemgate_requests_total{outcome="store_unavailable",route="r"}"#) >= 3.0);
+    assert!(px.requests("r", "store_unavailable") >= 3.0);
 }
 
 /// A database that stops answering without closing anything (a network
@@ -357,10 +355,7 @@ fn settle_failing_after_the_upstream_answered_is_retried_then_counted() {
     let Some(s) = setup("settle") else { return };
     let (px, up) = (&s.px, &s.up);
     let id = eid("slow");
-    up.script(
-        &id,
-        vec![Reply::status(200).delay(Duration::from_millis(800))],
-    );
+    up.hold(&id, 200, Duration::from_millis(800));
     let t = Instant::now();
     let answer = std::thread::scope(|sc| {
         let h = sc.spawn(|| px.deliver(PATH, Some(&id), br#"{"n":1}"#));

@@ -10,19 +10,11 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::*;
 use idemgate::verify::sign;
 
 const INVALID_SIGNATURE: &str = "urn:idemgate:problem:invalid-signature";
-
-fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
 
 // ------------------------------------------------------------ deliveries
 
@@ -53,14 +45,7 @@ impl Delivery {
 
     /// POSTs to `path` on a fresh connection.
     fn post(&self, px: &Proxy, path: &str) -> Response {
-        let headers: Vec<(&str, &str)> = self
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        px.client()
-            .request("POST", path, &headers, &self.body)
-            .expect("delivery")
+        px.post(path, &self.headers, &self.body)
     }
 }
 
@@ -233,7 +218,7 @@ fn show_code(store: &str, route: &str, id: &str) -> i32 {
 
 #[track_caller]
 fn assert_invalid_signature(r: &Response, needle: &str) {
-    assert_eq!(r.status, 401, "{:?}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 401, "{:?}", r.text());
     assert_eq!(r.header("Content-Type"), Some("application/problem+json"));
     assert_eq!(r.header("Idempotency-Status"), Some("invalid_signature"));
     let p = r.json();
@@ -254,7 +239,7 @@ fn preset_scenario(p: Preset) {
         .env(&var, &p.secret)
         .start();
     let path = p.path();
-    let ts = now();
+    let ts = unix_now();
 
     let id = eid(&format!("{}-evt", p.name));
     let first = (p.sign)(&p.key, &id, ts);
@@ -301,18 +286,13 @@ fn preset_scenario(p: Preset) {
     assert_eq!(h.up.total(), 1, "{}: the consumer is not contacted", p.name);
 
     // The genuine delivery of that ID was not pre-empted.
-    let r = (p.sign)(&p.key, &next, now()).post(&h, &path);
+    let r = (p.sign)(&p.key, &next, unix_now()).post(&h, &path);
     assert_eq!(r.status, 200, "{}", p.name);
     assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
     assert_eq!(h.up.count(&next), 1, "{}", p.name);
     assert_eq!(show(&h.store, p.name, &next)["state"], "delivered");
 
-    let series = |outcome: &str| {
-        h.metric(&format!(
-            "idemgate_requests_total{{outcome=\"{outcome}\",route=\"{}\"}}",
-            p.name
-        ))
-    };
+    let series = |outcome: &str| h.requests(p.name, outcome);
     assert_eq!(series("invalid_signature"), 1.0, "{}", p.name);
     assert_eq!(series("forwarded"), 2.0, "{}", p.name);
     assert_eq!(series("replayed"), 1.0, "{}", p.name);
@@ -384,13 +364,13 @@ fn svix_id_must_be_the_signed_id() {
         .start();
     let captured = eid("msg-captured");
     let future = eid("msg-future");
-    let replay = standard_webhooks(key, &captured, now()).header("svix-id", &future);
+    let replay = standard_webhooks(key, &captured, unix_now()).header("svix-id", &future);
     let r = replay.post(&h, "/hooks/svix");
     assert_invalid_signature(&r, "svix-id");
     assert_eq!(show_code(&h.store, "svix", &future), 3);
     assert_eq!(h.up.total(), 0);
     // Both sets naming the same message are fine.
-    let both = standard_webhooks(key, &future, now()).header("svix-id", &future);
+    let both = standard_webhooks(key, &future, unix_now()).header("svix-id", &future);
     assert_eq!(both.post(&h, "/hooks/svix").status, 200);
     assert_eq!(h.up.count(&future), 1);
 }
@@ -429,7 +409,7 @@ fn stale_and_future_timestamps_are_refused() {
             (86_400, "in the future"),
         ] {
             let id = eid(&format!("{}-ts", p.name));
-            let r = (p.sign)(&p.key, &id, now() + offset).post(&h, &p.path());
+            let r = (p.sign)(&p.key, &id, unix_now() + offset).post(&h, &p.path());
             assert_invalid_signature(&r, why);
             assert_eq!(show_code(&h.store, p.name, &id), 3, "{} {offset}", p.name);
         }
@@ -437,7 +417,7 @@ fn stale_and_future_timestamps_are_refused() {
     }
     for p in &presets {
         let id = eid(&format!("{}-in", p.name));
-        let r = (p.sign)(&p.key, &id, now() - 40).post(&h, &p.path());
+        let r = (p.sign)(&p.key, &id, unix_now() - 40).post(&h, &p.path());
         assert_eq!(r.status, 200, "{}: inside the tolerance", p.name);
         assert_eq!(h.up.count(&id), 1);
     }
@@ -467,12 +447,12 @@ fn rotation_accepts_any_listed_secret() {
         let path = format!("/hooks/{name}");
         for key in [new, old] {
             let id = eid(name);
-            let r = signer(key, &id, now()).post(&h, &path);
+            let r = signer(key, &id, unix_now()).post(&h, &path);
             assert_eq!(r.status, 200, "{name}");
             assert_eq!(h.up.count(&id), 1, "{name}");
         }
         let id = eid(name);
-        let r = signer(b"retired-secret", &id, now()).post(&h, &path);
+        let r = signer(b"retired-secret", &id, unix_now()).post(&h, &path);
         assert_invalid_signature(&r, "no signature matches");
         assert_eq!(show_code(&h.store, name, &id), 3);
     }
@@ -489,7 +469,7 @@ fn standard_webhooks_several_signatures_in_one_header() {
         .env("SW", &sign::standard_webhooks_secret(key))
         .start();
     let id = eid("msg");
-    let ts = now();
+    let ts = unix_now();
     let body = standard_webhooks_body(&id);
     let other = sign::standard_webhooks(b"someone-else", &id, ts, body.as_bytes());
     let good = sign::standard_webhooks(key, &id, ts, body.as_bytes());
@@ -532,7 +512,7 @@ fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
     for (route, prefix) in targets {
         let path = format!("/hooks/{route}");
         let deliver = |id: &str, list: &dyn Fn(&str) -> String| {
-            let ts = now();
+            let ts = unix_now();
             let body = standard_webhooks_body(id);
             let good = sign::standard_webhooks(key, id, ts, body.as_bytes());
             Delivery::new(body)
@@ -555,12 +535,7 @@ fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
         ] {
             let id = eid(&format!("{route}-{prefix}-ok"));
             let r = deliver(&id, list);
-            assert_eq!(
-                r.status,
-                200,
-                "{route}/{prefix}, {what}: {:?}",
-                String::from_utf8_lossy(&r.body)
-            );
+            assert_eq!(r.status, 200, "{route}/{prefix}, {what}: {:?}", r.text());
             assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
             assert_eq!(h.up.count(&id), 1, "{route}/{prefix}, {what}");
         }
@@ -609,15 +584,20 @@ fn slack_url_verification_passes_unguarded_only_when_signed() {
 
     let unsigned = Delivery::new(body.as_slice()).post(&h, "/hooks/slack");
     assert_invalid_signature(&unsigned, "missing signature header `x-slack-signature`");
-    let forged = slack_signed(b"guess", now(), body.to_vec()).post(&h, "/hooks/slack");
+    let forged = slack_signed(b"guess", unix_now(), body.to_vec()).post(&h, "/hooks/slack");
     assert_invalid_signature(&forged, "no signature matches");
-    let no_ts = slack_signed(secret.as_bytes(), now(), body.to_vec())
+    let no_ts = slack_signed(secret.as_bytes(), unix_now(), body.to_vec())
         .without("X-Slack-Request-Timestamp")
         .post(&h, "/hooks/slack");
     assert_invalid_signature(&no_ts, "x-slack-request-timestamp");
-    assert_eq!(h.up.total(), 0, "refused handshakes never reach the consumer");
+    assert_eq!(
+        h.up.total(),
+        0,
+        "refused handshakes never reach the consumer"
+    );
 
-    let signed = slack_signed(secret.as_bytes(), now(), body.to_vec()).post(&h, "/hooks/slack");
+    let signed =
+        slack_signed(secret.as_bytes(), unix_now(), body.to_vec()).post(&h, "/hooks/slack");
     assert_eq!(signed.status, 200, "{}", h.log());
     assert_eq!(signed.header("Idempotency-Status"), Some("unguarded"));
     let got = h.up.received();
@@ -630,10 +610,7 @@ fn slack_url_verification_passes_unguarded_only_when_signed() {
     );
     let (code, out, err) = cli(&["events", "list", "--store", &h.store, "--json"]);
     assert_eq!((code, out.trim()), (0, "[]"), "{err}");
-    assert_eq!(
-        h.metric("idemgate_requests_total{outcome=\"invalid_signature\",route=\"slack\"}"),
-        3.0
-    );
+    assert_eq!(h.requests("slack", "invalid_signature"), 3.0);
 }
 
 // ------------------------------------------------------------ generic hmac-sha256, secrets
@@ -705,13 +682,15 @@ fn file_secrets() {
         .yaml_with(|up| provider_route("svix", up, &file(&sw), ""))
         .start();
     let id = eid("gh");
-    let r = github(b"file-github-secret", &id, now()).post(&h, "/hooks/github");
+    let r = github(b"file-github-secret", &id, unix_now()).post(&h, "/hooks/github");
     assert_eq!(r.status, 200, "{}", h.log());
-    let r = github(b"file-github-secret\n", &eid("gh"), now()).post(&h, "/hooks/github");
+    let r = github(b"file-github-secret\n", &eid("gh"), unix_now()).post(&h, "/hooks/github");
     assert_invalid_signature(&r, "no signature matches");
     let id2 = eid("msg");
     assert_eq!(
-        svix(sw_key, &id2, now()).post(&h, "/hooks/svix").status,
+        svix(sw_key, &id2, unix_now())
+            .post(&h, "/hooks/svix")
+            .status,
         200
     );
     assert_eq!((h.up.count(&id), h.up.count(&id2), h.up.total()), (1, 1, 2));
@@ -725,8 +704,16 @@ fn file_secrets() {
 fn no_guarded_path_skips_verification() {
     let verify = "    verify:\n      scheme: hmac-sha256\n      header: X-Sig\n      secrets: [env:PATHS_SECRET]\n";
     let h = Harness::sqlite("paths")
-        .route("fwd", "/hooks/fwd", &format!("    on_missing_id: forward\n{verify}"))
-        .route("dig", "/hooks/dig", &format!("    on_missing_id: body_digest\n{verify}"))
+        .route(
+            "fwd",
+            "/hooks/fwd",
+            &format!("    on_missing_id: forward\n{verify}"),
+        )
+        .route(
+            "dig",
+            "/hooks/dig",
+            &format!("    on_missing_id: body_digest\n{verify}"),
+        )
         .env("PATHS_SECRET", "paths")
         .start();
     let body = br#"{"no":"id"}"#;
@@ -776,7 +763,7 @@ fn store_error_forward_still_verifies() {
     }
     let key = b"store-error-secret";
     let id = eid("gh");
-    let r = github(key, &id, now()).post(&h, "/hooks/github");
+    let r = github(key, &id, unix_now()).post(&h, "/hooks/github");
     assert_eq!(
         (r.status, r.header("Idempotency-Status")),
         (200, Some("unguarded")),
@@ -784,13 +771,17 @@ fn store_error_forward_still_verifies() {
         h.log()
     );
     assert_eq!(h.up.total(), 1);
-    let r = github(b"forged", &eid("gh"), now()).post(&h, "/hooks/github");
+    let r = github(b"forged", &eid("gh"), unix_now()).post(&h, "/hooks/github");
     assert_invalid_signature(&r, "no signature matches");
-    let r = github(key, &eid("gh"), now())
+    let r = github(key, &eid("gh"), unix_now())
         .without("X-Hub-Signature-256")
         .post(&h, "/hooks/github");
     assert_invalid_signature(&r, "missing signature header");
-    assert_eq!(h.up.total(), 1, "forged deliveries never reach the consumer");
+    assert_eq!(
+        h.up.total(),
+        1,
+        "forged deliveries never reach the consumer"
+    );
 }
 
 // ------------------------------------------------------------ config errors (CLI)
@@ -945,15 +936,21 @@ fn check_warns_when_retention_is_shorter_than_the_redelivery_horizon() {
         ("SVIX_SECRET", "whsec_aGVsbG8="),
     ];
     let secrets = |p: &str| format!("[env:{}_SECRET]", p.to_uppercase().replace('-', "_"));
-    let short: String = cases
-        .iter()
-        .map(|(p, short, _)| {
-            provider_route(p, up, &secrets(p), &format!("    retention: {short}\n"))
-        })
-        .collect();
-    let cfg = write_config(&dir, "short.yaml", &short);
-    let (code, _, err) = cli_env(&["check", "--config", &cfg.display().to_string()], &env);
-    assert_eq!(code, 0, "{err}");
+    // `check` on the six routes, route i with `retentions[i]`: its stderr and the file.
+    let check = |file: &str, retentions: &[&str]| {
+        let routes: String = cases
+            .iter()
+            .zip(retentions)
+            .map(|((p, _, _), r)| {
+                provider_route(p, up, &secrets(p), &format!("    retention: {r}\n"))
+            })
+            .collect();
+        let cfg = write_config(&dir, file, &routes);
+        let (code, _, err) = cli_env(&["check", "--config", &cfg.display().to_string()], &env);
+        assert_eq!(code, 0, "{err}");
+        (err, cfg)
+    };
+    let (err, cfg) = check("short.yaml", &cases.map(|(_, short, _)| short));
     let text = std::fs::read_to_string(&cfg).unwrap();
     for (i, (p, short, _)) in cases.iter().enumerate() {
         // The value of this route's `    retention: …` line (each is distinct).
@@ -976,15 +973,7 @@ fn check_warns_when_retention_is_shorter_than_the_redelivery_horizon() {
         "{err}"
     );
 
-    let enough: String = cases
-        .iter()
-        .map(|(p, _, enough)| {
-            provider_route(p, up, &secrets(p), &format!("    retention: {enough}\n"))
-        })
-        .collect();
-    let cfg = write_config(&dir, "enough.yaml", &enough);
-    let (code, _, err) = cli_env(&["check", "--config", &cfg.display().to_string()], &env);
-    assert_eq!(code, 0, "{err}");
+    let (err, _) = check("enough.yaml", &cases.map(|(_, _, enough)| enough));
     assert!(!err.contains("warning"), "{err}");
 }
 

@@ -19,35 +19,9 @@ const BUDGET: Duration = Duration::from_secs(60);
 /// Client threads for the many-events scenario.
 const WORKERS: usize = 32;
 
-/// A store both replicas use, and what removes it afterwards.
-struct SharedStore {
-    url: String,
-    _pg_schema: Option<PgSchema>,
-    dir: TempDir,
-}
-
-fn sqlite_store(tag: &str) -> SharedStore {
-    let dir = TempDir::new(tag);
-    SharedStore {
-        url: dir.sqlite_url("shared.db"),
-        _pg_schema: None,
-        dir,
-    }
-}
-
-fn postgres_store(tag: &str) -> Option<SharedStore> {
-    let base = pg_url()?;
-    let schema = PgSchema::create(&base, tag);
-    Some(SharedStore {
-        url: schema.url(),
-        _pg_schema: Some(schema),
-        dir: TempDir::new(tag),
-    })
-}
-
 /// Two replicas of one config on one store; the second starts once the
 /// first has migrated and is ready.
-fn replicas(store: &SharedStore, up: &Consumer) -> [Proxy; 2] {
+fn replicas(store: &TestStore, up: &Consumer) -> [Proxy; 2] {
     let routes = route("r", PATH, &up.url(), "");
     let a = Proxy::start(&store.dir, &store.url, &routes);
     let b = Proxy::start(&store.dir, &store.url, &routes);
@@ -138,7 +112,7 @@ fn one_forwarded(proxies: &[Proxy], up: &Consumer, id: &str, seen: &[Seen], want
 /// replicas; the consumer holds the first one for a while so that most of
 /// the others arrive while it is in flight. Then the same for an event whose
 /// first attempt failed (the reclaim path), and a wave of late duplicates.
-fn one_event_many_senders(store: SharedStore) {
+fn one_event_many_senders(store: TestStore) {
     let up = Consumer::start().unwrap();
     let proxies = replicas(&store, &up);
     let addrs = [proxies[0].addr, proxies[1].addr];
@@ -189,7 +163,7 @@ fn one_event_many_senders(store: SharedStore) {
 
 /// 1,000 distinct events, each delivered twice at about the same moment, once
 /// through each replica, by a pool of client threads.
-fn many_events_twice(store: SharedStore) {
+fn many_events_twice(store: TestStore) {
     let up = Consumer::start().unwrap();
     let proxies = replicas(&store, &up);
     let addrs = [proxies[0].addr, proxies[1].addr];
@@ -263,26 +237,6 @@ fn many_events_twice(store: SharedStore) {
     assert!(took < BUDGET, "took {took:?}");
 }
 
-#[test]
-fn postgres_one_event_200_senders_two_replicas() {
-    if let Some(store) = postgres_store("rep1") {
-        one_event_many_senders(store);
-    }
-}
+on_both_stores!(one_event_many_senders("rep1"): sqlite_one_event_200_senders_two_processes, postgres_one_event_200_senders_two_replicas);
 
-#[test]
-fn postgres_1000_events_twice_two_replicas() {
-    if let Some(store) = postgres_store("rep1000") {
-        many_events_twice(store);
-    }
-}
-
-#[test]
-fn sqlite_one_event_200_senders_two_processes() {
-    one_event_many_senders(sqlite_store("rep1"));
-}
-
-#[test]
-fn sqlite_1000_events_twice_two_processes() {
-    many_events_twice(sqlite_store("rep1000"));
-}
+on_both_stores!(many_events_twice("rep1000"): sqlite_1000_events_twice_two_processes, postgres_1000_events_twice_two_replicas);

@@ -1270,6 +1270,35 @@ mod postgres_races {
         }
     }
 
+    /// Runs `update` (its `$n` bound to `binds`) in another session's open
+    /// transaction, as another replica would; starts `op` while that row
+    /// lock is held; once `op`'s statement starting with `blocked` waits on
+    /// the lock, commits; `op`'s result.
+    async fn race<T: Send + 'static, F>(
+        b: &Backend,
+        update: &str,
+        binds: &[i64],
+        blocked: &str,
+        op: impl FnOnce(Arc<dyn ClaimStore>) -> F,
+    ) -> T
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+    {
+        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
+        let mut tx = raw.begin().await.unwrap();
+        let mut query = sqlx::query(update);
+        for b in binds {
+            query = query.bind(*b);
+        }
+        query.execute(&mut *tx).await.unwrap();
+        let task = tokio::spawn(op(b.store.clone()));
+        until_blocked(&raw, blocked).await;
+        tx.commit().await.unwrap();
+        let out = task.await.unwrap();
+        raw.close().await;
+        out
+    }
+
     /// A sweep that read a record as expired must not delete it once another
     /// replica's reclaim commits first (READ COMMITTED re-checks only the
     /// outer WHERE of the DELETE against the new row version).
@@ -1297,29 +1326,21 @@ mod postgres_races {
         .await
         .unwrap();
         let now = T0 + 5_000;
-        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
         // Another replica reclaims it; its transaction is still open.
-        let mut tx = raw.begin().await.unwrap();
-        sqlx::query(
+        let deleted = race(
+            &b,
             "UPDATE records SET state = 'processing', attempts = attempts + 1,
                  lease_until = $1, updated_at = $2, expires_at = $3
              WHERE route = 'r' AND event_id = 'e'",
+            &[now + LEASE, now, now + RETENTION],
+            "DELETE FROM records",
+            |store| async move { store.sweep_batch(now, 100).await },
         )
-        .bind(now + LEASE)
-        .bind(now)
-        .bind(now + RETENTION)
-        .execute(&mut *tx)
         .await
-        .unwrap();
-        let store = b.store.clone();
-        let sweep = tokio::spawn(async move { store.sweep_batch(now, 100).await });
-        until_blocked(&raw, "DELETE FROM records").await;
-        tx.commit().await.unwrap();
-        let deleted = sweep.await.unwrap().expect("sweep");
+        .expect("sweep");
         assert_eq!(deleted, 0, "the sweep deleted a live claim");
         let rec = get(s, "e").await;
         assert_eq!((rec.state(), rec.attempts), (Some(State::Processing), 2));
-        raw.close().await;
         b.store.close().await;
     }
 
@@ -1331,36 +1352,29 @@ mod postgres_races {
         };
         own(&*b.store, "e", T0).await;
         let t2 = T0 + LEASE;
-        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
-        let mut tx = raw.begin().await.unwrap();
-        sqlx::query(
+        let settled = race(
+            &b,
             "UPDATE records SET attempts = attempts + 1, lease_until = $1, updated_at = $2
              WHERE route = 'r' AND event_id = 'e'",
+            &[t2 + LEASE, t2],
+            "UPDATE records SET state = 'failed'",
+            |store| async move {
+                store
+                    .settle(&SettleRequest {
+                        route: R,
+                        event_id: "e",
+                        attempt: 1,
+                        now: t2 + 1,
+                        retention_ms: RETENTION,
+                        outcome: failed(Some(500)),
+                    })
+                    .await
+            },
         )
-        .bind(t2 + LEASE)
-        .bind(t2)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        let store = b.store.clone();
-        let settle = tokio::spawn(async move {
-            store
-                .settle(&SettleRequest {
-                    route: R,
-                    event_id: "e",
-                    attempt: 1,
-                    now: t2 + 1,
-                    retention_ms: RETENTION,
-                    outcome: failed(Some(500)),
-                })
-                .await
-        });
-        until_blocked(&raw, "UPDATE records SET state = 'failed'").await;
-        tx.commit().await.unwrap();
-        assert_eq!(settle.await.unwrap().unwrap(), SettleResult::Stale);
+        .await;
+        assert_eq!(settled.unwrap(), SettleResult::Stale);
         let rec = get(&*b.store, "e").await;
         assert_eq!((rec.state(), rec.attempts), (Some(State::Processing), 2));
-        raw.close().await;
         b.store.close().await;
     }
 
@@ -1372,27 +1386,18 @@ mod postgres_races {
             return;
         };
         own(&*b.store, "e", T0).await;
-        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
-        let mut tx = raw.begin().await.unwrap();
-        sqlx::query(
+        let released = race(
+            &b,
             "UPDATE records SET state = 'delivered', lease_until = NULL, last_status = 200,
                  delivered_at = $1, updated_at = $1
              WHERE route = 'r' AND event_id = 'e'",
+            &[T0 + 1],
+            "UPDATE records SET state = 'failed'",
+            |store| async move { store.release(R, "e", false, T0 + 2).await },
         )
-        .bind(T0 + 1)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        let store = b.store.clone();
-        let release = tokio::spawn(async move { store.release(R, "e", false, T0 + 2).await });
-        until_blocked(&raw, "UPDATE records SET state = 'failed'").await;
-        tx.commit().await.unwrap();
-        assert_eq!(
-            release.await.unwrap().unwrap(),
-            ReleaseOutcome::RefusedDelivered
-        );
+        .await;
+        assert_eq!(released.unwrap(), ReleaseOutcome::RefusedDelivered);
         assert_eq!(get(&*b.store, "e").await.state(), Some(State::Delivered));
-        raw.close().await;
         b.store.close().await;
     }
 }

@@ -43,10 +43,7 @@ fn sqlite_a_settle_given_up_is_not_applied_later() {
     let up = Consumer::start().unwrap();
     let px = Proxy::start(&dir, &store, &route("r", PATH, &up.url(), ""));
     let id = eid("late-settle");
-    up.script(
-        &id,
-        vec![Reply::status(200).delay(Duration::from_millis(800))],
-    );
+    up.hold(&id, 200, Duration::from_millis(800));
     let sender = deliver_in_thread(px.addr, &id);
     assert!(
         wait_until(Duration::from_secs(10), || up.count(&id) == 1),

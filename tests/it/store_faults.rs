@@ -97,11 +97,10 @@ fn send_until_ok(seen: &Seen, addrs: &[SocketAddr], start: usize, id: &str, pati
                 std::thread::sleep(Duration::from_millis(200));
             }
             Ok(r) => {
-                seen.wrong.lock().unwrap().push(format!(
-                    "{id}: {} {}",
-                    r.status,
-                    String::from_utf8_lossy(&r.body)
-                ));
+                seen.wrong
+                    .lock()
+                    .unwrap()
+                    .push(format!("{id}: {} {}", r.status, r.text()));
                 return;
             }
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
@@ -456,9 +455,7 @@ fn attempt(addr: SocketAddr, id: &str) -> (u16, String) {
 }
 
 fn readyz(px: &Proxy) -> u16 {
-    kit::get(px.admin, "/readyz")
-        .map(|r| r.status)
-        .unwrap_or(0)
+    kit::get(px.admin, "/readyz").map(|r| r.status).unwrap_or(0)
 }
 
 /// Every record of the file, read-only (reads work on a full disk).

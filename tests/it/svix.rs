@@ -18,19 +18,12 @@ use crate::common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
 
 const PATH: &str = "/hooks/svix";
-
-fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
 
 // ------------------------------------------------------------ the svix library
 
@@ -258,14 +251,7 @@ impl Delivery {
     }
 
     fn post(&self, px: &Proxy) -> Response {
-        let headers: Vec<(&str, &str)> = self
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        px.client()
-            .request("POST", PATH, &headers, self.body.as_bytes())
-            .expect("delivery")
+        px.post(PATH, &self.headers, self.body.as_bytes())
     }
 }
 
@@ -279,31 +265,28 @@ fn new_secret(tag: &str) -> String {
     )
 }
 
+/// A harness whose route `svix` verifies with a fresh secret.
 struct Setup {
-    _dir: TempDir,
-    up: Consumer,
-    store: String,
-    px: Proxy,
+    h: Harness,
     secret: String,
 }
 
-fn setup(tag: &str) -> Setup {
-    let dir = TempDir::new(tag);
-    let up = Consumer::start().unwrap();
-    let store = dir.sqlite_url("svix.db");
-    let secret = new_secret(tag);
-    let route = format!(
-        "  - name: svix\n    match:\n      path_prefix: {PATH}\n    upstream: \"{}\"\n    provider: svix\n    verify:\n      secrets: [env:SVIX_SECRET]\n    retention: 3d\n",
-        up.url()
-    );
-    let px = Proxy::start_with_env(&dir, &store, &route, &[("SVIX_SECRET", &secret)]);
-    Setup {
-        _dir: dir,
-        up,
-        store,
-        px,
-        secret,
+impl std::ops::Deref for Setup {
+    type Target = Harness;
+    fn deref(&self) -> &Harness {
+        &self.h
     }
+}
+
+fn setup(tag: &str) -> Setup {
+    let secret = new_secret(tag);
+    let h = Harness::sqlite(tag)
+        .yaml_with(|up| format!(
+            "  - name: svix\n    match:\n      path_prefix: {PATH}\n    upstream: \"{up}\"\n    provider: svix\n    verify:\n      secrets: [env:SVIX_SECRET]\n    retention: 3d\n"
+        ))
+        .env("SVIX_SECRET", &secret)
+        .start();
+    Setup { h, secret }
 }
 
 /// Exit code of `events show` (0 found, 3 absent).
@@ -312,9 +295,7 @@ fn show_code(store: &str, id: &str) -> i32 {
 }
 
 fn requests(px: &Proxy, outcome: &str) -> f64 {
-    px.metric(&format!(
-        "idemgate_requests_total{{outcome=\"{outcome}\",route=\"svix\"}}"
-    ))
+    px.requests("svix", outcome)
 }
 
 #[track_caller]
@@ -342,7 +323,7 @@ fn white_labelled_deliveries_are_forwarded_once_and_their_retries_replayed() {
     };
     let s = setup("svixwl");
     let (up, px) = (&s.up, &s.px);
-    let ts = now();
+    let ts = unix_now();
 
     let id = eid("msg_wl");
     let first = Delivery::signed(&mut py, &s.secret, Names::WhiteLabelled, &id, ts);
@@ -390,25 +371,53 @@ fn white_labelled_deliveries_are_forwarded_once_and_their_retries_replayed() {
     // A first attempt the consumer fails: the re-signed retry is forwarded.
     let failed = eid("msg_wl_500");
     up.script(&failed, vec![Reply::status(500), Reply::status(200)]);
-    let r = Delivery::signed(&mut py, &s.secret, Names::WhiteLabelled, &failed, now()).post(px);
+    let r = Delivery::signed(
+        &mut py,
+        &s.secret,
+        Names::WhiteLabelled,
+        &failed,
+        unix_now(),
+    )
+    .post(px);
     assert_eq!(r.status, 500);
-    let r = Delivery::signed(&mut py, &s.secret, Names::WhiteLabelled, &failed, now() + 5).post(px);
+    let r = Delivery::signed(
+        &mut py,
+        &s.secret,
+        Names::WhiteLabelled,
+        &failed,
+        unix_now() + 5,
+    )
+    .post(px);
     assert_eq!(r.status, 200);
     assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
     assert_eq!(up.count(&failed), 2);
-    let r = Delivery::signed(&mut py, &s.secret, Names::WhiteLabelled, &failed, now() + 9).post(px);
+    let r = Delivery::signed(
+        &mut py,
+        &s.secret,
+        Names::WhiteLabelled,
+        &failed,
+        unix_now() + 9,
+    )
+    .post(px);
     assert_eq!(r.header("Idempotent-Replayed"), Some("true"));
     assert_eq!(up.count(&failed), 2);
 
     // The default names, and the same message under the other names.
     let plain = eid("msg_plain");
-    let r = Delivery::signed(&mut py, &s.secret, Names::Svix, &plain, now()).post(px);
+    let r = Delivery::signed(&mut py, &s.secret, Names::Svix, &plain, unix_now()).post(px);
     assert_eq!(r.status, 200, "{}", px.log());
     let got = up.received().pop().unwrap();
     assert_eq!(got.header("Idempotency-Key"), Some(plain.as_str()));
-    let r = Delivery::signed(&mut py, &s.secret, Names::WhiteLabelled, &plain, now() + 3).post(px);
+    let r = Delivery::signed(
+        &mut py,
+        &s.secret,
+        Names::WhiteLabelled,
+        &plain,
+        unix_now() + 3,
+    )
+    .post(px);
     assert_eq!(r.header("Idempotent-Replayed"), Some("true"));
-    let r = Delivery::signed(&mut py, &s.secret, Names::Svix, &id, now() + 3).post(px);
+    let r = Delivery::signed(&mut py, &s.secret, Names::Svix, &id, unix_now() + 3).post(px);
     assert_eq!(r.header("Idempotent-Replayed"), Some("true"));
     assert_eq!(up.count(&plain), 1);
     assert_eq!(up.count(&id), 1);
@@ -435,7 +444,7 @@ fn forgeries_on_either_header_set_are_refused_and_claim_nothing() {
     // `a` is a message the attacker captured; `b` one it wants to occupy.
     let a = eid("msg_captured");
     let b = eid("msg_target");
-    let ts = now();
+    let ts = unix_now();
     let captured_wl = Delivery::signed(&mut py, &s.secret, sw, &a, ts);
     let captured_svix = Delivery::signed(&mut py, &s.secret, Names::Svix, &a, ts);
 
@@ -451,7 +460,7 @@ fn forgeries_on_either_header_set_are_refused_and_claim_nothing() {
         let cases: Vec<(&str, Delivery, &str)> = vec![
             (
                 "signed with another secret",
-                Delivery::signed(&mut py, &attacker, names, &b, now()),
+                Delivery::signed(&mut py, &attacker, names, &b, unix_now()),
                 "no signature matches",
             ),
             (
@@ -578,7 +587,7 @@ fn forgeries_on_either_header_set_are_refused_and_claim_nothing() {
 
     // Nothing was pre-empted: the genuine deliveries go through, once.
     for (id, names) in [(&a, sw), (&b, Names::Svix)] {
-        let r = Delivery::signed(&mut py, &s.secret, names, id, now()).post(px);
+        let r = Delivery::signed(&mut py, &s.secret, names, id, unix_now()).post(px);
         assert_eq!(r.status, 200, "{}", px.log());
         assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
         assert_eq!(up.count(id), 1);
@@ -597,7 +606,7 @@ fn a_list_the_library_accepts_is_forwarded() {
     let s = setup("svixlist");
     for names in [Names::Svix, Names::WhiteLabelled] {
         let id = eid("msg_list");
-        let d = Delivery::signed(&mut py, &s.secret, names, &id, now());
+        let d = Delivery::signed(&mut py, &s.secret, names, &id, unix_now());
         let sig_h = format!("{}-signature", names.prefix());
         // 16 bytes of base64, as an older or foreign signer might add
         let list = format!("v1,AAAAAAAAAAAAAAAAAAAAAA== {}", d.get(&sig_h));

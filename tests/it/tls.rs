@@ -4,6 +4,7 @@
 //! unusable cert or key a config error with its position.
 
 use crate::common;
+use crate::core_util::read_response_text;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -78,38 +79,11 @@ fn deliver(s: &mut impl ReadWrite, id: &str, key: &str) -> (u16, String) {
     );
     s.write_all(req.as_bytes()).unwrap();
     s.flush().unwrap();
-    read_response(s)
+    read_response_text(s)
 }
 
 trait ReadWrite: Read + Write {}
 impl<T: Read + Write> ReadWrite for T {}
-
-fn read_response(s: &mut impl Read) -> (u16, String) {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&got[..end]).to_string();
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse::<usize>().ok())?
-                })
-                .unwrap_or(0);
-            if got.len() >= end + 4 + len {
-                return (
-                    head[9..12].parse().unwrap(),
-                    String::from_utf8_lossy(&got).into(),
-                );
-            }
-        }
-        let n = s.read(&mut buf).expect("a response");
-        assert!(n > 0, "closed before a response");
-        got.extend_from_slice(&buf[..n]);
-    }
-}
 
 #[test]
 fn signed_deliveries_over_https_with_duplicates_replayed_on_tls12_and_tls13() {

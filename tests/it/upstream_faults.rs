@@ -25,10 +25,10 @@ use raw_upstream::{response, send_and_read_to_close, status_of, upstream, Behavi
 const TIMEOUT: Duration = Duration::from_secs(1);
 const ROUTE_EXTRA: &str = "    upstream_timeout: 1s\n    lease: 5s\n";
 
-fn start_proxy(dir: &TempDir, upstream: &str) -> (Proxy, String) {
-    let store = dir.sqlite_url("faults.db");
-    let px = Proxy::start(dir, &store, &route("r", "/r", upstream, ROUTE_EXTRA));
-    (px, store)
+fn start_proxy(tag: &str, upstream: &str) -> Harness {
+    Harness::sqlite(tag)
+        .route_to("r", "/r", upstream, ROUTE_EXTRA)
+        .start()
 }
 
 fn problem_type(r: &Response) -> String {
@@ -70,13 +70,12 @@ fn raw_post(id: &str, body: &str) -> Vec<u8> {
 /// is up on that port the retry is forwarded and delivered.
 #[test]
 fn connection_refused_gives_502_then_the_retry_goes_through() {
-    let dir = TempDir::new("faults-refused");
     let port = free_port();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let (px, store) = start_proxy(&dir, &format!("http://{addr}"));
+    let h = start_proxy("faults-refused", &format!("http://{addr}"));
     let id = eid("refused");
     let t = Instant::now();
-    let r = px.deliver("/r", Some(&id), b"{\"a\":1}");
+    let r = h.deliver("/r", Some(&id), b"{\"a\":1}");
     assert_eq!(r.status, 502, "{r:?}");
     assert!(t.elapsed() < TIMEOUT + Duration::from_secs(1));
     assert_eq!(
@@ -85,15 +84,15 @@ fn connection_refused_gives_502_then_the_retry_goes_through() {
     );
     assert_eq!(r.json()["event_id"], id.as_str());
     assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
-    assert_released(&store, &id, 1);
+    assert_released(&h.store, &id, 1);
 
     let up = Consumer::start_on(addr).expect("the consumer takes the port");
-    let r = px.deliver("/r", Some(&id), b"{\"a\":1}");
+    let r = h.deliver("/r", Some(&id), b"{\"a\":1}");
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(up.count(&id), 1);
-    assert_delivered(&store, &id, 2, 200);
+    assert_delivered(&h.store, &id, 2, 200);
     assert_eq!(
-        px.metric("idemgate_upstream_responses_total{class=\"connect_error\",route=\"r\"}"),
+        h.metric("idemgate_upstream_responses_total{class=\"connect_error\",route=\"r\"}"),
         1.0
     );
 }
@@ -105,7 +104,10 @@ struct Attempts(std::sync::Mutex<std::collections::HashMap<String, usize>>);
 impl Attempts {
     /// 0 for the first request carrying this key, 1 for the second, …
     fn next(&self, req: &Request) -> usize {
-        let key = req.header("Idempotency-Key").unwrap_or_default().to_string();
+        let key = req
+            .header("Idempotency-Key")
+            .unwrap_or_default()
+            .to_string();
         let mut seen = self.0.lock().unwrap();
         let n = seen.entry(key).or_insert(0);
         *n += 1;
@@ -131,7 +133,6 @@ fn first_then_ok(first: impl Fn(&str) -> Behavior + Send + Sync + 'static) -> Se
 /// `Idempotency-Key` both times.
 #[test]
 fn reset_or_close_mid_header_gives_502_and_the_retry_is_forwarded() {
-    let dir = TempDir::new("faults-mid-header");
     let up = first_then_ok(|key| {
         if key.starts_with("reset") {
             Behavior::Reset(b"HTTP/1.1 200 OK\r\nContent-Le".to_vec())
@@ -139,19 +140,19 @@ fn reset_or_close_mid_header_gives_502_and_the_retry_is_forwarded() {
             Behavior::Close(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n".to_vec())
         }
     });
-    let (px, store) = start_proxy(&dir, &up.url());
+    let h = start_proxy("faults-mid-header", &up.url());
     for kind in ["reset", "close"] {
         let id = eid(kind);
-        let r = px.deliver("/r", Some(&id), b"{}");
+        let r = h.deliver("/r", Some(&id), b"{}");
         assert_eq!(r.status, 502, "{kind}: {r:?}");
         assert_eq!(
             problem_type(&r),
             "urn:idemgate:problem:upstream-unreachable"
         );
         assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
-        assert_released(&store, &id, 1);
+        assert_released(&h.store, &id, 1);
 
-        let r = px.deliver("/r", Some(&id), b"{}");
+        let r = h.deliver("/r", Some(&id), b"{}");
         assert_eq!(r.status, 200, "{kind} retry: {r:?}");
         assert_eq!(r.body, b"ok");
         assert_eq!(
@@ -159,7 +160,7 @@ fn reset_or_close_mid_header_gives_502_and_the_retry_is_forwarded() {
             2,
             "{kind}: both attempts reached the upstream"
         );
-        assert_delivered(&store, &id, 2, 200);
+        assert_delivered(&h.store, &id, 2, 200);
     }
 }
 
@@ -170,18 +171,17 @@ fn reset_or_close_mid_header_gives_502_and_the_retry_is_forwarded() {
 /// the retry is forwarded.
 #[test]
 fn reset_mid_body_settles_by_the_status_already_seen() {
-    let dir = TempDir::new("faults-mid-body");
     let up = first_then_ok(|key| {
         let status = if key.starts_with("ok") { 200 } else { 503 };
         Behavior::Reset(
             format!("HTTP/1.1 {status} X\r\nContent-Length: 100\r\n\r\npartial").into_bytes(),
         )
     });
-    let (px, store) = start_proxy(&dir, &up.url());
+    let h = start_proxy("faults-mid-body", &up.url());
 
     let id = eid("ok");
     let (got, closed) =
-        send_and_read_to_close(px.addr, &raw_post(&id, "{}"), Duration::from_secs(5));
+        send_and_read_to_close(h.addr, &raw_post(&id, "{}"), Duration::from_secs(5));
     let text = String::from_utf8_lossy(&got);
     assert!(closed, "the connection is closed: {text}");
     assert_eq!(status_of(&got), Some(200), "{text}");
@@ -189,15 +189,15 @@ fn reset_mid_body_settles_by_the_status_already_seen() {
         text.ends_with("partial"),
         "what arrived of the body is passed on: {text}"
     );
-    assert_delivered(&store, &id, 1, 200);
-    let r = px.deliver("/r", Some(&id), b"{}");
+    assert_delivered(&h.store, &id, 1, 200);
+    let r = h.deliver("/r", Some(&id), b"{}");
     assert_eq!(r.status, 200);
     assert_eq!(r.header("Idempotent-Replayed"), Some("true"));
     assert_eq!(up.count(&id), 1, "a delivered event is not forwarded again");
 
     let id = eid("err");
     let (got, closed) =
-        send_and_read_to_close(px.addr, &raw_post(&id, "{}"), Duration::from_secs(5));
+        send_and_read_to_close(h.addr, &raw_post(&id, "{}"), Duration::from_secs(5));
     assert!(closed);
     assert_eq!(
         status_of(&got),
@@ -205,11 +205,11 @@ fn reset_mid_body_settles_by_the_status_already_seen() {
         "{}",
         String::from_utf8_lossy(&got)
     );
-    assert_released(&store, &id, 1);
-    let r = px.deliver("/r", Some(&id), b"{}");
+    assert_released(&h.store, &id, 1);
+    let r = h.deliver("/r", Some(&id), b"{}");
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(up.count(&id), 2);
-    assert_delivered(&store, &id, 2, 200);
+    assert_delivered(&h.store, &id, 2, 200);
 }
 
 /// A response that never ends. Header incomplete: 504 within
@@ -220,7 +220,6 @@ fn reset_mid_body_settles_by_the_status_already_seen() {
 /// failed, retry forwarded).
 #[test]
 fn a_response_that_never_ends_is_cut_off_after_upstream_timeout() {
-    let dir = TempDir::new("faults-never-ends");
     let up = first_then_ok(|key| {
         if key.starts_with("header") {
             Behavior::Stall(b"HTTP/1.1 200 OK\r\nContent-".to_vec())
@@ -231,22 +230,22 @@ fn a_response_that_never_ends_is_cut_off_after_upstream_timeout() {
             )
         }
     });
-    let (px, store) = start_proxy(&dir, &up.url());
+    let h = start_proxy("faults-never-ends", &up.url());
     let bound = TIMEOUT + Duration::from_millis(1500);
 
     // The header never completes.
     let id = eid("header");
     let t = Instant::now();
-    let r = px.deliver("/r", Some(&id), b"{}");
+    let r = h.deliver("/r", Some(&id), b"{}");
     let took = t.elapsed();
     assert_eq!(r.status, 504, "{r:?}");
     assert!(took >= TIMEOUT && took < bound, "504 after {took:?}");
     assert_eq!(problem_type(&r), "urn:idemgate:problem:upstream-timeout");
     assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
-    assert_released(&store, &id, 1);
-    let r = px.deliver("/r", Some(&id), b"{}");
+    assert_released(&h.store, &id, 1);
+    let r = h.deliver("/r", Some(&id), b"{}");
     assert_eq!(r.status, 200, "retry: {r:?}");
-    assert_delivered(&store, &id, 2, 200);
+    assert_delivered(&h.store, &id, 2, 200);
     eprintln!("never-ending header: 504 after {took:?}");
 
     // The header arrives, the body never completes.
@@ -254,7 +253,7 @@ fn a_response_that_never_ends_is_cut_off_after_upstream_timeout() {
         let id = eid(kind);
         let t = Instant::now();
         let (got, closed) =
-            send_and_read_to_close(px.addr, &raw_post(&id, "{}"), Duration::from_secs(10));
+            send_and_read_to_close(h.addr, &raw_post(&id, "{}"), Duration::from_secs(10));
         let took = t.elapsed();
         let text = String::from_utf8_lossy(&got);
         eprintln!("never-ending {status} body: closed={closed} after {took:?}");
@@ -265,16 +264,16 @@ fn a_response_that_never_ends_is_cut_off_after_upstream_timeout() {
         assert!(took < bound, "{kind}: closed after {took:?}");
         assert_eq!(status_of(&got), Some(status), "{text}");
         assert!(text.ends_with("partial"), "{text}");
-        let r = px.deliver("/r", Some(&id), b"{}");
+        let r = h.deliver("/r", Some(&id), b"{}");
         assert_eq!(r.status, 200, "{kind} retry: {r:?}");
         if status == 200 {
             assert_eq!(r.header("Idempotent-Replayed"), Some("true"));
             assert_eq!(up.count(&id), 1);
-            assert_delivered(&store, &id, 1, 200);
+            assert_delivered(&h.store, &id, 1, 200);
         } else {
             assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
             assert_eq!(up.count(&id), 2);
-            assert_delivered(&store, &id, 2, 200);
+            assert_delivered(&h.store, &id, 2, 200);
         }
     }
 }
@@ -285,9 +284,8 @@ fn a_response_that_never_ends_is_cut_off_after_upstream_timeout() {
 /// leaves to the `Idempotency-Key`).
 #[test]
 fn a_slow_upstream_gives_504_then_the_retry_goes_through() {
-    let dir = TempDir::new("faults-slow");
     let up = Consumer::start().unwrap();
-    let (px, store) = start_proxy(&dir, &up.url());
+    let h = start_proxy("faults-slow", &up.url());
     let id = eid("slow");
     up.script(
         &id,
@@ -297,7 +295,7 @@ fn a_slow_upstream_gives_504_then_the_retry_goes_through() {
         ],
     );
     let t = Instant::now();
-    let r = px.deliver("/r", Some(&id), b"{}");
+    let r = h.deliver("/r", Some(&id), b"{}");
     let took = t.elapsed();
     eprintln!("slow upstream: 504 after {took:?}");
     assert_eq!(r.status, 504, "{r:?}");
@@ -307,12 +305,12 @@ fn a_slow_upstream_gives_504_then_the_retry_goes_through() {
     );
     assert_eq!(problem_type(&r), "urn:idemgate:problem:upstream-timeout");
     assert_eq!(r.json()["event_id"], id.as_str());
-    assert_released(&store, &id, 1);
+    assert_released(&h.store, &id, 1);
     assert_eq!(up.count(&id), 1);
 
-    let r = px.deliver("/r", Some(&id), b"{}");
+    let r = h.deliver("/r", Some(&id), b"{}");
     assert_eq!(r.status, 201, "{r:?}");
-    assert_delivered(&store, &id, 2, 201);
+    assert_delivered(&h.store, &id, 2, 201);
     let keys: Vec<_> = up
         .received()
         .iter()
@@ -324,7 +322,7 @@ fn a_slow_upstream_gives_504_then_the_retry_goes_through() {
         "the same key on both attempts"
     );
     assert_eq!(
-        px.metric("idemgate_upstream_responses_total{class=\"timeout\",route=\"r\"}"),
+        h.metric("idemgate_upstream_responses_total{class=\"timeout\",route=\"r\"}"),
         1.0
     );
 }
@@ -335,9 +333,8 @@ fn a_slow_upstream_gives_504_then_the_retry_goes_through() {
 #[test]
 fn a_5xx_storm_releases_every_claim_and_the_retries_go_through() {
     const N: usize = 50;
-    let dir = TempDir::new("faults-storm");
     let up = Consumer::start().unwrap();
-    let (px, store) = start_proxy(&dir, &up.url());
+    let h = start_proxy("faults-storm", &up.url());
     let ids: Vec<String> = (0..N).map(|i| eid(&format!("storm{i}"))).collect();
     for id in &ids {
         up.script(
@@ -346,7 +343,7 @@ fn a_5xx_storm_releases_every_claim_and_the_retries_go_through() {
         );
     }
     let round = |ids: &[String]| -> Vec<Response> {
-        let addr = px.addr;
+        let addr = h.addr;
         let handles: Vec<_> = ids
             .chunks(5)
             .map(|chunk| {
@@ -354,9 +351,7 @@ fn a_5xx_storm_releases_every_claim_and_the_retries_go_through() {
                 std::thread::spawn(move || {
                     chunk
                         .iter()
-                        .map(|id| {
-                            kit::deliver(addr, "/r", Some(id), b"{\"storm\":true}").unwrap()
-                        })
+                        .map(|id| kit::deliver(addr, "/r", Some(id), b"{\"storm\":true}").unwrap())
                         .collect::<Vec<_>>()
                 })
             })
@@ -375,7 +370,7 @@ fn a_5xx_storm_releases_every_claim_and_the_retries_go_through() {
         assert_eq!(r.header("Idempotency-Status"), Some("forwarded"));
     }
     for id in &ids {
-        let rec = assert_released(&store, id, 1);
+        let rec = assert_released(&h.store, id, 1);
         assert_eq!(rec["last_status"], 503);
     }
     let second = round(&ids);
@@ -390,14 +385,14 @@ fn a_5xx_storm_releases_every_claim_and_the_retries_go_through() {
     }
     for id in &ids {
         assert_eq!(up.count(id), 2, "{id}: one failed attempt and one delivery");
-        assert_delivered(&store, id, 2, 200);
+        assert_delivered(&h.store, id, 2, 200);
     }
     assert_eq!(
-        px.metric("idemgate_settles_total{result=\"released\",route=\"r\"}"),
+        h.metric("idemgate_settles_total{result=\"released\",route=\"r\"}"),
         N as f64
     );
     assert_eq!(
-        px.metric("idemgate_settles_total{result=\"delivered\",route=\"r\"}"),
+        h.metric("idemgate_settles_total{result=\"delivered\",route=\"r\"}"),
         N as f64
     );
 }
@@ -411,7 +406,6 @@ fn a_5xx_storm_releases_every_claim_and_the_retries_go_through() {
 #[test]
 fn a_slow_but_live_body_is_relayed_to_its_end() {
     use std::io::{Read, Write};
-    let dir = TempDir::new("faults-trickle");
     let body = b"0123456789abcdef";
     // The header at once, then one body byte every 200 ms (3.2 s in all).
     let trickle = upstream(move |_, _| {
@@ -421,9 +415,9 @@ fn a_slow_but_live_body_is_relayed_to_its_end() {
             Duration::from_millis(200),
         )
     });
-    let (px, store) = start_proxy(&dir, &trickle.url());
+    let h = start_proxy("faults-trickle", &trickle.url());
     let id = eid("trickle");
-    let mut s = std::net::TcpStream::connect(px.addr).unwrap();
+    let mut s = std::net::TcpStream::connect(h.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let t = Instant::now();
     s.write_all(&raw_post(&id, "{}")).unwrap();
@@ -446,7 +440,7 @@ fn a_slow_but_live_body_is_relayed_to_its_end() {
         took > TIMEOUT * 2,
         "the stream outlived upstream_timeout: {took:?}"
     );
-    assert_delivered(&store, &id, 1, 200);
+    assert_delivered(&h.store, &id, 1, 200);
 }
 
 /// With `replay_body`, the body is read (up to `replay_body_limit`) before
@@ -456,7 +450,6 @@ fn a_slow_but_live_body_is_relayed_to_its_end() {
 /// lease runs out — which would forward it a second time.
 #[test]
 fn with_replay_body_a_broken_2xx_body_still_settles_delivered() {
-    let dir = TempDir::new("faults-replay-body");
     let up = first_then_ok(|key| {
         let partial = b"HTTP/1.1 200 X\r\nContent-Length: 100\r\n\r\npartial".to_vec();
         if key.starts_with("reset") {
@@ -465,14 +458,15 @@ fn with_replay_body_a_broken_2xx_body_still_settles_delivered() {
             Behavior::Stall(partial)
         }
     });
-    let store = dir.sqlite_url("faults.db");
     let extra = format!("{ROUTE_EXTRA}    replay_body: true\n");
-    let px = Proxy::start(&dir, &store, &route("r", "/r", &up.url(), &extra));
+    let h = Harness::sqlite("faults-replay-body")
+        .route_to("r", "/r", &up.url(), &extra)
+        .start();
     for kind in ["reset", "stall"] {
         let id = eid(kind);
         let t = Instant::now();
         let (got, closed) =
-            send_and_read_to_close(px.addr, &raw_post(&id, "{}"), Duration::from_secs(10));
+            send_and_read_to_close(h.addr, &raw_post(&id, "{}"), Duration::from_secs(10));
         let took = t.elapsed();
         eprintln!(
             "replay_body, {kind}: closed={closed} after {took:?}: {:?}",
@@ -483,9 +477,9 @@ fn with_replay_body_a_broken_2xx_body_still_settles_delivered() {
             took < TIMEOUT + Duration::from_millis(1500),
             "{kind}: {took:?}"
         );
-        let rec = show(&store, "r", &id);
+        let rec = show(&h.store, "r", &id);
         assert_eq!(rec["state"], "delivered", "{kind}: {rec}");
-        let r = px.deliver("/r", Some(&id), b"{}");
+        let r = h.deliver("/r", Some(&id), b"{}");
         assert_eq!(r.status, 200, "{kind} retry: {r:?}");
         assert_eq!(r.header("Idempotent-Replayed"), Some("true"), "{kind}");
         assert_eq!(up.count(&id), 1, "{kind}: forwarded once");
@@ -497,7 +491,6 @@ fn with_replay_body_a_broken_2xx_body_still_settles_delivered() {
 /// ordinary delivery, relayed whole.
 #[test]
 fn garbage_and_close_delimited_responses() {
-    let dir = TempDir::new("faults-garbage");
     let up = first_then_ok(|key| {
         if key.starts_with("garbage") {
             Behavior::Close(b"HELLO THERE\r\n\r\n".to_vec())
@@ -505,24 +498,24 @@ fn garbage_and_close_delimited_responses() {
             Behavior::Close(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nthe body ends with the connection".to_vec())
         }
     });
-    let (px, store) = start_proxy(&dir, &up.url());
+    let h = start_proxy("faults-garbage", &up.url());
 
     let id = eid("garbage");
-    let r = px.deliver("/r", Some(&id), b"{}");
+    let r = h.deliver("/r", Some(&id), b"{}");
     assert_eq!(r.status, 502, "{r:?}");
     assert_eq!(
         problem_type(&r),
         "urn:idemgate:problem:upstream-unreachable"
     );
-    assert_released(&store, &id, 1);
-    let r = px.deliver("/r", Some(&id), b"{}");
+    assert_released(&h.store, &id, 1);
+    let r = h.deliver("/r", Some(&id), b"{}");
     assert_eq!(r.status, 200, "retry: {r:?}");
-    assert_delivered(&store, &id, 2, 200);
+    assert_delivered(&h.store, &id, 2, 200);
 
     let id = eid("until-close");
-    let r = px.deliver("/r", Some(&id), b"{}");
+    let r = h.deliver("/r", Some(&id), b"{}");
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.body, b"the body ends with the connection");
-    assert_delivered(&store, &id, 1, 200);
+    assert_delivered(&h.store, &id, 1, 200);
     assert_eq!(up.count(&id), 1);
 }

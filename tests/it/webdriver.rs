@@ -47,7 +47,10 @@ pub fn installed() -> Option<(PathBuf, PathBuf)> {
 #[derive(Debug, Clone)]
 pub struct WdError {
     pub error: String,
-    #[expect(dead_code, reason = "read by Debug, in the message of a failed command")]
+    #[expect(
+        dead_code,
+        reason = "read by Debug, in the message of a failed command"
+    )]
     pub message: String,
 }
 

@@ -61,6 +61,14 @@ fn run_token() -> &'static str {
     })
 }
 
+/// Seconds since the Unix epoch (signature timestamps).
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs() as i64
+}
+
 /// A unique event ID for this test run.
 pub fn eid(tag: &str) -> String {
     format!(
@@ -153,6 +161,54 @@ impl Drop for PgSchema {
             &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
         );
     }
+}
+
+/// A store for one test: a SQLite file in a temp dir, or a fresh
+/// PostgreSQL schema (and a temp dir beside it); removed on drop.
+pub struct TestStore {
+    pub url: String,
+    _schema: Option<PgSchema>,
+    pub dir: TempDir,
+}
+
+impl TestStore {
+    pub fn sqlite(tag: &str) -> TestStore {
+        let dir = TempDir::new(tag);
+        TestStore {
+            url: dir.sqlite_url("h.db"),
+            _schema: None,
+            dir,
+        }
+    }
+
+    /// `None` (the test skips) without a database outside CI, see [`pg_url`].
+    pub fn postgres(tag: &str) -> Option<TestStore> {
+        let schema = PgSchema::create(&pg_url()?, &tag.replace('-', "_"));
+        Some(TestStore {
+            url: schema.url(),
+            _schema: Some(schema),
+            dir: TempDir::new(tag),
+        })
+    }
+}
+
+/// `#[test] fn SQLITE` and `#[test] fn POSTGRES`, each running `RUN(store)`
+/// on a fresh [`TestStore`] of its kind (the PostgreSQL one skips without a
+/// database outside CI): one suite, once per backend.
+macro_rules! on_both_stores {
+    ($run:ident($tag:literal): $sqlite:ident, $postgres:ident) => {
+        #[test]
+        fn $sqlite() {
+            $run($crate::common::TestStore::sqlite($tag));
+        }
+
+        #[test]
+        fn $postgres() {
+            if let Some(store) = $crate::common::TestStore::postgres($tag) {
+                $run(store);
+            }
+        }
+    };
 }
 
 /// One `idemgate serve` process.
@@ -282,6 +338,15 @@ impl Proxy {
         kit::deliver(self.addr, path, event_id, body).expect("delivery")
     }
 
+    /// POST with these header fields (owned, as a test builds them) on a
+    /// fresh connection.
+    pub fn post(&self, path: &str, headers: &[(String, String)], body: &[u8]) -> Response {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (&**k, &**v)).collect();
+        self.client()
+            .request("POST", path, &headers, body)
+            .expect("delivery")
+    }
+
     pub fn client(&self) -> Client {
         Client::connect(self.addr).expect("connect to proxy")
     }
@@ -297,6 +362,13 @@ impl Proxy {
             .lines()
             .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
             .unwrap_or(0.0)
+    }
+
+    /// `idemgate_requests_total` for one route and outcome.
+    pub fn requests(&self, route: &str, outcome: &str) -> f64 {
+        self.metric(&format!(
+            "idemgate_requests_total{{outcome=\"{outcome}\",route=\"{route}\"}}"
+        ))
     }
 
     /// SIGTERM; waits up to `timeout` (then SIGKILL); the exit code.
@@ -326,16 +398,14 @@ pub struct Harness {
     /// The `routes:` YAML and the environment, for replicas.
     routes: String,
     env: Vec<(String, String)>,
-    _schema: Option<PgSchema>,
-    pub dir: TempDir,
+    /// The store's schema and temp dir.
+    pub test_store: TestStore,
 }
 
 /// What a [`Harness`] will start: see [`Harness::sqlite`].
 pub struct HarnessBuilder {
-    dir: TempDir,
+    store: TestStore,
     up: Consumer,
-    store: String,
-    schema: Option<PgSchema>,
     routes: String,
     env: Vec<(String, String)>,
 }
@@ -343,17 +413,32 @@ pub struct HarnessBuilder {
 impl Harness {
     /// A harness on a fresh SQLite file in a temp dir named after `tag`.
     pub fn sqlite(tag: &str) -> HarnessBuilder {
-        let dir = TempDir::new(tag);
-        let store = dir.sqlite_url("h.db");
-        HarnessBuilder::new(dir, store, None)
+        Harness::on(TestStore::sqlite(tag))
+    }
+
+    /// The most common harness, started: SQLite and one guarded route `r`
+    /// on `/hooks/r` to the consumer, with the `extra` route lines.
+    pub fn guarded(tag: &str, extra: &str) -> Harness {
+        Harness::sqlite(tag).route("r", "/hooks/r", extra).start()
     }
 
     /// A harness on a fresh schema of the test PostgreSQL server; `None`
     /// (the test skips) when there is none outside CI, see [`pg_url`].
     pub fn postgres(tag: &str) -> Option<HarnessBuilder> {
-        let schema = PgSchema::create(&pg_url()?, &tag.replace('-', "_"));
-        let store = schema.url();
-        Some(HarnessBuilder::new(TempDir::new(tag), store, Some(schema)))
+        TestStore::postgres(tag).map(Harness::on)
+    }
+
+    /// A harness on a given store (see [`on_both_stores`]).
+    pub fn on(store: TestStore) -> HarnessBuilder {
+        HarnessBuilder {
+            store,
+            // On a port from `free_port`, which never hands out one a test
+            // reserved for an upstream it starts later.
+            up: Consumer::start_on(SocketAddr::from(([127, 0, 0, 1], free_port())))
+                .expect("the sample consumer starts"),
+            routes: String::new(),
+            env: Vec::new(),
+        }
     }
 }
 
@@ -366,12 +451,17 @@ impl Harness {
     /// Another proxy process with the same config and store: a replica
     /// (stopped when it drops; drop it before the harness).
     pub fn replica(&self) -> Proxy {
-        start_proxy(&self.dir, &self.store, &self.routes, &self.env)
+        start_proxy(&self.test_store.dir, &self.store, &self.routes, &self.env)
+    }
+
+    /// The temp dir.
+    pub fn dir(&self) -> &TempDir {
+        &self.test_store.dir
     }
 
     /// The SQLite file of a [`Harness::sqlite`] store.
     pub fn sqlite_path(&self) -> PathBuf {
-        self.dir.path().join("h.db")
+        self.dir().path().join("h.db")
     }
 }
 
@@ -389,20 +479,9 @@ impl std::ops::DerefMut for Harness {
 }
 
 impl HarnessBuilder {
-    fn new(dir: TempDir, store: String, schema: Option<PgSchema>) -> HarnessBuilder {
-        HarnessBuilder {
-            dir,
-            up: Consumer::start().expect("the sample consumer starts"),
-            store,
-            schema,
-            routes: String::new(),
-            env: Vec::new(),
-        }
-    }
-
     /// A path in the harness's temp dir (for files the config names).
     pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+        self.store.dir.path().join(name)
     }
 
     /// The consumer's URL, for routes written by hand.
@@ -443,15 +522,14 @@ impl HarnessBuilder {
 
     /// Starts the proxy; waits for `/readyz` 200.
     pub fn start(self) -> Harness {
-        let px = start_proxy(&self.dir, &self.store, &self.routes, &self.env);
+        let px = start_proxy(&self.store.dir, &self.store.url, &self.routes, &self.env);
         Harness {
             px,
             up: self.up,
-            store: self.store,
+            store: self.store.url.clone(),
             routes: self.routes,
             env: self.env,
-            _schema: self.schema,
-            dir: self.dir,
+            test_store: self.store,
         }
     }
 }
@@ -474,6 +552,16 @@ pub fn cli_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Asserts a record's state and attempt count, as `events show` prints them.
+pub fn assert_state(store: &str, route: &str, event_id: &str, state: &str, attempts: i64) {
+    let rec = show(store, route, event_id);
+    assert_eq!(
+        (rec["state"].as_str(), rec["attempts"].as_i64()),
+        (Some(state), Some(attempts)),
+        "{route}/{event_id}: {rec}"
+    );
 }
 
 /// `events show --json` as a JSON value (panics unless found).
