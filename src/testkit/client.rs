@@ -67,9 +67,9 @@ impl Client {
     /// The next response head, interim or final: its status and header fields.
     pub fn head(&mut self) -> io::Result<(u16, Vec<(String, String)>)> {
         loop {
-            if let Some((status, headers, n)) = http::response_head(&self.buf)? {
-                self.buf.drain(..n);
-                return Ok((status, headers));
+            if let Some(head) = http::response_head(&self.buf)? {
+                self.buf.drain(..head.len);
+                return Ok((head.status, head.headers));
             }
             if !self.fill()? {
                 return Err(io::Error::new(

@@ -123,15 +123,28 @@ impl Response {
     }
 }
 
-/// A response head (status and header fields) at the front of `buf`, with
-/// its length; `None` while incomplete.
-pub fn response_head(buf: &[u8]) -> io::Result<Option<(u16, Vec<(String, String)>, usize)>> {
+/// A response head as parsed.
+#[derive(Debug, Clone)]
+pub struct ResponseHead {
+    pub status: u16,
+    /// Header fields in wire order.
+    pub headers: Vec<(String, String)>,
+    /// Its length in bytes, the blank line included.
+    pub len: usize,
+}
+
+/// A response head at the front of `buf`; `None` while incomplete.
+pub fn response_head(buf: &[u8]) -> io::Result<Option<ResponseHead>> {
     let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut raw);
-    let httparse::Status::Complete(n) = resp.parse(buf).map_err(invalid)? else {
+    let httparse::Status::Complete(len) = resp.parse(buf).map_err(invalid)? else {
         return Ok(None);
     };
-    Ok(Some((resp.code.unwrap_or(0), fields(resp.headers), n)))
+    Ok(Some(ResponseHead {
+        status: resp.code.unwrap_or(0),
+        headers: fields(resp.headers),
+        len,
+    }))
 }
 
 /// How a message's body is framed, and the decoding of it as bytes arrive.
@@ -328,9 +341,9 @@ mod tests {
         assert_eq!(req.key(), Some("e1"));
         assert_eq!(req.header_bytes("x-raw"), Some(&b"caf\xe9"[..]));
         assert!(request_head(&wire[..20]).unwrap().is_none());
-        let (status, headers, _) = response_head(b"HTTP/1.1 204 No Content\r\nA: b\r\n\r\n")
+        let head = response_head(b"HTTP/1.1 204 No Content\r\nA: b\r\n\r\n")
             .unwrap()
             .unwrap();
-        assert_eq!((status, find(&headers, "a")), (204, Some("b")));
+        assert_eq!((head.status, find(&head.headers, "a")), (204, Some("b")));
     }
 }

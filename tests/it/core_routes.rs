@@ -127,7 +127,7 @@ fn prefixes_strip_and_match_whole_segments() {
             .collect()
     };
     assert_eq!(paths(&inner), expect("inner"));
-    assert_eq!(paths(&outer), expect("outer"));
+    assert_eq!(paths(outer), expect("outer"));
     let miss = c
         .request("POST", "/hook", &[("X-Event-ID", &eid("x"))], b"body")
         .unwrap();

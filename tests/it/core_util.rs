@@ -147,13 +147,12 @@ pub fn read_response_text(s: &mut impl Read) -> (u16, String) {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        if let Some((status, headers, n)) = kit::http::response_head(&got).expect("a response head")
-        {
-            let len = kit::http::find(&headers, "content-length")
+        if let Some(head) = kit::http::response_head(&got).expect("a response head") {
+            let len = kit::http::find(&head.headers, "content-length")
                 .and_then(|v| v.parse::<usize>().ok())
                 .unwrap_or(0);
-            if got.len() >= n + len {
-                return (status, String::from_utf8_lossy(&got).into());
+            if got.len() >= head.len + len {
+                return (head.status, String::from_utf8_lossy(&got).into());
             }
         }
         let n = s.read(&mut buf).expect("a response");

@@ -533,7 +533,7 @@ fn a_kept_connection_closed_before_answering_is_retried_once() {
             assert_eq!(sent[0].body, sent[1].body, "{what}/{how}: the same body");
             if route_name == "g" {
                 assert!(
-                    sent.iter().all(|r| r.key().as_deref() == Some(id.as_str())),
+                    sent.iter().all(|r| r.header("Idempotency-Key") == Some(id.as_str())),
                     "{what}/{how}: the same Idempotency-Key"
                 );
                 let rec = show(&store, "g", &id);

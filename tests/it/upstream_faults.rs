@@ -121,7 +121,7 @@ fn first_then_ok(first: impl Fn(&str) -> Behavior + Send + Sync + 'static) -> Se
     let attempts = Attempts::default();
     upstream(move |req, _| {
         if attempts.next(req) == 0 {
-            first(&req.key().unwrap_or_default())
+            first(req.header("Idempotency-Key").unwrap_or_default())
         } else {
             Behavior::Respond(response(200, b"ok"))
         }
