@@ -22,6 +22,10 @@
 //!   public with the `testkit` feature, for the tests and benches).
 //! - `failpoint`: crash injection for the reliability tests (armed only with `testkit`).
 //! - [`cli`]: the subcommands.
+//! - [`sys`]: the few OS calls without a safe wrapper elsewhere; the one
+//!   module allowed `unsafe` (the crate denies it everywhere else).
+
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod claim;
@@ -36,6 +40,7 @@ pub mod proxy;
 pub mod server;
 pub mod store;
 pub mod sweeper;
+pub mod sys;
 pub mod verify;
 
 #[cfg(feature = "testkit")]

@@ -1,3 +1,5 @@
+#![deny(unsafe_code)]
+
 use clap::Parser;
 
 /// glibc's allocator was a fifth of the proxy's profile under load (arena

@@ -25,36 +25,11 @@ pub fn needed(config: &Config) -> u64 {
         + FIXED
 }
 
-/// Raises the soft open-files limit to the hard one; returns the limit now
-/// in force.
-pub fn raise() -> std::io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain syscalls on a local struct
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: lim.rlim_max,
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            lim.rlim_cur = lim.rlim_max;
-        }
-    }
-    Ok(lim.rlim_cur)
-}
-
 /// Raises the limit and checks that `config` fits in it; the error is a
 /// config error line (`file:line:col: downstream.max_connections: …`).
 pub fn raise_and_check(config: &Config) -> Result<u64, String> {
-    let limit = raise().map_err(|e| format!("cannot raise the open-files limit: {e}"))?;
+    let limit = crate::sys::raise_open_files_limit()
+        .map_err(|e| format!("cannot raise the open-files limit: {e}"))?;
     check(config, limit)?;
     Ok(limit)
 }

@@ -11,12 +11,10 @@
 //! socket down, and the read here ends.
 
 use std::future::poll_fn;
-use std::pin::Pin;
-use std::task::Poll;
 
 use bytes::BytesMut;
 use pingora::protocols::Stream;
-use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::io::AsyncReadExt;
 
 /// The first read of a request: room for the head and a small body (as
 /// pingora's own head buffer). A guarded request keeps it until its answer,
@@ -44,21 +42,8 @@ pub enum Head {
 
 /// Waits for the first bytes of a request, holding no buffer meanwhile.
 pub async fn first_bytes(stream: &mut Stream) -> Head {
-    let read = poll_fn(|cx| {
-        let mut buf = BytesMut::with_capacity(FIRST_READ);
-        let mut rb = ReadBuf::uninit(&mut buf.spare_capacity_mut()[..FIRST_READ]);
-        match Pin::new(&mut *stream).poll_read(cx, &mut rb) {
-            Poll::Ready(Ok(())) => {
-                let n = rb.filled().len();
-                // SAFETY: poll_read initialised and filled the first n bytes
-                unsafe { buf.set_len(n) };
-                Poll::Ready(Ok(buf))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            // nothing came: the buffer is freed until the socket is readable
-            Poll::Pending => Poll::Pending,
-        }
-    });
+    // nothing came: the buffer is freed until the socket is readable
+    let read = poll_fn(|cx| crate::sys::poll_read_new(&mut *stream, cx, FIRST_READ));
     match read.await {
         Ok(buf) if buf.is_empty() => Head::Closed,
         Ok(buf) => match head_end(&buf, 0) {

@@ -216,12 +216,9 @@ impl Table {
         if let Some(r) = reason {
             self.count_close(r);
         }
-        // SAFETY: not memory-unsafe in any case; the descriptor is this
-        // connection's (see the module comment), and a shutdown socket only
-        // wakes its reader.
-        unsafe {
-            libc::shutdown(slot.fd, libc::SHUT_RDWR);
-        }
+        // the descriptor is this connection's (see the module comment), and
+        // a shutdown socket only wakes its reader
+        crate::sys::shutdown_socket(slot.fd);
     }
 
     /// Closes every connection whose header or keep-alive time is up; the

@@ -25,23 +25,16 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
-/// Two `u64` counters: begun, ended.
-const LEN: usize = 16;
+use crate::sys::SharedCounters;
 
 /// One process's mapping of the counter file.
 pub(super) struct ChangeCounter {
     path: PathBuf,
-    /// The shared mapping; it outlives the file descriptor it was made from.
-    cells: NonNull<[AtomicU64; 2]>,
+    /// begun, ended; the mapping outlives the descriptor it was made from.
+    cells: SharedCounters<2>,
 }
-
-// SAFETY: the mapping is only ever accessed through atomics, and it lives
-// (unmapped in `drop`) exactly as long as the struct.
-unsafe impl Send for ChangeCounter {}
-unsafe impl Sync for ChangeCounter {}
 
 /// `<db>-changes`, beside SQLite's own `-wal` and `-shm`.
 pub(super) fn counter_path(db: &Path) -> PathBuf {
@@ -56,29 +49,7 @@ impl ChangeCounter {
     pub(super) fn open(db: &Path) -> io::Result<Self> {
         let path = counter_path(db);
         let file = Self::open_file(&path)?;
-        // A file shorter than the counters is new (or being created by
-        // another process right now); extending it only adds zeros.
-        if file.metadata()?.len() < LEN as u64 {
-            file.set_len(LEN as u64)?;
-        }
-        use std::os::fd::AsRawFd;
-        // SAFETY: a fresh shared mapping of LEN bytes of a file at least that
-        // long; checked for failure below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let cells = NonNull::new(ptr.cast::<[AtomicU64; 2]>())
-            .ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let cells = SharedCounters::map(&file)?;
         Ok(ChangeCounter { path, cells })
     }
 
@@ -96,13 +67,11 @@ impl ChangeCounter {
     }
 
     fn begun(&self) -> &AtomicU64 {
-        // SAFETY: page-aligned shared mapping, valid while `self` lives
-        unsafe { &self.cells.as_ref()[0] }
+        self.cells.get(0)
     }
 
     fn ended(&self) -> &AtomicU64 {
-        // SAFETY: as above
-        unsafe { &self.cells.as_ref()[1] }
+        self.cells.get(1)
     }
 
     /// The tag for an entry filled by a read that starts now, or `None`
@@ -152,15 +121,6 @@ impl ChangeCounter {
     fn end_abandoned(&self) -> bool {
         let begun = self.begun().load(SeqCst);
         self.ended().swap(begun, SeqCst) != begun
-    }
-}
-
-impl Drop for ChangeCounter {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `open`, unmapped once
-        unsafe {
-            libc::munmap(self.cells.as_ptr().cast(), LEN);
-        }
     }
 }
 

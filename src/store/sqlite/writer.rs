@@ -79,23 +79,12 @@ impl Health {
 
 /// Bytes available to this process on the file system holding `path`.
 fn free_bytes(path: &std::path::Path) -> Result<u64, StoreError> {
-    use std::os::unix::ffi::OsStrExt;
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|e| StoreError::Unavailable(format!("{}: {e}", dir.display())))?;
-    // SAFETY: a NUL-terminated path and a zeroed struct statvfs fills in
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(StoreError::Unavailable(format!(
-            "statvfs {}: {e}",
-            dir.display()
-        )));
-    }
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+    crate::sys::free_bytes(dir)
+        .map_err(|e| StoreError::Unavailable(format!("statvfs {}: {e}", dir.display())))
 }
 
 impl Writer {
