@@ -40,17 +40,7 @@ fn send(addr: SocketAddr, id: &str, body: &[u8]) -> Seen {
 
 /// Panics with both replicas' logs (their tails) attached.
 fn fail_with_logs(proxies: &[Proxy], msg: String) -> ! {
-    let mut out = msg;
-    for (i, p) in proxies.iter().enumerate() {
-        let log = p.log();
-        let tail: Vec<&str> = log.lines().rev().take(30).collect();
-        out.push_str(&format!("\n--- replica {i} log (tail) ---\n"));
-        for l in tail.into_iter().rev() {
-            out.push_str(l);
-            out.push('\n');
-        }
-    }
-    panic!("{out}");
+    panic!("{msg}{}", log_tails(proxies, 30));
 }
 
 /// How often each answer was given.

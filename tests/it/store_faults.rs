@@ -404,17 +404,7 @@ fn report_and_check(
     );
     if !problems.is_empty() {
         problems.truncate(30);
-        let mut msg = problems.join("\n");
-        for (i, p) in replicas.iter().enumerate() {
-            let log = p.log();
-            let tail: Vec<&str> = log.lines().rev().take(20).collect();
-            msg.push_str(&format!("\n--- replica {i} log (tail) ---\n"));
-            for l in tail.into_iter().rev() {
-                msg.push_str(l);
-                msg.push('\n');
-            }
-        }
-        panic!("{msg}");
+        panic!("{}{}", problems.join("\n"), log_tails(replicas, 20));
     }
     assert!(delivered_ok.len() > 20, "too little load to say anything");
 }

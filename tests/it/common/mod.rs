@@ -534,6 +534,22 @@ impl HarnessBuilder {
     }
 }
 
+/// The last `lines` lines of each replica's log, under a heading each, for
+/// a failure message.
+pub fn log_tails<'a>(replicas: impl IntoIterator<Item = &'a Proxy>, lines: usize) -> String {
+    let mut out = String::new();
+    for (i, p) in replicas.into_iter().enumerate() {
+        let log = p.log();
+        let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+        out.push_str(&format!("\n--- replica {i} log (tail) ---\n"));
+        for l in tail.into_iter().rev() {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// Runs `idemgate ARGS…`; returns (exit code, stdout, stderr).
 pub fn cli(args: &[&str]) -> (i32, String, String) {
     cli_env(args, &[])
