@@ -8,10 +8,13 @@
 //!
 //! # Support
 //! - [`common`]: the harness — [`common::Harness`] (temp dir, loopback
-//!   consumer, proxy process, store), the proxy process itself, temp dirs,
-//!   PostgreSQL schemas, the `idemgate` command line.
-//! - [`core_util`]: polling, background deliveries, payloads, raw
-//!   connections that show 1xx heads, problem types.
+//!   consumer, proxy process, store), [`common::TestStore`] and
+//!   `on_both_stores!` (one suite, once per backend), the proxy process
+//!   itself, temp dirs, PostgreSQL schemas, the `idemgate` command line.
+//!   The HTTP pieces underneath (client, scripted servers, the `serve`
+//!   process) are `idemgate::testkit`, shared with the benches and `demo`.
+//! - [`core_util`]: background and in-flight deliveries, payloads, raw
+//!   connections that show 1xx heads, problem types, status tallies.
 //! - [`raw_upstream`]: a scripted raw TCP upstream for fault tests.
 //! - [`admin_util`]: admin-token proxies and admin API calls.
 //! - [`webdriver`]: headless Chromium for the console tests.
@@ -24,8 +27,14 @@
 //!    `Harness::postgres(tag)`, which skips without a database outside CI);
 //!    add a helper to the support modules rather than a copy in the test.
 //!
-//! A standalone `tests/NAME.rs` still builds as a binary of its own (cargo
-//! discovers it), but repeats the link and the preamble: fold it in here.
+//! A standalone `tests/NAME.rs` (say a branch's new `tests/upgrade.rs`)
+//! still builds as a binary of its own, since cargo discovers it, but links
+//! everything again and repeats the preamble. To fold one in: `git mv` it to
+//! `tests/it/NAME.rs`; replace its `mod common;` (and `mod core_util;` …)
+//! with `use crate::common;`, or `use crate::common::*;`; `idemgate::sample`
+//! is now `idemgate::testkit` (`kit::` in `common`), `RawUpstream::start`
+//! is `raw_upstream::upstream`; add `mod NAME;` below; its tests are then
+//! `--test it NAME::…`.
 
 #[macro_use]
 mod common;
