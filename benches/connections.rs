@@ -18,20 +18,15 @@
 //! A binary that does not know `downstream` (an older build) gets a config
 //! without it.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idemgate::sample;
+use idemgate::testkit::{memory_kib, Client, Consumer, Ports, Serve};
 
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    memory_kib(pid, "VmRSS:").expect("the proxy's /proc status")
 }
 
 /// RSS once it stops moving (idemgate's allocator returns memory lazily).
@@ -61,20 +56,10 @@ fn raise_nofile() {
     }
 }
 
-fn get_ok(s: &mut TcpStream) {
-    s.write_all(b"GET /pass/x HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"ok") {
-        let n = s.read(&mut buf).unwrap();
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&buf[..n]);
-        if got.len() > 512 {
-            break;
-        }
-    }
-    assert!(got.starts_with(b"HTTP/1.1 200"), "{got:?}");
+/// One GET on the unguarded route, answered 200 "ok".
+fn get_ok(c: &mut Client) {
+    let r = c.request("GET", "/pass/x", &[], b"").unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
 }
 
 fn main() {
@@ -88,15 +73,15 @@ fn main() {
         let target = dir.ancestors().nth(3).unwrap().join("release/idemgate");
         target.display().to_string()
     });
-    let up = sample::Consumer::start().unwrap();
+    let up = Consumer::start().unwrap();
     let dir = std::env::temp_dir().join(format!("idemgate-conn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let port = sample::free_port().unwrap();
-    let admin = sample::free_port().unwrap();
+    let ports = Ports::free().unwrap();
     let base = format!(
-        "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin}\"\nthreads: 2\n\
+        "{}threads: 2\n\
          store:\n  url: \"sqlite://{}/c.db\"\nroutes:\n  - name: pass\n    match:\n      path_prefix: /pass\n    upstream: \"{}\"\n    guard_methods: []\n\
          \x20 - name: h\n    match:\n      path_prefix: /h\n    upstream: \"{}\"\n    event_id:\n      header: X-Event-ID\n",
+        ports.config(),
         dir.display(),
         up.url(),
         up.url()
@@ -116,29 +101,27 @@ fn main() {
     if !known {
         std::fs::write(&config, &base).unwrap();
     }
-    let mut child = Command::new(&bin)
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
+    let mut serve = Serve::spawn(
+        Command::new(&bin)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .unwrap();
+    let pid = serve.pid().unwrap();
+    let addr = ports.listen;
+    serve
+        .wait_ready(ports.admin, Duration::from_secs(30), |s| s == 200)
         .unwrap();
-    let pid = child.id();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
-    assert!(sample::wait_ready(
-        admin,
-        "/readyz",
-        Duration::from_secs(30)
-    ));
 
     // warm-up: allocator arenas and runtimes as under traffic
     let t = Instant::now();
     for _ in 0..8 {
-        let mut s = TcpStream::connect(addr).unwrap();
+        let mut c = Client::connect(addr).unwrap();
         for _ in 0..200 {
-            get_ok(&mut s);
+            get_ok(&mut c);
         }
     }
     println!(
@@ -155,9 +138,9 @@ fn main() {
 
     let mut idle = Vec::with_capacity(n);
     for _ in 0..n {
-        let mut s = TcpStream::connect(addr).unwrap();
-        get_ok(&mut s);
-        idle.push(s);
+        let mut c = Client::connect(addr).unwrap();
+        get_ok(&mut c);
+        idle.push(c);
     }
     let r1 = settled_rss(pid);
     report("idle kept-alive (one GET answered)", r1, r0, n);
@@ -206,8 +189,7 @@ fn main() {
         4 * n
     );
     drop((idle, heads, silent, bodies));
-    let _ = child.kill();
-    let _ = child.wait();
+    serve.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }
 

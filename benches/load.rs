@@ -85,7 +85,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use idemgate::sample;
+use idemgate::testkit;
 
 #[path = "load_attack/mod.rs"]
 mod attack;
@@ -478,16 +478,8 @@ fn children_cpu_us() -> f64 {
 
 /// `VmRSS` and `VmHWM` (peak) in MiB.
 fn rss_mib(pid: u32) -> Option<(f64, f64)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib = |key: &str| -> Option<f64> {
-        s.lines()
-            .find(|l| l.starts_with(key))?
-            .split_whitespace()
-            .nth(1)?
-            .parse::<f64>()
-            .ok()
-    };
-    Some((kib("VmRSS:")? / 1024.0, kib("VmHWM:")? / 1024.0))
+    let mib = |key: &str| testkit::memory_kib(pid, key).map(|kib| kib as f64 / 1024.0);
+    Some((mib("VmRSS:")?, mib("VmHWM:")?))
 }
 
 // ------------------------------------------------------------ the servers
@@ -509,7 +501,7 @@ fn tool(name: &str) -> String {
 }
 
 fn free_port() -> u16 {
-    idemgate::sample::free_port().expect("a free loopback port")
+    testkit::free_port().expect("a free loopback port")
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -561,7 +553,7 @@ fn start_nginx(dir: &Path, name: &str, workers: &str, server_block: &str) -> Ngi
     let pid = spawn(name, cmd);
     let addr = loopback(port);
     wait_until(name, Duration::from_secs(10), || {
-        sample::get(addr, "/pass").is_ok_and(|r| r.status == 200)
+        testkit::get(addr, "/pass").is_ok_and(|r| r.status == 200)
     });
     Nginx { pid, addr }
 }
@@ -632,7 +624,7 @@ fn start_idemgate(
         .stderr(log);
     let pid = spawn(name, cmd);
     let admin = loopback(admin);
-    let ready = sample::wait_ready(admin, "/readyz", Duration::from_secs(30));
+    let ready = testkit::wait_ready(admin, "/readyz", Duration::from_secs(30));
     if !ready {
         let log = std::fs::read_to_string(logs.join(format!("{name}.log"))).unwrap_or_default();
         panic!("{name} did not become ready; its log:\n{log}");
@@ -789,7 +781,7 @@ fn parse_wrk(out: &str) -> Option<WrkResult> {
 
 /// `idemgate_requests_total` by (route, outcome).
 fn outcomes(admin: SocketAddr) -> BTreeMap<(String, String), f64> {
-    let text = sample::get(admin, "/metrics")
+    let text = testkit::get(admin, "/metrics")
         .map(|r| String::from_utf8_lossy(&r.body).into_owned())
         .unwrap_or_default();
     let mut m = BTreeMap::new();
@@ -988,9 +980,9 @@ fn prime_replay(w: &World, sc: &Scenario, prefix: &str) {
     let addr = w.addr(sc.target).unwrap();
     let id = event_id(prefix, 0, 0);
     let body = body_for(&id);
-    let first = sample::deliver(addr, sc.path, Some(&id), &body).expect("priming delivery");
+    let first = testkit::deliver(addr, sc.path, Some(&id), &body).expect("priming delivery");
     assert_eq!(first.status, 200, "priming delivery: {first:?}");
-    let again = sample::deliver(addr, sc.path, Some(&id), &body).expect("priming duplicate");
+    let again = testkit::deliver(addr, sc.path, Some(&id), &body).expect("priming duplicate");
     assert_eq!(
         again.header("Idempotent-Replayed"),
         Some("true"),
@@ -1894,7 +1886,7 @@ fn main() {
     for &k in &keys {
         let sc = scenario(k);
         let id = event_id(&id_prefix('z', 0), 1, k as u64);
-        let r = sample::deliver(
+        let r = testkit::deliver(
             w.addr(sc.target).unwrap(),
             sc.path,
             Some(&id),

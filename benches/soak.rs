@@ -14,21 +14,18 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idemgate::sample::{self, Client, Consumer, Reply};
+use idemgate::testkit::{memory_kib, Client, Consumer, Ports, Reply, Serve};
 
 const WORKERS: usize = 16;
 
-fn free_port() -> u16 {
-    sample::free_port().expect("a free loopback port")
-}
-
+/// One `idemgate serve` on SQLite or PostgreSQL, and its temp dir.
 struct Proxy {
-    child: Child,
+    serve: Serve,
     addr: SocketAddr,
     dir: std::path::PathBuf,
 }
@@ -37,53 +34,48 @@ impl Proxy {
     fn start(store: &str, upstream: &str, tag: &str) -> Proxy {
         let dir = std::env::temp_dir().join(format!("idemgate-soak-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let (port, admin) = (free_port(), free_port());
+        let ports = Ports::free().unwrap();
         let config = format!(
-            "listen: \"127.0.0.1:{port}\"\nadmin_listen: \"127.0.0.1:{admin}\"\nstore:\n  url: \"{store}\"\n\
+            "{}store:\n  url: \"{store}\"\n\
              routes:\n  - name: soak\n    match:\n      path_prefix: /hooks\n    upstream: \"{upstream}\"\n\
-             \x20   event_id:\n      header: X-Event-ID\n    lease: 10s\n    upstream_timeout: 5s\n"
+             \x20   event_id:\n      header: X-Event-ID\n    lease: 10s\n    upstream_timeout: 5s\n",
+            ports.config()
         );
         let path = dir.join("soak.yaml");
         std::fs::write(&path, config).unwrap();
         let bin = std::env::var("SOAK_BIN")
             .unwrap_or_else(|_| format!("{}/target/release/idemgate", env!("CARGO_MANIFEST_DIR")));
-        let child = Command::new(bin)
-            .args(["serve", "--config"])
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("idemgate starts (cargo build --release first)");
-        let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
-        assert!(
-            sample::wait_ready(admin, "/readyz", Duration::from_secs(30)),
-            "idemgate not ready"
-        );
+        let mut serve = Serve::spawn(
+            Command::new(bin)
+                .args(["serve", "--config"])
+                .arg(&path)
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit()),
+        )
+        .expect("idemgate starts (cargo build --release first)");
+        serve
+            .wait_ready(ports.admin, Duration::from_secs(30), |s| s == 200)
+            .unwrap();
         Proxy {
-            child,
-            addr: format!("127.0.0.1:{port}").parse().unwrap(),
+            serve,
+            addr: ports.listen,
             dir,
         }
     }
 
     fn rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        self.serve
+            .pid()
+            .and_then(|pid| memory_kib(pid, "VmRSS:"))
             .unwrap_or(0)
     }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
+        self.serve.stop(Duration::from_secs(60));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -6,7 +6,7 @@
 //! - `after_claim`: the claim is committed, the upstream not contacted;
 //! - `after_upstream`: the upstream answered, the settle is not committed.
 //!
-//! Only in builds with the `failpoints` cargo feature. The shipped binary
+//! Only in builds with the `testkit` cargo feature. The shipped binary
 //! (`cargo build --release`, the Dockerfile) is built without it: there
 //! [`hit`] is empty and the variable is never read, so setting it by mistake
 //! in production does nothing. Test builds get the feature through the
@@ -15,10 +15,10 @@
 //!
 //! Read once at start; when unset a check costs one load and compare.
 
-#[cfg(feature = "failpoints")]
+#[cfg(feature = "testkit")]
 static ARMED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
-#[cfg(feature = "failpoints")]
+#[cfg(feature = "testkit")]
 fn armed() -> Option<&'static str> {
     ARMED
         .get_or_init(|| {
@@ -30,7 +30,7 @@ fn armed() -> Option<&'static str> {
 }
 
 /// Aborts the process if `name` is the armed failpoint.
-#[cfg(feature = "failpoints")]
+#[cfg(feature = "testkit")]
 #[inline]
 pub fn hit(name: &str) {
     if armed() == Some(name) {
@@ -39,7 +39,7 @@ pub fn hit(name: &str) {
     }
 }
 
-/// Without the `failpoints` feature: nothing, whatever the environment says.
-#[cfg(not(feature = "failpoints"))]
+/// Without the `testkit` feature: nothing, whatever the environment says.
+#[cfg(not(feature = "testkit"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}

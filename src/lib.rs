@@ -19,8 +19,9 @@
 //! - [`server`]: assembles and runs the pingora server, with graceful stop.
 //! - [`sweeper`]: background deletion of expired records, the oldest-processing gauge.
 //! - [`verify`]: provider signature schemes, checked before the claim.
-//! - [`sample`]: a sample consumer and client (demo, tests, benches).
-//! - [`failpoint`]: crash injection for the reliability tests.
+//! - `testkit`: loopback HTTP/1.1 test server, client and proxy process (`demo`;
+//!   public with the `testkit` feature, for the tests and benches).
+//! - `failpoint`: crash injection for the reliability tests (armed only with `testkit`).
 //! - [`cli`]: the subcommands.
 //! - [`sys`]: the few OS calls without a safe wrapper elsewhere; the one
 //!   module allowed `unsafe` (the crate denies it everywhere else).
@@ -31,16 +32,20 @@ pub mod admin;
 pub mod claim;
 pub mod cli;
 pub mod config;
-pub mod failpoint;
+mod failpoint;
 pub mod listener;
 pub mod metrics;
 pub mod path;
 pub mod problem;
 pub mod proxy;
-pub mod sample;
 pub mod server;
 pub mod store;
 pub mod sweeper;
 pub mod sys;
 pub mod telemetry;
 pub mod verify;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+#[cfg(not(feature = "testkit"))]
+mod testkit;

@@ -5,47 +5,31 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::exit;
-use crate::sample::{self, Consumer, Reply};
+use crate::testkit::client as kit;
+use crate::testkit::consumer::{Consumer, Reply};
+use crate::testkit::serve::{Ports, Serve};
 
+/// The proxy process and its temp dir, removed after the process stops.
 struct Proxy {
-    child: Child,
+    serve: Serve,
     dir: PathBuf,
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        // SIGTERM for a clean stop, then make sure.
-        send_sigterm(self.child.id());
-        for _ in 0..100 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.serve.stop(Duration::from_secs(2));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-fn send_sigterm(pid: u32) {
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status();
-}
-
 fn start_proxy(dir: &Path, upstream: &str) -> Result<(Proxy, SocketAddr), String> {
-    let free = || crate::sample::free_port().map_err(|e| e.to_string());
-    let (port, admin) = (free()?, free()?);
+    let ports = Ports::free().map_err(|e| e.to_string())?;
     let config = format!(
-        r#"listen: "127.0.0.1:{port}"
-admin_listen: "127.0.0.1:{admin}"
-store:
+        r#"{head}store:
   url: "sqlite://{db}"
 routes:
   - name: demo
@@ -58,35 +42,33 @@ routes:
     lease: 10s
     upstream_timeout: 5s
 "#,
+        head = ports.config(),
         db = dir.join("idemgate.db").display()
     );
     let path = dir.join("demo.yaml");
     std::fs::write(&path, config).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let child = Command::new(exe)
-        .args(["serve", "--config"])
-        .arg(&path)
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("cannot start the proxy: {e}"))?;
-    let proxy = Proxy {
-        child,
+    let serve = Serve::spawn(
+        Command::new(exe)
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit()),
+    )
+    .map_err(|e| format!("cannot start the proxy: {e}"))?;
+    let mut proxy = Proxy {
+        serve,
         dir: dir.to_path_buf(),
     };
-    let admin_addr: SocketAddr = format!("127.0.0.1:{admin}").parse().expect("loopback");
-    if !sample::wait_ready(admin_addr, "/readyz", Duration::from_secs(30)) {
-        return Err("the proxy did not become ready within 30s".into());
-    }
-    Ok((
-        proxy,
-        format!("127.0.0.1:{port}").parse().expect("loopback"),
-    ))
+    proxy
+        .serve
+        .wait_ready(ports.admin, Duration::from_secs(30), |s| s == 200)?;
+    Ok((proxy, ports.listen))
 }
 
 struct Step {
@@ -184,7 +166,7 @@ fn run_demo() -> Result<bool, String> {
 
 /// Sends one delivery of the script and checks what it came to.
 fn deliver(addr: SocketAddr, consumer: &Consumer, d: Delivery) -> Result<Step, String> {
-    let r = sample::deliver(addr, "/hooks/demo", Some(d.id), d.body).map_err(|e| e.to_string())?;
+    let r = kit::deliver(addr, "/hooks/demo", Some(d.id), d.body).map_err(|e| e.to_string())?;
     let status = r.header("Idempotency-Status").unwrap_or("-");
     let replayed = r.header("Idempotent-Replayed") == Some("true");
     let saw = consumer.count(d.id);
@@ -206,7 +188,7 @@ fn concurrent(addr: SocketAddr, consumer: &Consumer) -> Step {
     let handles: Vec<_> = (0..5)
         .map(|_| {
             std::thread::spawn(move || {
-                sample::deliver(addr, "/hooks/demo", Some("evt_2"), br#"{"amount":50}"#)
+                kit::deliver(addr, "/hooks/demo", Some("evt_2"), br#"{"amount":50}"#)
             })
         })
         .collect();

@@ -1,0 +1,165 @@
+//! A small blocking HTTP/1.1 client on the kit's core: one connection for
+//! several requests (keep-alive), every response head visible when asked
+//! (interim `1xx` included), raw bytes when a test needs to send what no
+//! client would.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::http::{self, Body, Response};
+
+/// One client connection.
+pub struct Client {
+    stream: TcpStream,
+    /// Bytes read from the socket and not yet taken by a response.
+    buf: Vec<u8>,
+}
+
+impl Client {
+    /// Connects within 5 s; reads time out after 30 s.
+    pub fn connect(addr: SocketAddr) -> io::Result<Client> {
+        Self::connect_with(addr, Duration::from_secs(30))
+    }
+
+    /// Like [`Client::connect`], with reads timing out after `read_timeout`.
+    pub fn connect_with(addr: SocketAddr, read_timeout: Duration) -> io::Result<Client> {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        stream.set_read_timeout(Some(read_timeout))?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Sends raw bytes (a whole request, or part of one).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    /// A second handle on the socket, for writing from another thread.
+    pub fn writer(&self) -> io::Result<TcpStream> {
+        self.stream.try_clone()
+    }
+
+    /// A request with a `Content-Length` body; the final response.
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> io::Result<Response> {
+        self.send_raw(&http::request(method, path, headers, body))?;
+        self.read_response(method == "HEAD")
+    }
+
+    /// One more read into the buffer; false at the end of the stream.
+    fn fill(&mut self) -> io::Result<bool> {
+        let mut chunk = [0u8; 16384];
+        let n = self.stream.read(&mut chunk)?;
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(n > 0)
+    }
+
+    /// The next response head, interim or final: its status and header fields.
+    pub fn head(&mut self) -> io::Result<(u16, Vec<(String, String)>)> {
+        loop {
+            if let Some(head) = http::response_head(&self.buf)? {
+                self.buf.drain(..head.len);
+                return Ok((head.status, head.headers));
+            }
+            if !self.fill()? {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed",
+                ));
+            }
+        }
+    }
+
+    /// The body that follows a head, framed as `body` says.
+    pub fn body(&mut self, mut body: Body) -> io::Result<Vec<u8>> {
+        let mut eof = false;
+        loop {
+            if let Some(bytes) = body.take(&mut self.buf, eof)? {
+                return Ok(bytes);
+            }
+            eof = !self.fill()?;
+        }
+    }
+
+    /// Reads one final response (skipping 1xx), framed by `Content-Length`,
+    /// chunked coding, or the end of the connection.
+    pub fn read_response(&mut self, head_only: bool) -> io::Result<Response> {
+        loop {
+            let (status, headers) = self.head()?;
+            if (100..200).contains(&status) {
+                continue;
+            }
+            let body = self.body(Body::of_response(status, &headers, head_only))?;
+            return Ok(Response {
+                status,
+                headers,
+                body,
+            });
+        }
+    }
+}
+
+/// A free loopback port, never one this process was given before: the
+/// kernel can hand out a closed probe's port again at once, and two
+/// listeners meant to be apart (a proxy and its admin) would then share it.
+pub fn free_port() -> io::Result<u16> {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+}
+
+/// POSTs `body` (as JSON) with an `X-Event-ID` header on a fresh connection.
+pub fn deliver(
+    addr: SocketAddr,
+    path: &str,
+    event_id: Option<&str>,
+    body: &[u8],
+) -> io::Result<Response> {
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(id) = event_id {
+        headers.push(("X-Event-ID", id));
+    }
+    Client::connect(addr)?.request("POST", path, &headers, body)
+}
+
+/// GET on a fresh connection (admin endpoints).
+pub fn get(addr: SocketAddr, path: &str) -> io::Result<Response> {
+    Client::connect(addr)?.request("GET", path, &[], b"")
+}
+
+/// Polls `check` every 10 ms until it holds; false after `timeout`.
+pub fn wait_until(timeout: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until `GET path` answers 200, up to `timeout`.
+pub fn wait_ready(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
+    wait_until(timeout, || get(addr, path).is_ok_and(|r| r.status == 200))
+}

@@ -1,0 +1,510 @@
+//! The operator console (SPEC §11) in a real browser: Debian's headless
+//! Chromium, driven through WebDriver, against the real binary, a real
+//! consumer and a real SQLite store.
+//!
+//! - the overview lists the routes with counters that match `/metrics`, and
+//!   follows them as traffic goes on;
+//! - a search finds a delivered event, and its detail shows every field;
+//! - a forced release with the token makes the next delivery forwarded;
+//! - event IDs carrying HTML render as text, and no script runs.
+//!
+//! `IDEMGATE_SCREENSHOTS=DIR` writes the overview and an event's detail to
+//! DIR (the ones in `docs/` were taken so).
+
+use crate::admin_util;
+use crate::common;
+use crate::webdriver;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use admin_util::*;
+use common::*;
+use serde_json::{json, Value};
+use webdriver::Browser;
+
+/// One browser at a time: a 2-core machine runs one Chromium well.
+static ONE_BROWSER: Mutex<()> = Mutex::new(());
+
+fn screenshots() -> Option<PathBuf> {
+    std::env::var_os("IDEMGATE_SCREENSHOTS").map(PathBuf::from)
+}
+
+/// A proxy with two guarded routes and the admin token, and its consumer.
+struct Setup {
+    up: Consumer,
+    px: Proxy,
+    store: String,
+    _dir: TempDir,
+}
+
+impl Setup {
+    fn start(tag: &str) -> Setup {
+        let dir = TempDir::new(tag);
+        let up = Consumer::start().unwrap();
+        let store = dir.sqlite_url("console.db");
+        let routes = route("orders", "/hooks/orders", &up.url(), "    lease: 30s\n")
+            + &format!(
+                "  - name: billing\n    match:\n      path_prefix: /hooks/billing\n    \
+                 upstream: \"{}\"\n    event_id:\n      json_pointer: /id\n    digest: json\n",
+                up.url()
+            );
+        let px = start_with_token(&dir, &store, &routes);
+        Setup {
+            up,
+            px,
+            store,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, fragment: &str) -> String {
+        format!("http://{}/{fragment}", self.px.admin)
+    }
+
+    fn billing(&self, id: &str) -> Response {
+        let body = format!("{{\"id\":\"{id}\",\"amount\":12}}");
+        kit::deliver(self.px.addr, "/hooks/billing", None, body.as_bytes()).unwrap()
+    }
+}
+
+/// Every `[data-counter]` the overview shows: (counter, route, label) → text.
+fn shown_counters(b: &Browser) -> BTreeMap<(String, String, String), String> {
+    let v = b.execute(
+        "return Array.from(document.querySelectorAll('#routes [data-counter]')).map(e => \
+         [e.dataset.counter, e.dataset.route, e.dataset.label || '', e.textContent]);",
+        json!([]),
+    );
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            let s = |i: usize| row[i].as_str().unwrap().to_string();
+            ((s(0), s(1), s(2)), s(3))
+        })
+        .collect()
+}
+
+/// What the overview must show, from a `/metrics` scrape: the requests and
+/// upstream samples of the configured routes.
+fn expected_counters(metrics: &str) -> BTreeMap<(String, String, String), String> {
+    let mut out = BTreeMap::new();
+    for (metric, counter, key) in [
+        ("idemgate_requests_total", "requests", "outcome"),
+        ("idemgate_upstream_responses_total", "upstream", "class"),
+    ] {
+        for (series, value) in samples(metrics, metric) {
+            let route = label(&series, "route");
+            if route.is_empty() {
+                continue; // no_route: shown below the table
+            }
+            out.insert(
+                (
+                    counter.to_string(),
+                    route.to_string(),
+                    label(&series, key).to_string(),
+                ),
+                format!("{value}"),
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn the_overview_lists_the_routes_with_counters_that_match_metrics() {
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else { return };
+    let s = Setup::start("console-overview");
+    let tag = eid("ov");
+    for i in 0..4 {
+        assert_eq!(
+            s.px.deliver("/hooks/orders", Some(&format!("{tag}-{i}")), b"{}")
+                .status,
+            200
+        );
+    }
+    for _ in 0..3 {
+        s.px.deliver("/hooks/orders", Some(&format!("{tag}-0")), b"{}"); // replayed
+    }
+    s.px.deliver("/hooks/orders", Some(&format!("{tag}-1")), b"other"); // digest_mismatch
+    s.px.deliver("/hooks/orders", None, b"{}"); // missing_id
+    let failing = format!("{tag}-fails");
+    s.up.script(&failing, vec![Reply::status(502)]);
+    s.px.deliver("/hooks/orders", Some(&failing), b"{}");
+    for i in 0..2 {
+        assert_eq!(s.billing(&format!("{tag}-b{i}")).status, 200);
+    }
+    s.px.deliver("/nowhere", Some("x"), b"{}"); // no_route
+
+    b.goto(&s.url(""));
+    b.wait_visible("#routes tr[data-route=\"orders\"]");
+    b.wait_visible("#routes tr[data-route=\"billing\"]");
+    let want = expected_counters(&s.px.metrics());
+    let key = |c: &str, r: &str, l: &str| (c.to_string(), r.to_string(), l.to_string());
+    assert_eq!(want[&key("requests", "orders", "forwarded")], "5");
+    assert_eq!(want[&key("requests", "orders", "replayed")], "3");
+    assert_eq!(want[&key("upstream", "orders", "5xx")], "1");
+    let shown = shown_counters(&b);
+    let requests_and_upstream: BTreeMap<_, _> = shown
+        .iter()
+        .filter(|((c, _, _), _)| c == "requests" || c == "upstream")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(
+        requests_and_upstream, want,
+        "the overview shows /metrics' counters, all of them"
+    );
+    // the oldest processing age, per route, as the gauge says (0: none)
+    for r in ["orders", "billing"] {
+        assert_eq!(shown[&key("oldest", r, "")], "0 s");
+        assert_eq!(
+            s.px.metric(&format!(
+                "idemgate_processing_oldest_age_seconds{{route=\"{r}\"}}"
+            )),
+            0.0
+        );
+    }
+    // the no-route request and the store's round trips
+    let unrouted = b.text(&b.find("#unrouted").unwrap());
+    assert!(unrouted.contains("no_route 1"), "{unrouted}");
+    let claims = b.text(
+        &b.find("#store [data-counter=\"store-count\"][data-label=\"claim\"]")
+            .unwrap(),
+    );
+    assert_eq!(
+        claims.parse::<f64>().unwrap(),
+        s.px.metric("idemgate_store_duration_seconds_count{operation=\"claim\"}")
+    );
+    // the failed delivery waits in "Needs attention"
+    let failed = b.wait_for("the failed event listed", |b| {
+        b.find_all("#failed a.event-link")
+            .into_iter()
+            .map(|e| b.text(&e))
+            .find(|t| *t == failing)
+    });
+    assert_eq!(failed, failing);
+
+    // live: more traffic shows up within a few refreshes, still equal to /metrics
+    for i in 10..16 {
+        s.px.deliver("/hooks/orders", Some(&format!("{tag}-{i}")), b"{}");
+    }
+    let want = expected_counters(&s.px.metrics());
+    assert_eq!(want[&key("requests", "orders", "forwarded")], "11");
+    b.wait_for("the new counters", |b| {
+        let shown = shown_counters(b);
+        (shown
+            .get(&key("requests", "orders", "forwarded"))
+            .map(String::as_str)
+            == Some("11"))
+        .then_some(())
+    });
+    let shown = shown_counters(&b);
+    for (k, v) in &want {
+        assert_eq!(shown.get(k), Some(v), "{k:?} after the refresh");
+    }
+    b.screenshot(screenshots().as_deref(), "console-overview.png");
+}
+
+/// The `[data-field]` rows of the event detail: field → text.
+fn shown_fields(b: &Browser) -> BTreeMap<String, String> {
+    let v = b.execute(
+        "return Array.from(document.querySelectorAll('#fields tr[data-field]')).map(r => \
+         [r.dataset.field, r.querySelector('td').textContent]);",
+        json!([]),
+    );
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r[0].as_str().unwrap().to_string(),
+                r[1].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn as_shown(v: &Value) -> String {
+    match v {
+        Value::Null => "—".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[test]
+fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else { return };
+    let s = Setup::start("console-search");
+    let tag = eid("se");
+    let id = format!("{tag}/order-42");
+    // other records around it: another route, other states, other IDs
+    assert_eq!(s.billing(&format!("{tag}/order-43")).status, 200);
+    let failing = format!("{tag}/order-44");
+    s.up.script(&failing, vec![Reply::status(500)]);
+    s.px.deliver("/hooks/orders", Some(&failing), b"{}");
+    s.px.deliver("/hooks/orders", Some(&format!("{tag}/other")), b"{}");
+    assert_eq!(
+        s.px.deliver("/hooks/orders", Some(&id), br#"{"n":42}"#)
+            .status,
+        200
+    );
+
+    b.goto(&s.url("#/events"));
+    b.wait_visible("#search-route option[value=\"orders\"]");
+    b.click(&b.find("#search-route option[value=\"orders\"]").unwrap());
+    b.click(&b.find("#search-state option[value=\"delivered\"]").unwrap());
+    b.type_text(&b.find("#search-prefix").unwrap(), &format!("{tag}/order"));
+    b.click(&b.find("#search-go").unwrap());
+    let links = b.wait_for("one result", |b| {
+        let rows = b.find_all("#results tbody a.event-link");
+        (rows.len() == 1 && b.text(&rows[0]) == id).then_some(rows)
+    });
+    b.click(&links[0]);
+    let want = show(&s.store, "orders", &id);
+    b.wait_for("the detail", |b| {
+        (shown_fields(b).get("event_id") == Some(&id)).then_some(())
+    });
+    let fields = shown_fields(&b);
+    let want_fields: BTreeMap<String, String> = want
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), as_shown(v)))
+        .collect();
+    assert_eq!(
+        fields, want_fields,
+        "every field of events show --json, as it says"
+    );
+    assert_eq!(fields["state"], "delivered");
+    assert_eq!(fields["last_status"], "200");
+    // the timeline: its times, in order, and now
+    let moments = b.execute(
+        "return Array.from(document.querySelectorAll('#timeline li')).map(li => \
+         [li.dataset.moment, li.querySelector('.when').textContent]);",
+        json!([]),
+    );
+    let moments: Vec<(String, String)> = moments
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m[0].as_str().unwrap().into(), m[1].as_str().unwrap().into()))
+        .collect();
+    let names: Vec<&str> = moments.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "first seen",
+            "last change",
+            "delivered",
+            "now",
+            "record expires"
+        ],
+        "{moments:?}"
+    );
+    assert_eq!(moments[0].1, want["first_seen_at"].as_str().unwrap());
+    assert_eq!(moments[2].1, want["delivered_at"].as_str().unwrap());
+    assert_eq!(moments[4].1, want["expires_at"].as_str().unwrap());
+    // a delivered event offers only the forced release
+    assert!(b.displayed(&b.find("#force-release").unwrap()));
+    assert!(!b.displayed(&b.find("#release").unwrap()));
+    let page = b.execute("return document.body.innerText", json!([]));
+    assert!(
+        !page.as_str().unwrap().contains("\"n\":42"),
+        "no payload is shown"
+    );
+    b.screenshot(screenshots().as_deref(), "console-event.png");
+}
+
+#[test]
+fn a_forced_release_with_the_token_makes_the_next_delivery_forwarded() {
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else { return };
+    let s = Setup::start("console-release");
+    let id = format!("{}/redeliver-me", eid("rel"));
+    assert_eq!(s.px.deliver("/hooks/orders", Some(&id), b"{}").status, 200);
+    let dup = s.px.deliver("/hooks/orders", Some(&id), b"{}");
+    assert_eq!(dup.header("Idempotent-Replayed"), Some("true"));
+
+    b.goto(&s.url(&format!("#/event/orders/{}", enc(&id))));
+    let force = b.wait_visible("#force-release");
+    b.click(&force);
+    b.wait_visible("#confirm[open]");
+    let text = b.text(&b.find("#confirm-text").unwrap());
+    assert!(text.contains(&id) && text.contains("AGAIN"), "{text}");
+    // a wrong token is refused, and nothing changes
+    let input = b.find("#confirm-token").unwrap();
+    b.type_text(&input, "not-the-token");
+    b.click(&b.find("#confirm-ok").unwrap());
+    let error = b.wait_for("the refusal", |b| {
+        Some(b.text(&b.find("#confirm-error").unwrap())).filter(|t| !t.is_empty())
+    });
+    assert!(error.contains("refused"), "{error}");
+    assert_eq!(show(&s.store, "orders", &id)["state"], "delivered");
+    // the right one releases it
+    b.clear(&input);
+    b.type_text(&input, TOKEN);
+    b.click(&b.find("#confirm-ok").unwrap());
+    b.wait_for("the released record", |b| {
+        (shown_fields(b).get("state").map(String::as_str) == Some("failed")).then_some(())
+    });
+    assert!(
+        !b.displayed(&b.find("#confirm").unwrap()),
+        "the dialog closed"
+    );
+    let result = b.text(&b.find("#action-result").unwrap());
+    assert!(result.contains("Force released"), "{result}");
+    let rec = show(&s.store, "orders", &id);
+    assert_eq!(
+        (rec["state"].as_str(), rec["lease_until"].as_null()),
+        (Some("failed"), Some(()))
+    );
+    assert_eq!(shown_fields(&b)["last_error"], "released by operator");
+    // the token: in this tab's memory only — no cookie, not in sessionStorage
+    let kept = b.execute(
+        "return [document.cookie, sessionStorage.length, document.getElementById('token-state').textContent]",
+        json!([]),
+    );
+    assert_eq!(kept, json!(["", 0, "admin token held in memory"]));
+
+    let again = s.px.deliver("/hooks/orders", Some(&id), b"{}");
+    assert_eq!(
+        (again.status, again.header("Idempotency-Status")),
+        (200, Some("forwarded"))
+    );
+    assert_eq!(s.up.count(&id), 2, "the consumer got the delivery again");
+
+    // a failed event: Release, with the token the tab holds (none typed),
+    // kept in sessionStorage this time
+    let failing = format!("{}/fails", eid("rel"));
+    s.up.script(&failing, vec![Reply::status(500)]);
+    s.px.deliver("/hooks/orders", Some(&failing), b"{}");
+    b.goto(&s.url(&format!("#/event/orders/{}", enc(&failing))));
+    let release = b.wait_visible("#release");
+    assert!(!b.displayed(&b.find("#force-release").unwrap()));
+    b.click(&release);
+    b.wait_visible("#confirm[open]");
+    b.click(&b.find("#confirm-keep").unwrap());
+    b.click(&b.find("#confirm-ok").unwrap());
+    b.wait_for("the release", |b| {
+        let r = b.text(&b.find("#action-result").unwrap());
+        r.starts_with("Released").then_some(())
+    });
+    let kept = b.execute(
+        "return [document.cookie, sessionStorage.getItem('idemgate.admin-token')]",
+        json!([]),
+    );
+    assert_eq!(kept, json!(["", TOKEN]));
+    assert_eq!(
+        show(&s.store, "orders", &failing)["last_error"],
+        "released by operator"
+    );
+}
+
+#[test]
+fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else { return };
+    let s = Setup::start("console-xss");
+    let tag = eid("x");
+    // what a sender can put in an event ID (visible ASCII, no spaces) ...
+    let sent = [
+        format!("{tag}<svg/onload=alert(1)>"),
+        format!("{tag}\"><img/src/onerror=alert(2)>"),
+        format!("{tag}</td></tr><script>alert(3)</script>"),
+        format!("{tag}'-alert(4)-'"),
+    ];
+    for id in &sent {
+        assert_eq!(
+            s.px.deliver("/hooks/orders", Some(id), b"{}").status,
+            200,
+            "{id}"
+        );
+    }
+    // ... and the issue's own example, with spaces, written to the store
+    // directly as a claim whose process died (so it is also a stuck claim)
+    let issue = "<img src=x onerror=alert(1)>".to_string();
+    stuck_claim(&s.store, "orders", &issue, 120_000, 30_000);
+
+    let no_markup = |b: &Browser, where_: &str| {
+        let v = b.execute(
+            "return [document.querySelectorAll('img, svg, iframe, object, embed').length, \
+             document.querySelectorAll('script').length, \
+             document.querySelectorAll('[onerror], [onload], [onclick]').length, \
+             window.__idemgate_pwned === undefined]",
+            json!([]),
+        );
+        assert_eq!(
+            v,
+            json!([0, 1, 0, true]),
+            "{where_}: markup from an event ID became elements"
+        );
+        assert_eq!(b.alert_text(), None, "{where_}: a script ran");
+    };
+
+    // the overview's stuck claims
+    b.goto(&s.url(""));
+    let stuck = b.wait_for("the stuck claim", |b| {
+        b.find_all("#stuck a.event-link")
+            .into_iter()
+            .map(|e| b.text(&e))
+            .find(|t| *t == issue)
+    });
+    assert_eq!(stuck, issue);
+    no_markup(&b, "overview");
+
+    // the search results
+    b.goto(&s.url(&format!("#/events?route=orders&prefix={}", enc(&tag))));
+    let texts = b.wait_for("the results", |b| {
+        let t: Vec<String> = b
+            .find_all("#results tbody a.event-link")
+            .iter()
+            .map(|e| b.text(e))
+            .collect();
+        (t.len() == sent.len()).then_some(t)
+    });
+    let mut want = sent.to_vec();
+    want.sort();
+    let mut got = texts.clone();
+    got.sort();
+    assert_eq!(got, want, "each ID, character for character");
+    no_markup(&b, "results");
+
+    // every detail page, the issue's ID included
+    for id in sent.iter().chain([&issue]) {
+        b.goto(&s.url(&format!("#/event/orders/{}", enc(id))));
+        b.wait_for("the detail", |b| {
+            (shown_fields(b).get("event_id") == Some(id)).then_some(())
+        });
+        assert_eq!(b.text(&b.find("#detail-id").unwrap()), *id);
+        no_markup(&b, id);
+    }
+    // a release dialog quotes the ID as text too
+    b.click(&b.wait_visible("#release"));
+    b.wait_visible("#confirm[open]");
+    assert!(b.text(&b.find("#confirm-text").unwrap()).contains(&issue));
+    no_markup(&b, "dialog");
+
+    // and the policy is the browser's, not only the script's habit: an HTML
+    // sink throws (Trusted Types), inline script does not run
+    let sink = b.execute(
+        "try { document.body.insertAdjacentHTML('beforeend', '<b>x</b>'); return 'inserted'; } \
+         catch (e) { return e.name; }",
+        json!([]),
+    );
+    assert_eq!(
+        sink, "TypeError",
+        "require-trusted-types-for 'script' is enforced"
+    );
+    let inline = b.execute(
+        "const s = document.createElement('script'); \
+         try { s.text = 'window.__idemgate_pwned = 1'; document.head.append(s); } catch (e) {} \
+         return window.__idemgate_pwned === undefined;",
+        json!([]),
+    );
+    assert_eq!(inline, true, "an inline script does not run");
+    assert_eq!(b.alert_text(), None);
+}

@@ -1,0 +1,1403 @@
+//! The store contract (SPEC §3, §6), written once and run against every
+//! backend: `sqlite::*` on a fresh file in a temp dir, `postgres::*` in a
+//! fresh schema of the PostgreSQL test database (skipped with a note outside
+//! CI when PostgreSQL is not there). Time is logical: every call names its
+//! `now`, so nothing here sleeps.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use idemgate::claim::{self, ClaimKind, Decision, Existing, Millis, Refusal, SettleResult, State};
+use idemgate::store::{
+    self, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, Recorded, ReleaseOutcome,
+    SettleOutcome, SettleRequest,
+};
+
+const T0: Millis = 1_700_000_000_000;
+const LEASE: Millis = 10_000;
+const RETENTION: Millis = 86_400_000;
+const R: &str = "r";
+const D1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+const D2: &str = "2222222222222222222222222222222222222222222222222222222222222222";
+
+/// One backend under test; what it created goes away on drop.
+pub struct Backend {
+    pub store: Arc<dyn ClaimStore>,
+    /// The same database for raw SQL (PostgreSQL only).
+    pub url: String,
+    _dir: Option<common::TempDir>,
+    _schema: Option<common::PgSchema>,
+}
+
+async fn sqlite_backend() -> Backend {
+    let dir = common::TempDir::new("contract");
+    let url = dir.sqlite_url("contract.db");
+    let store = store::open(&url, 4).await.expect("open sqlite");
+    store.migrate().await.expect("migrate sqlite");
+    Backend {
+        store,
+        url,
+        _dir: Some(dir),
+        _schema: None,
+    }
+}
+
+async fn postgres_backend() -> Option<Backend> {
+    let base = common::pg_url()?;
+    let schema = common::PgSchema::create(&base, "contract");
+    let url = schema.url();
+    let store = store::open(&url, 8).await.expect("open postgres");
+    store.migrate().await.expect("migrate postgres");
+    Some(Backend {
+        store,
+        url,
+        _dir: None,
+        _schema: Some(schema),
+    })
+}
+
+fn claim_req<'a>(event_id: &'a str, digest: &'a str, now: Millis) -> ClaimRequest<'a> {
+    ClaimRequest {
+        route: R,
+        event_id,
+        digest,
+        now,
+        lease_ms: LEASE,
+        retention_ms: RETENTION,
+    }
+}
+
+async fn claim(s: &dyn ClaimStore, event_id: &str, digest: &str, now: Millis) -> ClaimOutcome {
+    s.claim(&claim_req(event_id, digest, now))
+        .await
+        .expect("claim")
+}
+
+/// Claims and insists on owning it; returns the attempt.
+async fn own(s: &dyn ClaimStore, event_id: &str, now: Millis) -> i64 {
+    match claim(s, event_id, D1, now).await {
+        ClaimOutcome::Claimed { attempt, .. } => attempt,
+        other => panic!("{event_id} at {now}: expected a claim, got {other:?}"),
+    }
+}
+
+async fn settle(
+    s: &dyn ClaimStore,
+    event_id: &str,
+    attempt: i64,
+    now: Millis,
+    outcome: SettleOutcome<'_>,
+) -> SettleResult {
+    s.settle(&SettleRequest {
+        route: R,
+        event_id,
+        attempt,
+        now,
+        retention_ms: RETENTION,
+        outcome,
+    })
+    .await
+    .expect("settle")
+}
+
+fn delivered(status: u16) -> SettleOutcome<'static> {
+    SettleOutcome::Delivered {
+        status,
+        content_type: None,
+        body: None,
+    }
+}
+
+fn failed(status: Option<u16>) -> SettleOutcome<'static> {
+    SettleOutcome::Failed {
+        status,
+        error: Some("upstream answered badly"),
+    }
+}
+
+async fn get(s: &dyn ClaimStore, event_id: &str) -> Record {
+    s.get(R, event_id)
+        .await
+        .expect("get")
+        .unwrap_or_else(|| panic!("{event_id}: no record"))
+}
+
+fn decision_of(outcome: &ClaimOutcome) -> Decision {
+    match outcome {
+        ClaimOutcome::Claimed { kind, .. } => Decision::Claim(*kind),
+        ClaimOutcome::Existing { decision, .. } => Decision::Refuse(*decision),
+    }
+}
+
+/// Each case is an async fn over `Arc<dyn ClaimStore>`; `contract!` runs it
+/// once per backend.
+mod cases {
+    use super::*;
+
+    pub async fn new_claim(b: &Backend) {
+        let s = &*b.store;
+        let out = claim(s, "e1", D1, T0).await;
+        assert_eq!(
+            out,
+            ClaimOutcome::Claimed {
+                attempt: 1,
+                kind: ClaimKind::New,
+                lease_until: T0 + LEASE
+            }
+        );
+        let rec = get(s, "e1").await;
+        let want = Record {
+            route: R.into(),
+            event_id: "e1".into(),
+            body_sha256: D1.into(),
+            state: State::Processing,
+            attempts: 1,
+            lease_until: Some(T0 + LEASE),
+            last_status: None,
+            last_error: None,
+            first_seen_at: T0,
+            updated_at: T0,
+            delivered_at: None,
+            expires_at: T0 + RETENTION,
+            replay_status: None,
+            replay_content_type: None,
+            replay_body_bytes: None,
+        };
+        assert_eq!(rec, want);
+        assert_eq!(rec.state(), Some(State::Processing));
+        assert_eq!(s.get(R, "absent").await.unwrap(), None);
+        assert_eq!(s.get("other-route", "e1").await.unwrap(), None);
+        // Event IDs are scoped by route: the same ID elsewhere is a new claim.
+        let other = s
+            .claim(&ClaimRequest {
+                route: "other-route",
+                ..claim_req("e1", D2, T0)
+            })
+            .await
+            .unwrap();
+        assert!(matches!(
+            other,
+            ClaimOutcome::Claimed {
+                attempt: 1,
+                kind: ClaimKind::New,
+                ..
+            }
+        ));
+    }
+
+    pub async fn replay_of_delivered(b: &Backend) {
+        let s = &*b.store;
+        let a = own(s, "plain", T0).await;
+        assert_eq!(
+            settle(s, "plain", a, T0 + 5, delivered(202)).await,
+            SettleResult::Delivered
+        );
+        let rec = get(s, "plain").await;
+        assert_eq!(rec.state(), Some(State::Delivered));
+        assert_eq!(rec.last_status, Some(202));
+        assert_eq!(rec.delivered_at, Some(T0 + 5));
+        assert_eq!(rec.lease_until, None);
+        assert_eq!(rec.replay_body_bytes, None);
+        for now in [T0 + 6, T0 + LEASE * 100] {
+            assert_eq!(
+                claim(s, "plain", D1, now).await,
+                ClaimOutcome::Existing {
+                    decision: Refusal::Replay,
+                    recorded: Recorded {
+                        status: Some(202),
+                        content_type: None,
+                        body: None
+                    }
+                }
+            );
+        }
+
+        // With replay_body: status, content type and body come back.
+        let a = own(s, "with-body", T0).await;
+        let body = br#"{"ok":true}"#;
+        let r = settle(
+            s,
+            "with-body",
+            a,
+            T0 + 7,
+            SettleOutcome::Delivered {
+                status: 201,
+                content_type: Some("application/json"),
+                body: Some(body),
+            },
+        )
+        .await;
+        assert_eq!(r, SettleResult::Delivered);
+        let rec = get(s, "with-body").await;
+        assert_eq!(rec.replay_status, Some(201));
+        assert_eq!(rec.replay_content_type.as_deref(), Some("application/json"));
+        assert_eq!(rec.replay_body_bytes, Some(body.len() as i64));
+        assert_eq!(
+            claim(s, "with-body", D1, T0 + 8).await,
+            ClaimOutcome::Existing {
+                decision: Refusal::Replay,
+                recorded: Recorded {
+                    status: Some(201),
+                    content_type: Some("application/json".into()),
+                    body: Some(body.to_vec())
+                }
+            }
+        );
+
+        // An empty stored body is a body, not an absent one.
+        let a = own(s, "empty-body", T0).await;
+        let r = settle(
+            s,
+            "empty-body",
+            a,
+            T0 + 9,
+            SettleOutcome::Delivered {
+                status: 204,
+                content_type: None,
+                body: Some(b""),
+            },
+        )
+        .await;
+        assert_eq!(r, SettleResult::Delivered);
+        let ClaimOutcome::Existing { recorded, .. } = claim(s, "empty-body", D1, T0 + 10).await
+        else {
+            panic!("expected a replay")
+        };
+        assert_eq!(recorded.status, Some(204));
+        assert_eq!(recorded.body.as_deref(), Some(&b""[..]));
+    }
+
+    pub async fn mismatch_in_every_state(b: &Backend) {
+        let s = &*b.store;
+        // processing, lease live
+        own(s, "live", T0).await;
+        // processing, lease expired (probed after the lease)
+        own(s, "expired", T0).await;
+        // failed
+        let a = own(s, "failed", T0).await;
+        settle(s, "failed", a, T0 + 1, failed(Some(500))).await;
+        // delivered
+        let a = own(s, "delivered", T0).await;
+        settle(s, "delivered", a, T0 + 1, delivered(200)).await;
+        // failed by an operator's release
+        own(s, "released", T0).await;
+        s.release(R, "released", false, T0 + 1).await.unwrap();
+
+        for (id, now) in [
+            ("live", T0 + 1),
+            ("expired", T0 + LEASE + 1),
+            ("failed", T0 + 2),
+            ("delivered", T0 + 2),
+            ("released", T0 + 2),
+        ] {
+            let before = get(s, id).await;
+            let out = claim(s, id, D2, now).await;
+            assert!(
+                matches!(
+                    out,
+                    ClaimOutcome::Existing {
+                        decision: Refusal::Mismatch,
+                        ..
+                    }
+                ),
+                "{id}: {out:?}"
+            );
+            assert_eq!(get(s, id).await, before, "{id}: a mismatch changes nothing");
+        }
+    }
+
+    pub async fn in_flight_with_retry_after(b: &Backend) {
+        let s = &*b.store;
+        own(s, "e", T0).await;
+        let before = get(s, "e").await;
+        for (now, left) in [
+            (T0, LEASE),
+            (T0 + 2_500, LEASE - 2_500),
+            (T0 + LEASE - 1, 1),
+        ] {
+            let out = claim(s, "e", D1, now).await;
+            assert_eq!(
+                decision_of(&out),
+                Decision::Refuse(Refusal::InFlight {
+                    retry_after_ms: left
+                }),
+                "at +{}",
+                now - T0
+            );
+        }
+        assert_eq!(get(s, "e").await, before, "refusals change nothing");
+    }
+
+    pub async fn reclaim_after_lease_expiry(b: &Backend) {
+        let s = &*b.store;
+        own(s, "e", T0).await;
+        // A lease that ends exactly now is over.
+        let t1 = T0 + LEASE;
+        assert_eq!(
+            claim(s, "e", D1, t1).await,
+            ClaimOutcome::Claimed {
+                attempt: 2,
+                kind: ClaimKind::RetryExpired,
+                lease_until: t1 + LEASE
+            }
+        );
+        let t2 = t1 + LEASE + 3;
+        assert_eq!(
+            claim(s, "e", D1, t2).await,
+            ClaimOutcome::Claimed {
+                attempt: 3,
+                kind: ClaimKind::RetryExpired,
+                lease_until: t2 + LEASE
+            }
+        );
+        let rec = get(s, "e").await;
+        assert_eq!(
+            (
+                rec.state(),
+                rec.attempts,
+                rec.lease_until,
+                rec.first_seen_at
+            ),
+            (Some(State::Processing), 3, Some(t2 + LEASE), T0)
+        );
+    }
+
+    pub async fn reclaim_after_release(b: &Backend) {
+        let s = &*b.store;
+        let a1 = own(s, "e", T0).await;
+        assert_eq!(
+            settle(s, "e", a1, T0 + 10, failed(Some(503))).await,
+            SettleResult::Released
+        );
+        let rec = get(s, "e").await;
+        assert_eq!(rec.state(), Some(State::Failed));
+        assert_eq!(rec.lease_until, None);
+        assert_eq!(rec.last_status, Some(503));
+        assert_eq!(rec.last_error.as_deref(), Some("upstream answered badly"));
+        // Reclaimable at once, long before the old lease would have ended.
+        assert_eq!(
+            claim(s, "e", D1, T0 + 11).await,
+            ClaimOutcome::Claimed {
+                attempt: 2,
+                kind: ClaimKind::RetryFailed,
+                lease_until: T0 + 11 + LEASE
+            }
+        );
+        // A connect error or timeout releases too, with no status.
+        let r = settle(
+            s,
+            "e",
+            2,
+            T0 + 12,
+            SettleOutcome::Failed {
+                status: None,
+                error: Some("connection refused"),
+            },
+        )
+        .await;
+        assert_eq!(r, SettleResult::Released);
+        let rec = get(s, "e").await;
+        assert_eq!(
+            (rec.last_status, rec.last_error.as_deref()),
+            (None, Some("connection refused"))
+        );
+        let out = claim(s, "e", D1, T0 + 13).await;
+        assert!(matches!(
+            out,
+            ClaimOutcome::Claimed {
+                attempt: 3,
+                kind: ClaimKind::RetryFailed,
+                ..
+            }
+        ));
+        // After a delivery, the last error is gone.
+        settle(s, "e", 3, T0 + 14, delivered(200)).await;
+        let rec = get(s, "e").await;
+        assert_eq!(
+            (rec.state(), rec.last_status, rec.last_error),
+            (Some(State::Delivered), Some(200), None)
+        );
+    }
+
+    pub async fn fenced_release(b: &Backend) {
+        let s = &*b.store;
+        let a1 = own(s, "e", T0).await;
+        let t2 = T0 + LEASE + 1;
+        let a2 = own(s, "e", t2).await;
+        assert_eq!((a1, a2), (1, 2));
+        // The stale attempt cannot release the newer claim.
+        assert_eq!(
+            settle(s, "e", a1, t2 + 5, failed(Some(500))).await,
+            SettleResult::Stale
+        );
+        let rec = get(s, "e").await;
+        assert_eq!(
+            (rec.state(), rec.attempts, rec.lease_until, rec.updated_at),
+            (Some(State::Processing), 2, Some(t2 + LEASE), t2)
+        );
+        assert_eq!(
+            decision_of(&claim(s, "e", D1, t2 + 6).await),
+            Decision::Refuse(Refusal::InFlight {
+                retry_after_ms: LEASE - 6
+            })
+        );
+        // A future attempt number cannot either.
+        assert_eq!(
+            settle(s, "e", 3, t2 + 7, failed(None)).await,
+            SettleResult::Stale
+        );
+        // The owner can.
+        assert_eq!(
+            settle(s, "e", a2, t2 + 8, failed(Some(500))).await,
+            SettleResult::Released
+        );
+        // Releasing twice is stale: the record is failed now.
+        assert_eq!(
+            settle(s, "e", a2, t2 + 9, failed(Some(500))).await,
+            SettleResult::Stale
+        );
+    }
+
+    pub async fn delivered_from_a_stale_attempt_wins(b: &Backend) {
+        let s = &*b.store;
+        let a1 = own(s, "e", T0).await;
+        let t2 = T0 + LEASE + 1;
+        let a2 = own(s, "e", t2).await;
+        assert_eq!(
+            settle(s, "e", a1, t2 + 5, delivered(200)).await,
+            SettleResult::Delivered
+        );
+        let rec = get(s, "e").await;
+        assert_eq!(
+            (rec.state(), rec.lease_until, rec.delivered_at),
+            (Some(State::Delivered), None, Some(t2 + 5))
+        );
+        // Delivered is final: the newer attempt neither releases nor re-delivers it.
+        assert_eq!(
+            settle(s, "e", a2, t2 + 6, failed(Some(500))).await,
+            SettleResult::Stale
+        );
+        assert_eq!(
+            settle(s, "e", a2, t2 + 7, delivered(201)).await,
+            SettleResult::Stale
+        );
+        let rec = get(s, "e").await;
+        assert_eq!(
+            (rec.state(), rec.last_status, rec.delivered_at),
+            (Some(State::Delivered), Some(200), Some(t2 + 5))
+        );
+        // ... and it also wins over a release that got there first.
+        let a1 = own(s, "f", T0).await;
+        settle(s, "f", a1, T0 + 1, failed(Some(500))).await;
+        assert_eq!(
+            settle(s, "f", a1, T0 + 2, delivered(200)).await,
+            SettleResult::Delivered
+        );
+    }
+
+    pub async fn settle_on_delivered_or_absent_is_stale(b: &Backend) {
+        let s = &*b.store;
+        let a = own(s, "e", T0).await;
+        settle(s, "e", a, T0 + 1, delivered(200)).await;
+        let before = get(s, "e").await;
+        assert_eq!(
+            settle(s, "e", a, T0 + 2, delivered(500)).await,
+            SettleResult::Stale
+        );
+        assert_eq!(
+            settle(s, "e", a, T0 + 3, failed(Some(500))).await,
+            SettleResult::Stale
+        );
+        assert_eq!(get(s, "e").await, before);
+        assert_eq!(
+            settle(s, "absent", 1, T0, delivered(200)).await,
+            SettleResult::Stale
+        );
+        assert_eq!(
+            settle(s, "absent", 1, T0, failed(None)).await,
+            SettleResult::Stale
+        );
+        assert_eq!(s.get(R, "absent").await.unwrap(), None, "no upsert");
+    }
+
+    pub async fn every_transition_refreshes_expires_at(b: &Backend) {
+        let s = &*b.store;
+        let check = |rec: Record, at: Millis, what: &str| {
+            assert_eq!(
+                (rec.updated_at, rec.expires_at),
+                (at, at + RETENTION),
+                "{what}"
+            );
+        };
+        own(s, "e", T0).await;
+        check(get(s, "e").await, T0, "claim");
+        claim(s, "e", D1, T0 + 100).await; // in flight: not a transition
+        check(get(s, "e").await, T0, "refused claim");
+        let t = T0 + 200;
+        settle(s, "e", 1, t, failed(Some(500))).await;
+        check(get(s, "e").await, t, "release");
+        let t = T0 + 300;
+        own(s, "e", t).await;
+        check(get(s, "e").await, t, "reclaim after failure");
+        let t = t + LEASE;
+        own(s, "e", t).await;
+        check(get(s, "e").await, t, "reclaim after expiry");
+        let t = t + 50;
+        settle(s, "e", 3, t, delivered(200)).await;
+        check(get(s, "e").await, t, "delivered");
+        let t = t + 50;
+        s.release(R, "e", true, t).await.unwrap();
+        check(get(s, "e").await, t, "operator release");
+        assert_eq!(get(s, "e").await.first_seen_at, T0);
+    }
+
+    pub async fn operator_release(b: &Backend) {
+        let s = &*b.store;
+        // processing → failed, lease cleared; the next delivery reclaims it.
+        own(s, "p", T0).await;
+        assert_eq!(
+            s.release(R, "p", false, T0 + 1).await.unwrap(),
+            ReleaseOutcome::Released {
+                previous: State::Processing
+            }
+        );
+        let rec = get(s, "p").await;
+        assert_eq!(
+            (rec.state(), rec.lease_until, rec.attempts),
+            (Some(State::Failed), None, 1)
+        );
+        assert!(rec.last_error.is_some());
+        assert!(matches!(
+            claim(s, "p", D1, T0 + 2).await,
+            ClaimOutcome::Claimed {
+                attempt: 2,
+                kind: ClaimKind::RetryFailed,
+                ..
+            }
+        ));
+        // The released attempt's late failure does not undo the new claim.
+        assert_eq!(
+            settle(s, "p", 1, T0 + 3, failed(Some(500))).await,
+            SettleResult::Stale
+        );
+        // failed → failed
+        let a = own(s, "f", T0).await;
+        settle(s, "f", a, T0 + 1, failed(Some(500))).await;
+        assert_eq!(
+            s.release(R, "f", false, T0 + 2).await.unwrap(),
+            ReleaseOutcome::Released {
+                previous: State::Failed
+            }
+        );
+        // delivered: refused without force, unchanged; allowed with it.
+        let a = own(s, "d", T0).await;
+        settle(s, "d", a, T0 + 1, delivered(200)).await;
+        let before = get(s, "d").await;
+        assert_eq!(
+            s.release(R, "d", false, T0 + 2).await.unwrap(),
+            ReleaseOutcome::RefusedDelivered
+        );
+        assert_eq!(get(s, "d").await, before);
+        assert_eq!(
+            s.release(R, "d", true, T0 + 3).await.unwrap(),
+            ReleaseOutcome::Released {
+                previous: State::Delivered
+            }
+        );
+        let rec = get(s, "d").await;
+        assert_eq!((rec.state(), rec.lease_until), (Some(State::Failed), None));
+        assert!(matches!(
+            claim(s, "d", D1, T0 + 4).await,
+            ClaimOutcome::Claimed {
+                attempt: 2,
+                kind: ClaimKind::RetryFailed,
+                ..
+            }
+        ));
+        // absent
+        assert_eq!(
+            s.release(R, "absent", false, T0).await.unwrap(),
+            ReleaseOutcome::NotFound
+        );
+        assert_eq!(
+            s.release(R, "absent", true, T0).await.unwrap(),
+            ReleaseOutcome::NotFound
+        );
+    }
+
+    pub async fn sweep_deletes_only_expired_in_batches(b: &Backend) {
+        let s = &*b.store;
+        let short = 1_000; // retention shorter than the lease
+        let mk = |id: &'static str, now: Millis, retention_ms: Millis| ClaimRequest {
+            retention_ms,
+            ..claim_req(id, D1, now)
+        };
+        let now = T0 + 5_000;
+        // Expired, settled: go.
+        for id in ["del-1", "del-2", "del-3"] {
+            let out = s.claim(&mk(id, T0, short)).await.unwrap();
+            assert!(matches!(out, ClaimOutcome::Claimed { .. }));
+            s.settle(&SettleRequest {
+                route: R,
+                event_id: id,
+                attempt: 1,
+                now: T0,
+                retention_ms: short,
+                outcome: delivered(200),
+            })
+            .await
+            .unwrap();
+        }
+        s.claim(&mk("fail-1", T0, short)).await.unwrap();
+        s.settle(&SettleRequest {
+            route: R,
+            event_id: "fail-1",
+            attempt: 1,
+            now: T0,
+            retention_ms: short,
+            outcome: failed(None),
+        })
+        .await
+        .unwrap();
+        // Expiring exactly now: goes.
+        s.claim(&mk("edge", now - short, short)).await.unwrap();
+        s.settle(&SettleRequest {
+            route: R,
+            event_id: "edge",
+            attempt: 1,
+            now: now - short,
+            retention_ms: short,
+            outcome: delivered(200),
+        })
+        .await
+        .unwrap();
+        // Processing, retention over, lease over: goes.
+        s.claim(&mk("dead-lease", now - LEASE, short))
+            .await
+            .unwrap();
+        // Processing, retention over but lease live: stays.
+        s.claim(&mk("live-lease", T0, short)).await.unwrap();
+        // Not expired: stays.
+        s.claim(&mk("young", T0, RETENTION)).await.unwrap();
+        s.claim(&mk("young-done", T0, RETENTION)).await.unwrap();
+        settle(s, "young-done", 1, T0, delivered(200)).await;
+
+        let mut batches = Vec::new();
+        loop {
+            let n = s.sweep_batch(now, 2).await.unwrap();
+            batches.push(n);
+            if n == 0 {
+                break;
+            }
+            assert!(batches.len() < 10, "sweep does not converge: {batches:?}");
+        }
+        assert!(batches.iter().all(|&n| n <= 2), "bounded: {batches:?}");
+        assert_eq!(batches.iter().sum::<u64>(), 6, "{batches:?}");
+        let mut left: Vec<String> = s
+            .list(&ListFilter {
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.event_id)
+            .collect();
+        left.sort();
+        assert_eq!(left, ["live-lease", "young", "young-done"]);
+        // Once its lease ends, the expired processing record goes too.
+        assert_eq!(s.sweep_batch(T0 + LEASE, 100).await.unwrap(), 1);
+        assert!(s.get(R, "live-lease").await.unwrap().is_none());
+    }
+
+    pub async fn list_order_filters_and_limit(b: &Backend) {
+        let s = &*b.store;
+        let mut put = Vec::new();
+        for (i, (route, id)) in [
+            ("a", "a1"),
+            ("b", "b1"),
+            ("a", "a2"),
+            ("b", "b2"),
+            ("a", "a3"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let now = T0 + i as Millis * 10;
+            let out = s
+                .claim(&ClaimRequest {
+                    route,
+                    ..claim_req(id, D1, now)
+                })
+                .await
+                .unwrap();
+            assert!(matches!(out, ClaimOutcome::Claimed { .. }));
+            put.push((route, id, now));
+        }
+        // a2 delivered, b1 failed
+        s.settle(&SettleRequest {
+            route: "a",
+            event_id: "a2",
+            attempt: 1,
+            now: T0 + 100,
+            retention_ms: RETENTION,
+            outcome: delivered(200),
+        })
+        .await
+        .unwrap();
+        s.settle(&SettleRequest {
+            route: "b",
+            event_id: "b1",
+            attempt: 1,
+            now: T0 + 100,
+            retention_ms: RETENTION,
+            outcome: failed(None),
+        })
+        .await
+        .unwrap();
+        // Two records first seen at the same instant: by route, then event ID.
+        for (route, id) in [("b", "z-tie"), ("a", "z-tie")] {
+            s.claim(&ClaimRequest {
+                route,
+                ..claim_req(id, D1, T0 + 1_000)
+            })
+            .await
+            .unwrap();
+        }
+        let ids = |v: Vec<Record>| -> Vec<String> {
+            v.into_iter()
+                .map(|r| format!("{}/{}", r.route, r.event_id))
+                .collect()
+        };
+        let list = |route: Option<&str>, state: Option<State>, limit: i64| ListFilter {
+            route: route.map(str::to_owned),
+            state,
+            limit,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(s.list(&list(None, None, 100)).await.unwrap()),
+            ["a/z-tie", "b/z-tie", "a/a3", "b/b2", "a/a2", "b/b1", "a/a1"],
+            "newest first"
+        );
+        assert_eq!(
+            ids(s.list(&list(Some("a"), None, 100)).await.unwrap()),
+            ["a/z-tie", "a/a3", "a/a2", "a/a1"]
+        );
+        assert_eq!(
+            ids(s
+                .list(&list(None, Some(State::Processing), 100))
+                .await
+                .unwrap()),
+            ["a/z-tie", "b/z-tie", "a/a3", "b/b2", "a/a1"]
+        );
+        assert_eq!(
+            ids(s
+                .list(&list(None, Some(State::Delivered), 100))
+                .await
+                .unwrap()),
+            ["a/a2"]
+        );
+        assert_eq!(
+            ids(s
+                .list(&list(Some("b"), Some(State::Failed), 100))
+                .await
+                .unwrap()),
+            ["b/b1"]
+        );
+        assert_eq!(
+            ids(s
+                .list(&list(Some("a"), Some(State::Failed), 100))
+                .await
+                .unwrap()),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            ids(s.list(&list(None, None, 2)).await.unwrap()),
+            ["a/z-tie", "b/z-tie"]
+        );
+        assert_eq!(
+            ids(s.list(&list(Some("nope"), None, 10)).await.unwrap()),
+            Vec::<String>::new()
+        );
+        // The listed record is the whole record.
+        let all = s.list(&list(Some("a"), None, 100)).await.unwrap();
+        assert_eq!(all[2], get_route(s, "a", "a2").await);
+    }
+
+    /// Claims `route/id` first seen at `now`.
+    async fn put(s: &dyn ClaimStore, route: &str, id: &str, now: Millis) {
+        let out = s
+            .claim(&ClaimRequest {
+                route,
+                ..claim_req(id, D1, now)
+            })
+            .await
+            .unwrap();
+        assert!(matches!(out, ClaimOutcome::Claimed { .. }), "{route}/{id}");
+    }
+
+    fn keys(v: &[Record]) -> Vec<String> {
+        v.iter()
+            .map(|r| format!("{}/{}", r.route, r.event_id))
+            .collect()
+    }
+
+    /// Pages that start after the previous page's last record add up to
+    /// the whole list, in order, even with ties on `first_seen_at` and with
+    /// records arriving between pages (at the top, and at the very instant
+    /// of the page boundary).
+    pub async fn list_pages_after_a_key(b: &Backend) {
+        let s = &*b.store;
+        let mut n = 0;
+        for t in [0, 10, 10, 10, 20, 30, 30, 40] {
+            for route in ["a", "b"] {
+                n += 1;
+                put(s, route, &format!("e{n:02}"), T0 + t).await;
+            }
+        }
+        let all = |filter: ListFilter| async move { s.list(&filter).await.unwrap() };
+        let everything = || {
+            all(ListFilter {
+                limit: 1_000,
+                ..Default::default()
+            })
+        };
+        assert_eq!(everything().await.len(), 16);
+        for limit in [1, 2, 3, 5, 16] {
+            let before = everything().await;
+            let arrived = |r: &Record| !before.iter().any(|o| o.list_key() == r.list_key());
+            let mut seen: Vec<Record> = Vec::new();
+            let mut after = None;
+            let mut pages = 0;
+            loop {
+                let page = all(ListFilter {
+                    limit,
+                    after: after.clone(),
+                    ..Default::default()
+                })
+                .await;
+                assert!(page.len() as i64 <= limit);
+                pages += 1;
+                assert!(pages < 40, "paging does not end");
+                let Some(last) = page.last() else { break };
+                after = Some(last.list_key());
+                seen.extend(page.iter().cloned());
+                // newer records arrive at the top: never on a later page
+                n += 1;
+                put(s, "a", &format!("new{n:03}"), T0 + 1_000 + n).await;
+            }
+            assert!(
+                !seen.iter().any(arrived),
+                "limit {limit}: a record that arrived later showed on a later page"
+            );
+            assert_eq!(
+                keys(&seen),
+                keys(&before),
+                "limit {limit}: every record once, in order"
+            );
+        }
+        // With a filter: the key and the filter combine.
+        let first = all(ListFilter {
+            route: Some("b".into()),
+            limit: 3,
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(keys(&first), ["b/e16", "b/e12", "b/e14"]);
+        let next = all(ListFilter {
+            route: Some("b".into()),
+            limit: 3,
+            after: Some(first[2].list_key()),
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(keys(&next), ["b/e10", "b/e04", "b/e06"]);
+        // A record joining at the boundary's own instant, after the key in
+        // the order, is found on the next page; one before it is not
+        // repeated.
+        put(s, "b", "e05", T0 + 10).await;
+        put(s, "a", "d00", T0 + 10).await;
+        let key = s.get("b", "e04").await.unwrap().unwrap().list_key();
+        let rest = all(ListFilter {
+            limit: 100,
+            after: Some(key),
+            ..Default::default()
+        })
+        .await;
+        let rest = keys(&rest);
+        assert_eq!(rest, ["b/e05", "b/e06", "b/e08", "a/e01", "b/e02"]);
+        assert!(!rest.contains(&"a/d00".to_string()), "{rest:?}");
+        assert!(!rest.contains(&"b/e04".to_string()), "{rest:?}");
+    }
+
+    /// The ID prefix is plain text (`%` and `_` match only themselves), and
+    /// `lease_ended_by` finds the processing records whose lease is over.
+    pub async fn list_by_id_prefix_and_ended_lease(b: &Backend) {
+        let s = &*b.store;
+        for (i, id) in ["evt_1", "evt%1", "evtX1", "ev_t", "x/evt_2", "evt_/3"]
+            .into_iter()
+            .enumerate()
+        {
+            put(s, R, id, T0 + i as Millis).await;
+        }
+        let by_prefix = |p: &str| ListFilter {
+            id_prefix: Some(p.to_string()),
+            limit: 100,
+            ..Default::default()
+        };
+        let ids = |v: Vec<Record>| -> Vec<String> { v.into_iter().map(|r| r.event_id).collect() };
+        assert_eq!(
+            ids(s.list(&by_prefix("evt_")).await.unwrap()),
+            ["evt_/3", "evt_1"]
+        );
+        assert_eq!(ids(s.list(&by_prefix("evt%")).await.unwrap()), ["evt%1"]);
+        assert_eq!(ids(s.list(&by_prefix("x/")).await.unwrap()), ["x/evt_2"]);
+        assert_eq!(
+            ids(s.list(&by_prefix("EVT")).await.unwrap()),
+            Vec::<String>::new()
+        );
+        assert_eq!(s.list(&by_prefix("")).await.unwrap().len(), 6);
+
+        // lease ends at T0 + i + LEASE; one failed, one delivered, one reclaimed later
+        settle(s, "evt%1", 1, T0 + 100, failed(Some(500))).await;
+        settle(s, "evtX1", 1, T0 + 100, delivered(200)).await;
+        assert_eq!(own(s, "ev_t", T0 + LEASE + 3).await, 2);
+        let ended = |at: Millis| ListFilter {
+            lease_ended_by: Some(at),
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(s.list(&ended(T0 + LEASE - 1)).await.unwrap()),
+            Vec::<String>::new()
+        );
+        assert_eq!(ids(s.list(&ended(T0 + LEASE)).await.unwrap()), ["evt_1"]);
+        assert_eq!(
+            ids(s.list(&ended(T0 + LEASE + 5)).await.unwrap()),
+            ["evt_/3", "x/evt_2", "evt_1"],
+            "processing past the lease only; ev_t was reclaimed with a new lease"
+        );
+        let both = ListFilter {
+            id_prefix: Some("evt_".into()),
+            ..ended(T0 + LEASE + 5)
+        };
+        assert_eq!(ids(s.list(&both).await.unwrap()), ["evt_/3", "evt_1"]);
+    }
+
+    async fn get_route(s: &dyn ClaimStore, route: &str, id: &str) -> Record {
+        s.get(route, id).await.unwrap().expect("record")
+    }
+
+    pub async fn oldest_processing_per_route(b: &Backend) {
+        let s = &*b.store;
+        assert_eq!(s.oldest_processing().await.unwrap(), vec![]);
+        for (route, id, now) in [
+            ("a", "old-but-done", T0),
+            ("a", "a1", T0 + 20),
+            ("a", "a2", T0 + 10),
+            ("b", "b1", T0 + 5),
+            ("c", "c-failed", T0 + 1),
+        ] {
+            s.claim(&ClaimRequest {
+                route,
+                ..claim_req(id, D1, now)
+            })
+            .await
+            .unwrap();
+        }
+        for (route, id, outcome) in [
+            ("a", "old-but-done", delivered(200)),
+            ("c", "c-failed", failed(None)),
+        ] {
+            s.settle(&SettleRequest {
+                route,
+                event_id: id,
+                attempt: 1,
+                now: T0 + 30,
+                retention_ms: RETENTION,
+                outcome,
+            })
+            .await
+            .unwrap();
+        }
+        let mut got = s.oldest_processing().await.unwrap();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![("a".to_string(), T0 + 10), ("b".to_string(), T0 + 5)]
+        );
+        // A reclaim restarts the clock.
+        s.claim(&ClaimRequest {
+            route: "b",
+            ..claim_req("b1", D1, T0 + 5 + LEASE)
+        })
+        .await
+        .unwrap();
+        let mut got = s.oldest_processing().await.unwrap();
+        got.sort();
+        assert_eq!(got[1], ("b".to_string(), T0 + 5 + LEASE));
+    }
+
+    pub async fn migrations_are_idempotent(b: &Backend) {
+        let s = &*b.store;
+        own(s, "kept", T0).await;
+        s.migrate().await.expect("second migrate");
+        s.migrate().await.expect("third migrate");
+        // A second store on the same database migrates as a no-op too.
+        let again = store::open(&b.url, 2).await.unwrap();
+        again.migrate().await.expect("migrate from another pool");
+        assert_eq!(get(&*again, "kept").await.attempts, 1);
+        again.close().await;
+        s.ping().await.unwrap();
+    }
+
+    /// 50 concurrent claims of one event: exactly one wins, the others see it
+    /// in flight; then the same once the lease is over (the reclaim path).
+    pub async fn concurrent_claims_one_winner(b: &Backend) {
+        for (round, now) in [(1, T0), (2, T0 + LEASE)] {
+            let barrier = Arc::new(tokio::sync::Barrier::new(50));
+            let tasks: Vec<_> = (0..50)
+                .map(|_| {
+                    let store = b.store.clone();
+                    let barrier = barrier.clone();
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        store.claim(&claim_req("hot", D1, now)).await
+                    })
+                })
+                .collect();
+            let mut claimed = Vec::new();
+            let mut in_flight = 0;
+            for t in tasks {
+                match t.await.unwrap().expect("claim under contention") {
+                    ClaimOutcome::Claimed { attempt, .. } => claimed.push(attempt),
+                    ClaimOutcome::Existing {
+                        decision: Refusal::InFlight { .. },
+                        ..
+                    } => in_flight += 1,
+                    other => panic!("round {round}: {other:?}"),
+                }
+            }
+            assert_eq!(claimed, vec![round], "round {round}: exactly one claim");
+            assert_eq!(in_flight, 49);
+            assert_eq!(get(&*b.store, "hot").await.attempts, round);
+        }
+        // Concurrent settles of one attempt: one release, the rest stale.
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let store = b.store.clone();
+                tokio::spawn(async move {
+                    store
+                        .settle(&SettleRequest {
+                            route: R,
+                            event_id: "hot",
+                            attempt: 2,
+                            now: T0 + LEASE + 1,
+                            retention_ms: RETENTION,
+                            outcome: failed(None),
+                        })
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut results = BTreeMap::new();
+        for t in tasks {
+            *results.entry(t.await.unwrap().as_str()).or_insert(0) += 1;
+        }
+        assert_eq!(results, BTreeMap::from([("released", 1), ("stale", 19)]));
+    }
+
+    /// The SQL and the pure `claim::decide` agree: each state is built through
+    /// the store, then probed by both.
+    pub async fn sql_agrees_with_decide(b: &Backend) {
+        let s = &*b.store;
+        #[derive(Debug, Clone, Copy)]
+        enum Build {
+            Absent,
+            Processing,
+            Failed,
+            Released,
+            Delivered,
+            ForcedRelease,
+        }
+        let probes = [0, 1, LEASE - 1, LEASE, LEASE + 1, 100 * LEASE];
+        let mut n = 0;
+        for build in [
+            Build::Absent,
+            Build::Processing,
+            Build::Failed,
+            Build::Released,
+            Build::Delivered,
+            Build::ForcedRelease,
+        ] {
+            for same in [true, false] {
+                for dt in probes {
+                    n += 1;
+                    let id = format!("agree-{n}");
+                    let a = match build {
+                        Build::Absent => 0,
+                        _ => own(s, &id, T0).await,
+                    };
+                    match build {
+                        Build::Absent | Build::Processing => {}
+                        Build::Failed => {
+                            settle(s, &id, a, T0, failed(Some(500))).await;
+                        }
+                        Build::Released => {
+                            s.release(R, &id, false, T0).await.unwrap();
+                        }
+                        Build::Delivered => {
+                            settle(s, &id, a, T0, delivered(200)).await;
+                        }
+                        Build::ForcedRelease => {
+                            settle(s, &id, a, T0, delivered(200)).await;
+                            s.release(R, &id, true, T0).await.unwrap();
+                        }
+                    }
+                    let before = s.get(R, &id).await.unwrap();
+                    let now = T0 + dt;
+                    let digest = if same { D1 } else { D2 };
+                    let existing = before.as_ref().map(|r| Existing {
+                        state: r.state().expect("a known state"),
+                        lease_until: r.lease_until,
+                        same_digest: r.body_sha256 == digest,
+                    });
+                    let want = claim::decide(existing, now);
+                    let out = claim(s, &id, digest, now).await;
+                    let what = format!("{build:?} same_digest={same} +{dt}ms: {out:?}");
+                    assert_eq!(decision_of(&out), want, "{what}");
+                    let after = get(s, &id).await;
+                    match out {
+                        ClaimOutcome::Claimed {
+                            attempt,
+                            lease_until,
+                            ..
+                        } => {
+                            let prev = before.map(|r| r.attempts).unwrap_or(0);
+                            assert_eq!(attempt, prev + 1, "{what}");
+                            assert_eq!(lease_until, now + LEASE, "{what}");
+                            assert_eq!(
+                                (after.state(), after.attempts, after.lease_until),
+                                (Some(State::Processing), attempt, Some(lease_until)),
+                                "{what}"
+                            );
+                        }
+                        ClaimOutcome::Existing { .. } => {
+                            assert_eq!(Some(after), before, "{what}: a refusal changes nothing");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs every case once per backend, each on a fresh database.
+macro_rules! contract {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let b = super::sqlite_backend().await;
+                    super::cases::$case(&b).await;
+                    b.store.close().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let Some(b) = super::postgres_backend().await else { return };
+                    super::cases::$case(&b).await;
+                    b.store.close().await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    new_claim,
+    replay_of_delivered,
+    mismatch_in_every_state,
+    in_flight_with_retry_after,
+    reclaim_after_lease_expiry,
+    reclaim_after_release,
+    fenced_release,
+    delivered_from_a_stale_attempt_wins,
+    settle_on_delivered_or_absent_is_stale,
+    every_transition_refreshes_expires_at,
+    operator_release,
+    sweep_deletes_only_expired_in_batches,
+    list_order_filters_and_limit,
+    list_pages_after_a_key,
+    list_by_id_prefix_and_ended_lease,
+    oldest_processing_per_route,
+    migrations_are_idempotent,
+    concurrent_claims_one_winner,
+    sql_agrees_with_decide,
+);
+
+/// PostgreSQL-only races that need a second session holding a row lock.
+mod postgres_races {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// Waits until a statement starting with `prefix` is blocked on a lock.
+    async fn until_blocked(pool: &sqlx::PgPool, prefix: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE $1",
+            )
+            .bind(format!("{prefix}%"))
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            if n > 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{prefix}… never blocked");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Runs `update` (its `$n` bound to `binds`) in another session's open
+    /// transaction, as another replica would; starts `op` while that row
+    /// lock is held; once `op`'s statement starting with `blocked` waits on
+    /// the lock, commits; `op`'s result.
+    async fn race<T: Send + 'static, F>(
+        b: &Backend,
+        update: &str,
+        binds: &[i64],
+        blocked: &str,
+        op: impl FnOnce(Arc<dyn ClaimStore>) -> F,
+    ) -> T
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+    {
+        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
+        let mut tx = raw.begin().await.unwrap();
+        let mut query = sqlx::query(update);
+        for b in binds {
+            query = query.bind(*b);
+        }
+        query.execute(&mut *tx).await.unwrap();
+        let task = tokio::spawn(op(b.store.clone()));
+        until_blocked(&raw, blocked).await;
+        tx.commit().await.unwrap();
+        let out = task.await.unwrap();
+        raw.close().await;
+        out
+    }
+
+    /// A sweep that read a record as expired must not delete it once another
+    /// replica's reclaim commits first (READ COMMITTED re-checks only the
+    /// outer WHERE of the DELETE against the new row version).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sweep_spares_a_record_reclaimed_under_it() {
+        let Some(b) = postgres_backend().await else {
+            return;
+        };
+        let s = &*b.store;
+        let short = 1_000;
+        s.claim(&ClaimRequest {
+            retention_ms: short,
+            ..claim_req("e", D1, T0)
+        })
+        .await
+        .unwrap();
+        s.settle(&SettleRequest {
+            route: R,
+            event_id: "e",
+            attempt: 1,
+            now: T0,
+            retention_ms: short,
+            outcome: failed(None),
+        })
+        .await
+        .unwrap();
+        let now = T0 + 5_000;
+        // Another replica reclaims it; its transaction is still open.
+        let deleted = race(
+            &b,
+            "UPDATE records SET state = 'processing', attempts = attempts + 1,
+                 lease_until = $1, updated_at = $2, expires_at = $3
+             WHERE route = 'r' AND event_id = 'e'",
+            &[now + LEASE, now, now + RETENTION],
+            "DELETE FROM records",
+            |store| async move { store.sweep_batch(now, 100).await },
+        )
+        .await
+        .expect("sweep");
+        assert_eq!(deleted, 0, "the sweep deleted a live claim");
+        let rec = get(s, "e").await;
+        assert_eq!((rec.state(), rec.attempts), (Some(State::Processing), 2));
+        b.store.close().await;
+    }
+
+    /// A settle waiting on a reclaim's row lock sees the new attempt number.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn fenced_release_waits_and_rechecks() {
+        let Some(b) = postgres_backend().await else {
+            return;
+        };
+        own(&*b.store, "e", T0).await;
+        let t2 = T0 + LEASE;
+        let settled = race(
+            &b,
+            "UPDATE records SET attempts = attempts + 1, lease_until = $1, updated_at = $2
+             WHERE route = 'r' AND event_id = 'e'",
+            &[t2 + LEASE, t2],
+            "UPDATE records SET state = 'failed'",
+            |store| async move {
+                store
+                    .settle(&SettleRequest {
+                        route: R,
+                        event_id: "e",
+                        attempt: 1,
+                        now: t2 + 1,
+                        retention_ms: RETENTION,
+                        outcome: failed(Some(500)),
+                    })
+                    .await
+            },
+        )
+        .await;
+        assert_eq!(settled.unwrap(), SettleResult::Stale);
+        let rec = get(&*b.store, "e").await;
+        assert_eq!((rec.state(), rec.attempts), (Some(State::Processing), 2));
+        b.store.close().await;
+    }
+
+    /// An operator release that read `processing` while a delivery was
+    /// committing reports the delivered record it then finds, not "not found".
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn release_racing_a_delivery_reports_it() {
+        let Some(b) = postgres_backend().await else {
+            return;
+        };
+        own(&*b.store, "e", T0).await;
+        let released = race(
+            &b,
+            "UPDATE records SET state = 'delivered', lease_until = NULL, last_status = 200,
+                 delivered_at = $1, updated_at = $1
+             WHERE route = 'r' AND event_id = 'e'",
+            &[T0 + 1],
+            "UPDATE records SET state = 'failed'",
+            |store| async move { store.release(R, "e", false, T0 + 2).await },
+        )
+        .await;
+        assert_eq!(released.unwrap(), ReleaseOutcome::RefusedDelivered);
+        assert_eq!(get(&*b.store, "e").await.state(), Some(State::Delivered));
+        b.store.close().await;
+    }
+}
