@@ -125,6 +125,31 @@ impl Downstream {
     }
 }
 
+impl Downstream {
+    /// The TLS handshake when the listener has `tls` (pingora gave the TCP
+    /// stream as it accepted it, no TLS on its side); `None` when it failed
+    /// or the header timeout cut it.
+    async fn accept_tls(&self, stream: Stream, conn: &table::Conn) -> Option<Stream> {
+        let Some(acceptor) = &self.tls else {
+            return Some(stream);
+        };
+        let tcp = stream.into_any().downcast::<L4Stream>().ok()?;
+        // boxed: inline, the handshake's state would make every
+        // connection's future as large as a TLS handshake's
+        match Box::pin(acceptor.tls_handshake(*tcp)).await {
+            Ok(tls) => Some(Box::new(tls)),
+            Err(e) => {
+                if conn.closed() {
+                    tracing::debug!(error = %e, "TLS handshake cut by the header timeout");
+                } else {
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                }
+                None
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl ServerApp for Downstream {
     async fn process_new(
@@ -134,26 +159,7 @@ impl ServerApp for Downstream {
     ) -> Option<Stream> {
         // counted from the accept: pingora calls this right after it
         let conn = self.table.admit(stream.id())?;
-        let mut stream = match &self.tls {
-            None => stream,
-            // pingora gave the TCP stream as it accepted it (no TLS on its side)
-            Some(acceptor) => match stream.into_any().downcast::<L4Stream>().ok() {
-                None => return None,
-                // boxed: inline, the handshake's state would make every
-                // connection's future as large as a TLS handshake's
-                Some(tcp) => match Box::pin(acceptor.tls_handshake(*tcp)).await {
-                    Ok(tls) => Box::new(tls),
-                    Err(e) => {
-                        if conn.closed() {
-                            tracing::debug!(error = %e, "TLS handshake cut by the header timeout");
-                        } else {
-                            tracing::debug!(error = %e, "TLS handshake failed");
-                        }
-                        return None;
-                    }
-                },
-            },
-        };
+        let mut stream = self.accept_tls(stream, &conn).await?;
         let mut first = true;
         loop {
             let mut got = head::first_bytes(&mut stream).await;
