@@ -321,7 +321,7 @@ async fn replay_copy(
 
 /// A body that could not be read whole: too large (413), or a timeout or
 /// malformed framing (answered, then closed: the stream is unusable).
-fn body_refused(e: BodyError, max_body: u64, route: &str) -> Refused {
+pub(super) fn body_refused(e: BodyError, max_body: u64, route: &str) -> Refused {
     if let BodyError::Broken(cause) = &e {
         tracing::debug!(route, error = %cause, "unreadable request body");
     }

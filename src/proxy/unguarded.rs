@@ -11,7 +11,7 @@ use bytes::Bytes;
 use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 
-use super::body::{self, BodyError};
+use super::body;
 use super::forward::{self, Answered, UpstreamFailure};
 use super::routes::RouteRt;
 use super::verdict::{Ending, Handled, Refused, Relay, Verdict};
@@ -51,12 +51,8 @@ impl Gate {
         send_continue(session, body::expects_continue(session)).await?;
         let body = body::read_full(session, max_body)
             .await
-            .map_err(|e| match e {
-                BodyError::TooLarge => Refused::too_large(max_body),
-                // 400 here whatever the cause (a timeout too)
-                e => Refused::new(Problem::new(ProblemKind::InvalidBody, e.invalid_detail()))
-                    .closing(true),
-            })?;
+            // as on the guarded path: 408 for a body late past body_timeout
+            .map_err(|e| super::guard::body_refused(e, max_body, route.name()))?;
         check_signature(session, route, &body, None)?;
         Box::pin(self.forward_unguarded(session, route, body)).await
     }

@@ -548,3 +548,42 @@ fn connection_gauges_follow_the_connections() {
         assert!(m.contains(name), "{name}");
     }
 }
+
+/// SPEC §9: a body idemgate reads whole must be complete within
+/// body_timeout, else 408. That holds for a verified request of a method
+/// outside `guard_methods` too (a verify route checks every method, so it
+/// reads the body): 408, the connection closed, nothing forwarded.
+#[test]
+fn body_timeout_answers_408_on_a_verified_unguarded_method_too() {
+    let h = Harness::sqlite("listener-body-verified");
+    let up = h.upstream();
+    let h = h
+        .env("GH_SECRET", "s3cret")
+        .yaml(&format!(
+            "  - name: gh\n    match:\n      path_prefix: /gh\n    upstream: \"{up}\"\n    provider: github\n\
+             \x20   verify:\n      secrets: [env:GH_SECRET]\n\
+             downstream:\n  body_timeout: 700ms\n"
+        ))
+        .start();
+    let mut half = connect(h.addr);
+    half.write_all(
+        format!(
+            "PUT /gh HTTP/1.1\r\nHost: localhost\r\nX-GitHub-Delivery: {}\r\nContent-Length: 100\r\n\r\n{}",
+            eid("put-slow"),
+            "x".repeat(50)
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let t = Instant::now();
+    let (status, text) = read_response(&mut half);
+    assert_eq!(status, 408, "{text}");
+    assert!(
+        t.elapsed() > Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(text.contains("urn:idemgate:problem:invalid-body"), "{text}");
+    assert!(closed_within(&mut half, Duration::from_secs(3)).is_some());
+    assert_eq!(h.up.total(), 0, "nothing reached the consumer");
+}
