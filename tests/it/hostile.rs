@@ -126,12 +126,7 @@ fn read_one(s: &mut TcpStream) -> Got {
         match s.read(&mut chunk) {
             Ok(0) => return Got::Closed,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if timed_out(&e) => {
                 panic!("no answer and no close within the wait; got so far: {buf:?}")
             }
             Err(_) => return Got::Closed, // reset

@@ -603,3 +603,21 @@ pub fn certificates() -> (String, String, String) {
         .unwrap();
     (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
 }
+
+/// The one request `h`'s consumer has received, checked to carry `body`.
+#[track_caller]
+pub fn only_request(h: &Harness, body: &[u8]) -> Request {
+    let mut got = h.up.received();
+    assert_eq!(got.len(), 1);
+    let req = got.pop().unwrap();
+    assert_eq!(req.body, body);
+    req
+}
+
+/// A read that ran out of its timeout (`WouldBlock` or `TimedOut`, by platform).
+pub fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
