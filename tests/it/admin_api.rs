@@ -34,6 +34,16 @@ fn problem(r: &Response) -> serde_json::Value {
 }
 
 #[track_caller]
+/// A proxy with the admin token on a fresh SQLite store and one route `r`
+/// (`/hooks/r`) to a consumer: (its dir, the consumer, the proxy).
+fn one_route_with_token(tag: &str) -> (TempDir, Consumer, Proxy) {
+    let dir = TempDir::new(tag);
+    let up = Consumer::start().unwrap();
+    let route = route("r", "/hooks/r", &up.url(), "");
+    let px = start_with_token(&dir, &dir.sqlite_url("a.db"), &route);
+    (dir, up, px)
+}
+
 fn refused(r: &Response, status: u16, name: &str) -> serde_json::Value {
     assert_eq!(r.status, status, "{}", r.text());
     let doc = problem(r);
@@ -453,20 +463,11 @@ fn release_behind_the_token(b: TestStore) {
     );
 
     refused(&call(&px, "GET", &path, &[]), 405, "method-not-allowed");
-    let r = call(
-        &px,
-        "POST",
-        &format!("{path}?force=maybe"),
-        &[("Authorization", &right)],
-    );
-    refused(&r, 400, "invalid-query");
-    let r = call(
-        &px,
-        "POST",
-        &format!("{path}?forse=true"),
-        &[("Authorization", &right)],
-    );
-    refused(&r, 400, "invalid-query");
+    for query in ["force=maybe", "forse=true"] {
+        let auth = [("Authorization", right.as_str())];
+        let r = call(&px, "POST", &format!("{path}?{query}"), &auth);
+        refused(&r, 400, "invalid-query");
+    }
     assert!(!px.log().contains(TOKEN), "the token is never logged");
 }
 
@@ -552,13 +553,7 @@ fn an_unreadable_token_is_a_config_error() {
 /// API and the console refuse it; `/metrics` and the probes are unchanged.
 #[test]
 fn only_loopback_host_names_reach_the_api_and_console() {
-    let dir = TempDir::new("api-host");
-    let up = Consumer::start().unwrap();
-    let px = start_with_token(
-        &dir,
-        &dir.sqlite_url("h.db"),
-        &route("r", "/hooks/r", &up.url(), ""),
-    );
+    let (_dir, _up, px) = one_route_with_token("api-host");
     let raw = |path: &str, host: &str| {
         let mut c = Client::connect(px.admin).unwrap();
         c.send_raw(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
@@ -582,13 +577,7 @@ fn only_loopback_host_names_reach_the_api_and_console() {
 
 #[test]
 fn the_console_page_and_its_headers() {
-    let dir = TempDir::new("api-console");
-    let up = Consumer::start().unwrap();
-    let px = start_with_token(
-        &dir,
-        &dir.sqlite_url("c.db"),
-        &route("r", "/hooks/r", &up.url(), ""),
-    );
+    let (_dir, _up, px) = one_route_with_token("api-console");
     let page = call(&px, "GET", "/", &[]);
     assert_eq!(page.status, 200);
     assert_eq!(

@@ -178,13 +178,12 @@ fn the_overview_lists_the_routes_with_counters_that_match_metrics() {
         s.px.metric("idemgate_store_duration_seconds_count{operation=\"claim\"}")
     );
     // the failed delivery waits in "Needs attention"
-    let failed = b.wait_for("the failed event listed", |b| {
-        b.find_all("#failed a.event-link")
-            .into_iter()
-            .map(|e| b.text(&e))
-            .find(|t| *t == failing)
-    });
-    assert_eq!(failed, failing);
+    wait_listed(
+        &b,
+        "the failed event listed",
+        "#failed a.event-link",
+        &failing,
+    );
 
     // live: more traffic shows up within a few refreshes, still equal to /metrics
     for i in 10..16 {
@@ -208,6 +207,24 @@ fn the_overview_lists_the_routes_with_counters_that_match_metrics() {
 }
 
 /// The `[data-field]` rows of the event detail: field → text.
+/// Waits until the link list `css` shows `id`.
+fn wait_listed(b: &Browser, what: &str, css: &str, id: &str) {
+    let found = b.wait_for(what, |b| {
+        b.find_all(css)
+            .into_iter()
+            .map(|e| b.text(&e))
+            .find(|t| t == id)
+    });
+    assert_eq!(found, id);
+}
+
+/// Waits until the detail's field `name` shows `value`.
+fn wait_shown(b: &Browser, what: &str, name: &str, value: &str) {
+    b.wait_for(what, |b| {
+        (shown_fields(b).get(name).map(String::as_str) == Some(value)).then_some(())
+    });
+}
+
 fn shown_fields(b: &Browser) -> BTreeMap<String, String> {
     let v = b.execute(
         "return Array.from(document.querySelectorAll('#fields tr[data-field]')).map(r => \
@@ -265,9 +282,7 @@ fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
     });
     b.click(&links[0]);
     let want = show(&s.store, "orders", &id);
-    b.wait_for("the detail", |b| {
-        (shown_fields(b).get("event_id") == Some(&id)).then_some(())
-    });
+    wait_shown(&b, "the detail", "event_id", &id);
     let fields = shown_fields(&b);
     let want_fields: BTreeMap<String, String> = want
         .as_object()
@@ -348,9 +363,7 @@ fn a_forced_release_with_the_token_makes_the_next_delivery_forwarded() {
     b.clear(&input);
     b.type_text(&input, TOKEN);
     b.click(&b.find("#confirm-ok").unwrap());
-    b.wait_for("the released record", |b| {
-        (shown_fields(b).get("state").map(String::as_str) == Some("failed")).then_some(())
-    });
+    wait_shown(&b, "the released record", "state", "failed");
     assert!(
         !b.displayed(&b.find("#confirm").unwrap()),
         "the dialog closed"
@@ -447,13 +460,7 @@ fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
 
     // the overview's stuck claims
     b.goto(&s.url(""));
-    let stuck = b.wait_for("the stuck claim", |b| {
-        b.find_all("#stuck a.event-link")
-            .into_iter()
-            .map(|e| b.text(&e))
-            .find(|t| *t == issue)
-    });
-    assert_eq!(stuck, issue);
+    wait_listed(&b, "the stuck claim", "#stuck a.event-link", &issue);
     no_markup(&b, "overview");
 
     // the search results
@@ -476,9 +483,7 @@ fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
     // every detail page, the issue's ID included
     for id in sent.iter().chain([&issue]) {
         b.goto(&s.url(&format!("#/event/orders/{}", enc(id))));
-        b.wait_for("the detail", |b| {
-            (shown_fields(b).get("event_id") == Some(id)).then_some(())
-        });
+        wait_shown(&b, "the detail", "event_id", id);
         assert_eq!(b.text(&b.find("#detail-id").unwrap()), *id);
         no_markup(&b, id);
     }

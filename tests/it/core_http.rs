@@ -207,14 +207,8 @@ fn expect_100_continue() {
         "the 100 does not cost the keep-alive"
     );
     raw.body(&fin).unwrap();
-    let got = h.up.received();
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].body, body);
-    assert_eq!(
-        got[0].header("Expect"),
-        None,
-        "idemgate answered the Expect"
-    );
+    let got = only_request(&h, body);
+    assert_eq!(got.header("Expect"), None, "idemgate answered the Expect");
     // The same connection goes on: the duplicate, with its own 100.
     raw.send(head(Some(&id), body.len()).as_bytes()).unwrap();
     assert_eq!(raw.head().unwrap().status, 100);
@@ -242,6 +236,16 @@ fn expect_100_continue() {
     assert_eq!(h.up.total(), 1);
 }
 
+/// A raw upstream answering 200 `ok` to everything, and a harness whose one
+/// route `name` (at `prefix`, with `extra` lines) goes to it.
+fn to_a_raw_200(tag: &str, name: &str, prefix: &str, extra: &str) -> (Server, Harness) {
+    let up = upstream(|_, _| Behavior::Respond(response(200, b"ok")));
+    let h = Harness::sqlite(tag)
+        .route_to(name, prefix, &up.url(), extra)
+        .start();
+    (up, h)
+}
+
 /// A guarded request with a small body reaches the upstream in one piece:
 /// the header and the body in one write, so one read of the upstream's
 /// holds the whole request (one segment and one wake-up of the consumer,
@@ -249,10 +253,7 @@ fn expect_100_continue() {
 /// body still arrives whole, after its header.
 #[test]
 fn small_requests_reach_the_upstream_in_one_write() {
-    let up = upstream(|_, _| Behavior::Respond(response(200, b"ok")));
-    let h = Harness::sqlite("http-one-write")
-        .route_to("r", "/hooks/r", &up.url(), "    max_body: 1MiB\n")
-        .start();
+    let (up, h) = to_a_raw_200("http-one-write", "r", "/hooks/r", "    max_body: 1MiB\n");
     let bodies = [payload(1024, 1), payload(3000, 2), payload(200_000, 3)];
     for body in &bodies {
         let r = h.deliver("/hooks/r", Some(&eid("one-write")), body);
@@ -285,10 +286,12 @@ fn small_requests_reach_the_upstream_in_one_write() {
 /// own pool).
 #[test]
 fn small_unguarded_requests_reach_the_upstream_in_one_write() {
-    let up = upstream(|_, _| Behavior::Respond(response(200, b"ok")));
-    let h = Harness::sqlite("http-one-write-unguarded")
-        .route_to("p", "/plain", &up.url(), "    guard_methods: []\n")
-        .start();
+    let (up, h) = to_a_raw_200(
+        "http-one-write-unguarded",
+        "p",
+        "/plain",
+        "    guard_methods: []\n",
+    );
     let mut c = h.client();
     let small = [payload(1024, 4), payload(3000, 5)];
     for body in &small {

@@ -37,6 +37,18 @@ fn start_signed(tag: &str, extra: &str) -> Harness {
     h.yaml(&route).env("HOOK_SECRET", SECRET).start()
 }
 
+/// `idemgate check --config path` with `HOOK_SECRET` set: (code, stdout, stderr).
+fn check_with_secret(path: &std::path::Path) -> (i32, String, String) {
+    let path = path.display().to_string();
+    cli_env(&["check", "--config", &path], &[("HOOK_SECRET", SECRET)])
+}
+
+/// `method` to `/hooks/s` with event ID `id` and this `X-Signature`.
+fn with_signature(c: &mut Client, method: &str, id: &str, sig: &str, body: &[u8]) -> Response {
+    let headers = [("X-Event-ID", id), ("X-Signature", sig)];
+    c.request(method, "/hooks/s", &headers, body).unwrap()
+}
+
 // ------------------------------------------------------------ every method
 
 /// On a route with `verify`, a method outside `guard_methods` is verified
@@ -56,14 +68,7 @@ fn every_method_on_a_verify_route_is_verified() {
         assert_eq!(r.status, 401, "{method}: {r:?}");
         assert_eq!(problem_type(&r), "invalid-signature", "{method}");
         let forged = sign::hmac_hex(b"not the secret", body);
-        let r = c
-            .request(
-                method,
-                "/hooks/s",
-                &[("X-Event-ID", &id), ("X-Signature", &forged)],
-                body,
-            )
-            .unwrap();
+        let r = with_signature(&mut c, method, &id, &forged, body);
         assert_eq!(r.status, 401, "{method}, wrong key");
     }
     // a big chunked body is read and checked too, not streamed through
@@ -79,14 +84,7 @@ fn every_method_on_a_verify_route_is_verified() {
     let signature = sign::hmac_hex(SECRET.as_bytes(), body);
     for method in ["PUT", "PATCH", "DELETE"] {
         let id = eid("signed");
-        let r = c
-            .request(
-                method,
-                "/hooks/s",
-                &[("X-Event-ID", &id), ("X-Signature", &signature)],
-                body,
-            )
-            .unwrap();
+        let r = with_signature(&mut c, method, &id, &signature, body);
         assert_eq!(r.status, 200, "{method}: {r:?}");
         assert_eq!(
             r.header("Idempotency-Status"),
@@ -110,14 +108,7 @@ fn every_method_on_a_verify_route_is_verified() {
     // the guarded method is as before: verified, claimed, forwarded once
     let id = eid("post");
     for _ in 0..2 {
-        let r = c
-            .request(
-                "POST",
-                "/hooks/s",
-                &[("X-Event-ID", &id), ("X-Signature", &signature)],
-                body,
-            )
-            .unwrap();
+        let r = with_signature(&mut c, "POST", &id, &signature, body);
         assert_eq!(r.status, 200);
     }
     assert_eq!(h.up.count(&id), 1);
@@ -159,10 +150,7 @@ fn unverified_methods_pass_without_a_signature_and_nothing_else_does() {
     );
     let path = h.dir().path().join("defaults.yaml");
     std::fs::write(&path, &text).unwrap();
-    let (code, out, err) = cli_env(
-        &["check", "--config", &path.display().to_string()],
-        &[("HOOK_SECRET", SECRET)],
-    );
+    let (code, out, err) = check_with_secret(&path);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("unverified_methods=[GET]"), "{out}");
 
@@ -172,10 +160,7 @@ fn unverified_methods_pass_without_a_signature_and_nothing_else_does() {
         "unverified_methods: [GET, post]",
     );
     std::fs::write(&path, &bad).unwrap();
-    let (code, _, err) = cli_env(
-        &["check", "--config", &path.display().to_string()],
-        &[("HOOK_SECRET", SECRET)],
-    );
+    let (code, _, err) = check_with_secret(&path);
     assert_eq!(code, 2, "{err}");
     assert!(
         err.contains("defaults.yaml:6:23: defaults.unverified_methods: POST is in guard_methods"),
@@ -370,10 +355,7 @@ fn check_warns_about_guarded_routes_without_verify() {
     let text = config_text(free_port(), free_port(), &dir.sqlite_url("w.db"), &routes);
     let path = dir.path().join("warn.yaml");
     std::fs::write(&path, &text).unwrap();
-    let (code, out, err) = cli_env(
-        &["check", "--config", &path.display().to_string()],
-        &[("HOOK_SECRET", SECRET)],
-    );
+    let (code, out, err) = check_with_secret(&path);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().count(), 5, "{out}");
     let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning: ")).collect();
@@ -414,10 +396,7 @@ fn check_warns_about_guarded_routes_without_verify() {
     // `verify: none` is a word, not any word
     let typo = text.replace("verify: none", "verify: nothing");
     std::fs::write(&path, &typo).unwrap();
-    let (code, _, err) = cli_env(
-        &["check", "--config", &path.display().to_string()],
-        &[("HOOK_SECRET", SECRET)],
-    );
+    let (code, _, err) = check_with_secret(&path);
     assert_eq!(code, 2, "{err}");
     assert!(
         err.contains("routes[1].verify") && err.contains("`none`"),

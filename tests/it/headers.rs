@@ -80,12 +80,7 @@ const DROPPED_DOWNSTREAM: [&str; 4] = [
 fn hop_by_hop_headers_are_dropped_both_ways_on_every_path() {
     let dir = TempDir::new("hop");
     let up = upstream(|_, _| Behavior::Respond(upstream_answer(b"ok")));
-    let routes = [
-        route("g", "/hooks/g", &up.url(), "    verify: none\n"),
-        route("p", "/plain", &up.url(), "    guard_methods: []\n"),
-    ]
-    .concat();
-    let px = Proxy::start(&dir, &dir.sqlite_url("h.db"), &routes);
+    let px = guarded_and_plain(&dir, &dir.sqlite_url("h.db"), &up.url(), "/plain");
     let id = eid("hop");
     let requests = [
         (
@@ -202,12 +197,7 @@ fn upgrades_are_never_tunnelled() {
     let rogue = upstream(|_, _| {
         Behavior::Stall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".to_vec())
     });
-    let routes = [
-        route("p", "/ws", &rogue.url(), "    guard_methods: []\n"),
-        route("g", "/hooks/g", &rogue.url(), "    verify: none\n"),
-    ]
-    .concat();
-    let px = Proxy::start(&dir, &dir.sqlite_url("u2.db"), &routes);
+    let px = guarded_and_plain(&dir, &dir.sqlite_url("u2.db"), &rogue.url(), "/ws");
     let id = eid("rogue");
     for (what, request) in [
         ("streamed", handshakes[0].clone()),
@@ -352,6 +342,17 @@ fn http10(px: &Proxy, request: &str) -> (u16, String) {
     (raw_upstream::status_of(&out).unwrap_or(0), text)
 }
 
+/// A proxy on `store` with a guarded route `g` (`/hooks/g`) and an unguarded
+/// `p` (at `plain`), both to `url`.
+fn guarded_and_plain(dir: &TempDir, store: &str, url: &str, plain: &str) -> Proxy {
+    let routes = [
+        route("g", "/hooks/g", url, "    verify: none\n"),
+        route("p", plain, url, "    guard_methods: []\n"),
+    ]
+    .concat();
+    Proxy::start(dir, store, &routes)
+}
+
 /// HTTP/1.0 senders (some webhook senders and health checkers still are)
 /// through a consumer that, like Go's, closes after answering an HTTP/1.0
 /// request without saying so. idemgate speaks HTTP/1.1 upstream whatever
@@ -362,13 +363,8 @@ fn http10(px: &Proxy, request: &str) -> (u16, String) {
 fn http_1_0_senders_go_upstream_as_http_1_1() {
     let dir = TempDir::new("hop-http10");
     let consumer = PyConsumer::start(&dir, "0.5");
-    let routes = [
-        route("g", "/hooks/g", &consumer.url(), "    verify: none\n"),
-        route("p", "/plain", &consumer.url(), "    guard_methods: []\n"),
-    ]
-    .concat();
     let store = dir.sqlite_url("v.db");
-    let px = Proxy::start(&dir, &store, &routes);
+    let px = guarded_and_plain(&dir, &store, &consumer.url(), "/plain");
     let ids: Vec<String> = (0..3).map(|i| eid(&format!("v10-{i}"))).collect();
     for id in &ids {
         let (status, text) = http10(
@@ -415,12 +411,7 @@ fn http_1_0_senders_go_upstream_as_http_1_1() {
 fn only_http_1_1_senders_get_100_continue() {
     let dir = TempDir::new("hop-continue");
     let consumer = PyConsumer::start(&dir, "0");
-    let routes = [
-        route("g", "/hooks/g", &consumer.url(), "    verify: none\n"),
-        route("p", "/plain", &consumer.url(), "    guard_methods: []\n"),
-    ]
-    .concat();
-    let px = Proxy::start(&dir, &dir.sqlite_url("c.db"), &routes);
+    let px = guarded_and_plain(&dir, &dir.sqlite_url("c.db"), &consumer.url(), "/plain");
     for path in ["/hooks/g", "/plain"] {
         let id = eid("continue");
         let mut s = TcpStream::connect(px.addr).unwrap();

@@ -126,12 +126,7 @@ fn read_one(s: &mut TcpStream) -> Got {
         match s.read(&mut chunk) {
             Ok(0) => return Got::Closed,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if timed_out(&e) => {
                 panic!("no answer and no close within the wait; got so far: {buf:?}")
             }
             Err(_) => return Got::Closed, // reset
@@ -277,6 +272,19 @@ fn conflicting_framing_is_refused() {
     untouched(&s, "small", &[&smuggled_id]);
 }
 
+/// A POST to `/h` with `fields` padding header fields of `width` bytes
+/// each is refused as `what`, and a bystander is served after it.
+fn padded_is_refused(s: &Harness, id: &str, fields: usize, width: usize, what: &str) {
+    let mut bytes = format!("POST /h HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: {id}\r\n");
+    for i in 0..fields {
+        bytes.push_str(&format!("X-Pad-{i}: {}\r\n", "p".repeat(width)));
+    }
+    bytes.push_str("Content-Length: 2\r\n\r\n{}");
+    let got = exchange(s.px.addr, bytes.as_bytes(), false, Duration::from_secs(15));
+    assert_refused(what, &got);
+    bystander(s, what);
+}
+
 /// Header sections far past what a webhook needs. pingora refuses more than
 /// 256 header fields and more than 1 MiB of header; idemgate should refuse a
 /// 100 KB section however it is split.
@@ -284,23 +292,10 @@ fn conflicting_framing_is_refused() {
 fn oversized_header_sections_are_refused() {
     let s = setup("hostile-headers");
     let many = eid("many-fields");
-    let mut bytes = format!("POST /h HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: {many}\r\n");
-    for i in 0..1000 {
-        bytes.push_str(&format!("X-Pad-{i}: {}\r\n", "p".repeat(90)));
-    }
-    bytes.push_str("Content-Length: 2\r\n\r\n{}");
-    let got = exchange(s.px.addr, bytes.as_bytes(), false, Duration::from_secs(15));
-    assert_refused("1000 header fields (100 KB)", &got);
-    bystander(&s, "1000 header fields");
+    padded_is_refused(&s, &many, 1000, 90, "1000 header fields (100 KB)");
 
     let huge = eid("two-mib-field");
-    let bytes = format!(
-        "POST /h HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: {huge}\r\nX-Pad: {}\r\nContent-Length: 2\r\n\r\n{{}}",
-        "p".repeat(2 << 20)
-    );
-    let got = exchange(s.px.addr, bytes.as_bytes(), false, Duration::from_secs(15));
-    assert_refused("a 2 MiB header field", &got);
-    bystander(&s, "a 2 MiB header field");
+    padded_is_refused(&s, &huge, 1, 2 << 20, "a 2 MiB header field");
     untouched(&s, "small", &[&many, &huge]);
 }
 
@@ -310,14 +305,7 @@ fn oversized_header_sections_are_refused() {
 fn a_100_kb_header_section_in_few_fields_is_refused() {
     let s = setup("hostile-headers-few");
     let id = eid("ten-big-fields");
-    let mut bytes = format!("POST /h HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: {id}\r\n");
-    for i in 0..10 {
-        bytes.push_str(&format!("X-Pad-{i}: {}\r\n", "p".repeat(10_000)));
-    }
-    bytes.push_str("Content-Length: 2\r\n\r\n{}");
-    let got = exchange(s.px.addr, bytes.as_bytes(), false, Duration::from_secs(15));
-    assert_refused("ten 10 KB header fields", &got);
-    bystander(&s, "ten 10 KB header fields");
+    padded_is_refused(&s, &id, 10, 10_000, "ten 10 KB header fields");
     untouched(&s, "small", &[&id]);
 }
 

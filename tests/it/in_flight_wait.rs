@@ -25,15 +25,20 @@ fn concurrent_over(
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// A harness whose one route `w` (`/hooks/w`) has `in_flight: wait`, and
+/// `extra` route lines.
+fn waiting(tag: &str, extra: &str) -> Harness {
+    let lines = format!("    in_flight: wait\n{extra}");
+    Harness::sqlite(tag).route("w", "/hooks/w", &lines).start()
+}
+
 fn concurrent(px: &Proxy, id: &str, body: &'static [u8], n: usize) -> Vec<Response> {
     concurrent_over(&[px.addr], id, body, n)
 }
 
 #[test]
 fn twenty_held_duplicates_get_one_forward_and_twenty_successes() {
-    let h = Harness::sqlite("wait")
-        .route("w", "/hooks/w", "    in_flight: wait\n")
-        .start();
+    let h = waiting("wait", "");
     let id = eid("held");
     h.up.hold(&id, 202, Duration::from_millis(800));
     let answers = concurrent(&h, &id, b"{\"x\":1}", 20);
@@ -55,9 +60,7 @@ fn twenty_held_duplicates_get_one_forward_and_twenty_successes() {
 
 #[test]
 fn a_failed_first_attempt_lets_exactly_one_held_request_forward() {
-    let h = Harness::sqlite("wait-fail")
-        .route("w", "/hooks/w", "    in_flight: wait\n")
-        .start();
+    let h = waiting("wait-fail", "");
     let id = eid("held-fail");
     h.up.script(
         &id,
@@ -78,13 +81,7 @@ fn a_failed_first_attempt_lets_exactly_one_held_request_forward() {
 
 #[test]
 fn a_lease_that_runs_out_while_waiting_gives_409() {
-    let h = Harness::sqlite("wait-lease")
-        .route(
-            "w",
-            "/hooks/w",
-            "    in_flight: wait\n    lease: 2s\n    upstream_timeout: 1s\n",
-        )
-        .start();
+    let h = waiting("wait-lease", "    lease: 2s\n    upstream_timeout: 1s\n");
     let id = eid("held-lease");
     // The first attempt's process dies with the claim live: kill it mid-flight.
     h.up.hold(&id, 200, Duration::from_millis(900));
@@ -109,9 +106,7 @@ fn a_lease_that_runs_out_while_waiting_gives_409() {
 
 #[test]
 fn max_waiters_caps_held_requests() {
-    let h = Harness::sqlite("wait-cap")
-        .route("w", "/hooks/w", "    in_flight: wait\n    max_waiters: 2\n")
-        .start();
+    let h = waiting("wait-cap", "    max_waiters: 2\n");
     let id = eid("held-cap");
     h.up.hold(&id, 200, Duration::from_millis(1000));
     let answers = concurrent(&h, &id, b"{}", 6);

@@ -66,6 +66,14 @@ fn read_response(s: &mut TcpStream) -> (u16, String) {
     read_response_text(s)
 }
 
+/// A connection that has had one 200 for `GET path` and is kept alive.
+fn kept_alive(addr: SocketAddr, path: &str) -> TcpStream {
+    let mut s = connect(addr);
+    s.write_all(get(path).as_bytes()).unwrap();
+    assert_eq!(read_response(&mut s).0, 200);
+    s
+}
+
 fn get(path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
 }
@@ -276,10 +284,7 @@ fn the_cap_reclaims_idle_connections_oldest_first_while_deliveries_succeed() {
     // 40 idle kept-alive connections, oldest first
     let mut idle = Vec::new();
     for _ in 0..40 {
-        let mut s = connect(h.addr);
-        s.write_all(get("/pass/idle").as_bytes()).unwrap();
-        assert_eq!(read_response(&mut s).0, 200);
-        idle.push(s);
+        idle.push(kept_alive(h.addr, "/pass/idle"));
         std::thread::sleep(Duration::from_millis(5));
     }
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -517,10 +522,7 @@ fn connection_gauges_follow_the_connections() {
     let reading: Vec<TcpStream> = (0..3).map(|_| connect(h.addr)).collect();
     let mut idle = Vec::new();
     for _ in 0..2 {
-        let mut s = connect(h.addr);
-        s.write_all(get("/pass/g").as_bytes()).unwrap();
-        assert_eq!(read_response(&mut s).0, 200);
-        idle.push(s);
+        idle.push(kept_alive(h.addr, "/pass/g"));
     }
     let want = |state: &str, n: f64| {
         let deadline = Instant::now() + Duration::from_secs(5);

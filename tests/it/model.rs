@@ -115,6 +115,18 @@ struct MRec {
     expires_at: Millis,
 }
 
+impl MRec {
+    /// A settle at `now`: the new state and last status, no lease, the
+    /// retention counted from now.
+    fn settle(&mut self, state: State, last_status: Option<i64>, now: Millis) {
+        self.state = state;
+        self.lease_until = None;
+        self.last_status = last_status;
+        self.updated_at = now;
+        self.expires_at = now + RETENTION;
+    }
+}
+
 /// A claim the store granted: an attempt that went (or would go) upstream.
 #[derive(Debug, Clone)]
 struct Grant {
@@ -349,12 +361,8 @@ impl Run<'_> {
                             unreachable!()
                         };
                         let rec = self.model[ev].as_mut().expect("delivered a known record");
-                        rec.state = State::Delivered;
-                        rec.lease_until = None;
-                        rec.last_status = Some(i64::from(status));
+                        rec.settle(State::Delivered, Some(i64::from(status)), now);
                         rec.delivered_at = Some(now);
-                        rec.updated_at = now;
-                        rec.expires_at = now + RETENTION;
                         self.delivered_final[ev] = true;
                         self.close_grants(ev, None);
                         self.stats.lock().unwrap().delivered += 1;
@@ -364,11 +372,7 @@ impl Run<'_> {
                             unreachable!()
                         };
                         let rec = self.model[ev].as_mut().expect("released a known record");
-                        rec.state = State::Failed;
-                        rec.lease_until = None;
-                        rec.last_status = status.map(i64::from);
-                        rec.updated_at = now;
-                        rec.expires_at = now + RETENTION;
+                        rec.settle(State::Failed, status.map(i64::from), now);
                         self.close_grants(ev, Some(attempt));
                         self.stats.lock().unwrap().released += 1;
                     }

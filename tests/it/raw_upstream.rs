@@ -36,14 +36,7 @@ pub fn send_and_read_to_close(addr: SocketAddr, bytes: &[u8], wait: Duration) ->
         match s.read(&mut chunk) {
             Ok(0) => return (out, true),
             Ok(n) => out.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return (out, false)
-            }
+            Err(e) if crate::common::timed_out(&e) => return (out, false),
             Err(_) => return (out, true),
         }
     }

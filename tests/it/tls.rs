@@ -14,22 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use idemgate::verify::sign;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, ServerName};
-
-/// A CA, and a leaf for `localhost` signed by it: (ca PEM, leaf PEM, leaf key PEM).
-fn certificates() -> (String, String, String) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&leaf_key, &ca, &ca_key)
-        .unwrap();
-    (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
-}
 
 const SECRET: &str = "tls-github-secret";
 
@@ -157,18 +142,17 @@ fn signed_deliveries_over_https_with_duplicates_replayed_on_tls12_and_tls13() {
     assert!(!got.starts_with(b"HTTP/1.1 200"), "{got:?}");
 }
 
+/// A config on `dir`'s SQLite file `db`, one route, and this tls section.
+fn tls_config_text(dir: &TempDir, db: &str, cert: &str, key: &str) -> String {
+    let route = route("r", "/h", "http://127.0.0.1:9", "");
+    let text = config_text(free_port(), free_port(), &dir.sqlite_url(db), &route);
+    format!("{text}tls:\n  cert: {cert}\n  key: {key}\n")
+}
+
 /// `idemgate check` of a config with this tls section: (exit code, stderr).
 fn check_tls(dir: &TempDir, cert: &str, key: &str) -> (i32, String, String) {
     let path = dir.path().join("check.yaml");
-    let text = format!(
-        "{}tls:\n  cert: {cert}\n  key: {key}\n",
-        config_text(
-            free_port(),
-            free_port(),
-            &dir.sqlite_url("c.db"),
-            &route("r", "/h", "http://127.0.0.1:9", "")
-        )
-    );
+    let text = tls_config_text(dir, "c.db", cert, key);
     std::fs::write(&path, text).unwrap();
     let (code, _, err) = cli(&["check", "--config", path.to_str().unwrap()]);
     (code, err, path.display().to_string())
@@ -302,16 +286,7 @@ fn unusable_certificates_and_keys_are_config_errors_with_their_position() {
 
     // serve refuses too, before listening
     let path = dir.path().join("serve.yaml");
-    let text = format!(
-        "{}tls:\n  cert: {cert}\n  key: {}\n",
-        config_text(
-            free_port(),
-            free_port(),
-            &dir.sqlite_url("s.db"),
-            &route("r", "/h", "http://127.0.0.1:9", "")
-        ),
-        p("other2.pem", &other_key)
-    );
+    let text = tls_config_text(&dir, "s.db", &cert, &p("other2.pem", &other_key));
     std::fs::write(&path, text).unwrap();
     let (code, _, err) = cli(&["serve", "--config", path.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");

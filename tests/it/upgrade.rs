@@ -114,6 +114,22 @@ struct Setup {
 }
 
 impl Setup {
+    /// A setup on a fresh SQLite store with `routes_v1` to `up` written.
+    fn sqlite_v1(tag: &str, up: &Consumer) -> Setup {
+        let dir = TempDir::new(tag);
+        let store = dir.sqlite_url("u.db");
+        let s = Setup::new(dir, store);
+        s.write(&routes_v1(&up.url()));
+        s
+    }
+
+    /// One new delivery to `path`: 200, and the consumer got it once.
+    fn served_once(&self, up: &Consumer, path: &str, tag: &str, what: &str) {
+        let id = eid(tag);
+        let r = kit::client::deliver(self.addr, path, Some(&id), b"{}").unwrap();
+        assert_eq!((r.status, up.count(&id)), (200, 1), "{what}: {r:?}");
+    }
+
     fn new(dir: TempDir, store: String) -> Setup {
         let (port, admin) = (free_port(), free_port());
         Setup {
@@ -412,13 +428,7 @@ fn upgrade_under_load(dir: TempDir, store: String) {
         "{again:?}"
     );
     assert_eq!(up.count(&slow), 1);
-    let b = eid("new-route");
-    let r = kit::client::deliver(s.addr, "/hooks/b", Some(&b), b"{}").unwrap();
-    assert_eq!(
-        (r.status, up.count(&b)),
-        (200, 1),
-        "the new route is served"
-    );
+    s.served_once(&up, "/hooks/b", "new-route", "the new route is served");
 
     let seen = seen.lock().unwrap();
     check_load(&seen, &up);
@@ -450,10 +460,7 @@ fn upgrade_under_load_on_postgres() {
 #[test]
 fn an_invalid_config_exits_2_and_the_old_process_serves_on() {
     let up = Consumer::start().unwrap();
-    let dir = TempDir::new("upgrade-invalid");
-    let store = dir.sqlite_url("u.db");
-    let mut s = Setup::new(dir, store);
-    s.write(&routes_v1(&up.url()));
+    let mut s = Setup::sqlite_v1("upgrade-invalid", &up);
     let mut old = s.start();
     s.write(&routes_v1(&up.url()).replace("verify: none", "verify: nonsense"));
     let mut bad = s.spawn(true);
@@ -479,10 +486,7 @@ fn an_invalid_config_exits_2_and_the_old_process_serves_on() {
 #[test]
 fn sigquit_without_a_new_process_is_ignored() {
     let up = Consumer::start().unwrap();
-    let dir = TempDir::new("upgrade-alone");
-    let store = dir.sqlite_url("u.db");
-    let mut s = Setup::new(dir, store);
-    s.write(&routes_v1(&up.url()));
+    let mut s = Setup::sqlite_v1("upgrade-alone", &up);
     let mut old = s.start();
     old.signal("-QUIT");
     let mut last = 0;
@@ -505,10 +509,7 @@ fn sigquit_without_a_new_process_is_ignored() {
 #[test]
 fn ten_upgrades_in_a_row_under_load() {
     let up = Consumer::start().unwrap();
-    let dir = TempDir::new("upgrade-ten");
-    let store = dir.sqlite_url("u.db");
-    let mut s = Setup::new(dir, store);
-    s.write(&routes_v1(&up.url()));
+    let mut s = Setup::sqlite_v1("upgrade-ten", &up);
     let mut current = s.start();
     let stop = Arc::new(AtomicBool::new(false));
     let (seen, clients) = load(s.addr, "/hooks/a", 3, stop.clone());
@@ -545,10 +546,7 @@ fn ten_upgrades_in_a_row_under_load() {
 #[test]
 fn an_idle_kept_alive_connection_is_closed_at_the_hand_over() {
     let up = Consumer::start().unwrap();
-    let dir = TempDir::new("upgrade-idle");
-    let store = dir.sqlite_url("u.db");
-    let mut s = Setup::new(dir, store);
-    s.write(&routes_v1(&up.url()));
+    let mut s = Setup::sqlite_v1("upgrade-idle", &up);
     let mut old = s.start();
     let mut kept = Client::connect(s.addr).unwrap();
     let id = eid("kept");
@@ -563,21 +561,6 @@ fn an_idle_kept_alive_connection_is_closed_at_the_hand_over() {
         .is_err());
     let r = kit::client::deliver(s.addr, "/hooks/a", Some(&id), b"{}").unwrap();
     assert_eq!(r.header("Idempotent-Replayed"), Some("true"));
-}
-
-/// (CA PEM, leaf PEM for `localhost`, leaf key PEM).
-fn certificates() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_string()])
-        .unwrap()
-        .signed_by(&leaf_key, &ca, &ca_key)
-        .unwrap();
-    (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
 }
 
 /// One delivery over TLS trusting only `ca_pem`; `Err` when the handshake
@@ -774,13 +757,7 @@ fn the_systemd_unit_reloads_without_downtime() {
         "the old process is still there when the new one takes over"
     );
     assert_eq!(old.wait(Duration::from_secs(30)), Some(0), "{}", old.log());
-    let b = eid("systemd-b");
-    let r = kit::client::deliver(s.addr, "/hooks/b", Some(&b), b"{}").unwrap();
-    assert_eq!(
-        (r.status, up.count(&b)),
-        (200, 1),
-        "served by the new process"
-    );
+    s.served_once(&up, "/hooks/b", "systemd-b", "served by the new process");
     // systemctl stop: SIGTERM to the new main process
     assert!(new.stop(), "the new process stops on SIGTERM");
 }

@@ -128,18 +128,28 @@ fn first_then_ok(first: impl Fn(&str) -> Behavior + Send + Sync + 'static) -> Se
     })
 }
 
+/// `first_then_ok` whose first answer is `matching` for an event whose key
+/// starts with `prefix`, and `other` for the rest.
+fn first_by_prefix(prefix: &'static str, matching: Behavior, other: Behavior) -> Server {
+    first_then_ok(move |key| {
+        if key.starts_with(prefix) {
+            matching.clone()
+        } else {
+            other.clone()
+        }
+    })
+}
+
 /// The upstream resets (RST) or closes (FIN) in the middle of its response
 /// header: 502, released, and the retry is forwarded — with the same
 /// `Idempotency-Key` both times.
 #[test]
 fn reset_or_close_mid_header_gives_502_and_the_retry_is_forwarded() {
-    let up = first_then_ok(|key| {
-        if key.starts_with("reset") {
-            Behavior::Reset(b"HTTP/1.1 200 OK\r\nContent-Le".to_vec())
-        } else {
-            Behavior::Close(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n".to_vec())
-        }
-    });
+    let up = first_by_prefix(
+        "reset",
+        Behavior::Reset(b"HTTP/1.1 200 OK\r\nContent-Le".to_vec()),
+        Behavior::Close(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n".to_vec()),
+    );
     let h = start_proxy("faults-mid-header", &up.url());
     for kind in ["reset", "close"] {
         let id = eid(kind);
@@ -491,13 +501,14 @@ fn with_replay_body_a_broken_2xx_body_still_settles_delivered() {
 /// ordinary delivery, relayed whole.
 #[test]
 fn garbage_and_close_delimited_responses() {
-    let up = first_then_ok(|key| {
-        if key.starts_with("garbage") {
-            Behavior::Close(b"HELLO THERE\r\n\r\n".to_vec())
-        } else {
-            Behavior::Close(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nthe body ends with the connection".to_vec())
-        }
-    });
+    let up = first_by_prefix(
+        "garbage",
+        Behavior::Close(b"HELLO THERE\r\n\r\n".to_vec()),
+        Behavior::Close(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nthe body ends with the connection"
+                .to_vec(),
+        ),
+    );
     let h = start_proxy("faults-garbage", &up.url());
 
     let id = eid("garbage");

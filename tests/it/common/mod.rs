@@ -588,3 +588,36 @@ pub fn show(store: &str, route: &str, event_id: &str) -> serde_json::Value {
     assert_eq!(code, 0, "events show: {err}");
     serde_json::from_str(&out).expect("events show --json prints JSON")
 }
+
+/// A CA, and a leaf for `localhost` signed by it: (ca PEM, leaf PEM, leaf key PEM).
+pub fn certificates() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .unwrap();
+    (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
+}
+
+/// The one request `h`'s consumer has received, checked to carry `body`.
+#[track_caller]
+pub fn only_request(h: &Harness, body: &[u8]) -> Request {
+    let mut got = h.up.received();
+    assert_eq!(got.len(), 1);
+    let req = got.pop().unwrap();
+    assert_eq!(req.body, body);
+    req
+}
+
+/// A read that ran out of its timeout (`WouldBlock` or `TimedOut`, by platform).
+pub fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
