@@ -132,7 +132,7 @@ impl Gate {
             let rec = self.store.get(route.name(), event_id).await;
             self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
             match rec {
-                Ok(Some(r)) if r.state() == Some(State::Processing) => hold.extend(r.lease_until),
+                Ok(Some(r)) if r.state == State::Processing => hold.extend(r.lease_until),
                 // settled, released, swept, or the store hiccupped: let the claim decide
                 _ => return Ok(()),
             }
