@@ -109,21 +109,56 @@ impl Client {
     }
 }
 
-/// A free loopback port, never one this process was given before: the
-/// kernel can hand out a closed probe's port again at once, and two
-/// listeners meant to be apart (a proxy and its admin) would then share it.
+/// A free loopback port for a listener the caller binds later: never one
+/// this process was given before (two listeners meant to be apart, a proxy
+/// and its admin, would otherwise share it), and from below the kernel's
+/// ephemeral range. The kernel picks the local port of every outgoing
+/// connection, and of every `:0` bind, from that range, so a probed port
+/// from there can be taken by a client connection before its listener binds
+/// it (seen in CI as `AddrInUse` starting a test upstream).
 pub fn free_port() -> io::Result<u16> {
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        if !given.contains(&port) {
+    static NEXT: Mutex<Option<(u16, Vec<u16>)>> = Mutex::new(None);
+    let (low, high) = reserved_range();
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let (cursor, given) = next.get_or_insert_with(|| (first_port(low, high), Vec::new()));
+    for _ in low..high {
+        let port = *cursor;
+        *cursor = if port + 1 >= high { low } else { port + 1 };
+        if given.contains(&port) {
+            continue;
+        }
+        // Skips ports another process listens on (the machine's services).
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             given.push(port);
             return Ok(port);
         }
     }
+    Err(io::Error::new(
+        io::ErrorKind::AddrNotAvailable,
+        format!("no free loopback port in {low}..{high}"),
+    ))
+}
+
+/// Ports from 10000 up to the kernel's ephemeral range (Linux's default
+/// range starts at 32768): above the well-known services, below what the
+/// kernel hands out by itself.
+fn reserved_range() -> (u16, u16) {
+    const LOW: u16 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    (LOW, ephemeral_low.max(LOW + 1_000))
+}
+
+/// Where this process starts looking: spread by process ID and clock, so
+/// that two test processes running at once seldom probe the same ports.
+fn first_port(low: u16, high: u16) -> u16 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let spread = (std::process::id() ^ nanos) % u32::from(high - low);
+    low + spread as u16
 }
 
 /// POSTs `body` (as JSON) with an `X-Event-ID` header on a fresh connection.
