@@ -158,13 +158,6 @@ pub struct Record {
     pub replay_body_bytes: Option<i64>,
 }
 
-impl Record {
-    /// The state; always `Some` (kept for callers from when the field was text).
-    pub fn state(&self) -> Option<State> {
-        Some(self.state)
-    }
-}
-
 fn state_text<S: serde::Serializer>(state: &State, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(state.as_str())
 }

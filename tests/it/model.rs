@@ -478,9 +478,7 @@ impl Run<'_> {
                             .iter()
                             .position(|d| *d == r.body_sha256)
                             .ok_or_else(|| fail(format!("unknown digest {}", r.body_sha256)))?,
-                        state: r
-                            .state()
-                            .ok_or_else(|| fail(format!("unknown state {}", r.state)))?,
+                        state: r.state,
                         attempts: r.attempts,
                         lease_until: r.lease_until,
                         last_status: r.last_status,

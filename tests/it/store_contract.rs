@@ -166,7 +166,7 @@ mod cases {
             replay_body_bytes: None,
         };
         assert_eq!(rec, want);
-        assert_eq!(rec.state(), Some(State::Processing));
+        assert_eq!(rec.state, State::Processing);
         assert_eq!(s.get(R, "absent").await.unwrap(), None);
         assert_eq!(s.get("other-route", "e1").await.unwrap(), None);
         // Event IDs are scoped by route: the same ID elsewhere is a new claim.
@@ -195,7 +195,7 @@ mod cases {
             SettleResult::Delivered
         );
         let rec = get(s, "plain").await;
-        assert_eq!(rec.state(), Some(State::Delivered));
+        assert_eq!(rec.state, State::Delivered);
         assert_eq!(rec.last_status, Some(202));
         assert_eq!(rec.delivered_at, Some(T0 + 5));
         assert_eq!(rec.lease_until, None);
@@ -354,13 +354,8 @@ mod cases {
         );
         let rec = get(s, "e").await;
         assert_eq!(
-            (
-                rec.state(),
-                rec.attempts,
-                rec.lease_until,
-                rec.first_seen_at
-            ),
-            (Some(State::Processing), 3, Some(t2 + LEASE), T0)
+            (rec.state, rec.attempts, rec.lease_until, rec.first_seen_at),
+            (State::Processing, 3, Some(t2 + LEASE), T0)
         );
     }
 
@@ -372,7 +367,7 @@ mod cases {
             SettleResult::Released
         );
         let rec = get(s, "e").await;
-        assert_eq!(rec.state(), Some(State::Failed));
+        assert_eq!(rec.state, State::Failed);
         assert_eq!(rec.lease_until, None);
         assert_eq!(rec.last_status, Some(503));
         assert_eq!(rec.last_error.as_deref(), Some("upstream answered badly"));
@@ -416,8 +411,8 @@ mod cases {
         settle(s, "e", 3, T0 + 14, delivered(200)).await;
         let rec = get(s, "e").await;
         assert_eq!(
-            (rec.state(), rec.last_status, rec.last_error),
-            (Some(State::Delivered), Some(200), None)
+            (rec.state, rec.last_status, rec.last_error),
+            (State::Delivered, Some(200), None)
         );
     }
 
@@ -434,8 +429,8 @@ mod cases {
         );
         let rec = get(s, "e").await;
         assert_eq!(
-            (rec.state(), rec.attempts, rec.lease_until, rec.updated_at),
-            (Some(State::Processing), 2, Some(t2 + LEASE), t2)
+            (rec.state, rec.attempts, rec.lease_until, rec.updated_at),
+            (State::Processing, 2, Some(t2 + LEASE), t2)
         );
         assert_eq!(
             decision_of(&claim(s, "e", D1, t2 + 6).await),
@@ -471,8 +466,8 @@ mod cases {
         );
         let rec = get(s, "e").await;
         assert_eq!(
-            (rec.state(), rec.lease_until, rec.delivered_at),
-            (Some(State::Delivered), None, Some(t2 + 5))
+            (rec.state, rec.lease_until, rec.delivered_at),
+            (State::Delivered, None, Some(t2 + 5))
         );
         // Delivered is final: the newer attempt neither releases nor re-delivers it.
         assert_eq!(
@@ -485,8 +480,8 @@ mod cases {
         );
         let rec = get(s, "e").await;
         assert_eq!(
-            (rec.state(), rec.last_status, rec.delivered_at),
-            (Some(State::Delivered), Some(200), Some(t2 + 5))
+            (rec.state, rec.last_status, rec.delivered_at),
+            (State::Delivered, Some(200), Some(t2 + 5))
         );
         // ... and it also wins over a release that got there first.
         let a1 = own(s, "f", T0).await;
@@ -565,8 +560,8 @@ mod cases {
         );
         let rec = get(s, "p").await;
         assert_eq!(
-            (rec.state(), rec.lease_until, rec.attempts),
-            (Some(State::Failed), None, 1)
+            (rec.state, rec.lease_until, rec.attempts),
+            (State::Failed, None, 1)
         );
         assert!(rec.last_error.is_some());
         assert!(matches!(
@@ -607,7 +602,7 @@ mod cases {
             }
         );
         let rec = get(s, "d").await;
-        assert_eq!((rec.state(), rec.lease_until), (Some(State::Failed), None));
+        assert_eq!((rec.state, rec.lease_until), (State::Failed, None));
         assert!(matches!(
             claim(s, "d", D1, T0 + 4).await,
             ClaimOutcome::Claimed {
@@ -1162,7 +1157,7 @@ mod cases {
                     let now = T0 + dt;
                     let digest = if same { D1 } else { D2 };
                     let existing = before.as_ref().map(|r| Existing {
-                        state: r.state().expect("a known state"),
+                        state: r.state,
                         lease_until: r.lease_until,
                         same_digest: r.body_sha256 == digest,
                     });
@@ -1181,8 +1176,8 @@ mod cases {
                             assert_eq!(attempt, prev + 1, "{what}");
                             assert_eq!(lease_until, now + LEASE, "{what}");
                             assert_eq!(
-                                (after.state(), after.attempts, after.lease_until),
-                                (Some(State::Processing), attempt, Some(lease_until)),
+                                (after.state, after.attempts, after.lease_until),
+                                (State::Processing, attempt, Some(lease_until)),
                                 "{what}"
                             );
                         }
@@ -1340,7 +1335,7 @@ mod postgres_races {
         .expect("sweep");
         assert_eq!(deleted, 0, "the sweep deleted a live claim");
         let rec = get(s, "e").await;
-        assert_eq!((rec.state(), rec.attempts), (Some(State::Processing), 2));
+        assert_eq!((rec.state, rec.attempts), (State::Processing, 2));
         b.store.close().await;
     }
 
@@ -1374,7 +1369,7 @@ mod postgres_races {
         .await;
         assert_eq!(settled.unwrap(), SettleResult::Stale);
         let rec = get(&*b.store, "e").await;
-        assert_eq!((rec.state(), rec.attempts), (Some(State::Processing), 2));
+        assert_eq!((rec.state, rec.attempts), (State::Processing, 2));
         b.store.close().await;
     }
 
@@ -1397,7 +1392,7 @@ mod postgres_races {
         )
         .await;
         assert_eq!(released.unwrap(), ReleaseOutcome::RefusedDelivered);
-        assert_eq!(get(&*b.store, "e").await.state(), Some(State::Delivered));
+        assert_eq!(get(&*b.store, "e").await.state, State::Delivered);
         b.store.close().await;
     }
 }
