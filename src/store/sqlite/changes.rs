@@ -105,6 +105,23 @@ impl ChangeCounter {
         })
     }
 
+    /// Like [`Self::begin`], but `None` at once if another change holds the
+    /// lock (for the writer thread, which must not wait on it).
+    pub(super) fn try_begin(&self) -> io::Result<Option<ChangeUnderWay<'_>>> {
+        let lock = Self::open_file(&self.path)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Error(e)) => return Err(e),
+        }
+        self.end_abandoned();
+        self.begun().fetch_add(1, SeqCst);
+        Ok(Some(ChangeUnderWay {
+            counter: self,
+            lock: Some(lock),
+        }))
+    }
+
     /// If nobody holds the lock and a change was abandoned, ends it so that
     /// caches fill again. Says whether there was one.
     pub(super) fn repair_if_abandoned(&self) -> io::Result<bool> {

@@ -36,16 +36,31 @@ pub(super) const WRITER_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an inline read may wait (WAL readers almost never wait at all).
 const READER_BUSY_TIMEOUT: Duration = Duration::from_millis(200);
 
+/// How much of the file a connection maps into memory (SQLite caps it at
+/// its build's `SQLITE_MAX_MMAP_SIZE`, 2 GiB). A claim on a large store
+/// reads a random leaf of the key's B-tree and the interior pages above
+/// it; mapped, those reads are memory accesses to the OS page cache instead
+/// of a `pread` and a copy each, and every connection shares them.
+const MMAP_BYTES: i64 = 1 << 31;
+/// The writer's page cache, in KiB (negative `cache_size`): holds the pages
+/// a batch dirties, and beyond the mapped part of a large file the interior
+/// pages every lookup passes through. Memory is taken as pages are used.
+const WRITER_CACHE_KIB: i64 = 64 << 10;
+
 /// Opens the file (created and migrated already) for one role.
 pub(super) fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)?;
+    conn.execute_batch(&format!("PRAGMA mmap_size = {MMAP_BYTES};"))?;
     match role {
         Role::Writer => {
             conn.busy_timeout(WRITER_BUSY_TIMEOUT)?;
             // journal_mode is a property of the file (set by `create`);
             // synchronous is per connection and is the durability.
-            conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
+            conn.execute_batch(&format!(
+                "PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF; \
+                 PRAGMA cache_size = -{WRITER_CACHE_KIB};"
+            ))?;
             let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
             if !mode.eq_ignore_ascii_case("wal") {
                 return Err(StoreError::Unavailable(format!(
@@ -255,10 +270,9 @@ pub(super) fn settle_in(
 }
 
 /// Runs `change` (a release or a sweep: what can change a delivered
-/// record) on a connection of its own, counted in the change counter. It
-/// runs to its end here even if the caller stops waiting, so no statement
-/// can commit after the change was counted as ended. Blocking: run it off
-/// the async threads.
+/// record) on a connection of its own, counted in the change counter: see
+/// [`counted_now`]; this one waits for the counter's lock. Blocking: run it
+/// off the async threads.
 pub(super) fn counted<T>(
     path: &Path,
     changes: &ChangeCounter,
@@ -269,6 +283,25 @@ pub(super) fn counted<T>(
         .begin()
         .map_err(|e| StoreError::io(format_args!("cannot lock {}", changes.path().display()), e))?;
     change(&conn)
+}
+
+/// Runs `change` on `conn` counted in the change counter, begun before and
+/// ended after it committed, if no other change holds the counter's lock
+/// (`Ok(None)` then: the writer thread must not wait for it). It runs to
+/// its end here even if the caller stops waiting, so no statement can
+/// commit after the change was counted as ended.
+pub(super) fn counted_now<T>(
+    conn: &Connection,
+    changes: &ChangeCounter,
+    change: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    let under_way = changes
+        .try_begin()
+        .map_err(|e| StoreError::io(format_args!("cannot lock {}", changes.path().display()), e))?;
+    match under_way {
+        Some(_under_way) => change(conn).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Operator release (`ClaimStore::release`); run it [`counted`].
@@ -302,7 +335,9 @@ pub(super) fn release(
     ))
 }
 
-/// One batch of the sweep (`ClaimStore::sweep_batch`); run it [`counted`].
+/// One slice of the sweep, one statement in autocommit: its own
+/// transaction. Run it [`counted_now`] on the writer's connection, or
+/// [`counted`].
 pub(super) fn sweep(conn: &Connection, now: Millis, limit: i64) -> Result<u64, StoreError> {
     let mut st = conn.prepare_cached(sql::SWEEP)?;
     bind_numbered(&mut st, &[&now, &limit])?;

@@ -32,6 +32,9 @@ mod migrate;
 mod reads;
 mod writer;
 
+/// Most records one transaction of the sweep deletes (see `sweep_op`).
+const SWEEP_SLICE: i64 = 100;
+
 pub struct SqliteStore {
     /// Claims and settles: the group-commit writer thread.
     writer: writer::Writer,
@@ -199,9 +202,38 @@ impl SqliteStore {
             .await
     }
 
+    /// The batch in slices of at most [`SWEEP_SLICE`] records, each run
+    /// alone on the writer's connection: claims queued meanwhile commit
+    /// between two slices, and none waits on the write lock longer than one
+    /// slice takes (on a store of millions with random event IDs, a
+    /// thousand deletions touch a thousand scattered pages: tens of ms).
     async fn sweep_op(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
-        self.counted(move |conn| direct::sweep(conn, now, limit))
-            .await
+        let changes = self.change_counter()?;
+        let mut swept = 0u64;
+        while (swept as i64) < limit {
+            let slice = (limit - swept as i64).min(SWEEP_SLICE);
+            let counter = changes.clone();
+            let on_writer = self
+                .writer
+                .alone(
+                    move |conn| {
+                        direct::counted_now(conn, &counter, |c| direct::sweep(c, now, slice))
+                    },
+                    Self::OP_TIMEOUT,
+                )
+                .await?;
+            let n = match on_writer {
+                Some(n) => n,
+                // another change (a release) holds the counter: this slice
+                // waits for it on a connection of its own, not the writer
+                None => self.counted(move |c| direct::sweep(c, now, slice)).await?,
+            };
+            swept += n;
+            if (n as i64) < slice {
+                break;
+            }
+        }
+        Ok(swept)
     }
 
     /// A change of records that caches may hold (see `direct::counted`), on
@@ -211,17 +243,20 @@ impl SqliteStore {
         &self,
         change: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let counter = match &self.delivered {
-            Ok(cache) => cache.changes().clone(),
-            Err(why) => {
-                return Err(StoreError::Unavailable(format!(
-                    "{why}; a release or sweep must count itself there so that \
-                     running proxies stop replaying what it changed"
-                )))
-            }
-        };
+        let counter = self.change_counter()?;
         let path = self.path.clone();
         blocking(move || direct::counted(&path, &counter, change)).await
+    }
+
+    /// The counter every change of delivered records must count itself in.
+    fn change_counter(&self) -> Result<Arc<changes::ChangeCounter>, StoreError> {
+        match &self.delivered {
+            Ok(cache) => Ok(cache.changes().clone()),
+            Err(why) => Err(StoreError::Unavailable(format!(
+                "{why}; a release or sweep must count itself there so that \
+                 running proxies stop replaying what it changed"
+            ))),
+        }
     }
 
     /// The idle readers first, the writer last: the last connection to

@@ -12,7 +12,7 @@
 //! follows it is not run in autocommit, and nothing of it is reported done.
 //! The last batch's failure is kept for `/readyz` (see [`Writer::probe`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,9 +43,16 @@ enum Op {
     /// A write that changes nothing (`/readyz` after a failed batch): one
     /// frame through the WAL and its fsync, as a claim's commit needs.
     Probe(oneshot::Sender<Result<(), StoreError>>),
+    /// A job run alone on the writer's connection, between batches, in
+    /// transactions of its own (a slice of the sweep). It answers its
+    /// requester itself; it is handed the reason when it cannot run.
+    Alone(Job),
     /// Close the connection and stop (the store is closing).
     Close(oneshot::Sender<()>),
 }
+
+/// See [`Op::Alone`].
+type Job = Box<dyn FnOnce(Result<&Connection, StoreError>) + Send>;
 
 /// The async side of the writer thread.
 pub(super) struct Writer {
@@ -129,6 +136,23 @@ impl Writer {
         let settle = OwnedSettle::new(req);
         self.ask(|ticket, tx| Op::Settle(settle, ticket, tx), limit)
             .await
+    }
+
+    /// Runs `job` on the writer's connection between two batches, so that
+    /// it never waits for the write lock, nor makes a claim wait for it
+    /// longer than the job takes. Once queued it runs to its end even if
+    /// the caller stops waiting.
+    pub(super) async fn alone<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        limit: Duration,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let _ = tx.send(conn.and_then(job));
+        });
+        self.send(Op::Alone(job), limit).await?;
+        rx.await.map_err(|_| writer_gone())?
     }
 
     /// Queues the operation `op` makes and waits for its batch's answer.
@@ -231,26 +255,33 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     while let Some(op) = ops.blocking_recv() {
         batch.push(op);
-        while batch.len() < MAX_BATCH {
+        // a job that runs alone ends the batch: what came before it commits first
+        while batch.len() < MAX_BATCH && !matches!(batch.last(), Some(Op::Alone(_))) {
             match ops.try_recv() {
                 Ok(op) => batch.push(op),
                 Err(_) => break,
             }
         }
-        // a close request ends the batch: what came before it commits first
-        let close = batch
-            .iter()
-            .position(|op| matches!(op, Op::Close(_)))
-            .map(|at| batch.split_off(at));
+        let mut alone = match batch.last() {
+            Some(Op::Alone(_)) => batch.pop(),
+            _ => None,
+        };
+        // a close request ends the batch too
+        let close: Option<Vec<Op>> =
+            batch
+                .iter()
+                .position(|op| matches!(op, Op::Close(_)))
+                .map(|at| {
+                    batch
+                        .split_off(at)
+                        .into_iter()
+                        .chain(alone.take())
+                        .collect()
+                });
         if !batch.is_empty() {
-            if conn.is_none() {
-                match direct::open(&path, Role::Writer) {
-                    Ok(c) => conn = Some(c),
-                    Err(e) => {
-                        health.set(Some(e.to_string()));
-                        fail_all(&mut batch, e);
-                    }
-                }
+            if let Err(e) = connect(&mut conn, &path) {
+                health.set(Some(e.to_string()));
+                fail_all(&mut batch, e);
             }
             if let Some(c) = conn.as_ref() {
                 match commit_batch(c, &mut batch) {
@@ -262,6 +293,12 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
                         conn = None; // a fresh connection for the next batch
                     }
                 }
+            }
+        }
+        if let Some(Op::Alone(job)) = alone {
+            match connect(&mut conn, &path) {
+                Ok(c) => job(Ok(c)),
+                Err(e) => job(Err(e)),
             }
         }
         if let Some(rest) = close {
@@ -287,6 +324,17 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
     }
 }
 
+/// The writer's connection, opened if it is not.
+fn connect<'c>(
+    conn: &'c mut Option<Connection>,
+    path: &Path,
+) -> Result<&'c Connection, StoreError> {
+    if conn.is_none() {
+        *conn = Some(direct::open(path, Role::Writer)?);
+    }
+    Ok(conn.as_ref().expect("opened above"))
+}
+
 /// What one operation of a batch did inside the transaction.
 enum Done {
     Claim(Result<ClaimOutcome, StoreError>),
@@ -302,7 +350,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
     // Withdrawn while the batch filled: not worth the transaction.
     batch.retain(|op| match op {
         Op::Claim(_, t, _) | Op::Settle(_, t, _) => !t.withdrawn(),
-        Op::Probe(_) | Op::Close(_) => true,
+        Op::Probe(_) | Op::Close(_) | Op::Alone(_) => true,
     });
     if batch.is_empty() {
         return Ok(false);
@@ -326,7 +374,9 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
                 Done::Settle(direct::settle_in(conn, &s.req()))
             }
             Op::Probe(_) => Done::Probe(rewrite_user_version(conn)),
-            Op::Close(_) => unreachable!("close requests are split off the batch"),
+            Op::Close(_) | Op::Alone(_) => {
+                unreachable!("close requests and lone jobs are split off the batch")
+            }
         };
         let failed = matches!(
             &result,
@@ -407,6 +457,7 @@ fn fail_all(batch: &mut Vec<Op>, why: StoreError) -> StoreError {
             Op::Close(done) => {
                 let _ = done.send(());
             }
+            Op::Alone(job) => job(Err(e())),
         }
     }
     e()
