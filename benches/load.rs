@@ -89,6 +89,8 @@ use idemgate::testkit;
 
 #[path = "load_attack/mod.rs"]
 mod attack;
+#[path = "load_scale/mod.rs"]
+mod scale;
 
 // ---------------------------------------------------------------- settings
 
@@ -110,6 +112,8 @@ struct Settings {
     logs_on_disk: bool,
     bin: String,
     attack: usize,
+    /// The store-size and steady-state sections (issue 24).
+    scale: scale::Settings,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -142,7 +146,10 @@ impl Settings {
                 .map(|k| k.to_ascii_lowercase())
                 .collect()
         };
-        let scenarios = keys(env_list("LOAD_SCENARIOS", "u,n,a,b,c,d,e"));
+        let scale = scale::Settings::from_env();
+        // With a section of issue 24 asked for, the rounds run only if asked for too.
+        let default_scenarios = if scale.any() { "" } else { "u,n,a,b,c,d,e" };
+        let scenarios = keys(env_list("LOAD_SCENARIOS", default_scenarios));
         for k in &scenarios {
             assert!(
                 SCENARIOS.iter().any(|s| s.key == *k),
@@ -176,6 +183,7 @@ impl Settings {
             logs_on_disk: env_or("LOAD_LOGS_ON_DISK", 0u8) != 0,
             bin: env_list("LOAD_BIN", env!("CARGO_BIN_EXE_idemgate")),
             attack: env_or("LOAD_ATTACK", 0usize),
+            scale,
         }
     }
 }
@@ -200,6 +208,8 @@ enum Ids {
     Same,
     /// 64 consecutive requests of a wrk thread share a fresh ID.
     Group64,
+    /// A fresh random 32-hex ID per request (as real senders' IDs are).
+    Random,
 }
 
 struct Scenario {
@@ -212,7 +222,7 @@ struct Scenario {
     route: Option<&'static str>,
 }
 
-const SCENARIOS: [Scenario; 7] = [
+const SCENARIOS: [Scenario; 9] = [
     Scenario {
         key: 'u',
         name: "upstream direct (ceiling)",
@@ -269,6 +279,22 @@ const SCENARIOS: [Scenario; 7] = [
         ids: Ids::Group64,
         route: Some("conflict"),
     },
+    Scenario {
+        key: 'r',
+        name: "unique random IDs, SQLite",
+        target: Target::IdemSqlite,
+        path: "/unique",
+        ids: Ids::Random,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 'p',
+        name: "unique random IDs, PostgreSQL",
+        target: Target::IdemPg,
+        path: "/unique",
+        ids: Ids::Random,
+        route: Some("unique"),
+    },
 ];
 
 fn scenario(key: char) -> &'static Scenario {
@@ -280,16 +306,17 @@ fn scenario(key: char) -> &'static Scenario {
 /// Every process the harness started, stopped by [`cleanup`].
 static CHILDREN: Mutex<Vec<(String, Child)>> = Mutex::new(Vec::new());
 /// Things to remove at the end: the run and log dirs (unless kept) and the
-/// PG schema.
+/// PG schemas of this run (not the cached preloaded ones).
 static LEFTOVERS: Mutex<Leftovers> = Mutex::new(Leftovers {
     dirs: Vec::new(),
-    pg: None,
+    pg: Vec::new(),
 });
 
 struct Leftovers {
     /// The run dir and, when apart from it, the log dir.
     dirs: Vec<PathBuf>,
-    pg: Option<(String, String)>,
+    /// (server URL, schema)
+    pg: Vec<(String, String)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -356,7 +383,7 @@ fn cleanup() {
         }
     }
     let mut left = lock(&LEFTOVERS);
-    if let Some((base, schema)) = left.pg.take() {
+    for (base, schema) in left.pg.drain(..) {
         let _ = pg_exec(&base, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
     }
     for dir in left.dirs.drain(..) {
@@ -519,6 +546,7 @@ fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     panic!("{what} did not become ready within {timeout:?}");
 }
 
+#[derive(Clone, Copy)]
 struct Nginx {
     pid: u32,
     addr: SocketAddr,
@@ -561,6 +589,7 @@ fn start_nginx(dir: &Path, name: &str, workers: &str, server_block: &str) -> Ngi
 /// The attack run's header, body and keep-alive timeouts, in seconds.
 const ATTACK_TIMEOUTS: (u64, u64, u64) = (5, 8, 10);
 
+#[derive(Clone, Copy)]
 struct Idemgate {
     name: &'static str,
     pid: u32,
@@ -568,6 +597,7 @@ struct Idemgate {
     admin: SocketAddr,
 }
 
+#[allow(clippy::too_many_arguments)] // a bench's plain plumbing
 fn start_idemgate(
     dir: &Path,
     logs: &Path,
@@ -576,6 +606,7 @@ fn start_idemgate(
     store_url: &str,
     upstream: SocketAddr,
     routes: &[&str],
+    extra: &Extra,
 ) -> Idemgate {
     let (port, admin) = (free_port(), free_port());
     let mut cfg = format!(
@@ -584,6 +615,7 @@ fn start_idemgate(
     if let Some(t) = s.idemgate_threads {
         writeln!(cfg, "threads: {t}").unwrap();
     }
+    cfg.push_str(&extra.top);
     if s.attack > 0 {
         let (h, b, k) = ATTACK_TIMEOUTS;
         write!(
@@ -596,7 +628,8 @@ fn start_idemgate(
     write!(
         cfg,
         "store:\n  url: \"{store_url}\"\n  max_connections: 16\n\
-         defaults:\n  lease: 30s\n  upstream_timeout: 10s\nroutes:\n"
+         defaults:\n  lease: 30s\n  upstream_timeout: 10s\n{}routes:\n",
+        extra.defaults
     )
     .unwrap();
     for r in routes {
@@ -637,7 +670,31 @@ fn start_idemgate(
     }
 }
 
+/// More of an idemgate's config: top-level keys and `defaults:` keys (each
+/// line indented by two), e.g. the steady-state run's sweeper and retention.
+#[derive(Default)]
+struct Extra {
+    top: String,
+    defaults: String,
+}
+
 // ----------------------------------------------------------- PostgreSQL
+
+/// Creates `schema` for this run (dropped at the end, or by the next run
+/// after a SIGKILL: name it `load_PID` or `load_PID_WORD`); its store URL.
+fn pg_run_schema(s: &Settings, schema: &str) -> Result<String, String> {
+    pg_exec(&s.pg_url, &format!("CREATE SCHEMA {schema}"))?;
+    lock(&LEFTOVERS)
+        .pg
+        .push((s.pg_url.clone(), schema.to_string()));
+    Ok(pg_schema_url(&s.pg_url, schema))
+}
+
+/// The store URL of idemgate on `schema` of the PostgreSQL server at `base`.
+fn pg_schema_url(base: &str, schema: &str) -> String {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}options=-csearch_path%3D{schema}")
+}
 
 fn pg_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -674,15 +731,17 @@ fn pg_exec(base: &str, sql: &str) -> Result<Vec<String>, String> {
 // ------------------------------------------------------------------ wrk
 
 const ID_LEN: usize = 24; // PREFIX(8) - TT(2) - NNNNNNNNNNNN(12)
+/// A random ID: 32 hex digits.
+const RANDOM_ID_LEN: usize = 32;
 const BODY_LEN: usize = 1024;
 
 /// The webhook body around an event ID: Stripe-like JSON, exactly 1 KiB for
-/// an ID of `ID_LEN` bytes. wrk builds the same bytes in Lua.
-fn body_parts() -> (String, String) {
+/// an ID of `id_len` bytes. wrk builds the same bytes in Lua.
+fn body_parts(id_len: usize) -> (String, String) {
     let head = r#"{"id":""#.to_string();
     let mid = r#"","object":"event","api_version":"2024-06-20","created":1718000000,"livemode":false,"pending_webhooks":1,"type":"invoice.payment_succeeded","data":{"object":{"id":"in_1PqR5sLkdIwHu7ixQwErTyUi","object":"invoice","amount_due":4200,"amount_paid":4200,"attempt_count":1,"billing_reason":"subscription_cycle","currency":"eur","customer":"cus_QhJkLmNoPqRsTu","customer_email":"jane.doe@example.com","discount":null,"lines":{"object":"list","data":[{"id":"il_1PqR5sLkdIwHu7ixAsDfGhJk","amount":4200,"description":"1 x Pro plan (at 42.00 / month)","period":{"end":1720592000,"start":1718000000},"quantity":1}],"has_more":false},"paid":true,"status":"paid","total":4200}},"pad":""#;
     let end = r#""}"#;
-    let pad = BODY_LEN - head.len() - ID_LEN - mid.len() - end.len();
+    let pad = BODY_LEN - head.len() - id_len - mid.len() - end.len();
     let tail = format!("{mid}{}{end}", "x".repeat(pad));
     (head, tail)
 }
@@ -694,20 +753,65 @@ fn event_id(prefix: &str, thread: u32, n: u64) -> String {
 }
 
 fn body_for(id: &str) -> Vec<u8> {
-    let (head, tail) = body_parts();
+    let (head, tail) = body_parts(id.len());
     let b = format!("{head}{id}{tail}").into_bytes();
     assert_eq!(b.len(), BODY_LEN);
     b
 }
 
+/// How a wrk run sends: as fast as it can, or paced.
+#[derive(Clone, Copy, Default)]
+struct Pace {
+    /// Requests per second per wrk thread (`None`: closed loop, flat out).
+    per_thread: Option<f64>,
+}
+
 /// A wrk script: POST `path` with a 1 KiB body and an `X-Event-ID` made per
-/// request; `done` prints one machine-readable line.
-fn wrk_script(path: &str, ids: Ids, prefix: &str) -> String {
-    let (head, tail) = body_parts();
+/// request; `done` prints one machine-readable line. Random IDs come from
+/// LuaJIT's `math.random`, seeded per thread from `seed`. With a pace, a
+/// `delay()` hands each request the next slot of its thread's fixed
+/// schedule (a wall clock through LuaJIT's FFI), so the rate stays fixed
+/// while connections are free, whatever the latency; a backlog of more than
+/// a second is dropped rather than burst.
+fn wrk_script(path: &str, ids: Ids, prefix: &str, seed: u64, pace: Pace) -> String {
+    let (head, tail) = body_parts(if ids == Ids::Random {
+        RANDOM_ID_LEN
+    } else {
+        ID_LEN
+    });
     let mode = match ids {
         Ids::Unique => "unique",
         Ids::Same => "same",
         Ids::Group64 => "group",
+        Ids::Random => "random",
+    };
+    let seed = seed % (1 << 40);
+    let pacing = match pace.per_thread {
+        None => String::new(),
+        Some(rate) => format!(
+            r#"
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct {{ long tv_sec; long tv_nsec; }} load_timespec;
+int clock_gettime(int clk, load_timespec *tp);
+]]
+local ts = ffi.new("load_timespec")
+local function now_ms()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+end
+local interval = 1000 / {rate}
+local next_at = nil
+delay = function()
+  local now = now_ms()
+  if next_at == nil or next_at < now - 1000 then next_at = now end
+  next_at = next_at + interval
+  local d = next_at - now
+  if d < 0 then return 0 end
+  return d
+end
+"#
+        ),
     };
     format!(
         r#"-- generated by benches/load.rs
@@ -719,10 +823,15 @@ local tail = [==[{tail}]==]
 local headers = {{ ["Content-Type"] = "application/json" }}
 local counter = 0
 local nthreads = 0
-
+local rnd = math.random
+{pacing}
 setup = function(thread)
   nthreads = nthreads + 1
   thread:set("tid", nthreads)
+end
+
+init = function(args)
+  math.randomseed({seed} + (tid or 0) * 7919)
 end
 
 request = function()
@@ -730,7 +839,13 @@ request = function()
   local t, n = tid or 0, counter
   if mode == "same" then t, n = 0, 0
   elseif mode == "group" then n = math.floor(counter / 64) end
-  local id = string.format("%s-%02d-%012d", prefix, t, n)
+  local id
+  if mode == "random" then
+    id = string.format("%04x%04x%04x%04x%04x%04x%04x%04x", rnd(0, 65535), rnd(0, 65535),
+      rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535))
+  else
+    id = string.format("%s-%02d-%012d", prefix, t, n)
+  end
   headers["X-Event-ID"] = id
   return wrk.format("POST", path, headers, head .. id .. tail)
 end
@@ -931,6 +1046,7 @@ fn id_prefix(key: char, serial: usize) -> String {
 }
 
 /// Runs wrk once; the replay event is delivered by the caller first.
+#[allow(clippy::too_many_arguments)] // a bench's plain plumbing
 fn run_wrk(
     s: &Settings,
     w: &World,
@@ -939,9 +1055,15 @@ fn run_wrk(
     secs: u64,
     prefix: &str,
     serial: usize,
+    pace: Pace,
 ) -> String {
     let script = w.dir.join(format!("wrk-{}-{serial}.lua", sc.key));
-    std::fs::write(&script, wrk_script(sc.path, sc.ids, prefix)).unwrap();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ ((std::process::id() as u64) << 20)
+        ^ serial as u64;
+    std::fs::write(&script, wrk_script(sc.path, sc.ids, prefix, seed, pace)).unwrap();
     let addr = w.addr(sc.target).expect("target running");
     let out = command(&tool("wrk"))
         .args(["-t", &s.wrk_threads.to_string()])
@@ -990,6 +1112,7 @@ fn prime_replay(w: &World, sc: &Scenario, prefix: &str) {
     );
 }
 
+#[allow(clippy::too_many_arguments)] // a bench's plain plumbing
 fn measure(
     s: &Settings,
     w: &World,
@@ -1008,7 +1131,16 @@ fn measure(
         .filter_map(|(_, t)| start_probe(w, sc, t, s.perf_callgraph))
         .collect();
     let before = snapshot(w, sc);
-    let out = run_wrk(s, w, sc, conns, s.duration, &prefix, serial);
+    let out = run_wrk(
+        s,
+        w,
+        sc,
+        conns,
+        s.duration,
+        &prefix,
+        serial,
+        Pace::default(),
+    );
     let after = snapshot(w, sc);
     probes.iter().for_each(stop_probe);
     let wrk = parse_wrk(&out).expect("wrk result line");
@@ -1049,7 +1181,7 @@ fn measure(
             .join(", ");
         let expected: &[&str] = match sc.ids {
             Ids::Unique if route == "pass" => &["unguarded"],
-            Ids::Unique => &["forwarded"],
+            Ids::Unique | Ids::Random => &["forwarded"],
             Ids::Same => &["replayed"],
             Ids::Group64 => &["forwarded", "in_flight", "replayed"],
         };
@@ -1384,7 +1516,7 @@ fn report_syscalls(p: &Probe, key: char, requests: u64) {
         }
     }
     let mut v: Vec<(String, u64)> = calls.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|b| std::cmp::Reverse(b.1));
     let n = requests.max(1) as f64;
     let total: u64 = v.iter().map(|(_, c)| c).sum();
     println!(
@@ -1486,7 +1618,7 @@ fn run_line(runs: &[Run], r: &Run) -> String {
         opt(r.cpu_server, 1),
         r.cpu_upstream,
         r.cpu_wrk,
-        if r.key == 'd' {
+        if scenario(r.key).target == Target::IdemPg {
             format!("{:.1}", r.cpu_pg)
         } else {
             "-".into()
@@ -1651,11 +1783,12 @@ fn remove_stale(pg_url: Option<&str>) {
     let Some(url) = pg_url else { return };
     let schemas = pg_exec(
         url,
-        "SELECT nspname::text FROM pg_namespace WHERE nspname ~ '^load_[0-9]+$'",
+        "SELECT nspname::text FROM pg_namespace WHERE nspname ~ '^load_[0-9]+(_[a-z]+)?$'",
     )
     .unwrap_or_default();
     for schema in schemas {
-        if !alive(&schema["load_".len()..]) {
+        let pid = schema["load_".len()..].split('_').next().unwrap_or("");
+        if !alive(pid) {
             let _ = pg_exec(url, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
         }
     }
@@ -1767,7 +1900,14 @@ fn main() {
         rep.line(l);
     }
 
-    remove_stale(s.scenarios.contains(&'d').then_some(s.pg_url.as_str()));
+    let uses_pg = s
+        .scenarios
+        .iter()
+        .any(|&k| scenario(k).target == Target::IdemPg);
+    remove_stale((uses_pg || s.scale.uses_pg()).then_some(s.pg_url.as_str()));
+    if s.scale.preload_drop {
+        scale::drop_cached(&s, &mut rep);
+    }
     // A run dir on the same disk as a real deployment's SQLite file.
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("load-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -1824,17 +1964,17 @@ fn main() {
         &format!("sqlite://{}", dir.join("claims.db").display()),
         upstream.addr,
         &["pass", "unique", "replay", "conflict"],
+        &Extra::default(),
     );
-    let pg = if s.scenarios.contains(&'d') {
+    let pg = if uses_pg {
         let schema = format!("load_{}", std::process::id());
-        let settings = pg_exec(&s.pg_url, &format!("CREATE SCHEMA {schema}")).and_then(|_| {
-            lock(&LEFTOVERS).pg = Some((s.pg_url.clone(), schema.clone()));
+        let settings = pg_run_schema(&s, &schema).and_then(|url| {
             let sc = pg_exec(&s.pg_url, "SHOW synchronous_commit")?;
             let fsync = pg_exec(&s.pg_url, "SHOW fsync")?;
-            Ok((sc.join(""), fsync.join("")))
+            Ok((url, sc.join(""), fsync.join("")))
         });
         match settings {
-            Ok((sc, fsync)) => {
+            Ok((url, sc, fsync)) => {
                 rep.line(format!(
                     "PostgreSQL: synchronous_commit={sc}, fsync={fsync}{}",
                     if sc != "on" || fsync != "on" {
@@ -1843,8 +1983,6 @@ fn main() {
                         ""
                     }
                 ));
-                let sep = if s.pg_url.contains('?') { '&' } else { '?' };
-                let url = format!("{}{sep}options=-csearch_path%3D{schema}", s.pg_url);
                 Some(start_idemgate(
                     &dir,
                     &logs,
@@ -1853,11 +1991,12 @@ fn main() {
                     &url,
                     upstream.addr,
                     &["unique"],
+                    &Extra::default(),
                 ))
             }
             Err(e) => {
                 rep.line(format!(
-                    "SKIP (d): PostgreSQL at {} is not usable: {e}",
+                    "SKIP (d), (p): PostgreSQL at {} is not usable: {e}",
                     s.pg_url
                 ));
                 None
@@ -1909,31 +2048,43 @@ fn main() {
     let per_run = s.duration as f64 + 0.6;
     let total = keys.len() as f64
         * (s.conns.len() as f64 * s.repeats as f64 * per_run + s.warmup as f64 + 0.6);
-    rep.line(format!(
-        "scenarios {}; about {:.0} s in all",
-        keys.iter()
-            .map(|k| format!("({k})"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        total
-    ));
-    rep.line("");
-
     let top = *s.conns.iter().max().unwrap();
     let mut serial = 0;
-    if s.warmup > 0 {
-        for &k in &keys {
-            serial += 1;
-            let prefix = prepare(&w, scenario(k), serial);
-            run_wrk(&s, &w, scenario(k), top, s.warmup, &prefix, serial);
+    if !keys.is_empty() {
+        rep.line(format!(
+            "scenarios {}; about {:.0} s in all",
+            keys.iter()
+                .map(|k| format!("({k})"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            total
+        ));
+        rep.line("");
+        if s.warmup > 0 {
+            for &k in &keys {
+                serial += 1;
+                let prefix = prepare(&w, scenario(k), serial);
+                run_wrk(
+                    &s,
+                    &w,
+                    scenario(k),
+                    top,
+                    s.warmup,
+                    &prefix,
+                    serial,
+                    Pace::default(),
+                );
+            }
         }
-    }
-    rep.line("srv µs: CPU of the process under test per request (idemgate or the nginx proxy);");
-    rep.line(
+        rep.line(
+            "srv µs: CPU of the process under test per request (idemgate or the nginx proxy);",
+        );
+        rep.line(
         "up µs: the upstream nginx; wrk µs: the client; pg µs: all postgres processes (d only);",
     );
-    rep.line("foreign: share of the machine busy with processes the harness did not start.");
-    println!("{}", run_header());
+        rep.line("foreign: share of the machine busy with processes the harness did not start.");
+        println!("{}", run_header());
+    }
     let mut runs: Vec<Run> = Vec::new();
     for round in 1..=s.repeats {
         for &conns in &s.conns {
@@ -1964,15 +2115,23 @@ fn main() {
     if s.attack > 0 {
         under_attack(&s, &w, &mut rep, &mut serial, top);
     }
-
-    // The full table again, with every ratio known.
-    rep.line("");
-    rep.line("all runs (x(a) = ratio to (a) of the same round and connections):");
-    rep.line(run_header());
-    for r in &runs {
-        rep.line(run_line(&runs, r));
+    if !s.scale.preload.is_empty() {
+        scale::store_sizes(&s, &w, &logs, &mut rep, &mut serial);
     }
-    summarise(&mut rep, &s, &runs, &w);
+    if s.scale.steady > 0 {
+        scale::steady(&s, &w, &logs, &mut rep, &mut serial);
+    }
+
+    if !runs.is_empty() {
+        // The full table again, with every ratio known.
+        rep.line("");
+        rep.line("all runs (x(a) = ratio to (a) of the same round and connections):");
+        rep.line(run_header());
+        for r in &runs {
+            rep.line(run_line(&runs, r));
+        }
+        summarise(&mut rep, &s, &runs, &w);
+    }
     for name in ["idemgate-sqlite", "idemgate-postgres"] {
         if let Ok(m) = std::fs::metadata(logs.join(format!("{name}.log"))) {
             rep.line(format!(
