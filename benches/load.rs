@@ -28,6 +28,8 @@
 //! | c | idemgate, duplicates of one delivered event (replay path) |
 //! | d | idemgate, unique events, PostgreSQL (synchronous_commit as the server has it) |
 //! | e | idemgate, SQLite, groups of 64 consecutive requests share a fresh event ID (conflict path) |
+//! | r | as (b), but each event ID is a random 32-hex string (LuaJIT's `math.random`, seeded per run and thread) |
+//! | p | as (d), with random 32-hex event IDs |
 //!
 //! For every run it prints req/s, p50, p99, the ratio to (a) of the same round
 //! and connection count, CPU µs per request of the process under test, the
@@ -72,6 +74,39 @@
 //!   (`LOAD_DURATION`) so that every kind meets its timeout.
 //! - `LOAD_BIN=/path/to/idemgate`: load another build (say, a baseline built
 //!   from an older commit) instead of this package's release binary.
+//!
+//! Issue 24 (cost that does not grow with the store; `load_scale/`). Either
+//! setting below runs its section after the rounds, and then the rounds run
+//! only the scenarios `LOAD_SCENARIOS` names (default: none).
+//! - `LOAD_PRELOAD=0,5000000,20000000` (`5M`, `200k` also read): (r) and (p)
+//!   against stores preloaded with that many delivered records (0, the empty
+//!   store, is always added), one idemgate per store and size, interleaved in
+//!   `LOAD_REPEATS` rounds at each `LOAD_CONNS`; per run req/s, p50, p99,
+//!   their ratios to the empty store of the same round, the records and the
+//!   store's size (SQLite db + wal; PostgreSQL `pg_total_relation_size` and
+//!   `pg_indexes_size`); then medians and issue 24's targets. The preloaded
+//!   stores are built once (how, and how long it took, is printed; see
+//!   `load_scale/preload.rs`) and cached: `target/load-stores/sqlite-N.db`
+//!   and the schema `load_preload_N`, each with a marker (count, a hash of
+//!   `migrations/`, preload time); a schema change or a week's age rebuilds
+//!   them. Records added by earlier runs are deleted before the runs.
+//!   `LOAD_PRELOAD_STORES` (default `sqlite,postgres`) picks the stores.
+//! - `LOAD_PRELOAD_DROP=1`: first remove the cached stores (files and
+//!   `load_preload_*` schemas).
+//! - `LOAD_STEADY=300`: a steady state of that many seconds: a fresh store, an
+//!   idemgate with `retention` `LOAD_STEADY_RETENTION` (default 60) s and
+//!   `sweeper.interval` `LOAD_STEADY_SWEEP` (default 30) s, loaded at a fixed
+//!   claim rate of random-ID unique deliveries at the highest `LOAD_CONNS`
+//!   (`LOAD_STEADY_RATE` req/s, else `LOAD_STEADY_SHARE`, default 0.6, of a
+//!   5 s flat-out run on the harness's own idemgate; paced by a `delay()` in
+//!   the wrk script), in back-to-back `LOAD_STEADY_SEGMENT` (default 10) s
+//!   segments. Per segment: req/s kept, p50, p99, records, store size,
+//!   sweeper lag (age of the oldest record past its `expires_at`), whether
+//!   a sweep ran, records swept and sweep time (from `/metrics`). At the end:
+//!   table size and records after the first retention + sweeper interval vs
+//!   at the end (flat within ±10 %?), p99 of segments in which the sweeper
+//!   deleted records vs the others. `LOAD_STEADY_STORES` (default `sqlite`;
+//!   `sqlite,postgres`) picks the stores.
 //!
 //! Everything it starts runs in its own process group with a parent-death
 //! signal, and is stopped at the end, on a panic, and on Ctrl-C/SIGTERM.
@@ -1905,6 +1940,8 @@ fn main() {
         .iter()
         .any(|&k| scenario(k).target == Target::IdemPg);
     remove_stale((uses_pg || s.scale.uses_pg()).then_some(s.pg_url.as_str()));
+    // The steady state's flat-out probe runs on the harness's own idemgate.
+    let uses_pg = uses_pg || s.scale.uses_pg();
     if s.scale.preload_drop {
         scale::drop_cached(&s, &mut rep);
     }

@@ -115,10 +115,10 @@ impl Settings {
         }
     }
 
-    /// Whether a section of issue 24 runs (then the usual rounds run only if
-    /// `LOAD_SCENARIOS` asks for them).
+    /// Whether a section of issue 24 runs, or the cache is dropped (then the
+    /// usual rounds run only if `LOAD_SCENARIOS` asks for them).
     pub fn any(&self) -> bool {
-        !self.preload.is_empty() || self.steady > 0
+        !self.preload.is_empty() || self.steady > 0 || self.preload_drop
     }
 
     pub fn uses_pg(&self) -> bool {
@@ -315,7 +315,7 @@ fn empty_peer<'a>(runs: &'a [SizedRun], r: &SizedRun) -> Option<&'a SizedRun> {
 
 fn sized_header() -> String {
     format!(
-        "{:<3} {:>9} {:>5} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10}  {}",
+        "{:<3} {:>9} {:>5} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>7} {:>7}  {}",
         "scn",
         "preload",
         "conns",
@@ -326,6 +326,8 @@ fn sized_header() -> String {
         "x(empty)",
         "p99 x(e)",
         "records",
+        "srv µs",
+        "foreign",
         "store size / outcomes / problems"
     )
 }
@@ -337,7 +339,7 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
         write!(notes, "  !! {p}").unwrap();
     }
     format!(
-        "({}) {:>9} {:>5} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8} {:>8} {:>10}  {}",
+        "({}) {:>9} {:>5} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8} {:>8} {:>10} {:>7} {:>6.0}%  {}",
         r.run.key,
         r.size,
         r.run.conns,
@@ -351,6 +353,8 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
             2
         ),
         r.records,
+        opt(r.run.cpu_server, 1),
+        r.run.foreign_pct,
         notes
     )
 }
@@ -452,7 +456,8 @@ pub(super) fn store_sizes(
         }
     }
     rep.line("");
-    rep.line("all store-size runs (x(empty), p99 x(e): req/s and p99 over the empty store's of the same round, connections and store):");
+    rep.line("all store-size runs (x(empty), p99 x(e): req/s and p99 over the empty store's of the same round, connections and store;");
+    rep.line("srv µs: idemgate's CPU per request; foreign: share of the machine busy with processes the harness did not start):");
     rep.line(sized_header());
     for r in &runs {
         rep.line(sized_line(&runs, r));
