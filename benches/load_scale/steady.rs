@@ -49,7 +49,29 @@ struct Segment {
     batches: f64,
     swept: f64,
     sweep_ms: f64,
+    /// Sweeps that failed in the segment (idemgate's log: a failed batch
+    /// moves no metric).
+    failed: usize,
     problems: String,
+}
+
+/// Counts the lines saying `needle` that the log gained since `offset`.
+fn new_lines_saying(log: &Path, offset: &mut u64, needle: &str) -> usize {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(log) else {
+        return 0;
+    };
+    let mut text = String::new();
+    if f.seek(SeekFrom::Start(*offset)).is_err() || f.read_to_string(&mut text).is_err() {
+        return 0;
+    }
+    // Up to the last complete line; the rest is read next time.
+    let complete = text.rfind('\n').map_or(0, |i| i + 1);
+    *offset += complete as u64;
+    text[..complete]
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
 }
 
 pub(crate) fn steady(
@@ -72,14 +94,10 @@ pub(crate) fn steady(
             top: format!("sweeper:\n  interval: {}s\n", sc.steady_sweep),
             defaults: format!("  retention: {}s\n", sc.steady_retention),
         };
-        let g = start_on(
-            s,
-            w,
-            logs,
-            format!("idemgate-steady-{}", store.name()),
-            &st,
-            &extra,
-        );
+        let name = format!("idemgate-steady-{}", store.name());
+        let log = logs.join(format!("{name}.log"));
+        let mut log_offset = 0;
+        let g = start_on(s, w, logs, name, &st, &extra);
         let world = world_with(w, g, store);
         let key = scenario(store.key());
         let conns = *s.conns.iter().max().unwrap();
@@ -113,7 +131,7 @@ pub(crate) fn steady(
             sc.steady_segment
         ));
         rep.line(format!(
-            "{:>6} {:>8} {:>8} {:>8} {:>9} {:>10} {:>7} {:>6} {:>8} {:>8}  {}",
+            "{:>6} {:>8} {:>8} {:>8} {:>9} {:>10} {:>7} {:>6} {:>8} {:>8} {:>6}  {}",
             "t s",
             "req/s",
             "p50 ms",
@@ -124,6 +142,7 @@ pub(crate) fn steady(
             "sweep",
             "swept",
             "sweep ms",
+            "failed",
             "store / problems"
         ));
         let pace = Pace {
@@ -160,10 +179,11 @@ pub(crate) fn steady(
                 batches: after.batches - before.batches,
                 swept: after.swept - before.swept,
                 sweep_ms: (after.seconds - before.seconds) * 1000.0,
+                failed: new_lines_saying(&log, &mut log_offset, "sweeper failed"),
                 problems,
             };
             let line = format!(
-                "{:>6.0} {:>8.0} {:>8.2} {:>8.2} {:>9} {:>10} {:>7.1} {:>6} {:>8.0} {:>8.0}  {}{}",
+                "{:>6.0} {:>8.0} {:>8.2} {:>8.2} {:>9} {:>10} {:>7.1} {:>6} {:>8.0} {:>8.0} {:>6}  {}{}",
                 seg.at,
                 seg.rps,
                 seg.p50,
@@ -174,6 +194,7 @@ pub(crate) fn steady(
                 if seg.batches > 0.0 { "yes" } else { "-" },
                 seg.swept,
                 seg.sweep_ms,
+                seg.failed,
                 seg.detail,
                 seg.problems
             );
@@ -254,9 +275,16 @@ fn summary(rep: &mut Report, sc: &super::Settings, rate: f64, segs: &[Segment]) 
         without.len(),
         opt(p99s(&with).zip(p99s(&without)).map(|(a, b)| a / b.max(0.001)), 2)
     ));
+    // A sweeper that keeps up leaves no record more than one interval (and
+    // the segment it is read at) past its expiry.
+    let lag = steady.iter().map(|g| g.lag).reduce(f64::max);
+    let bound = (sc.steady_sweep + sc.steady_segment) as f64 + 5.0;
+    let failed: usize = segs.iter().map(|g| g.failed).sum();
     rep.line(format!(
-        "  sweeper lag (oldest record past its expiry, at segment ends): max {} s; claim rate kept: median {} req/s of {rate:.0}",
-        opt(steady.iter().map(|g| g.lag).reduce(f64::max), 1),
+        "  sweeper lag (oldest record past its expiry, at segment ends): max {} s ({}: bound sweeper interval + segment + 5 s = {bound:.0} s); \
+         failed sweeps (idemgate's log): {failed}; claim rate kept: median {} req/s of {rate:.0}",
+        opt(lag, 1),
+        if lag.is_some_and(|l| l <= bound) { "keeps up" } else { "does NOT keep up" },
         opt(median(steady.iter().map(|g| g.rps).collect()), 0)
     ));
 }
