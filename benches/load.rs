@@ -28,6 +28,8 @@
 //! | c | idemgate, duplicates of one delivered event (replay path) |
 //! | d | idemgate, unique events, PostgreSQL (synchronous_commit as the server has it) |
 //! | e | idemgate, SQLite, groups of 64 consecutive requests share a fresh event ID (conflict path) |
+//! | r | as (b), but each event ID is a random 32-hex string (LuaJIT's `math.random`, seeded per run and thread) |
+//! | p | as (d), with random 32-hex event IDs |
 //!
 //! For every run it prints req/s, p50, p99, the ratio to (a) of the same round
 //! and connection count, CPU µs per request of the process under test, the
@@ -73,6 +75,41 @@
 //! - `LOAD_BIN=/path/to/idemgate`: load another build (say, a baseline built
 //!   from an older commit) instead of this package's release binary.
 //!
+//! Issue 24 (cost that does not grow with the store; `load_scale/`). Either
+//! setting below runs its section after the rounds, and then the rounds run
+//! only the scenarios `LOAD_SCENARIOS` names (default: none).
+//! - `LOAD_PRELOAD=0,5000000,20000000` (`5M`, `200k` also read): (r) and (p)
+//!   against stores preloaded with that many delivered records (0, the empty
+//!   store, is always added), one idemgate per store and size, interleaved in
+//!   `LOAD_REPEATS` rounds at each `LOAD_CONNS`; per run req/s, p50, p99,
+//!   their ratios to the empty store of the same round, the records and the
+//!   store's size (SQLite db + wal; PostgreSQL `pg_total_relation_size` and
+//!   `pg_indexes_size`); then medians and issue 24's targets. The preloaded
+//!   stores are built once (how, and how long it took, is printed; see
+//!   `load_scale/preload.rs`) and cached: `target/load-stores/sqlite-N.db`
+//!   and the schema `load_preload_N`, each with a marker (count, a hash of
+//!   `migrations/`, preload time); a schema change or a week's age rebuilds
+//!   them. Records added by earlier runs are deleted before the runs.
+//!   `LOAD_PRELOAD_STORES` (default `sqlite,postgres`) picks the stores.
+//! - `LOAD_PRELOAD_DROP=1`: first remove the cached stores (files and
+//!   `load_preload_*` schemas).
+//! - `LOAD_STEADY=300`: a steady state of that many seconds: a fresh store, an
+//!   idemgate with `retention` `LOAD_STEADY_RETENTION` (default 60) s and
+//!   `sweeper.interval` `LOAD_STEADY_SWEEP` (default 30) s, loaded at a fixed
+//!   claim rate of random-ID unique deliveries at the highest `LOAD_CONNS`
+//!   (`LOAD_STEADY_RATE` req/s, else `LOAD_STEADY_SHARE`, default 0.6, of a
+//!   5 s flat-out run on the harness's own idemgate; paced by a `delay()` in
+//!   the wrk script), in back-to-back `LOAD_STEADY_SEGMENT` (default 10) s
+//!   segments. Per segment: req/s kept, p50, p99, records, store size,
+//!   sweeper lag (age of the oldest record past its `expires_at`), whether
+//!   a sweep ran, records swept and sweep time (from `/metrics`), sweeps that
+//!   failed (`sweeper failed` lines in idemgate's log). At the end:
+//!   table size and records after the first retention + sweeper interval vs
+//!   at the end (flat within ±10 %?), p99 of segments in which the sweeper
+//!   deleted records vs the others, whether the sweeper kept up (max lag).
+//!   `LOAD_STEADY_STORES` (default `sqlite`;
+//!   `sqlite,postgres`) picks the stores.
+//!
 //! Everything it starts runs in its own process group with a parent-death
 //! signal, and is stopped at the end, on a panic, and on Ctrl-C/SIGTERM.
 
@@ -87,8 +124,15 @@ use std::time::{Duration, Instant};
 
 use idemgate::testkit;
 
+use attack::run::under_attack;
+use probe::{report_probe, start_probe, stop_probe, Probe};
+
 #[path = "load_attack/mod.rs"]
 mod attack;
+#[path = "load_probe/mod.rs"]
+mod probe;
+#[path = "load_scale/mod.rs"]
+mod scale;
 
 // ---------------------------------------------------------------- settings
 
@@ -110,6 +154,8 @@ struct Settings {
     logs_on_disk: bool,
     bin: String,
     attack: usize,
+    /// The store-size and steady-state sections (issue 24).
+    scale: scale::Settings,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -142,7 +188,10 @@ impl Settings {
                 .map(|k| k.to_ascii_lowercase())
                 .collect()
         };
-        let scenarios = keys(env_list("LOAD_SCENARIOS", "u,n,a,b,c,d,e"));
+        let scale = scale::Settings::from_env();
+        // With a section of issue 24 asked for, the rounds run only if asked for too.
+        let default_scenarios = if scale.any() { "" } else { "u,n,a,b,c,d,e" };
+        let scenarios = keys(env_list("LOAD_SCENARIOS", default_scenarios));
         for k in &scenarios {
             assert!(
                 SCENARIOS.iter().any(|s| s.key == *k),
@@ -176,6 +225,7 @@ impl Settings {
             logs_on_disk: env_or("LOAD_LOGS_ON_DISK", 0u8) != 0,
             bin: env_list("LOAD_BIN", env!("CARGO_BIN_EXE_idemgate")),
             attack: env_or("LOAD_ATTACK", 0usize),
+            scale,
         }
     }
 }
@@ -200,6 +250,8 @@ enum Ids {
     Same,
     /// 64 consecutive requests of a wrk thread share a fresh ID.
     Group64,
+    /// A fresh random 32-hex ID per request (as real senders' IDs are).
+    Random,
 }
 
 struct Scenario {
@@ -212,7 +264,7 @@ struct Scenario {
     route: Option<&'static str>,
 }
 
-const SCENARIOS: [Scenario; 7] = [
+const SCENARIOS: [Scenario; 9] = [
     Scenario {
         key: 'u',
         name: "upstream direct (ceiling)",
@@ -269,6 +321,22 @@ const SCENARIOS: [Scenario; 7] = [
         ids: Ids::Group64,
         route: Some("conflict"),
     },
+    Scenario {
+        key: 'r',
+        name: "unique random IDs, SQLite",
+        target: Target::IdemSqlite,
+        path: "/unique",
+        ids: Ids::Random,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 'p',
+        name: "unique random IDs, PostgreSQL",
+        target: Target::IdemPg,
+        path: "/unique",
+        ids: Ids::Random,
+        route: Some("unique"),
+    },
 ];
 
 fn scenario(key: char) -> &'static Scenario {
@@ -280,16 +348,17 @@ fn scenario(key: char) -> &'static Scenario {
 /// Every process the harness started, stopped by [`cleanup`].
 static CHILDREN: Mutex<Vec<(String, Child)>> = Mutex::new(Vec::new());
 /// Things to remove at the end: the run and log dirs (unless kept) and the
-/// PG schema.
+/// PG schemas of this run (not the cached preloaded ones).
 static LEFTOVERS: Mutex<Leftovers> = Mutex::new(Leftovers {
     dirs: Vec::new(),
-    pg: None,
+    pg: Vec::new(),
 });
 
 struct Leftovers {
     /// The run dir and, when apart from it, the log dir.
     dirs: Vec<PathBuf>,
-    pg: Option<(String, String)>,
+    /// (server URL, schema)
+    pg: Vec<(String, String)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -356,7 +425,7 @@ fn cleanup() {
         }
     }
     let mut left = lock(&LEFTOVERS);
-    if let Some((base, schema)) = left.pg.take() {
+    for (base, schema) in left.pg.drain(..) {
         let _ = pg_exec(&base, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
     }
     for dir in left.dirs.drain(..) {
@@ -519,6 +588,7 @@ fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     panic!("{what} did not become ready within {timeout:?}");
 }
 
+#[derive(Clone, Copy)]
 struct Nginx {
     pid: u32,
     addr: SocketAddr,
@@ -561,6 +631,7 @@ fn start_nginx(dir: &Path, name: &str, workers: &str, server_block: &str) -> Ngi
 /// The attack run's header, body and keep-alive timeouts, in seconds.
 const ATTACK_TIMEOUTS: (u64, u64, u64) = (5, 8, 10);
 
+#[derive(Clone, Copy)]
 struct Idemgate {
     name: &'static str,
     pid: u32,
@@ -568,6 +639,7 @@ struct Idemgate {
     admin: SocketAddr,
 }
 
+#[allow(clippy::too_many_arguments)] // a bench's plain plumbing
 fn start_idemgate(
     dir: &Path,
     logs: &Path,
@@ -576,6 +648,7 @@ fn start_idemgate(
     store_url: &str,
     upstream: SocketAddr,
     routes: &[&str],
+    extra: &Extra,
 ) -> Idemgate {
     let (port, admin) = (free_port(), free_port());
     let mut cfg = format!(
@@ -584,6 +657,7 @@ fn start_idemgate(
     if let Some(t) = s.idemgate_threads {
         writeln!(cfg, "threads: {t}").unwrap();
     }
+    cfg.push_str(&extra.top);
     if s.attack > 0 {
         let (h, b, k) = ATTACK_TIMEOUTS;
         write!(
@@ -596,7 +670,8 @@ fn start_idemgate(
     write!(
         cfg,
         "store:\n  url: \"{store_url}\"\n  max_connections: 16\n\
-         defaults:\n  lease: 30s\n  upstream_timeout: 10s\nroutes:\n"
+         defaults:\n  lease: 30s\n  upstream_timeout: 10s\n{}routes:\n",
+        extra.defaults
     )
     .unwrap();
     for r in routes {
@@ -637,7 +712,31 @@ fn start_idemgate(
     }
 }
 
+/// More of an idemgate's config: top-level keys and `defaults:` keys (each
+/// line indented by two), e.g. the steady-state run's sweeper and retention.
+#[derive(Default)]
+struct Extra {
+    top: String,
+    defaults: String,
+}
+
 // ----------------------------------------------------------- PostgreSQL
+
+/// Creates `schema` for this run (dropped at the end, or by the next run
+/// after a SIGKILL: name it `load_PID` or `load_PID_WORD`); its store URL.
+fn pg_run_schema(s: &Settings, schema: &str) -> Result<String, String> {
+    pg_exec(&s.pg_url, &format!("CREATE SCHEMA {schema}"))?;
+    lock(&LEFTOVERS)
+        .pg
+        .push((s.pg_url.clone(), schema.to_string()));
+    Ok(pg_schema_url(&s.pg_url, schema))
+}
+
+/// The store URL of idemgate on `schema` of the PostgreSQL server at `base`.
+fn pg_schema_url(base: &str, schema: &str) -> String {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}options=-csearch_path%3D{schema}")
+}
 
 fn pg_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -674,15 +773,17 @@ fn pg_exec(base: &str, sql: &str) -> Result<Vec<String>, String> {
 // ------------------------------------------------------------------ wrk
 
 const ID_LEN: usize = 24; // PREFIX(8) - TT(2) - NNNNNNNNNNNN(12)
+/// A random ID: 32 hex digits.
+const RANDOM_ID_LEN: usize = 32;
 const BODY_LEN: usize = 1024;
 
 /// The webhook body around an event ID: Stripe-like JSON, exactly 1 KiB for
-/// an ID of `ID_LEN` bytes. wrk builds the same bytes in Lua.
-fn body_parts() -> (String, String) {
+/// an ID of `id_len` bytes. wrk builds the same bytes in Lua.
+fn body_parts(id_len: usize) -> (String, String) {
     let head = r#"{"id":""#.to_string();
     let mid = r#"","object":"event","api_version":"2024-06-20","created":1718000000,"livemode":false,"pending_webhooks":1,"type":"invoice.payment_succeeded","data":{"object":{"id":"in_1PqR5sLkdIwHu7ixQwErTyUi","object":"invoice","amount_due":4200,"amount_paid":4200,"attempt_count":1,"billing_reason":"subscription_cycle","currency":"eur","customer":"cus_QhJkLmNoPqRsTu","customer_email":"jane.doe@example.com","discount":null,"lines":{"object":"list","data":[{"id":"il_1PqR5sLkdIwHu7ixAsDfGhJk","amount":4200,"description":"1 x Pro plan (at 42.00 / month)","period":{"end":1720592000,"start":1718000000},"quantity":1}],"has_more":false},"paid":true,"status":"paid","total":4200}},"pad":""#;
     let end = r#""}"#;
-    let pad = BODY_LEN - head.len() - ID_LEN - mid.len() - end.len();
+    let pad = BODY_LEN - head.len() - id_len - mid.len() - end.len();
     let tail = format!("{mid}{}{end}", "x".repeat(pad));
     (head, tail)
 }
@@ -694,20 +795,65 @@ fn event_id(prefix: &str, thread: u32, n: u64) -> String {
 }
 
 fn body_for(id: &str) -> Vec<u8> {
-    let (head, tail) = body_parts();
+    let (head, tail) = body_parts(id.len());
     let b = format!("{head}{id}{tail}").into_bytes();
     assert_eq!(b.len(), BODY_LEN);
     b
 }
 
+/// How a wrk run sends: as fast as it can, or paced.
+#[derive(Clone, Copy, Default)]
+struct Pace {
+    /// Requests per second per wrk thread (`None`: closed loop, flat out).
+    per_thread: Option<f64>,
+}
+
 /// A wrk script: POST `path` with a 1 KiB body and an `X-Event-ID` made per
-/// request; `done` prints one machine-readable line.
-fn wrk_script(path: &str, ids: Ids, prefix: &str) -> String {
-    let (head, tail) = body_parts();
+/// request; `done` prints one machine-readable line. Random IDs come from
+/// LuaJIT's `math.random`, seeded per thread from `seed`. With a pace, a
+/// `delay()` hands each request the next slot of its thread's fixed
+/// schedule (a wall clock through LuaJIT's FFI), so the rate stays fixed
+/// while connections are free, whatever the latency; a backlog of more than
+/// a second is dropped rather than burst.
+fn wrk_script(path: &str, ids: Ids, prefix: &str, seed: u64, pace: Pace) -> String {
+    let (head, tail) = body_parts(if ids == Ids::Random {
+        RANDOM_ID_LEN
+    } else {
+        ID_LEN
+    });
     let mode = match ids {
         Ids::Unique => "unique",
         Ids::Same => "same",
         Ids::Group64 => "group",
+        Ids::Random => "random",
+    };
+    let seed = seed % (1 << 40);
+    let pacing = match pace.per_thread {
+        None => String::new(),
+        Some(rate) => format!(
+            r#"
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct {{ long tv_sec; long tv_nsec; }} load_timespec;
+int clock_gettime(int clk, load_timespec *tp);
+]]
+local ts = ffi.new("load_timespec")
+local function now_ms()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+end
+local interval = 1000 / {rate}
+local next_at = nil
+delay = function()
+  local now = now_ms()
+  if next_at == nil or next_at < now - 1000 then next_at = now end
+  next_at = next_at + interval
+  local d = next_at - now
+  if d < 0 then return 0 end
+  return d
+end
+"#
+        ),
     };
     format!(
         r#"-- generated by benches/load.rs
@@ -719,10 +865,15 @@ local tail = [==[{tail}]==]
 local headers = {{ ["Content-Type"] = "application/json" }}
 local counter = 0
 local nthreads = 0
-
+local rnd = math.random
+{pacing}
 setup = function(thread)
   nthreads = nthreads + 1
   thread:set("tid", nthreads)
+end
+
+init = function(args)
+  math.randomseed({seed} + (tid or 0) * 7919)
 end
 
 request = function()
@@ -730,7 +881,13 @@ request = function()
   local t, n = tid or 0, counter
   if mode == "same" then t, n = 0, 0
   elseif mode == "group" then n = math.floor(counter / 64) end
-  local id = string.format("%s-%02d-%012d", prefix, t, n)
+  local id
+  if mode == "random" then
+    id = string.format("%04x%04x%04x%04x%04x%04x%04x%04x", rnd(0, 65535), rnd(0, 65535),
+      rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535))
+  else
+    id = string.format("%s-%02d-%012d", prefix, t, n)
+  end
   headers["X-Event-ID"] = id
   return wrk.format("POST", path, headers, head .. id .. tail)
 end
@@ -931,6 +1088,7 @@ fn id_prefix(key: char, serial: usize) -> String {
 }
 
 /// Runs wrk once; the replay event is delivered by the caller first.
+#[allow(clippy::too_many_arguments)] // a bench's plain plumbing
 fn run_wrk(
     s: &Settings,
     w: &World,
@@ -939,9 +1097,15 @@ fn run_wrk(
     secs: u64,
     prefix: &str,
     serial: usize,
+    pace: Pace,
 ) -> String {
     let script = w.dir.join(format!("wrk-{}-{serial}.lua", sc.key));
-    std::fs::write(&script, wrk_script(sc.path, sc.ids, prefix)).unwrap();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ ((std::process::id() as u64) << 20)
+        ^ serial as u64;
+    std::fs::write(&script, wrk_script(sc.path, sc.ids, prefix, seed, pace)).unwrap();
     let addr = w.addr(sc.target).expect("target running");
     let out = command(&tool("wrk"))
         .args(["-t", &s.wrk_threads.to_string()])
@@ -990,6 +1154,7 @@ fn prime_replay(w: &World, sc: &Scenario, prefix: &str) {
     );
 }
 
+#[allow(clippy::too_many_arguments)] // a bench's plain plumbing
 fn measure(
     s: &Settings,
     w: &World,
@@ -1008,7 +1173,16 @@ fn measure(
         .filter_map(|(_, t)| start_probe(w, sc, t, s.perf_callgraph))
         .collect();
     let before = snapshot(w, sc);
-    let out = run_wrk(s, w, sc, conns, s.duration, &prefix, serial);
+    let out = run_wrk(
+        s,
+        w,
+        sc,
+        conns,
+        s.duration,
+        &prefix,
+        serial,
+        Pace::default(),
+    );
     let after = snapshot(w, sc);
     probes.iter().for_each(stop_probe);
     let wrk = parse_wrk(&out).expect("wrk result line");
@@ -1049,7 +1223,7 @@ fn measure(
             .join(", ");
         let expected: &[&str] = match sc.ids {
             Ids::Unique if route == "pass" => &["unguarded"],
-            Ids::Unique => &["forwarded"],
+            Ids::Unique | Ids::Random => &["forwarded"],
             Ids::Same => &["replayed"],
             Ids::Group64 => &["forwarded", "in_flight", "replayed"],
         };
@@ -1090,311 +1264,6 @@ fn measure(
         mix,
         problems,
         wrk,
-    }
-}
-
-// ---------------------------------------------------------------- attack
-
-/// Resident memory (KiB) and open descriptors of `pid`, sampled until `stop`.
-fn sample_peaks(
-    pid: u32,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<(u64, usize)> {
-    std::thread::spawn(move || {
-        let (mut rss, mut fds) = (0u64, 0usize);
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-                if let Some(v) = st
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                {
-                    rss = rss.max(v);
-                }
-            }
-            if let Ok(d) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
-                fds = fds.max(d.count());
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        (rss, fds)
-    })
-}
-
-/// Records of the SQLite store: (processing anywhere, delivered with `prefix`).
-fn store_counts(w: &World, prefix: &str) -> (i64, i64) {
-    let db = rusqlite::Connection::open_with_flags(
-        w.dir.join("claims.db"),
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .expect("the store opens");
-    let processing: i64 = db
-        .query_row(
-            "SELECT count(*) FROM records WHERE state = 'processing'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    let delivered: i64 = db
-        .query_row(
-            "SELECT count(*) FROM records WHERE state = 'delivered' AND event_id LIKE ?1",
-            [format!("{prefix}-%")],
-            |r| r.get(0),
-        )
-        .unwrap();
-    (processing, delivered)
-}
-
-/// (b) without and with the attack, in one run; see `LOAD_ATTACK`.
-fn under_attack(s: &Settings, w: &World, rep: &mut Report, serial: &mut usize, conns: usize) {
-    let sc = scenario('b');
-    let mut results = Vec::new();
-    rep.line("");
-    rep.line(format!(
-        "under attack: (b) at {conns} connections, {} s runs",
-        s.duration
-    ));
-    for with_attack in [false, true] {
-        *serial += 1;
-        let prefix = id_prefix(sc.key, *serial % 100);
-        let mut held = None;
-        if with_attack {
-            let (h, b, k) = ATTACK_TIMEOUTS;
-            let a = attack::Attack::start(attack::Settings {
-                addr: w.sqlite.addr,
-                connections: s.attack,
-                keepalive: Duration::from_secs(k),
-                header: Duration::from_secs(h),
-                body: Duration::from_secs(b),
-                sources: (2..=5)
-                    .map(|x| std::net::Ipv4Addr::new(127, 0, 0, x))
-                    .collect(),
-            });
-            let t = Instant::now();
-            while a.open() < s.attack && t.elapsed() < Duration::from_secs(30) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            rep.line(format!(
-                "  attack: {} of {} connections open after {:.1} s",
-                a.open(),
-                s.attack,
-                t.elapsed().as_secs_f64()
-            ));
-            held = Some(a);
-        }
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let peaks = sample_peaks(w.sqlite.pid, stop.clone());
-        let r = measure(s, w, sc, conns, 0, *serial, false, false);
-        let open_at_end = held.as_ref().map(|a| a.open());
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let (rss, fds) = peaks.join().unwrap();
-        let report = held.map(|a| a.stop());
-        quiesce(w);
-        let (processing, delivered) = store_counts(w, &prefix);
-        let p99 = r.wrk.p99_us / 1000.0;
-        rep.line(format!(
-            "  {:14} {:8.0} delivered/s  p99 {:6.2} ms  peak RSS {:6.1} MiB  open fds (peak) {:6}{}",
-            if with_attack { "with attack" } else { "without attack" },
-            r.rps,
-            p99,
-            rss as f64 / 1024.0,
-            fds,
-            open_at_end.map(|n| format!("  attack connections open at the end {n}")).unwrap_or_default(),
-        ));
-        let answered = r.wrk.requests as i64;
-        rep.line(format!(
-            "    store: {processing} records processing; {delivered} delivered for {answered} answered by wrk ({})",
-            if processing == 0 && delivered >= answered && delivered <= answered + conns as i64 {
-                "nothing lost"
-            } else {
-                "MISMATCH"
-            }
-        ));
-        for p in &r.problems {
-            // the attack's own requests (its GETs on /pass, its 408s) move
-            // the counters the mix check reads
-            let attack_traffic = p.starts_with("route pass moved")
-                || p == "unexpected outcome invalid_body"
-                || p.starts_with("idemgate counted");
-            if !(with_attack && attack_traffic) {
-                rep.line(format!("    problem: {p}"));
-            }
-        }
-        if let Some((lines, ok)) = report {
-            for l in lines {
-                rep.line(format!("  {l}"));
-            }
-            rep.line(format!(
-                "  every attack connection closed within its timeout + 1 s: {}",
-                if ok { "yes" } else { "NO" }
-            ));
-        }
-        results.push((r.rps, p99, rss));
-    }
-    if let [(rps0, p0, _), (rps1, p1, rss1)] = results[..] {
-        rep.line(format!(
-            "  under attack: {:.2} x the delivered/s (target >= 0.8), p99 {:.2} x (target <= 2), peak RSS {:.1} MiB (target <= 256)",
-            rps1 / rps0.max(1.0),
-            p1 / p0.max(0.001),
-            rss1 as f64 / 1024.0
-        ));
-    }
-}
-
-// ----------------------------------------------------------------- perf
-
-/// A `perf` attached to the process under test for one run.
-struct Probe {
-    pid: u32,
-    out: PathBuf,
-    trace: bool,
-    /// The pids under test, comma-separated.
-    pids: String,
-}
-
-/// `perf record` (a flat profile; with `LOAD_PERF_CALLGRAPH=1` also kernel
-/// call chains) or `perf trace -s` (syscall counts) on the process under test.
-fn start_probe(w: &World, sc: &Scenario, trace: bool, callgraph: bool) -> Option<Probe> {
-    // nginx does its work in the master's children.
-    let root = w.server_pid(sc.target)?;
-    let pid = std::iter::once(root)
-        .chain(
-            all_pids()
-                .into_iter()
-                .filter(|&p| proc_stat(p).is_some_and(|(ppid, _)| ppid == root)),
-        )
-        .map(|p| p.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    let (out, args): (PathBuf, Vec<&str>) = if trace {
-        let out = target_dir().join(format!("load-syscalls-{}.txt", sc.key));
-        (out, vec!["trace", "-s", "-p", &pid, "-o"])
-    } else {
-        let out = target_dir().join(format!("load-perf-{}.data", sc.key));
-        // System-wide (-a) and filtered by pid when reported: per-task
-        // events would be switched on every context switch, which halves
-        // the throughput of the switch-heavy store scenarios.
-        let mut a = vec!["record", "-a", "-F", "999"];
-        if callgraph {
-            // User call chains are garbage without frame pointers; kernel
-            // ones say which syscalls the kernel time comes from. Sampling
-            // call chains costs much throughput on this VM.
-            a.push("-g");
-        }
-        a.push("-o");
-        (out, a)
-    };
-    let mut cmd = command(&tool("perf"));
-    cmd.args(&args)
-        .arg(&out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    match cmd.spawn() {
-        Ok(c) => {
-            let id = c.id();
-            lock(&CHILDREN).push(("perf".into(), c));
-            std::thread::sleep(Duration::from_millis(300));
-            Some(Probe {
-                pid: id,
-                out,
-                trace,
-                pids: pid,
-            })
-        }
-        Err(e) => {
-            eprintln!("load: perf does not start ({e}); no profile");
-            None
-        }
-    }
-}
-
-fn stop_probe(p: &Probe) {
-    signal(p.pid, libc::SIGINT);
-    let mut children = lock(&CHILDREN);
-    if let Some(i) = children.iter().position(|(_, c)| c.id() == p.pid) {
-        let (_, mut c) = children.remove(i);
-        drop(children);
-        let _ = c.wait();
-    }
-}
-
-/// Prints the probe's summary; `requests` is what wrk counted in the run.
-fn report_probe(p: &Probe, key: char, requests: u64) {
-    if p.trace {
-        report_syscalls(p, key, requests);
-        return;
-    }
-    // `--sort dso` with a pid filter drops the kernel's samples (perf 6.x),
-    // so the objects are summed here from a dso,sym listing.
-    let report = Command::new(tool("perf"))
-        .args(["report", "--stdio", "--no-children", "-g", "none"])
-        .arg(format!("--pid={}", p.pids))
-        .args(["--percentage=relative", "--sort", "dso,sym", "-i"])
-        .arg(&p.out)
-        .stderr(Stdio::null())
-        .output();
-    let Ok(out) = report else { return };
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut by_dso: BTreeMap<String, f64> = BTreeMap::new();
-    let mut syms: Vec<(f64, String)> = Vec::new();
-    for l in text.lines().filter(|l| !l.starts_with('#')) {
-        let mut f = l.split_whitespace();
-        let (Some(pct), Some(dso)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let Ok(pct) = pct.trim_end_matches('%').parse::<f64>() else {
-            continue;
-        };
-        *by_dso.entry(dso.to_string()).or_default() += pct;
-        syms.push((pct, l.trim().to_string()));
-    }
-    let mut dsos: Vec<(String, f64)> = by_dso.into_iter().collect();
-    dsos.sort_by(|a, b| b.1.total_cmp(&a.1));
-    println!(
-        "\nperf, scenario ({key}), samples of the process under test ({}):",
-        p.out.display()
-    );
-    let objects: Vec<String> = dsos
-        .iter()
-        .filter(|(_, v)| *v >= 0.5)
-        .map(|(d, v)| format!("{d} {v:.1}%"))
-        .collect();
-    println!("  by object: {}", objects.join(", "));
-    println!("  self time by symbol, >= 0.7%:");
-    for (_, l) in syms.iter().filter(|(v, _)| *v >= 0.7).take(40) {
-        println!("    {l}");
-    }
-}
-
-/// Sums `perf trace -s` over threads: calls per syscall, per request.
-fn report_syscalls(p: &Probe, key: char, requests: u64) {
-    let text = std::fs::read_to_string(&p.out).unwrap_or_default();
-    let mut calls: BTreeMap<String, u64> = BTreeMap::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // "   sendto   1234   0   12.345   0.001 ..." : name, calls, errors, total msec, …
-        if f.len() >= 4
-            && f[0]
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-        {
-            if let (Ok(n), Ok(_)) = (f[1].parse::<u64>(), f[3].parse::<f64>()) {
-                *calls.entry(f[0].to_string()).or_default() += n;
-            }
-        }
-    }
-    let mut v: Vec<(String, u64)> = calls.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
-    let n = requests.max(1) as f64;
-    let total: u64 = v.iter().map(|(_, c)| c).sum();
-    println!(
-        "\nsyscalls of the process under test, scenario ({key}), per request \
-         (perf trace slows the run; counts, not speed; {}):",
-        p.out.display()
-    );
-    println!("  all: {:.2}", total as f64 / n);
-    for (name, c) in v.iter().take(15) {
-        println!("  {name:<20} {:.2}", *c as f64 / n);
     }
 }
 
@@ -1486,7 +1355,7 @@ fn run_line(runs: &[Run], r: &Run) -> String {
         opt(r.cpu_server, 1),
         r.cpu_upstream,
         r.cpu_wrk,
-        if r.key == 'd' {
+        if scenario(r.key).target == Target::IdemPg {
             format!("{:.1}", r.cpu_pg)
         } else {
             "-".into()
@@ -1651,11 +1520,12 @@ fn remove_stale(pg_url: Option<&str>) {
     let Some(url) = pg_url else { return };
     let schemas = pg_exec(
         url,
-        "SELECT nspname::text FROM pg_namespace WHERE nspname ~ '^load_[0-9]+$'",
+        "SELECT nspname::text FROM pg_namespace WHERE nspname ~ '^load_[0-9]+(_[a-z]+)?$'",
     )
     .unwrap_or_default();
     for schema in schemas {
-        if !alive(&schema["load_".len()..]) {
+        let pid = schema["load_".len()..].split('_').next().unwrap_or("");
+        if !alive(pid) {
             let _ = pg_exec(url, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
         }
     }
@@ -1767,7 +1637,16 @@ fn main() {
         rep.line(l);
     }
 
-    remove_stale(s.scenarios.contains(&'d').then_some(s.pg_url.as_str()));
+    let uses_pg = s
+        .scenarios
+        .iter()
+        .any(|&k| scenario(k).target == Target::IdemPg);
+    remove_stale((uses_pg || s.scale.uses_pg()).then_some(s.pg_url.as_str()));
+    // The steady state's flat-out probe runs on the harness's own idemgate.
+    let uses_pg = uses_pg || s.scale.uses_pg();
+    if s.scale.preload_drop {
+        scale::drop_cached(&s, &mut rep);
+    }
     // A run dir on the same disk as a real deployment's SQLite file.
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("load-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -1824,17 +1703,17 @@ fn main() {
         &format!("sqlite://{}", dir.join("claims.db").display()),
         upstream.addr,
         &["pass", "unique", "replay", "conflict"],
+        &Extra::default(),
     );
-    let pg = if s.scenarios.contains(&'d') {
+    let pg = if uses_pg {
         let schema = format!("load_{}", std::process::id());
-        let settings = pg_exec(&s.pg_url, &format!("CREATE SCHEMA {schema}")).and_then(|_| {
-            lock(&LEFTOVERS).pg = Some((s.pg_url.clone(), schema.clone()));
+        let settings = pg_run_schema(&s, &schema).and_then(|url| {
             let sc = pg_exec(&s.pg_url, "SHOW synchronous_commit")?;
             let fsync = pg_exec(&s.pg_url, "SHOW fsync")?;
-            Ok((sc.join(""), fsync.join("")))
+            Ok((url, sc.join(""), fsync.join("")))
         });
         match settings {
-            Ok((sc, fsync)) => {
+            Ok((url, sc, fsync)) => {
                 rep.line(format!(
                     "PostgreSQL: synchronous_commit={sc}, fsync={fsync}{}",
                     if sc != "on" || fsync != "on" {
@@ -1843,8 +1722,6 @@ fn main() {
                         ""
                     }
                 ));
-                let sep = if s.pg_url.contains('?') { '&' } else { '?' };
-                let url = format!("{}{sep}options=-csearch_path%3D{schema}", s.pg_url);
                 Some(start_idemgate(
                     &dir,
                     &logs,
@@ -1853,11 +1730,12 @@ fn main() {
                     &url,
                     upstream.addr,
                     &["unique"],
+                    &Extra::default(),
                 ))
             }
             Err(e) => {
                 rep.line(format!(
-                    "SKIP (d): PostgreSQL at {} is not usable: {e}",
+                    "SKIP (d), (p): PostgreSQL at {} is not usable: {e}",
                     s.pg_url
                 ));
                 None
@@ -1909,31 +1787,43 @@ fn main() {
     let per_run = s.duration as f64 + 0.6;
     let total = keys.len() as f64
         * (s.conns.len() as f64 * s.repeats as f64 * per_run + s.warmup as f64 + 0.6);
-    rep.line(format!(
-        "scenarios {}; about {:.0} s in all",
-        keys.iter()
-            .map(|k| format!("({k})"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        total
-    ));
-    rep.line("");
-
     let top = *s.conns.iter().max().unwrap();
     let mut serial = 0;
-    if s.warmup > 0 {
-        for &k in &keys {
-            serial += 1;
-            let prefix = prepare(&w, scenario(k), serial);
-            run_wrk(&s, &w, scenario(k), top, s.warmup, &prefix, serial);
+    if !keys.is_empty() {
+        rep.line(format!(
+            "scenarios {}; about {:.0} s in all",
+            keys.iter()
+                .map(|k| format!("({k})"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            total
+        ));
+        rep.line("");
+        if s.warmup > 0 {
+            for &k in &keys {
+                serial += 1;
+                let prefix = prepare(&w, scenario(k), serial);
+                run_wrk(
+                    &s,
+                    &w,
+                    scenario(k),
+                    top,
+                    s.warmup,
+                    &prefix,
+                    serial,
+                    Pace::default(),
+                );
+            }
         }
-    }
-    rep.line("srv µs: CPU of the process under test per request (idemgate or the nginx proxy);");
-    rep.line(
+        rep.line(
+            "srv µs: CPU of the process under test per request (idemgate or the nginx proxy);",
+        );
+        rep.line(
         "up µs: the upstream nginx; wrk µs: the client; pg µs: all postgres processes (d only);",
     );
-    rep.line("foreign: share of the machine busy with processes the harness did not start.");
-    println!("{}", run_header());
+        rep.line("foreign: share of the machine busy with processes the harness did not start.");
+        println!("{}", run_header());
+    }
     let mut runs: Vec<Run> = Vec::new();
     for round in 1..=s.repeats {
         for &conns in &s.conns {
@@ -1964,15 +1854,23 @@ fn main() {
     if s.attack > 0 {
         under_attack(&s, &w, &mut rep, &mut serial, top);
     }
-
-    // The full table again, with every ratio known.
-    rep.line("");
-    rep.line("all runs (x(a) = ratio to (a) of the same round and connections):");
-    rep.line(run_header());
-    for r in &runs {
-        rep.line(run_line(&runs, r));
+    if !s.scale.preload.is_empty() {
+        scale::store_sizes(&s, &w, &logs, &mut rep, &mut serial);
     }
-    summarise(&mut rep, &s, &runs, &w);
+    if s.scale.steady > 0 {
+        scale::steady(&s, &w, &logs, &mut rep, &mut serial);
+    }
+
+    if !runs.is_empty() {
+        // The full table again, with every ratio known.
+        rep.line("");
+        rep.line("all runs (x(a) = ratio to (a) of the same round and connections):");
+        rep.line(run_header());
+        for r in &runs {
+            rep.line(run_line(&runs, r));
+        }
+        summarise(&mut rep, &s, &runs, &w);
+    }
     for name in ["idemgate-sqlite", "idemgate-postgres"] {
         if let Ok(m) = std::fs::metadata(logs.join(format!("{name}.log"))) {
             rep.line(format!(
