@@ -1339,6 +1339,71 @@ mod postgres_races {
         b.store.close().await;
     }
 
+    /// The sweep keeps working after its table grew from empty to large: a
+    /// plan made while the table was empty and kept by the connection (a
+    /// nested loop over the whole primary key) outlasted the statement
+    /// timeout on every batch once the table held a few hundred thousand
+    /// records, and the sweeper never deleted anything again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sweep_plan_follows_the_table() {
+        let Some(b) = postgres_backend().await else {
+            return;
+        };
+        let now = T0 + 10 * RETENTION;
+        // First sweeps on the empty table, on every cold connection.
+        for _ in 0..3 {
+            for n in sweeps_at_once(&b, 4, now).await {
+                assert_eq!(n.expect("sweep of the empty table"), 0);
+            }
+        }
+        // Then the table grows: 300,000 expired delivered records.
+        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO records (route, event_id, body_sha256, state, attempts, last_status,
+                 first_seen_at, updated_at, delivered_at, expires_at)
+             SELECT 'r', md5(i::text), md5(i::text) || md5(i::text), 'delivered', 1, 200,
+                 $1 + i, $1 + i, $1 + i, $1 + RETENTION + i
+             FROM generate_series(1, 300000) AS i"
+                .replace("RETENTION", &RETENTION.to_string())
+                .as_str(),
+        )
+        .bind(T0)
+        .execute(&raw)
+        .await
+        .unwrap();
+        raw.close().await;
+        for _ in 0..3 {
+            // Two at once may pick the same batch; one then deletes it.
+            let swept: u64 = sweeps_at_once(&b, 2, now)
+                .await
+                .into_iter()
+                .map(|n| n.expect("sweep of the grown table"))
+                .sum();
+            assert!(swept >= 1_000, "two sweeps deleted {swept}");
+        }
+        b.store.close().await;
+    }
+
+    /// `n` sweep batches of 1,000 started together (so that they take
+    /// different connections), and what each did.
+    async fn sweeps_at_once(
+        b: &Backend,
+        n: usize,
+        now: Millis,
+    ) -> Vec<Result<u64, idemgate::store::StoreError>> {
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let store = b.store.clone();
+                tokio::spawn(async move { store.sweep_batch(now, 1_000).await })
+            })
+            .collect();
+        let mut done = Vec::new();
+        for t in tasks {
+            done.push(t.await.unwrap());
+        }
+        done
+    }
+
     /// A settle waiting on a reclaim's row lock sees the new attempt number.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn fenced_release_waits_and_rechecks() {
