@@ -21,8 +21,12 @@ pub struct Sweeper {
     pub routes: Vec<String>,
 }
 
-/// Deletes every expired record, one bounded batch at a time, pausing between
-/// batches so a large backlog does not monopolise the store. Returns how many.
+/// Deletes every expired record, one bounded batch at a time, pausing after
+/// each batch as long as it took (at least [`MIN_PAUSE`]): a sweep takes at
+/// most half the store's time, so the claims meanwhile keep the other half
+/// (on SQLite a batch runs on the one writer; in issue 24's steady state,
+/// sweeps without a pause cut the claim rate they ran beside by 12 %).
+/// Returns how many.
 pub async fn sweep_all(
     store: &dyn ClaimStore,
     metrics: Option<&Metrics>,
@@ -41,9 +45,12 @@ pub async fn sweep_all(
         if (n as i64) < batch_size {
             return Ok(total);
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(t.elapsed().max(MIN_PAUSE)).await;
     }
 }
+
+/// The shortest pause between two batches of a sweep.
+const MIN_PAUSE: Duration = Duration::from_millis(10);
 
 /// How often the oldest-processing gauge is refreshed.
 const GAUGE_EVERY: Duration = Duration::from_secs(5);

@@ -32,7 +32,7 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `migrations/postgres`, in order: version, description, SQL.
-const MIGRATIONS: [(i64, &str, &str); 2] = [
+const MIGRATIONS: [(i64, &str, &str); 3] = [
     (
         1,
         "records",
@@ -42,6 +42,11 @@ const MIGRATIONS: [(i64, &str, &str); 2] = [
         2,
         "failed index",
         include_str!("../../../migrations/postgres/0002_failed_index.sql"),
+    ),
+    (
+        3,
+        "vacuum settings",
+        include_str!("../../../migrations/postgres/0003_vacuum_settings.sql"),
     ),
 ];
 
