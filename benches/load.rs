@@ -1710,14 +1710,20 @@ fn main() {
         let settings = pg_run_schema(&s, &schema).and_then(|url| {
             let sc = pg_exec(&s.pg_url, "SHOW synchronous_commit")?;
             let fsync = pg_exec(&s.pg_url, "SHOW fsync")?;
-            Ok((url, sc.join(""), fsync.join("")))
+            let autovacuum = pg_exec(&s.pg_url, "SHOW autovacuum")?;
+            Ok((url, sc.join(""), fsync.join(""), autovacuum.join("")))
         });
         match settings {
-            Ok((url, sc, fsync)) => {
+            Ok((url, sc, fsync, autovacuum)) => {
                 rep.line(format!(
-                    "PostgreSQL: synchronous_commit={sc}, fsync={fsync}{}",
+                    "PostgreSQL: synchronous_commit={sc}, fsync={fsync}, autovacuum={autovacuum}{}{}",
                     if sc != "on" || fsync != "on" {
                         " — WARNING: (d) is not durable as configured"
+                    } else {
+                        ""
+                    },
+                    if autovacuum != "on" {
+                        " — WARNING: deleted records' space is never reused (the steady state's table grows)"
                     } else {
                         ""
                     }

@@ -36,31 +36,16 @@ pub(super) const WRITER_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an inline read may wait (WAL readers almost never wait at all).
 const READER_BUSY_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// How much of the file a connection maps into memory (SQLite caps it at
-/// its build's `SQLITE_MAX_MMAP_SIZE`, 2 GiB). A claim on a large store
-/// reads a random leaf of the key's B-tree and the interior pages above
-/// it; mapped, those reads are memory accesses to the OS page cache instead
-/// of a `pread` and a copy each, and every connection shares them.
-const MMAP_BYTES: i64 = 1 << 31;
-/// The writer's page cache, in KiB (negative `cache_size`): holds the pages
-/// a batch dirties, and beyond the mapped part of a large file the interior
-/// pages every lookup passes through. Memory is taken as pages are used.
-const WRITER_CACHE_KIB: i64 = 64 << 10;
-
 /// Opens the file (created and migrated already) for one role.
 pub(super) fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)?;
-    conn.execute_batch(&format!("PRAGMA mmap_size = {MMAP_BYTES};"))?;
     match role {
         Role::Writer => {
             conn.busy_timeout(WRITER_BUSY_TIMEOUT)?;
             // journal_mode is a property of the file (set by `create`);
             // synchronous is per connection and is the durability.
-            conn.execute_batch(&format!(
-                "PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF; \
-                 PRAGMA cache_size = -{WRITER_CACHE_KIB};"
-            ))?;
+            conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
             let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
             if !mode.eq_ignore_ascii_case("wal") {
                 return Err(StoreError::Unavailable(format!(
