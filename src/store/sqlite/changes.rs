@@ -97,12 +97,7 @@ impl ChangeCounter {
         // so two changes in this process exclude each other too.
         let lock = Self::open_file(&self.path)?;
         lock.lock()?;
-        self.end_abandoned();
-        self.begun().fetch_add(1, SeqCst);
-        Ok(ChangeUnderWay {
-            counter: self,
-            lock: Some(lock),
-        })
+        Ok(self.begun_under(lock))
     }
 
     /// Like [`Self::begin`], but `None` at once if another change holds the
@@ -114,12 +109,17 @@ impl ChangeCounter {
             Err(TryLockError::WouldBlock) => return Ok(None),
             Err(TryLockError::Error(e)) => return Err(e),
         }
+        Ok(Some(self.begun_under(lock)))
+    }
+
+    /// With the file's lock taken: counts a change as begun, held by `lock`.
+    fn begun_under(&self, lock: File) -> ChangeUnderWay<'_> {
         self.end_abandoned();
         self.begun().fetch_add(1, SeqCst);
-        Ok(Some(ChangeUnderWay {
+        ChangeUnderWay {
             counter: self,
             lock: Some(lock),
-        }))
+        }
     }
 
     /// If nobody holds the lock and a change was abandoned, ends it so that

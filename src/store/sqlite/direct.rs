@@ -264,9 +264,7 @@ pub(super) fn counted<T>(
     change: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     let conn = open(path, Role::Writer)?;
-    let _under_way = changes
-        .begin()
-        .map_err(|e| StoreError::io(format_args!("cannot lock {}", changes.path().display()), e))?;
+    let _under_way = changes.begin().map_err(|e| lock_failed(changes, e))?;
     change(&conn)
 }
 
@@ -280,13 +278,14 @@ pub(super) fn counted_now<T>(
     changes: &ChangeCounter,
     change: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<Option<T>, StoreError> {
-    let under_way = changes
-        .try_begin()
-        .map_err(|e| StoreError::io(format_args!("cannot lock {}", changes.path().display()), e))?;
-    match under_way {
+    match changes.try_begin().map_err(|e| lock_failed(changes, e))? {
         Some(_under_way) => change(conn).map(Some),
         None => Ok(None),
     }
+}
+
+fn lock_failed(changes: &ChangeCounter, e: std::io::Error) -> StoreError {
+    StoreError::io(format_args!("cannot lock {}", changes.path().display()), e)
 }
 
 /// Operator release (`ClaimStore::release`); run it [`counted`].

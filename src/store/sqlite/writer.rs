@@ -262,22 +262,15 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
                 Err(_) => break,
             }
         }
-        let mut alone = match batch.last() {
+        // a close request ends the batch too; a lone job after it fails with it
+        let close = batch
+            .iter()
+            .position(|op| matches!(op, Op::Close(_)))
+            .map(|at| batch.split_off(at));
+        let alone = match batch.last() {
             Some(Op::Alone(_)) => batch.pop(),
             _ => None,
         };
-        // a close request ends the batch too
-        let close: Option<Vec<Op>> =
-            batch
-                .iter()
-                .position(|op| matches!(op, Op::Close(_)))
-                .map(|at| {
-                    batch
-                        .split_off(at)
-                        .into_iter()
-                        .chain(alone.take())
-                        .collect()
-                });
         if !batch.is_empty() {
             if let Err(e) = connect(&mut conn, &path) {
                 health.set(Some(e.to_string()));
@@ -296,10 +289,7 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
             }
         }
         if let Some(Op::Alone(job)) = alone {
-            match connect(&mut conn, &path) {
-                Ok(c) => job(Ok(c)),
-                Err(e) => job(Err(e)),
-            }
+            job(connect(&mut conn, &path));
         }
         if let Some(rest) = close {
             drop(conn.take());
