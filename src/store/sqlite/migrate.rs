@@ -30,7 +30,7 @@ impl Migration {
 
 /// In order; a new file gets the next version, and a file once released
 /// never changes (its checksum is on record in every store).
-const MIGRATIONS: [Migration; 2] = [
+const MIGRATIONS: [Migration; 3] = [
     Migration {
         version: 1,
         description: "records",
@@ -40,6 +40,11 @@ const MIGRATIONS: [Migration; 2] = [
         version: 2,
         description: "failed index",
         sql: include_str!("../../../migrations/sqlite/0002_failed_index.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "rowid records",
+        sql: include_str!("../../../migrations/sqlite/0003_rowid_records.sql"),
     },
 ];
 
@@ -165,7 +170,7 @@ mod tests {
         run(&mut conn).unwrap();
         run(&mut conn).unwrap();
         let got = versions(&conn);
-        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got.len(), MIGRATIONS.len(), "{got:?}");
         for ((v, d, ok, sum), m) in got.iter().zip(&MIGRATIONS) {
             assert_eq!((*v, d.as_str(), *ok), (m.version, m.description, true));
             assert_eq!(sum.to_lowercase(), hex::encode(m.checksum()));
@@ -185,7 +190,7 @@ mod tests {
         .unwrap();
         run(&mut conn).unwrap();
         let got = versions(&conn);
-        assert_eq!(got.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(got.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(got[0].3.to_lowercase(), SQLX_CHECKSUMS[0]);
         let n: i64 = conn
             .query_row("SELECT count(*) FROM records", [], |r| r.get(0))
@@ -199,6 +204,87 @@ mod tests {
             )
             .unwrap();
         assert_eq!(index, 1);
+    }
+
+    /// Every column of every record, in key order, as text (NULL as `-`).
+    fn dump(conn: &Connection) -> Vec<String> {
+        conn.prepare(
+            "SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status,
+                    last_error, first_seen_at, updated_at, delivered_at, expires_at, claimed_from,
+                    replay_status, replay_content_type, hex(replay_body)
+             FROM records ORDER BY route, event_id",
+        )
+        .unwrap()
+        .query_map([], |r| {
+            (0..16)
+                .map(|i| {
+                    let v: rusqlite::types::Value = r.get(i)?;
+                    Ok(format!("{v:?}"))
+                })
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map(|cols| cols.join("|"))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+    }
+
+    /// Migration 3 rewrites the table: nothing of a record may be lost, in
+    /// any state, and the key stays unique.
+    #[test]
+    fn the_rowid_rewrite_keeps_every_record_whole() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(RECORD_TABLE).unwrap();
+        for m in &MIGRATIONS[..2] {
+            conn.execute_batch(m.sql).unwrap();
+            conn.execute(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+                 VALUES (?1, ?2, TRUE, ?3, 0)",
+                params![m.version, m.description, m.checksum()],
+            )
+            .unwrap();
+        }
+        conn.execute_batch(
+            "INSERT INTO records VALUES
+             ('a', 'e1', 'd1', 'processing', 2, 50, NULL, NULL, 30, 40, NULL, 90, 'failed', NULL, NULL, NULL),
+             ('a', 'e2', 'd2', 'delivered', 1, NULL, 200, NULL, 10, 20, 20, 99, NULL, 201, 'text/plain', x'00ff'),
+             ('b', 'e1', 'd3', 'failed', 3, NULL, 503, 'upstream 503', 20, 25, NULL, 95, 'processing', NULL, NULL, NULL)",
+        )
+        .unwrap();
+        let before = dump(&conn);
+        run(&mut conn).unwrap();
+        assert_eq!(dump(&conn), before);
+        let without_rowid: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'records' AND sql LIKE '%WITHOUT ROWID%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(without_rowid, 0);
+        let dup = conn.execute(
+            "INSERT INTO records (route, event_id, body_sha256, state, attempts, first_seen_at, updated_at, expires_at)
+             VALUES ('a', 'e1', 'x', 'processing', 1, 1, 1, 2)",
+            [],
+        );
+        assert!(dup.is_err(), "the key is still unique");
+        let indexes: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'records' ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            indexes,
+            [
+                "records_expires_at",
+                "records_failed",
+                "records_first_seen_at",
+                "records_key",
+                "records_processing"
+            ]
+        );
     }
 
     #[test]
