@@ -33,12 +33,6 @@ pub(super) enum Role {
 
 /// How long the writer waits for another process's lock before failing.
 pub(super) const WRITER_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// The writer's page cache, KiB. A claim descends the key's index to a
-/// random leaf; its interior pages (about 1 MiB per million records) and the
-/// tails of the table and the time indexes, which every batch touches, stay
-/// cached at this size up to some 25 million records. At SQLite's default
-/// (2 MiB) they were read again from the OS at 5 million.
-const WRITER_CACHE_KIB: u32 = 32 * 1024;
 /// How long an inline read may wait (WAL readers almost never wait at all).
 const READER_BUSY_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -52,7 +46,6 @@ pub(super) fn open(path: &Path, role: Role) -> Result<Connection, StoreError> {
             // journal_mode is a property of the file (set by `create`);
             // synchronous is per connection and is the durability.
             conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF;")?;
-            conn.execute_batch(&format!("PRAGMA cache_size = -{WRITER_CACHE_KIB};"))?;
             let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
             if !mode.eq_ignore_ascii_case("wal") {
                 return Err(StoreError::Unavailable(format!(
