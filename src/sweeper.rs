@@ -51,16 +51,21 @@ pub async fn sweep_all(
         if (n as i64) < batch_size {
             return Ok(total);
         }
-        if started.elapsed() < pacing {
-            tokio::time::sleep(t.elapsed().max(MIN_PAUSE)).await;
-        } else {
-            tokio::task::yield_now().await;
+        match pause_after(t.elapsed(), started.elapsed(), pacing) {
+            Some(pause) => tokio::time::sleep(pause).await,
+            None => tokio::task::yield_now().await,
         }
     }
 }
 
 /// The shortest pause between two paced batches of a sweep.
 const MIN_PAUSE: Duration = Duration::from_millis(10);
+
+/// The pause after a batch that took `batch`, `swept_for` into a sweep
+/// paced for its first `pacing`; none once past it.
+fn pause_after(batch: Duration, swept_for: Duration, pacing: Duration) -> Option<Duration> {
+    (swept_for < pacing).then(|| batch.max(MIN_PAUSE))
+}
 
 /// How often the oldest-processing gauge is refreshed.
 const GAUGE_EVERY: Duration = Duration::from_secs(5);
@@ -120,5 +125,28 @@ impl BackgroundService for Sweeper {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn paced_batches_pause_as_long_as_they_took_then_run_back_to_back() {
+        let pacing = 15_000 * MS;
+        assert_eq!(pause_after(40 * MS, 0 * MS, pacing), Some(40 * MS));
+        assert_eq!(pause_after(MS, 100 * MS, pacing), Some(MIN_PAUSE));
+        assert_eq!(pause_after(40 * MS, 14_999 * MS, pacing), Some(40 * MS));
+        assert_eq!(pause_after(40 * MS, 15_000 * MS, pacing), None);
+        assert_eq!(pause_after(40 * MS, 60_000 * MS, pacing), None);
+        // the CLI's sweep is paced throughout
+        assert_eq!(
+            pause_after(40 * MS, 3_600_000 * MS, Duration::MAX),
+            Some(40 * MS)
+        );
+        assert_eq!(pause_after(40 * MS, 0 * MS, Duration::ZERO), None);
     }
 }

@@ -111,8 +111,8 @@ pub(crate) enum ListParam<'a> {
 /// `state = 'processing'` reach their partial indexes (the console asks for
 /// failed and stuck records every few seconds; with none of them, a generic
 /// `($2 IS NULL OR state = $2)` scanned the whole table each time), and
-/// `route = $1` the primary key. `substr` rather than `LIKE`, whose `%` and
-/// `_` an event ID may hold. The page key's comparison is spelled out
+/// `route = $1` the key (SQLite: `records_key`). `substr` rather than
+/// `LIKE`, whose `%` and `_` an event ID may hold. The page key's comparison is spelled out
 /// because the order mixes DESC and ASC; it uses the `ORDER BY`'s collation,
 /// so pages agree with the order on PostgreSQL too.
 pub(crate) fn list_statement<'a>(filter: &'a super::ListFilter) -> (String, Vec<ListParam<'a>>) {

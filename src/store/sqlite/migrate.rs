@@ -206,7 +206,7 @@ mod tests {
         assert_eq!(index, 1);
     }
 
-    /// Every column of every record, in key order, as text (NULL as `-`).
+    /// Every column of every record, in key order, each as its SQLite value.
     fn dump(conn: &Connection) -> Vec<String> {
         conn.prepare(
             "SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status,
