@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn paced_batches_pause_as_long_as_they_took_then_run_back_to_back() {
         let pacing = 15_000 * MS;
-        assert_eq!(pause_after(40 * MS, 0 * MS, pacing), Some(40 * MS));
+        assert_eq!(pause_after(40 * MS, Duration::ZERO, pacing), Some(40 * MS));
         assert_eq!(pause_after(MS, 100 * MS, pacing), Some(MIN_PAUSE));
         assert_eq!(pause_after(40 * MS, 14_999 * MS, pacing), Some(40 * MS));
         assert_eq!(pause_after(40 * MS, 15_000 * MS, pacing), None);
@@ -147,6 +147,6 @@ mod tests {
             pause_after(40 * MS, 3_600_000 * MS, Duration::MAX),
             Some(40 * MS)
         );
-        assert_eq!(pause_after(40 * MS, 0 * MS, Duration::ZERO), None);
+        assert_eq!(pause_after(40 * MS, Duration::ZERO, Duration::ZERO), None);
     }
 }
