@@ -104,20 +104,24 @@ pub(super) fn run(conn: &mut Connection) -> Result<(), MigrateError> {
         match applied.iter().find(|(v, _)| *v == m.version) {
             Some((_, checksum)) if *checksum == m.checksum() => {}
             Some(_) => return Err(MigrateError::VersionMismatch(m.version)),
-            None => {
-                let started = Instant::now();
-                tx.execute_batch(m.sql)
-                    .map_err(|e| MigrateError::Execute(e, m.version))?;
-                let nanos = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
-                tx.execute(
-                    "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
-                     VALUES (?1, ?2, TRUE, ?3, ?4)",
-                    params![m.version, m.description, m.checksum(), nanos],
-                )?;
-            }
+            None => apply(&tx, m)?,
         }
     }
     tx.commit()?;
+    Ok(())
+}
+
+/// Runs one migration and records it as sqlx does.
+fn apply(conn: &Connection, m: &Migration) -> Result<(), MigrateError> {
+    let started = Instant::now();
+    conn.execute_batch(m.sql)
+        .map_err(|e| MigrateError::Execute(e, m.version))?;
+    let nanos = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
+    conn.execute(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (?1, ?2, TRUE, ?3, ?4)",
+        params![m.version, m.description, m.checksum(), nanos],
+    )?;
     Ok(())
 }
 
@@ -192,18 +196,15 @@ mod tests {
         let got = versions(&conn);
         assert_eq!(got.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(got[0].3.to_lowercase(), SQLX_CHECKSUMS[0]);
-        let n: i64 = conn
-            .query_row("SELECT count(*) FROM records", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(n, 1, "version 1 is not run again");
-        let index: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE name = 'records_failed'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
+        assert_eq!(count(&conn, "records"), 1, "version 1 is not run again");
+        let index = count(&conn, "sqlite_master WHERE name = 'records_failed'");
         assert_eq!(index, 1);
+    }
+
+    /// `SELECT count(*) FROM` what `from` says.
+    fn count(conn: &Connection, from: &str) -> i64 {
+        conn.query_row(&format!("SELECT count(*) FROM {from}"), [], |r| r.get(0))
+            .unwrap()
     }
 
     /// Every column of every record, in key order, each as its SQLite value.
@@ -236,13 +237,7 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(RECORD_TABLE).unwrap();
         for m in &MIGRATIONS[..2] {
-            conn.execute_batch(m.sql).unwrap();
-            conn.execute(
-                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
-                 VALUES (?1, ?2, TRUE, ?3, 0)",
-                params![m.version, m.description, m.checksum()],
-            )
-            .unwrap();
+            apply(&conn, m).unwrap();
         }
         conn.execute_batch(
             "INSERT INTO records VALUES
@@ -254,13 +249,10 @@ mod tests {
         let before = dump(&conn);
         run(&mut conn).unwrap();
         assert_eq!(dump(&conn), before);
-        let without_rowid: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE name = 'records' AND sql LIKE '%WITHOUT ROWID%'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
+        let without_rowid = count(
+            &conn,
+            "sqlite_master WHERE name = 'records' AND sql LIKE '%WITHOUT ROWID%'",
+        );
         assert_eq!(without_rowid, 0);
         let dup = conn.execute(
             "INSERT INTO records (route, event_id, body_sha256, state, attempts, first_seen_at, updated_at, expires_at)
