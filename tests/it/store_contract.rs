@@ -1461,3 +1461,119 @@ mod postgres_races {
         b.store.close().await;
     }
 }
+
+/// The SQLite writer runs the sweep's slices inside its batches of claims
+/// (one commit for both), counted in the change counter that every cache
+/// of delivered records on the file watches.
+mod sqlite_writer {
+    use super::*;
+    use std::time::Duration;
+
+    /// The counter file beside the database: *begun*, *ended*.
+    fn counter_of(b: &Backend) -> std::path::PathBuf {
+        let dir = b._dir.as_ref().expect("a SQLite backend");
+        dir.path().join("contract.db-changes")
+    }
+
+    fn counts(b: &Backend) -> (u64, u64) {
+        let bytes = std::fs::read(counter_of(b)).expect("read the change counter");
+        let cell = |i: usize| u64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+        (cell(0), cell(1))
+    }
+
+    /// `n` delivered records that have expired by `T0 + 2 * RETENTION`.
+    async fn expired(s: &dyn ClaimStore, n: usize) -> Millis {
+        for i in 0..n {
+            let id = format!("old-{i}");
+            let attempt = own(s, &id, T0).await;
+            settle(s, &id, attempt, T0, delivered(200)).await;
+        }
+        T0 + 2 * RETENTION
+    }
+
+    /// Claims of new events racing the sweep's slices: every claim commits
+    /// once, every expired record goes, and each slice counted itself as a
+    /// change begun and ended (else a cache could go on replaying a deleted
+    /// record).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn slices_share_batches_with_claims() {
+        let b = sqlite_backend().await;
+        let s = b.store.clone();
+        let now = expired(&*s, 250).await;
+        let (begun, ended) = counts(&b);
+        assert_eq!(begun, ended);
+        let claims: Vec<_> = (0..200)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let id = format!("new-{i}");
+                    s.claim(&claim_req(&id, D1, now)).await
+                })
+            })
+            .collect();
+        let swept = s.sweep_batch(now, 1_000).await.expect("sweep");
+        for c in claims {
+            let outcome = c.await.unwrap().expect("claim beside the sweep");
+            assert_eq!(decision_of(&outcome), Decision::Claim(ClaimKind::New));
+        }
+        assert_eq!(swept, 250);
+        assert_eq!(s.sweep_batch(now, 1_000).await.unwrap(), 0);
+        let left = s
+            .list(&ListFilter {
+                limit: 1_000,
+                ..ListFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(left.len(), 200);
+        assert!(left.iter().all(|r| r.event_id.starts_with("new-")));
+        let (begun_after, ended_after) = counts(&b);
+        assert_eq!(begun_after, ended_after, "a slice's change never ended");
+        // 250 records in slices of at most 100, and the empty last sweep
+        assert!(
+            begun_after >= begun + 4,
+            "the slices did not count themselves: {begun} -> {begun_after}"
+        );
+        b.store.close().await;
+    }
+
+    /// A release in another process holds the counter's lock: the writer
+    /// does not wait for it (claims go on committing), and the sweep waits
+    /// on a connection of its own, then deletes what expired.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_held_counter_delays_the_sweep_not_the_claims() {
+        let b = sqlite_backend().await;
+        let s = b.store.clone();
+        let now = expired(&*s, 3).await;
+        let other = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(counter_of(&b))
+            .unwrap();
+        other.lock().expect("take the counter's lock");
+        let sweep = {
+            let s = s.clone();
+            tokio::spawn(async move { s.sweep_batch(now, 100).await })
+        };
+        for i in 0..20 {
+            let id = format!("new-{i}");
+            let outcome =
+                tokio::time::timeout(Duration::from_secs(10), s.claim(&claim_req(&id, D1, now)))
+                    .await
+                    .expect("a claim waited for the held counter")
+                    .unwrap();
+            assert_eq!(decision_of(&outcome), Decision::Claim(ClaimKind::New));
+        }
+        assert!(!sweep.is_finished(), "the sweep ran uncounted");
+        drop(other);
+        let swept = tokio::time::timeout(Duration::from_secs(10), sweep)
+            .await
+            .expect("the sweep never ran once the lock was free")
+            .unwrap()
+            .unwrap();
+        assert_eq!(swept, 3);
+        let (begun, ended) = counts(&b);
+        assert_eq!(begun, ended);
+        b.store.close().await;
+    }
+}

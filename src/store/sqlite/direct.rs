@@ -255,9 +255,9 @@ pub(super) fn settle_in(
 }
 
 /// Runs `change` (a release or a sweep: what can change a delivered
-/// record) on a connection of its own, counted in the change counter: see
-/// [`counted_now`]; this one waits for the counter's lock. Blocking: run it
-/// off the async threads.
+/// record) on a connection of its own, counted in the change counter (see
+/// `changes`): begun before it runs, ended after it committed. It waits for
+/// the counter's lock. Blocking: run it off the async threads.
 pub(super) fn counted<T>(
     path: &Path,
     changes: &ChangeCounter,
@@ -268,23 +268,7 @@ pub(super) fn counted<T>(
     change(&conn)
 }
 
-/// Runs `change` on `conn` counted in the change counter, begun before and
-/// ended after it committed, if no other change holds the counter's lock
-/// (`Ok(None)` then: the writer thread must not wait for it). It runs to
-/// its end here even if the caller stops waiting, so no statement can
-/// commit after the change was counted as ended.
-pub(super) fn counted_now<T>(
-    conn: &Connection,
-    changes: &ChangeCounter,
-    change: impl FnOnce(&Connection) -> Result<T, StoreError>,
-) -> Result<Option<T>, StoreError> {
-    match changes.try_begin().map_err(|e| lock_failed(changes, e))? {
-        Some(_under_way) => change(conn).map(Some),
-        None => Ok(None),
-    }
-}
-
-fn lock_failed(changes: &ChangeCounter, e: std::io::Error) -> StoreError {
+pub(super) fn lock_failed(changes: &ChangeCounter, e: std::io::Error) -> StoreError {
     StoreError::io(format_args!("cannot lock {}", changes.path().display()), e)
 }
 
@@ -319,9 +303,8 @@ pub(super) fn release(
     ))
 }
 
-/// One slice of the sweep, one statement in autocommit: its own
-/// transaction. Run it [`counted_now`] on the writer's connection, or
-/// [`counted`].
+/// One slice of the sweep, one statement: in the writer's batch (see
+/// `writer::Writer::sweep`), or [`counted`] in a transaction of its own.
 pub(super) fn sweep(conn: &Connection, now: Millis, limit: i64) -> Result<u64, StoreError> {
     let mut st = conn.prepare_cached(sql::SWEEP)?;
     bind_numbered(&mut st, &[&now, &limit])?;

@@ -202,22 +202,23 @@ impl SqliteStore {
             .await
     }
 
-    /// The batch in slices of at most [`SWEEP_SLICE`] records, each run
-    /// alone on the writer's connection: claims queued meanwhile commit
-    /// between two slices, and none waits on the write lock longer than one
-    /// slice takes (on a store of millions with random event IDs, a
-    /// thousand deletions touch a thousand scattered pages: tens of ms).
+    /// The batch in slices of at most [`SWEEP_SLICE`] records, each inside
+    /// one of the writer's batches: a slice shares the claims' commit, and
+    /// no claim waits longer than one slice takes (on a store of millions
+    /// with random event IDs, a thousand deletions touch a thousand
+    /// scattered pages: tens of ms).
     async fn sweep_op(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
         let changes = self.change_counter()?;
         let mut swept = 0u64;
         while (swept as i64) < limit {
             let slice = (limit - swept as i64).min(SWEEP_SLICE);
-            let counter = changes.clone();
             let on_writer = self
                 .writer
-                .alone(
-                    move |conn| {
-                        direct::counted_now(conn, &counter, |c| direct::sweep(c, now, slice))
+                .sweep(
+                    writer::SweepSlice {
+                        changes: changes.clone(),
+                        now,
+                        limit: slice,
                     },
                     Self::OP_TIMEOUT,
                 )

@@ -11,6 +11,10 @@
 //! the whole transaction back (disk full, I/O) ends the batch there: what
 //! follows it is not run in autocommit, and nothing of it is reported done.
 //! The last batch's failure is kept for `/readyz` (see [`Writer::probe`]).
+//!
+//! A slice of the sweep rides in a batch too, so that its deletions share
+//! the claims' commit instead of taking one of their own; the batch is then
+//! counted as a change of records in the change counter (see `changes`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -19,8 +23,9 @@ use std::time::Duration;
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::changes::ChangeCounter;
 use super::direct::{self, Role};
-use crate::claim::SettleResult;
+use crate::claim::{Millis, SettleResult};
 use crate::store::owned::{OwnedClaim, OwnedSettle};
 use crate::store::ticket::{self, Ticket};
 use crate::store::{ClaimOutcome, ClaimRequest, SettleRequest, StoreError};
@@ -43,16 +48,19 @@ enum Op {
     /// A write that changes nothing (`/readyz` after a failed batch): one
     /// frame through the WAL and its fsync, as a claim's commit needs.
     Probe(oneshot::Sender<Result<(), StoreError>>),
-    /// A job run alone on the writer's connection, between batches, in
-    /// transactions of its own (a slice of the sweep). It answers its
-    /// requester itself; it is handed the reason when it cannot run.
-    Alone(Job),
+    /// A slice of the sweep: `None` when another change holds the change
+    /// counter (the slice did not run; see [`Writer::sweep`]).
+    Sweep(SweepSlice, oneshot::Sender<Result<Option<u64>, StoreError>>),
     /// Close the connection and stop (the store is closing).
     Close(oneshot::Sender<()>),
 }
 
-/// See [`Op::Alone`].
-type Job = Box<dyn FnOnce(Result<&Connection, StoreError>) + Send>;
+/// At most `limit` records expired at `now` to delete, counted in `changes`.
+pub(super) struct SweepSlice {
+    pub(super) changes: Arc<ChangeCounter>,
+    pub(super) now: Millis,
+    pub(super) limit: i64,
+}
 
 /// The async side of the writer thread.
 pub(super) struct Writer {
@@ -138,20 +146,19 @@ impl Writer {
             .await
     }
 
-    /// Runs `job` on the writer's connection between two batches, so that
-    /// it never waits for the write lock, nor makes a claim wait for it
-    /// longer than the job takes. Once queued it runs to its end even if
-    /// the caller stops waiting.
-    pub(super) async fn alone<T: Send + 'static>(
+    /// Deletes the slice inside the next batch's transaction: it never
+    /// waits for the write lock, and costs the claims beside it no commit of
+    /// its own. The batch is counted as a change from before it begins to
+    /// after it commits; `None` when another change (a release) holds the
+    /// counter, which the writer must not wait for. Once queued it runs to
+    /// its end even if the caller stops waiting.
+    pub(super) async fn sweep(
         &self,
-        job: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        slice: SweepSlice,
         limit: Duration,
-    ) -> Result<T, StoreError> {
+    ) -> Result<Option<u64>, StoreError> {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
-            let _ = tx.send(conn.and_then(job));
-        });
-        self.send(Op::Alone(job), limit).await?;
+        self.send(Op::Sweep(slice, tx), limit).await?;
         rx.await.map_err(|_| writer_gone())?
     }
 
@@ -255,22 +262,17 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     while let Some(op) = ops.blocking_recv() {
         batch.push(op);
-        // a job that runs alone ends the batch: what came before it commits first
-        while batch.len() < MAX_BATCH && !matches!(batch.last(), Some(Op::Alone(_))) {
+        while batch.len() < MAX_BATCH {
             match ops.try_recv() {
                 Ok(op) => batch.push(op),
                 Err(_) => break,
             }
         }
-        // a close request ends the batch too; a lone job after it fails with it
+        // a close request ends the batch; what follows it fails with it
         let close = batch
             .iter()
             .position(|op| matches!(op, Op::Close(_)))
             .map(|at| batch.split_off(at));
-        let alone = match batch.last() {
-            Some(Op::Alone(_)) => batch.pop(),
-            _ => None,
-        };
         if !batch.is_empty() {
             if let Err(e) = connect(&mut conn, &path) {
                 health.set(Some(e.to_string()));
@@ -287,9 +289,6 @@ fn run(path: PathBuf, mut ops: mpsc::Receiver<Op>, health: Record) {
                     }
                 }
             }
-        }
-        if let Some(Op::Alone(job)) = alone {
-            job(connect(&mut conn, &path));
         }
         if let Some(rest) = close {
             drop(conn.take());
@@ -330,6 +329,7 @@ enum Done {
     Claim(Result<ClaimOutcome, StoreError>),
     Settle(Result<SettleResult, StoreError>),
     Probe(Result<(), StoreError>),
+    Sweep(Result<u64, StoreError>),
     /// Withdrawn by its requester before the batch took it: not run.
     Skipped,
 }
@@ -340,8 +340,29 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
     // Withdrawn while the batch filled: not worth the transaction.
     batch.retain(|op| match op {
         Op::Claim(_, t, _) | Op::Settle(_, t, _) => !t.withdrawn(),
-        Op::Probe(_) | Op::Close(_) | Op::Alone(_) => true,
+        Op::Probe(_) | Op::Close(_) | Op::Sweep(..) => true,
     });
+    // Counted from before the transaction begins to after it commits, so
+    // that no cache fills from a read that could miss the deletions.
+    let counter = batch.iter().find_map(|op| match op {
+        Op::Sweep(slice, _) => Some(slice.changes.clone()),
+        _ => None,
+    });
+    let under_way = match counter.as_deref().map(ChangeCounter::try_begin) {
+        None => None,
+        Some(Ok(Some(change))) => Some(change),
+        // another change holds the counter: its slices do not run
+        Some(Ok(None)) => {
+            answer_sweeps(batch, || Ok(None));
+            None
+        }
+        Some(Err(e)) => {
+            let counter = counter.as_deref().expect("matched Some above");
+            let why = Arc::new(direct::lock_failed(counter, e));
+            answer_sweeps(batch, || Err(StoreError::Batch(why.clone())));
+            None
+        }
+    };
     if batch.is_empty() {
         return Ok(false);
     }
@@ -364,13 +385,12 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
                 Done::Settle(direct::settle_in(conn, &s.req()))
             }
             Op::Probe(_) => Done::Probe(rewrite_user_version(conn)),
-            Op::Close(_) | Op::Alone(_) => {
-                unreachable!("close requests and lone jobs are split off the batch")
-            }
+            Op::Sweep(slice, _) => Done::Sweep(direct::sweep(conn, slice.now, slice.limit)),
+            Op::Close(_) => unreachable!("close requests are split off the batch"),
         };
         let failed = matches!(
             &result,
-            Done::Claim(Err(_)) | Done::Settle(Err(_)) | Done::Probe(Err(_))
+            Done::Claim(Err(_)) | Done::Settle(Err(_)) | Done::Probe(Err(_)) | Done::Sweep(Err(_))
         );
         done.push(result);
         // Some errors (disk full, I/O) roll the whole transaction back.
@@ -389,6 +409,8 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
         let _ = conn.execute_batch("ROLLBACK");
         return Err(fail_all(batch, e.into()));
     }
+    // committed: the change has ended before anyone hears of it
+    drop(under_way);
     for (op, result) in batch.drain(..).zip(done) {
         match (op, result) {
             (Op::Claim(_, _, reply), Done::Claim(r)) => {
@@ -399,6 +421,9 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
             }
             (Op::Probe(reply), Done::Probe(r)) => {
                 let _ = reply.send(r);
+            }
+            (Op::Sweep(_, reply), Done::Sweep(r)) => {
+                let _ = reply.send(r.map(Some));
             }
             _ => {} // skipped: nobody waits
         }
@@ -419,6 +444,7 @@ fn first_error(done: &[Done]) -> String {
             Done::Claim(Err(e)) => Some(e.to_string()),
             Done::Settle(Err(e)) => Some(e.to_string()),
             Done::Probe(Err(e)) => Some(e.to_string()),
+            Done::Sweep(Err(e)) => Some(e.to_string()),
             _ => None,
         })
         .unwrap_or_default()
@@ -447,8 +473,22 @@ fn fail_all(batch: &mut Vec<Op>, why: StoreError) -> StoreError {
             Op::Close(done) => {
                 let _ = done.send(());
             }
-            Op::Alone(job) => job(Err(e())),
+            Op::Sweep(_, reply) => {
+                let _ = reply.send(Err(e()));
+            }
         }
     }
     e()
+}
+
+/// Answers and takes out of the batch its sweep slices, which do not run.
+fn answer_sweeps(batch: &mut Vec<Op>, answer: impl Fn() -> Result<Option<u64>, StoreError>) {
+    for op in std::mem::take(batch) {
+        match op {
+            Op::Sweep(_, reply) => {
+                let _ = reply.send(answer());
+            }
+            other => batch.push(other),
+        }
+    }
 }
