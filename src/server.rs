@@ -210,6 +210,7 @@ fn add_services(
         interval: config.sweeper.interval,
         batch_size: config.sweeper.batch_size as i64,
         routes: config.routes.iter().map(|r| r.name.clone()).collect(),
+        last_swept: Default::default(),
     };
     server.add_service(background_service("sweeper", sweeper));
     server.add_service(background_service("idle upstream connections", prune_idle));

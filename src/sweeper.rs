@@ -1,6 +1,7 @@
 //! The background housekeeping of `serve`: deletes expired records in bounded
 //! batches and keeps `idemgate_processing_oldest_age_seconds` current.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,24 +20,61 @@ pub struct Sweeper {
     pub batch_size: i64,
     /// Every route, so a route whose last processing record settled drops to 0.
     pub routes: Vec<String>,
+    /// What the last sweep deleted: what the next one expects (see [`Pacing`]).
+    pub last_swept: AtomicU64,
 }
 
-/// Deletes every expired record, one bounded batch at a time. For the first
-/// `pacing` of the sweep it pauses after each batch as long as the batch
-/// took (at least [`MIN_PAUSE`]), so the sweep takes at most half the
-/// store's time and the claims meanwhile keep the other half (on SQLite a
-/// batch runs on the one writer; in issue 24's steady state, sweeps without
-/// a pause cut the claim rate they ran beside by 12 %). Past `pacing` it
-/// runs the batches back to back: a backlog the paced half could not clear
-/// is cleared before the next sweep is due (the serve loop passes half its
-/// interval; with pauses throughout, PostgreSQL's sweeper fell behind at
-/// 8,500 claims/s). Returns how many.
+/// How a sweep spaces its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pacing {
+    /// For this long from the sweep's start a batch is followed by a pause
+    /// as long as it took (at least [`MIN_PAUSE`]); after it, only by the
+    /// schedule below.
+    pub half: Duration,
+    /// The sweep's schedule: `expected` records spread evenly over `spread`
+    /// from its start. A batch ahead of it waits for it; one behind it (more
+    /// expired than expected) goes on by the rule above.
+    pub spread: Duration,
+    pub expected: u64,
+}
+
+impl Pacing {
+    /// The CLI's `sweep`: paced throughout, with no schedule.
+    pub const THROUGHOUT: Pacing = Pacing {
+        half: Duration::MAX,
+        spread: Duration::ZERO,
+        expected: 0,
+    };
+
+    /// The serve loop's sweep every `interval`, expecting as many expired
+    /// records as the last one deleted (the claim rate changes slowly next
+    /// to an interval): spread over four fifths of the interval, paced by
+    /// batch time for its first half, then back to back when behind.
+    pub fn every(interval: Duration, expected: u64) -> Pacing {
+        Pacing {
+            half: interval / 2,
+            spread: interval * 4 / 5,
+            expected,
+        }
+    }
+}
+
+/// Deletes every expired record, one bounded batch at a time, spaced as
+/// `pacing` says. The pause as long as a batch took keeps the sweep to at
+/// most half the store's time (on SQLite a batch runs on the one writer; in
+/// issue 24's steady state, sweeps without a pause cut the claim rate they
+/// ran beside by 12 %). The schedule spreads the sweep over most of the
+/// interval rather than a burst at its start: at 5,000 claims/s a sweep's
+/// burst tripled the claims' p99 in the seconds it ran. Past the paced half
+/// the batches behind schedule run back to back, so a backlog is cleared
+/// before the next sweep is due (with pauses throughout, PostgreSQL's
+/// sweeper fell behind at 8,500 claims/s). Returns how many.
 pub async fn sweep_all(
     store: &dyn ClaimStore,
     metrics: Option<&Metrics>,
     now: Millis,
     batch_size: i64,
-    pacing: Duration,
+    pacing: Pacing,
 ) -> Result<u64, StoreError> {
     let started = Instant::now();
     let mut total = 0;
@@ -51,7 +89,7 @@ pub async fn sweep_all(
         if (n as i64) < batch_size {
             return Ok(total);
         }
-        match pause_after(t.elapsed(), started.elapsed(), pacing) {
+        match pause_after(t.elapsed(), started.elapsed(), total, &pacing) {
             Some(pause) => tokio::time::sleep(pause).await,
             None => tokio::task::yield_now().await,
         }
@@ -61,10 +99,22 @@ pub async fn sweep_all(
 /// The shortest pause between two paced batches of a sweep.
 const MIN_PAUSE: Duration = Duration::from_millis(10);
 
-/// The pause after a batch that took `batch`, `swept_for` into a sweep
-/// paced for its first `pacing`; none once past it.
-fn pause_after(batch: Duration, swept_for: Duration, pacing: Duration) -> Option<Duration> {
-    (swept_for < pacing).then(|| batch.max(MIN_PAUSE))
+/// The pause after a batch that took `batch`, `swept_for` into a sweep that
+/// has deleted `swept` records; `None`: go on at once.
+fn pause_after(
+    batch: Duration,
+    swept_for: Duration,
+    swept: u64,
+    pacing: &Pacing,
+) -> Option<Duration> {
+    let paced = (swept_for < pacing.half).then(|| batch.max(MIN_PAUSE));
+    let scheduled = (swept < pacing.expected)
+        .then(|| {
+            let due = pacing.spread.mul_f64(swept as f64 / pacing.expected as f64);
+            due.checked_sub(swept_for).map(|ahead| ahead.max(MIN_PAUSE))
+        })
+        .flatten();
+    paced.max(scheduled)
 }
 
 /// How often the oldest-processing gauge is refreshed.
@@ -77,9 +127,12 @@ impl Sweeper {
             Some(&self.metrics),
             now_ms(),
             self.batch_size,
-            self.interval / 2,
+            Pacing::every(self.interval, self.last_swept.load(Ordering::Relaxed)),
         )
         .await;
+        if let Ok(n) = deleted {
+            self.last_swept.store(n, Ordering::Relaxed);
+        }
         match deleted {
             Ok(0) => {}
             Ok(n) => tracing::info!(deleted = n, "sweeper deleted expired records"),
@@ -134,19 +187,60 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// Pacing by batch time alone (the first sweep: nothing expected).
+    fn unscheduled(half: Duration) -> Pacing {
+        Pacing {
+            half,
+            spread: Duration::ZERO,
+            expected: 0,
+        }
+    }
+
     #[test]
     fn paced_batches_pause_as_long_as_they_took_then_run_back_to_back() {
-        let pacing = 15_000 * MS;
-        assert_eq!(pause_after(40 * MS, Duration::ZERO, pacing), Some(40 * MS));
-        assert_eq!(pause_after(MS, 100 * MS, pacing), Some(MIN_PAUSE));
-        assert_eq!(pause_after(40 * MS, 14_999 * MS, pacing), Some(40 * MS));
-        assert_eq!(pause_after(40 * MS, 15_000 * MS, pacing), None);
-        assert_eq!(pause_after(40 * MS, 60_000 * MS, pacing), None);
+        let p = unscheduled(15_000 * MS);
+        assert_eq!(pause_after(40 * MS, Duration::ZERO, 0, &p), Some(40 * MS));
+        assert_eq!(pause_after(MS, 100 * MS, 0, &p), Some(MIN_PAUSE));
+        assert_eq!(pause_after(40 * MS, 14_999 * MS, 9, &p), Some(40 * MS));
+        assert_eq!(pause_after(40 * MS, 15_000 * MS, 9, &p), None);
+        assert_eq!(pause_after(40 * MS, 60_000 * MS, 9, &p), None);
         // the CLI's sweep is paced throughout
+        let cli = Pacing::THROUGHOUT;
         assert_eq!(
-            pause_after(40 * MS, 3_600_000 * MS, Duration::MAX),
+            pause_after(40 * MS, 3_600_000 * MS, 1 << 40, &cli),
             Some(40 * MS)
         );
-        assert_eq!(pause_after(40 * MS, Duration::ZERO, Duration::ZERO), None);
+        assert_eq!(
+            pause_after(40 * MS, Duration::ZERO, 0, &unscheduled(Duration::ZERO)),
+            None
+        );
+    }
+
+    #[test]
+    fn an_expected_sweep_is_spread_over_four_fifths_of_the_interval() {
+        // 30 s interval, 150,000 expected: 1,000 records due every 160 ms
+        let p = Pacing::every(30_000 * MS, 150_000);
+        assert_eq!((p.half, p.spread), (15_000 * MS, 24_000 * MS));
+        // ahead of schedule: wait for it, longer than the batch took
+        assert_eq!(pause_after(40 * MS, 40 * MS, 1_000, &p), Some(120 * MS));
+        assert_eq!(
+            pause_after(40 * MS, 12_000 * MS, 100_000, &p),
+            Some(4_000 * MS)
+        );
+        // past the paced half and ahead: still the schedule
+        assert_eq!(
+            pause_after(40 * MS, 16_000 * MS, 110_000, &p),
+            Some(1_600 * MS)
+        );
+        // behind it in the paced half: the batch's own time
+        assert_eq!(pause_after(40 * MS, 9_000 * MS, 50_000, &p), Some(40 * MS));
+        // behind it after the half, or past what was expected: back to back
+        assert_eq!(pause_after(40 * MS, 20_000 * MS, 100_000, &p), None);
+        assert_eq!(pause_after(40 * MS, 25_000 * MS, 200_000, &p), None);
+        // exactly on schedule still yields a short pause
+        assert_eq!(
+            pause_after(40 * MS, 16_000 * MS, 100_000, &p),
+            Some(MIN_PAUSE)
+        );
     }
 }

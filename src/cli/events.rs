@@ -2,7 +2,6 @@
 //! the store.
 
 use serde_json::Value;
-use std::time::Duration;
 
 use super::{
     block_on, exit, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ShowArgs, StoreArg, SweepArgs,
@@ -44,7 +43,7 @@ pub fn sweep(args: SweepArgs) -> i32 {
     let res = block_on(async {
         let s = open(&args.store.store).await?;
         // paced throughout: a proxy serving from the same store keeps its share
-        let pacing = Duration::MAX;
+        let pacing = crate::sweeper::Pacing::THROUGHOUT;
         let n =
             crate::sweeper::sweep_all(s.as_ref(), None, now_ms(), args.batch_size, pacing).await?;
         s.close().await;
