@@ -167,6 +167,10 @@ pub(crate) fn list_statement<'a>(filter: &'a super::ListFilter) -> (String, Vec<
 /// that another session changed (a reclaim refreshing `expires_at` and the
 /// lease) while the sweep waited for its lock; the subquery's verdict is from
 /// before, and alone it would delete a claim that just went live.
+/// The oldest first: without the order PostgreSQL took its batches in the
+/// table's physical order (a sequential scan, with the space vacuum freed
+/// reused anywhere), and a sweep spread over its interval left the oldest
+/// expired records to its end (a lag of 54 s with a 30 s interval).
 /// $1 now, $2 batch size
 pub const SWEEP: &str = "\
 DELETE FROM records
@@ -174,6 +178,7 @@ WHERE (route, event_id) IN (
         SELECT route, event_id FROM records
         WHERE expires_at <= $1
           AND NOT (state = 'processing' AND lease_until IS NOT NULL AND lease_until > $1)
+        ORDER BY expires_at
         LIMIT $2)
   AND expires_at <= $1
   AND NOT (state = 'processing' AND lease_until IS NOT NULL AND lease_until > $1)";
