@@ -23,7 +23,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
-use super::changes::ChangeCounter;
+use super::changes::{ChangeCounter, ChangeUnderWay};
 use super::direct::{self, Role};
 use crate::claim::{Millis, SettleResult};
 use crate::store::owned::{OwnedClaim, OwnedSettle};
@@ -342,27 +342,11 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
         Op::Claim(_, t, _) | Op::Settle(_, t, _) => !t.withdrawn(),
         Op::Probe(_) | Op::Close(_) | Op::Sweep(..) => true,
     });
-    // Counted from before the transaction begins to after it commits, so
-    // that no cache fills from a read that could miss the deletions.
     let counter = batch.iter().find_map(|op| match op {
         Op::Sweep(slice, _) => Some(slice.changes.clone()),
         _ => None,
     });
-    let under_way = match counter.as_deref().map(ChangeCounter::try_begin) {
-        None => None,
-        Some(Ok(Some(change))) => Some(change),
-        // another change holds the counter: its slices do not run
-        Some(Ok(None)) => {
-            answer_sweeps(batch, || Ok(None));
-            None
-        }
-        Some(Err(e)) => {
-            let counter = counter.as_deref().expect("matched Some above");
-            let why = Arc::new(direct::lock_failed(counter, e));
-            answer_sweeps(batch, || Err(StoreError::Batch(why.clone())));
-            None
-        }
-    };
+    let under_way = counter.as_deref().and_then(|c| begin_sweeps(c, batch));
     if batch.is_empty() {
         return Ok(false);
     }
@@ -411,6 +395,32 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
     }
     // committed: the change has ended before anyone hears of it
     drop(under_way);
+    answer_all(batch, done);
+    Ok(ran)
+}
+
+/// The batch's sweep slices change records that caches may hold: counted
+/// from before the transaction begins to after it commits, so that no cache
+/// fills from a read that could miss the deletions. `None` when another
+/// change holds the counter (the writer does not wait for it): the slices
+/// are then answered and taken out of the batch.
+fn begin_sweeps<'c>(counter: &'c ChangeCounter, batch: &mut Vec<Op>) -> Option<ChangeUnderWay<'c>> {
+    match counter.try_begin() {
+        Ok(Some(change)) => Some(change),
+        Ok(None) => {
+            answer_sweeps(batch, || Ok(None));
+            None
+        }
+        Err(e) => {
+            let why = Arc::new(direct::lock_failed(counter, e));
+            answer_sweeps(batch, || Err(StoreError::Batch(why.clone())));
+            None
+        }
+    }
+}
+
+/// Answers each operation of a committed batch with what it did.
+fn answer_all(batch: &mut Vec<Op>, done: Vec<Done>) {
     for (op, result) in batch.drain(..).zip(done) {
         match (op, result) {
             (Op::Claim(_, _, reply), Done::Claim(r)) => {
@@ -428,7 +438,6 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
             _ => {} // skipped: nobody waits
         }
     }
-    Ok(ran)
 }
 
 /// Writes the header page with what it holds: the write a probe commits.
