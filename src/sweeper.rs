@@ -30,7 +30,7 @@ pub struct Pacing {
     /// For this long from the sweep's start a batch is followed by a pause
     /// as long as it took (at least [`MIN_PAUSE`]); after it, only by the
     /// schedule below.
-    pub half: Duration,
+    pub paced_for: Duration,
     /// The sweep's schedule: `expected` records spread evenly over `spread`
     /// from its start. A batch ahead of it waits for it; one behind it (more
     /// expired than expected) goes on by the rule above.
@@ -41,7 +41,7 @@ pub struct Pacing {
 impl Pacing {
     /// The CLI's `sweep`: paced throughout, with no schedule.
     pub const THROUGHOUT: Pacing = Pacing {
-        half: Duration::MAX,
+        paced_for: Duration::MAX,
         spread: Duration::ZERO,
         expected: 0,
     };
@@ -52,7 +52,7 @@ impl Pacing {
     /// batch time for its first half, then back to back when behind.
     pub fn every(interval: Duration, expected: u64) -> Pacing {
         Pacing {
-            half: interval / 2,
+            paced_for: interval / 2,
             spread: interval * 4 / 5,
             expected,
         }
@@ -107,13 +107,14 @@ fn pause_after(
     swept: u64,
     pacing: &Pacing,
 ) -> Option<Duration> {
-    let paced = (swept_for < pacing.half).then(|| batch.max(MIN_PAUSE));
+    let paced = (swept_for < pacing.paced_for).then(|| batch.max(MIN_PAUSE));
     let scheduled = (swept < pacing.expected)
         .then(|| {
             let due = pacing.spread.mul_f64(swept as f64 / pacing.expected as f64);
             due.checked_sub(swept_for).map(|ahead| ahead.max(MIN_PAUSE))
         })
         .flatten();
+    // the longer of the two (`None`, no pause, is the shortest)
     paced.max(scheduled)
 }
 
@@ -188,9 +189,9 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     /// Pacing by batch time alone (the first sweep: nothing expected).
-    fn unscheduled(half: Duration) -> Pacing {
+    fn unscheduled(paced_for: Duration) -> Pacing {
         Pacing {
-            half,
+            paced_for,
             spread: Duration::ZERO,
             expected: 0,
         }
@@ -220,7 +221,7 @@ mod tests {
     fn an_expected_sweep_is_spread_over_four_fifths_of_the_interval() {
         // 30 s interval, 150,000 expected: 1,000 records due every 160 ms
         let p = Pacing::every(30_000 * MS, 150_000);
-        assert_eq!((p.half, p.spread), (15_000 * MS, 24_000 * MS));
+        assert_eq!((p.paced_for, p.spread), (15_000 * MS, 24_000 * MS));
         // ahead of schedule: wait for it, longer than the batch took
         assert_eq!(pause_after(40 * MS, 40 * MS, 1_000, &p), Some(120 * MS));
         assert_eq!(

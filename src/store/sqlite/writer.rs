@@ -334,6 +334,19 @@ enum Done {
     Skipped,
 }
 
+impl Done {
+    /// The statement's error, if it failed.
+    fn error(&self) -> Option<&StoreError> {
+        match self {
+            Done::Claim(Err(e))
+            | Done::Settle(Err(e))
+            | Done::Probe(Err(e))
+            | Done::Sweep(Err(e)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Runs and commits the batch; `Ok(false)` when no claim or settle of it
 /// ran (all withdrawn, or only probes).
 fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreError> {
@@ -342,6 +355,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
         Op::Claim(_, t, _) | Op::Settle(_, t, _) => !t.withdrawn(),
         Op::Probe(_) | Op::Close(_) | Op::Sweep(..) => true,
     });
+    // every slice carries the store's one counter: the first one's serves
     let counter = batch.iter().find_map(|op| match op {
         Op::Sweep(slice, _) => Some(slice.changes.clone()),
         _ => None,
@@ -372,10 +386,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Op>) -> Result<bool, StoreErr
             Op::Sweep(slice, _) => Done::Sweep(direct::sweep(conn, slice.now, slice.limit)),
             Op::Close(_) => unreachable!("close requests are split off the batch"),
         };
-        let failed = matches!(
-            &result,
-            Done::Claim(Err(_)) | Done::Settle(Err(_)) | Done::Probe(Err(_)) | Done::Sweep(Err(_))
-        );
+        let failed = result.error().is_some();
         done.push(result);
         // Some errors (disk full, I/O) roll the whole transaction back.
         // Then nothing of the batch is on disk, whatever the statements
@@ -449,13 +460,8 @@ fn rewrite_user_version(conn: &Connection) -> Result<(), StoreError> {
 
 fn first_error(done: &[Done]) -> String {
     done.iter()
-        .find_map(|d| match d {
-            Done::Claim(Err(e)) => Some(e.to_string()),
-            Done::Settle(Err(e)) => Some(e.to_string()),
-            Done::Probe(Err(e)) => Some(e.to_string()),
-            Done::Sweep(Err(e)) => Some(e.to_string()),
-            _ => None,
-        })
+        .find_map(Done::error)
+        .map(ToString::to_string)
         .unwrap_or_default()
 }
 
