@@ -1602,6 +1602,47 @@ mod sqlite_writer {
         b.store.close().await;
     }
 
+    /// The key filter lets a lookup skip the read for a key it has not
+    /// seen. A record another process claimed after this one's scan is such
+    /// a key: its duplicates must still be answered as duplicates (by the
+    /// claim), and what this process claimed itself is found by a lookup.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn keys_the_filter_never_saw_are_still_duplicates() {
+        let a = sqlite_backend().await;
+        let mine = own(&*a.store, "mine", T0).await;
+        settle(&*a.store, "mine", mine, T0, delivered(200)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await; // a's scan is done
+        let b = store::open(&a.url, 4)
+            .await
+            .expect("a second store on the file");
+        b.migrate().await.expect("migrate");
+        let theirs = own(&*b, "theirs", T0).await;
+        settle(&*b, "theirs", theirs, T0, delivered(201)).await;
+        let now = T0 + 10;
+        let replay = |status| ClaimOutcome::Existing {
+            decision: Refusal::Replay,
+            recorded: Recorded {
+                status: Some(status),
+                content_type: None,
+                body: None,
+            },
+        };
+        let peeked = a.store.peek(R, "theirs", D1, now).await.unwrap();
+        assert!(peeked.is_none() || peeked == Some(replay(201)));
+        assert_eq!(claim(&*a.store, "theirs", D1, now).await, replay(201));
+        assert_eq!(
+            decision_of(&claim(&*a.store, "theirs", D2, now).await),
+            Decision::Refuse(Refusal::Mismatch)
+        );
+        assert_eq!(
+            a.store.peek(R, "mine", D1, now).await.unwrap(),
+            Some(replay(200))
+        );
+        assert_eq!(b.peek(R, "mine", D1, now).await.unwrap(), Some(replay(200)));
+        b.close().await;
+        a.store.close().await;
+    }
+
     /// A release in another process holds the counter's lock: the writer
     /// does not wait for it (claims go on committing), and the sweep waits
     /// on a connection of its own, then deletes what expired.
