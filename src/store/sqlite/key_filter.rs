@@ -289,4 +289,49 @@ mod tests {
         huge.added.store(100_000_001, Ordering::Relaxed);
         assert!(huge.full());
     }
+
+    /// The scan, on a real file: every key of every chunk (two full ones
+    /// and a part) goes in, keys on both sides of a chunk's edge included.
+    #[test]
+    fn the_scan_takes_every_key_of_the_file() {
+        let dir = std::env::temp_dir().join(format!("idemgate-key-filter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keys.db");
+        let _ = std::fs::remove_file(&path);
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE records (route TEXT NOT NULL, event_id TEXT NOT NULL);
+             CREATE UNIQUE INDEX records_key ON records (route, event_id);",
+        )
+        .unwrap();
+        let keys: Vec<(String, String)> = (0..2 * SCAN_CHUNK + 137)
+            .map(|i| (format!("r{}", i % 3), format!("evt_{i:08x}")))
+            .collect();
+        let tx = conn.unchecked_transaction().unwrap();
+        for (route, id) in &keys {
+            tx.execute("INSERT INTO records VALUES (?1, ?2)", (route, id))
+                .unwrap();
+        }
+        tx.commit().unwrap();
+        let filter = KeyFilter::new(path.clone());
+        assert!(
+            filter.may_hold("r0", "never"),
+            "before a scan every key may be held"
+        );
+        let rows = rows_at_most(&conn).unwrap();
+        assert_eq!(rows, keys.len() as u64);
+        let scanned = filter.scan(Arc::new(Bloom::sized_for(rows))).unwrap();
+        assert_eq!(scanned, keys.len() as u64);
+        assert!(keys.iter().all(|(r, id)| filter.may_hold(r, id)));
+        let absent = (0..1_000)
+            .filter(|i| !filter.may_hold("r0", &format!("new_{i}")))
+            .count();
+        assert!(
+            absent > 950,
+            "only {absent} of 1,000 new keys were surely new"
+        );
+        drop(conn);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
