@@ -173,8 +173,6 @@ pub(super) fn rows_at_most(conn: &Connection) -> Result<u64, StoreError> {
 struct Bloom {
     words: Box<[AtomicU64]>,
     bits: u64,
-    /// Keys it is sized for.
-    capacity: u64,
     /// Keys its scan found.
     scanned: AtomicU64,
     /// Keys new to it inserted since its scan finished.
@@ -190,7 +188,6 @@ impl Bloom {
         Bloom {
             words,
             bits,
-            capacity: bits / BITS_PER_KEY,
             scanned: AtomicU64::new(0),
             added: AtomicU64::new(0),
         }
@@ -200,7 +197,7 @@ impl Bloom {
     /// for, or, once past the cap (no room), as many as the store held.
     fn full(&self) -> bool {
         let scanned = self.scanned.load(Ordering::Relaxed);
-        let room = self.capacity.saturating_sub(scanned);
+        let room = (self.bits / BITS_PER_KEY).saturating_sub(scanned);
         let limit = if room > 0 {
             room
         } else {

@@ -5,9 +5,9 @@
 //! Claims and settles go to one writer thread with its own connection
 //! (group commit, see `writer`), and duplicate lookups are one indexed read
 //! inline on the request's thread, or none when the delivered record is in
-//! hand (see `delivered`) or the key is surely new (see `key_filter`). Operator releases and sweeps run on a connection
-//! of their own, counted in the file every process's cache watches (see
-//! `changes`). Migrations (`migrate`, recorded as sqlx recorded them) and
+//! hand (see `delivered`) or the key is surely new (see `key_filter`).
+//! Operator releases and sweeps run on a connection of their own, counted
+//! in the file every process's cache watches (see `changes`). Migrations (`migrate`, recorded as sqlx recorded them) and
 //! the cold reads (`reads`: `events`, the admin API, `/readyz`, held
 //! duplicates) run on blocking threads, the reads on the lookups' idle
 //! connections. Other processes sharing the file are serialised by SQLite's
