@@ -5,9 +5,9 @@
 //! Claims and settles go to one writer thread with its own connection
 //! (group commit, see `writer`), and duplicate lookups are one indexed read
 //! inline on the request's thread, or none when the delivered record is in
-//! hand (see `delivered`) or the key is surely new (see `key_filter`).
-//! Operator releases and sweeps run on a connection of their own, counted
-//! in the file every process's cache watches (see `changes`). Migrations (`migrate`, recorded as sqlx recorded them) and
+//! hand (see `delivered`). Operator releases and sweeps run on a connection
+//! of their own, counted in the file every process's cache watches (see
+//! `changes`). Migrations (`migrate`, recorded as sqlx recorded them) and
 //! the cold reads (`reads`: `events`, the admin API, `/readyz`, held
 //! duplicates) run on blocking threads, the reads on the lookups' idle
 //! connections. Other processes sharing the file are serialised by SQLite's
@@ -28,7 +28,6 @@ use crate::claim::{Millis, SettleResult};
 mod changes;
 mod delivered;
 mod direct;
-mod key_filter;
 mod migrate;
 mod reads;
 mod writer;
@@ -42,8 +41,6 @@ pub struct SqliteStore {
     /// Duplicate lookups inline, and the cold reads on blocking threads.
     readers: Arc<direct::Readers>,
     path: PathBuf,
-    /// The keys the file may hold: a lookup of any other is not worth a read.
-    keys: Arc<key_filter::KeyFilter>,
     /// The cache of delivered records, with the change counter it shares
     /// with every process on the file; `Err` says why there is neither (the
     /// cache is then off, and releases and sweeps refuse to run: a change
@@ -90,7 +87,6 @@ impl SqliteStore {
         Ok(SqliteStore {
             writer: writer::Writer::start(path.clone())?,
             readers: Arc::new(direct::Readers::new(path.clone())),
-            keys: key_filter::KeyFilter::new(path.clone()),
             path,
             delivered,
         })
@@ -101,15 +97,11 @@ impl SqliteStore {
 
     async fn run_migrations(&self) -> Result<(), StoreError> {
         let path = self.path.clone();
-        let rows = blocking(move || {
+        blocking(move || {
             let mut conn = direct::create(&path)?;
-            migrate::run(&mut conn).map_err(|e| StoreError::Migration(Box::new(e)))?;
-            Ok(key_filter::rows_at_most(&conn).unwrap_or(0))
+            migrate::run(&mut conn).map_err(|e| StoreError::Migration(Box::new(e)))
         })
-        .await?;
-        // the schema is there now: the key filter's first scan
-        self.keys.rescan(rows);
-        Ok(())
+        .await
     }
 
     /// A read on an idle lookup connection, on a blocking thread.
@@ -157,7 +149,6 @@ impl SqliteStore {
         req: &ClaimRequest<'_>,
         limit: Duration,
     ) -> Result<ClaimOutcome, StoreError> {
-        self.keys.add(req.route, req.event_id);
         self.writer.claim(req, limit).await
     }
 
@@ -187,9 +178,6 @@ impl SqliteStore {
         let cache = self.delivered.as_ref().ok();
         if let Some(hit) = cache.and_then(|c| c.answer(route, event_id, digest, now)) {
             return Ok(Some(hit));
-        }
-        if !self.keys.may_hold(route, event_id) {
-            return Ok(None); // surely new: the claim decides (see `key_filter`)
         }
         // the tag is taken before the read: see `changes`
         let tag = cache.and_then(|c| c.fill_tag());
