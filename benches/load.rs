@@ -545,6 +545,36 @@ fn children_cpu_us() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// What a process read and wrote (`/proc/PID/io`): `rchar` counts the
+/// bytes of its `read`/`pread` calls (a store's page-cache misses; sockets
+/// are read with `recv`, which it does not count), `write_bytes` what it
+/// sent toward the disk. Counted, not timed: an A/B of a store's layout
+/// shows in them where its throughput is lost in this VM's variance.
+#[derive(Clone, Copy, Debug)]
+struct ProcIo {
+    read_bytes: u64,
+    written_bytes: u64,
+}
+
+/// [`ProcIo`] over a run, per request.
+#[derive(Clone, Copy, Debug)]
+struct IoPerRequest {
+    read_kib: f64,
+    written_kib: f64,
+}
+
+fn proc_io(pid: u32) -> Option<ProcIo> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let field = |key: &str| -> Option<u64> {
+        s.lines()
+            .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+    };
+    Some(ProcIo {
+        read_bytes: field("rchar:")?,
+        written_bytes: field("write_bytes:")?,
+    })
+}
+
 /// `VmRSS` and `VmHWM` (peak) in MiB.
 fn rss_mib(pid: u32) -> Option<(f64, f64)> {
     let mib = |key: &str| testkit::memory_kib(pid, key).map(|kib| kib as f64 / 1024.0);
@@ -1020,6 +1050,8 @@ struct Run {
     cpu_upstream: f64,
     cpu_wrk: f64,
     cpu_pg: f64,
+    /// What the process under test read and wrote per request.
+    io_server: Option<IoPerRequest>,
     /// Share of the machine's capacity busy with work the harness did not start.
     foreign_pct: f64,
     mix: String,
@@ -1028,6 +1060,7 @@ struct Run {
 
 struct Snapshot {
     server: u64,
+    server_io: Option<ProcIo>,
     upstream: u64,
     pg: u64,
     busy: u64,
@@ -1038,6 +1071,7 @@ struct Snapshot {
 
 fn snapshot(w: &World, sc: &Scenario) -> Snapshot {
     let server = w.server_pid(sc.target).map_or(0, tree_ticks);
+    let server_io = w.server_pid(sc.target).and_then(proc_io);
     let upstream = tree_ticks(w.upstream.pid);
     let mut ours = upstream;
     for g in w.idemgates() {
@@ -1049,6 +1083,7 @@ fn snapshot(w: &World, sc: &Scenario) -> Snapshot {
     let pg = postgres_ticks();
     Snapshot {
         server,
+        server_io,
         upstream,
         pg,
         busy: machine_busy_ticks(),
@@ -1260,6 +1295,13 @@ fn measure(
         cpu_upstream: us(after.upstream - before.upstream),
         cpu_wrk: wrk_us / n,
         cpu_pg: us(after.pg.saturating_sub(before.pg)),
+        io_server: before.server_io.zip(after.server_io).map(|(b, a)| {
+            let kib = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1024.0 / n;
+            IoPerRequest {
+                read_kib: kib(b.read_bytes, a.read_bytes),
+                written_kib: kib(b.written_bytes, a.written_bytes),
+            }
+        }),
         foreign_pct,
         mix,
         problems,

@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::{
-    env_list, env_or, measure, median, opt, pg_exec, pg_run_schema, scenario, start_idemgate,
-    target_dir, Extra, Idemgate, Report, Run, World,
+    env_list, env_or, measure, median, opt, pg_exec, pg_run_schema, rss_mib, scenario,
+    start_idemgate, target_dir, Extra, Idemgate, Report, Run, World,
 };
 
 mod preload;
@@ -315,7 +315,7 @@ fn empty_peer<'a>(runs: &'a [SizedRun], r: &SizedRun) -> Option<&'a SizedRun> {
 
 fn sized_header() -> String {
     format!(
-        "{:<3} {:>9} {:>5} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>7} {:>7}  {}",
+        "{:<3} {:>9} {:>5} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>7} {:>6} {:>6} {:>7}  {}",
         "scn",
         "preload",
         "conns",
@@ -327,6 +327,8 @@ fn sized_header() -> String {
         "p99 x(e)",
         "records",
         "srv µs",
+        "rd KiB",
+        "wr KiB",
         "foreign",
         "store size / outcomes / problems"
     )
@@ -339,7 +341,7 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
         write!(notes, "  !! {p}").unwrap();
     }
     format!(
-        "({}) {:>9} {:>5} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8} {:>8} {:>10} {:>7} {:>6.0}%  {}",
+        "({}) {:>9} {:>5} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8} {:>8} {:>10} {:>7} {:>6} {:>6} {:>6.0}%  {}",
         r.run.key,
         r.size,
         r.run.conns,
@@ -354,6 +356,8 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
         ),
         r.records,
         opt(r.run.cpu_server, 1),
+        opt(r.run.io_server.map(|io| io.read_kib), 1),
+        opt(r.run.io_server.map(|io| io.written_kib), 1),
         r.run.foreign_pct,
         notes
     )
@@ -457,7 +461,8 @@ pub(super) fn store_sizes(
     }
     rep.line("");
     rep.line("all store-size runs (x(empty), p99 x(e): req/s and p99 over the empty store's of the same round, connections and store;");
-    rep.line("srv µs: idemgate's CPU per request; foreign: share of the machine busy with processes the harness did not start):");
+    rep.line("srv µs: idemgate's CPU per request; rd KiB, wr KiB: what idemgate read (page-cache misses) and wrote per request,");
+    rep.line("counted, the figures to compare between builds; foreign: share of the machine busy with processes the harness did not start):");
     rep.line(sized_header());
     for r in &runs {
         rep.line(sized_line(&runs, r));
@@ -468,7 +473,7 @@ pub(super) fn store_sizes(
         s.repeats, s.duration
     ));
     rep.line(format!(
-        "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>12}",
+        "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>8} {:>12}",
         "store",
         "preload",
         "conns",
@@ -477,6 +482,9 @@ pub(super) fn store_sizes(
         "p99 ms",
         "x(empty)",
         "p99 x(e)",
+        "rd KiB",
+        "wr KiB",
+        "peak MiB",
         "size at end"
     ));
     for &store in &sc.preload_stores {
@@ -503,8 +511,14 @@ pub(super) fn store_sizes(
                     (Store::Postgres, n) if n >= 5_000_000 => verdict(ratio, 0.95, None),
                     _ => String::new(),
                 };
+                let peak = stores
+                    .iter()
+                    .find(|(st, _)| st.store == store && st.size == size)
+                    .and_then(|(st, world)| world.server_pid(scenario(st.store.key()).target))
+                    .and_then(rss_mib)
+                    .map(|(_, hwm)| hwm);
                 rep.line(format!(
-                    "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>12}{goal}",
+                    "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>8} {:>12}{goal}",
                     store.name(),
                     size,
                     conns,
@@ -513,6 +527,9 @@ pub(super) fn store_sizes(
                     opt(m(&|r| Some(r.run.wrk.p99_us / 1000.0)), 2),
                     opt(ratio, 2),
                     opt(p99r, 2),
+                    opt(m(&|r| r.run.io_server.map(|io| io.read_kib)), 1),
+                    opt(m(&|r| r.run.io_server.map(|io| io.written_kib)), 1),
+                    opt(peak, 1),
                     rs.last().map_or("-".into(), |r| gib(r.bytes)),
                 ));
             }
