@@ -564,14 +564,9 @@ struct IoPerRequest {
 }
 
 fn proc_io(pid: u32) -> Option<ProcIo> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
-    let field = |key: &str| -> Option<u64> {
-        s.lines()
-            .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
-    };
     Some(ProcIo {
-        read_bytes: field("rchar:")?,
-        written_bytes: field("write_bytes:")?,
+        read_bytes: testkit::proc_number(pid, "io", "rchar:")?,
+        written_bytes: testkit::proc_number(pid, "io", "write_bytes:")?,
     })
 }
 
@@ -1070,8 +1065,9 @@ struct Snapshot {
 }
 
 fn snapshot(w: &World, sc: &Scenario) -> Snapshot {
-    let server = w.server_pid(sc.target).map_or(0, tree_ticks);
-    let server_io = w.server_pid(sc.target).and_then(proc_io);
+    let server_pid = w.server_pid(sc.target);
+    let server = server_pid.map_or(0, tree_ticks);
+    let server_io = server_pid.and_then(proc_io);
     let upstream = tree_ticks(w.upstream.pid);
     let mut ours = upstream;
     for g in w.idemgates() {

@@ -153,7 +153,7 @@ fn sqlite(s: &crate::Settings, n: u64, rep: &mut Report) -> Result<Sized, String
                 db.display(),
                 t.elapsed().as_secs_f64()
             ));
-            rep.line(JUST_BUILT.to_string());
+            rep.line(JUST_BUILT);
             loaded_at
         }
     };

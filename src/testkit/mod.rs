@@ -33,6 +33,6 @@ pub use consumer::{Consumer, Reply};
 #[cfg(feature = "testkit")]
 pub use http::{Request, Response};
 #[cfg(feature = "testkit")]
-pub use serve::{memory_kib, Ports, Serve};
+pub use serve::{memory_kib, proc_number, Ports, Serve};
 #[cfg(feature = "testkit")]
 pub use server::{response, Behavior, Server};

@@ -111,7 +111,13 @@ impl Drop for Serve {
 /// A process's memory figure from `/proc/PID/status` in KiB: `key` is
 /// `VmRSS:` (resident now) or `VmHWM:` (the peak).
 pub fn memory_kib(pid: u32, key: &str) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    proc_number(pid, "status", key)
+}
+
+/// The number that follows `key` on its line of `/proc/PID/<file>`
+/// (`status`, `io`, …).
+pub fn proc_number(pid: u32, file: &str, key: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
         .ok()?
         .lines()
         .find_map(|l| l.strip_prefix(key))?
