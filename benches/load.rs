@@ -795,6 +795,20 @@ fn pg_exec(base: &str, sql: &str) -> Result<Vec<String>, String> {
     })
 }
 
+/// The server's WAL insert position in bytes: exact at once, where
+/// `pg_stat_wal` lags by up to a backend's stats interval. Cluster-wide, so
+/// other sessions' writes count too (the `foreign` column says if there were).
+fn pg_wal_position(base: &str) -> Option<u64> {
+    pg_exec(
+        base,
+        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint::text",
+    )
+    .ok()?
+    .first()?
+    .parse()
+    .ok()
+}
+
 // ------------------------------------------------------------------ wrk
 
 const ID_LEN: usize = 24; // PREFIX(8) - TT(2) - NNNNNNNNNNNN(12)
@@ -1047,6 +1061,9 @@ struct Run {
     cpu_pg: f64,
     /// What the process under test read and wrote per request.
     io_server: Option<IoPerRequest>,
+    /// KiB of WAL the PostgreSQL server wrote per request (PostgreSQL
+    /// scenarios): the server's I/O, which `io_server` does not see.
+    pg_wal_kib: Option<f64>,
     /// Share of the machine's capacity busy with work the harness did not start.
     foreign_pct: f64,
     mix: String,
@@ -1056,6 +1073,8 @@ struct Run {
 struct Snapshot {
     server: u64,
     server_io: Option<ProcIo>,
+    /// The server's WAL insert position, bytes (PostgreSQL scenarios).
+    pg_wal: Option<u64>,
     upstream: u64,
     pg: u64,
     busy: u64,
@@ -1064,10 +1083,13 @@ struct Snapshot {
     outcomes: BTreeMap<(String, String), f64>,
 }
 
-fn snapshot(w: &World, sc: &Scenario) -> Snapshot {
+fn snapshot(s: &Settings, w: &World, sc: &Scenario) -> Snapshot {
     let server_pid = w.server_pid(sc.target);
     let server = server_pid.map_or(0, tree_ticks);
     let server_io = server_pid.and_then(proc_io);
+    let pg_wal = (sc.target == Target::IdemPg)
+        .then(|| pg_wal_position(&s.pg_url))
+        .flatten();
     let upstream = tree_ticks(w.upstream.pid);
     let mut ours = upstream;
     for g in w.idemgates() {
@@ -1080,6 +1102,7 @@ fn snapshot(w: &World, sc: &Scenario) -> Snapshot {
     Snapshot {
         server,
         server_io,
+        pg_wal,
         upstream,
         pg,
         busy: machine_busy_ticks(),
@@ -1203,7 +1226,7 @@ fn measure(
         .filter(|(on, _)| *on)
         .filter_map(|(_, t)| start_probe(w, sc, t, s.perf_callgraph))
         .collect();
-    let before = snapshot(w, sc);
+    let before = snapshot(s, w, sc);
     let out = run_wrk(
         s,
         w,
@@ -1214,7 +1237,7 @@ fn measure(
         serial,
         Pace::default(),
     );
-    let after = snapshot(w, sc);
+    let after = snapshot(s, w, sc);
     probes.iter().for_each(stop_probe);
     let wrk = parse_wrk(&out).expect("wrk result line");
     for p in &probes {
@@ -1298,6 +1321,10 @@ fn measure(
                 written_kib: kib(b.written_bytes, a.written_bytes),
             }
         }),
+        pg_wal_kib: before
+            .pg_wal
+            .zip(after.pg_wal)
+            .map(|(b, a)| a.saturating_sub(b) as f64 / 1024.0 / n),
         foreign_pct,
         mix,
         problems,

@@ -315,7 +315,7 @@ fn empty_peer<'a>(runs: &'a [SizedRun], r: &SizedRun) -> Option<&'a SizedRun> {
 
 fn sized_header() -> String {
     format!(
-        "{:<3} {:>9} {:>5} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>7} {:>6} {:>6} {:>7}  {}",
+        "{:<3} {:>9} {:>5} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>7} {:>6} {:>6} {:>7} {:>7}  {}",
         "scn",
         "preload",
         "conns",
@@ -329,6 +329,7 @@ fn sized_header() -> String {
         "srv µs",
         "rd KiB",
         "wr KiB",
+        "wal KiB",
         "foreign",
         "store size / outcomes / problems"
     )
@@ -341,7 +342,7 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
         write!(notes, "  !! {p}").unwrap();
     }
     format!(
-        "({}) {:>9} {:>5} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8} {:>8} {:>10} {:>7} {:>6} {:>6} {:>6.0}%  {}",
+        "({}) {:>9} {:>5} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>8} {:>8} {:>10} {:>7} {:>6} {:>6} {:>7} {:>6.0}%  {}",
         r.run.key,
         r.size,
         r.run.conns,
@@ -358,6 +359,7 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
         opt(r.run.cpu_server, 1),
         opt(r.run.io_server.map(|io| io.read_kib), 1),
         opt(r.run.io_server.map(|io| io.written_kib), 1),
+        opt(r.run.pg_wal_kib, 1),
         r.run.foreign_pct,
         notes
     )
@@ -462,7 +464,8 @@ pub(super) fn store_sizes(
     rep.line("");
     rep.line("all store-size runs (x(empty), p99 x(e): req/s and p99 over the empty store's of the same round, connections and store;");
     rep.line("srv µs: idemgate's CPU per request; rd KiB, wr KiB: what idemgate read (page-cache misses) and wrote per request,");
-    rep.line("counted, the figures to compare between builds; foreign: share of the machine busy with processes the harness did not start):");
+    rep.line("counted, the figures to compare between builds; wal KiB: WAL the PostgreSQL server wrote per request (its insert position);");
+    rep.line("foreign: share of the machine busy with processes the harness did not start):");
     rep.line(sized_header());
     for r in &runs {
         rep.line(sized_line(&runs, r));
@@ -473,7 +476,7 @@ pub(super) fn store_sizes(
         s.repeats, s.duration
     ));
     rep.line(format!(
-        "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>8} {:>12}",
+        "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>8} {:>12}",
         "store",
         "preload",
         "conns",
@@ -484,6 +487,7 @@ pub(super) fn store_sizes(
         "p99 x(e)",
         "rd KiB",
         "wr KiB",
+        "wal KiB",
         "peak MiB",
         "size at end"
     ));
@@ -518,7 +522,7 @@ pub(super) fn store_sizes(
                     .and_then(rss_mib)
                     .map(|(_, hwm)| hwm);
                 rep.line(format!(
-                    "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>8} {:>12}{goal}",
+                    "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>8} {:>12}{goal}",
                     store.name(),
                     size,
                     conns,
@@ -529,6 +533,7 @@ pub(super) fn store_sizes(
                     opt(p99r, 2),
                     opt(m(&|r| r.run.io_server.map(|io| io.read_kib)), 1),
                     opt(m(&|r| r.run.io_server.map(|io| io.written_kib)), 1),
+                    opt(m(&|r| r.run.pg_wal_kib), 1),
                     opt(peak, 1),
                     rs.last().map_or("-".into(), |r| gib(r.bytes)),
                 ));
