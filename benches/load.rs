@@ -797,7 +797,8 @@ fn pg_exec(base: &str, sql: &str) -> Result<Vec<String>, String> {
 
 /// The server's WAL insert position in bytes: exact at once, where
 /// `pg_stat_wal` lags by up to a backend's stats interval. Cluster-wide, so
-/// other sessions' writes count too (the `foreign` column says if there were).
+/// another session's writes would count too, and `foreign` would not show
+/// them (every postgres process's CPU counts as the harness's own).
 fn pg_wal_position(base: &str) -> Option<u64> {
     pg_exec(
         base,
@@ -1314,22 +1315,27 @@ fn measure(
         cpu_upstream: us(after.upstream - before.upstream),
         cpu_wrk: wrk_us / n,
         cpu_pg: us(after.pg.saturating_sub(before.pg)),
-        io_server: before.server_io.zip(after.server_io).map(|(b, a)| {
-            let kib = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1024.0 / n;
-            IoPerRequest {
-                read_kib: kib(b.read_bytes, a.read_bytes),
-                written_kib: kib(b.written_bytes, a.written_bytes),
-            }
-        }),
+        io_server: before
+            .server_io
+            .zip(after.server_io)
+            .map(|(b, a)| IoPerRequest {
+                read_kib: kib_per(n, b.read_bytes, a.read_bytes),
+                written_kib: kib_per(n, b.written_bytes, a.written_bytes),
+            }),
         pg_wal_kib: before
             .pg_wal
             .zip(after.pg_wal)
-            .map(|(b, a)| a.saturating_sub(b) as f64 / 1024.0 / n),
+            .map(|(b, a)| kib_per(n, b, a)),
         foreign_pct,
         mix,
         problems,
         wrk,
     }
+}
+
+/// A byte counter's growth from `from` to `to`, in KiB per one of `n` requests.
+fn kib_per(n: f64, from: u64, to: u64) -> f64 {
+    to.saturating_sub(from) as f64 / 1024.0 / n
 }
 
 fn target_dir() -> PathBuf {
