@@ -30,6 +30,8 @@
 //! | e | idemgate, SQLite, groups of 64 consecutive requests share a fresh event ID (conflict path) |
 //! | r | as (b), but each event ID is a random 32-hex string (LuaJIT's `math.random`, seeded per run and thread) |
 //! | p | as (d), with random 32-hex event IDs |
+//! | t | as (r), but each ID begins with the time: 12 hex of Unix milliseconds, then 20 random hex (the order of UUIDv7, ULID, KSUID) |
+//! | q | as (p), with (t)'s time-ordered IDs |
 //!
 //! For every run it prints req/s, p50, p99, the ratio to (a) of the same round
 //! and connection count, CPU µs per request of the process under test, the
@@ -91,6 +93,8 @@
 //!   `migrations/`, preload time); a schema change or a week's age rebuilds
 //!   them. Records added by earlier runs are deleted before the runs.
 //!   `LOAD_PRELOAD_STORES` (default `sqlite,postgres`) picks the stores.
+//! - `LOAD_SCALE_IDS=time`: both sections load (t) and (q), time-ordered
+//!   IDs, instead of (r) and (p) (`random`, the default).
 //! - `LOAD_PRELOAD_DROP=1`: first remove the cached stores (files and
 //!   `load_preload_*` schemas).
 //! - `LOAD_STEADY=300`: a steady state of that many seconds: a fresh store, an
@@ -250,8 +254,12 @@ enum Ids {
     Same,
     /// 64 consecutive requests of a wrk thread share a fresh ID.
     Group64,
-    /// A fresh random 32-hex ID per request (as real senders' IDs are).
+    /// A fresh random 32-hex ID per request (as most senders' IDs are).
     Random,
+    /// A fresh 32-hex ID per request that begins with the wall clock's
+    /// milliseconds, as UUIDv7, ULID and KSUID do: each claim's key lands
+    /// beside the last one's in the key index.
+    TimeOrdered,
 }
 
 struct Scenario {
@@ -264,7 +272,7 @@ struct Scenario {
     route: Option<&'static str>,
 }
 
-const SCENARIOS: [Scenario; 9] = [
+const SCENARIOS: [Scenario; 11] = [
     Scenario {
         key: 'u',
         name: "upstream direct (ceiling)",
@@ -335,6 +343,22 @@ const SCENARIOS: [Scenario; 9] = [
         target: Target::IdemPg,
         path: "/unique",
         ids: Ids::Random,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 't',
+        name: "unique time-ordered IDs, SQLite",
+        target: Target::IdemSqlite,
+        path: "/unique",
+        ids: Ids::TimeOrdered,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 'q',
+        name: "unique time-ordered IDs, PostgreSQL",
+        target: Target::IdemPg,
+        path: "/unique",
+        ids: Ids::TimeOrdered,
         route: Some("unique"),
     },
 ];
@@ -850,42 +874,51 @@ struct Pace {
 
 /// A wrk script: POST `path` with a 1 KiB body and an `X-Event-ID` made per
 /// request; `done` prints one machine-readable line. Random IDs come from
-/// LuaJIT's `math.random`, seeded per thread from `seed`. With a pace, a
-/// `delay()` hands each request the next slot of its thread's fixed
-/// schedule (a wall clock through LuaJIT's FFI), so the rate stays fixed
+/// LuaJIT's `math.random`, seeded per thread from `seed`; time-ordered ones
+/// put the wall clock's milliseconds before 20 of those hex digits. With a
+/// pace, a `delay()` hands each request the next slot of its thread's fixed
+/// schedule (the monotonic clock through LuaJIT's FFI), so the rate stays fixed
 /// while connections are free, whatever the latency; a backlog of more than
 /// a second is dropped rather than burst.
 fn wrk_script(path: &str, ids: Ids, prefix: &str, seed: u64, pace: Pace) -> String {
-    let (head, tail) = body_parts(if ids == Ids::Random {
-        RANDOM_ID_LEN
-    } else {
-        ID_LEN
+    let (head, tail) = body_parts(match ids {
+        Ids::Random | Ids::TimeOrdered => RANDOM_ID_LEN,
+        Ids::Unique | Ids::Same | Ids::Group64 => ID_LEN,
     });
     let mode = match ids {
         Ids::Unique => "unique",
         Ids::Same => "same",
         Ids::Group64 => "group",
         Ids::Random => "random",
+        Ids::TimeOrdered => "time",
     };
     let seed = seed % (1 << 40);
+    // A clock through LuaJIT's FFI (1: monotonic, 0: the wall clock), for
+    // the pace and for time-ordered IDs.
+    let clock = if pace.per_thread.is_some() || ids == Ids::TimeOrdered {
+        r#"
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } load_timespec;
+int clock_gettime(int clk, load_timespec *tp);
+]]
+local ts = ffi.new("load_timespec")
+local function now_ms(clk)
+  ffi.C.clock_gettime(clk, ts)
+  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+end
+"#
+    } else {
+        ""
+    };
     let pacing = match pace.per_thread {
         None => String::new(),
         Some(rate) => format!(
             r#"
-local ffi = require("ffi")
-ffi.cdef[[
-typedef struct {{ long tv_sec; long tv_nsec; }} load_timespec;
-int clock_gettime(int clk, load_timespec *tp);
-]]
-local ts = ffi.new("load_timespec")
-local function now_ms()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
-end
 local interval = 1000 / {rate}
 local next_at = nil
 delay = function()
-  local now = now_ms()
+  local now = now_ms(1)
   if next_at == nil or next_at < now - 1000 then next_at = now end
   next_at = next_at + interval
   local d = next_at - now
@@ -906,7 +939,7 @@ local headers = {{ ["Content-Type"] = "application/json" }}
 local counter = 0
 local nthreads = 0
 local rnd = math.random
-{pacing}
+{clock}{pacing}
 setup = function(thread)
   nthreads = nthreads + 1
   thread:set("tid", nthreads)
@@ -925,6 +958,10 @@ request = function()
   if mode == "random" then
     id = string.format("%04x%04x%04x%04x%04x%04x%04x%04x", rnd(0, 65535), rnd(0, 65535),
       rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535))
+  elseif mode == "time" then
+    local ms = math.floor(now_ms(0))
+    id = string.format("%06x%06x%04x%04x%04x%04x%04x", math.floor(ms / 16777216), ms % 16777216,
+      rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535), rnd(0, 65535))
   else
     id = string.format("%s-%02d-%012d", prefix, t, n)
   end
@@ -1278,7 +1315,7 @@ fn measure(
             .join(", ");
         let expected: &[&str] = match sc.ids {
             Ids::Unique if route == "pass" => &["unguarded"],
-            Ids::Unique | Ids::Random => &["forwarded"],
+            Ids::Unique | Ids::Random | Ids::TimeOrdered => &["forwarded"],
             Ids::Same => &["replayed"],
             Ids::Group64 => &["forwarded", "in_flight", "replayed"],
         };

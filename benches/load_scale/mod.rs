@@ -27,11 +27,13 @@ pub(super) enum Store {
 }
 
 impl Store {
-    /// The random-ID scenario on this store.
-    fn key(self) -> char {
-        match self {
-            Store::Sqlite => 'r',
-            Store::Postgres => 'p',
+    /// The scenario of this store with random (`time_ids`: time-ordered) IDs.
+    fn key(self, time_ids: bool) -> char {
+        match (self, time_ids) {
+            (Store::Sqlite, false) => 'r',
+            (Store::Postgres, false) => 'p',
+            (Store::Sqlite, true) => 't',
+            (Store::Postgres, true) => 'q',
         }
     }
     fn name(self) -> &'static str {
@@ -48,6 +50,8 @@ pub(super) struct Settings {
     pub preload_stores: Vec<Store>,
     /// Remove the cached preloaded stores first.
     pub preload_drop: bool,
+    /// Load time-ordered IDs, (t) and (q), instead of random ones.
+    pub time_ids: bool,
     /// Seconds of the steady-state run (0: none).
     pub steady: u64,
     pub steady_stores: Vec<Store>,
@@ -102,6 +106,11 @@ impl Settings {
             preload,
             preload_stores: stores("LOAD_PRELOAD_STORES", "sqlite,postgres"),
             preload_drop: env_or("LOAD_PRELOAD_DROP", 0u8) != 0,
+            time_ids: match env_list("LOAD_SCALE_IDS", "random").trim() {
+                "random" => false,
+                "time" => true,
+                v => panic!("LOAD_SCALE_IDS: random or time, not {v:?}"),
+            },
             steady: env_or("LOAD_STEADY", 0u64),
             steady_stores: stores("LOAD_STEADY_STORES", "sqlite"),
             steady_retention: env_or("LOAD_STEADY_RETENTION", 60u64).max(1),
@@ -112,6 +121,15 @@ impl Settings {
                 .filter(|v| !v.trim().is_empty())
                 .map(|v| v.trim().parse().expect("LOAD_STEADY_RATE: req/s")),
             steady_share: share,
+        }
+    }
+
+    /// How the loaded IDs are made, for the reports' headings.
+    pub fn ids_word(&self) -> &'static str {
+        if self.time_ids {
+            "time-ordered"
+        } else {
+            "random"
         }
     }
 
@@ -377,7 +395,8 @@ pub(super) fn store_sizes(
     let sc = &s.scale;
     rep.line("");
     rep.line(format!(
-        "store sizes (issue 24): unique deliveries with random 32-hex IDs, stores preloaded with {:?} delivered records",
+        "store sizes (issue 24): unique deliveries with {} 32-hex IDs, stores preloaded with {:?} delivered records",
+        sc.ids_word(),
         sc.preload
     ));
     let mut stores: Vec<(Sized, World)> = Vec::new();
@@ -417,7 +436,7 @@ pub(super) fn store_sizes(
     if s.warmup > 0 {
         for (st, world) in &stores {
             *serial += 1;
-            let k = scenario(st.store.key());
+            let k = scenario(st.store.key(sc.time_ids));
             super::run_wrk(
                 s,
                 world,
@@ -442,7 +461,7 @@ pub(super) fn store_sizes(
                 let run = measure(
                     s,
                     world,
-                    scenario(st.store.key()),
+                    scenario(st.store.key(sc.time_ids)),
                     conns,
                     round,
                     *serial,
@@ -496,7 +515,11 @@ pub(super) fn store_sizes(
             for &conns in &s.conns {
                 let rs: Vec<&SizedRun> = runs
                     .iter()
-                    .filter(|r| r.size == size && r.run.key == store.key() && r.run.conns == conns)
+                    .filter(|r| {
+                        r.size == size
+                            && r.run.key == store.key(sc.time_ids)
+                            && r.run.conns == conns
+                    })
                     .collect();
                 if rs.is_empty() {
                     continue;
@@ -518,7 +541,9 @@ pub(super) fn store_sizes(
                 let peak = stores
                     .iter()
                     .find(|(st, _)| st.store == store && st.size == size)
-                    .and_then(|(st, world)| world.server_pid(scenario(st.store.key()).target))
+                    .and_then(|(st, world)| {
+                        world.server_pid(scenario(st.store.key(sc.time_ids)).target)
+                    })
                     .and_then(rss_mib)
                     .map(|(_, hwm)| hwm);
                 rep.line(format!(

@@ -99,7 +99,7 @@ pub(crate) fn steady(
         let mut log_offset = 0;
         let g = start_on(s, w, logs, name, &st, &extra);
         let world = world_with(w, g, store);
-        let key = scenario(store.key());
+        let key = scenario(store.key(sc.time_ids));
         let conns = *s.conns.iter().max().unwrap();
         let rate = sc.steady_rate.unwrap_or_else(|| {
             // Flat out for 5 s on the harness's own idemgate of this store
@@ -122,9 +122,10 @@ pub(crate) fn steady(
         });
         rep.line("");
         rep.line(format!(
-            "steady state (issue 24), {}: {rate:.0} claims/s of unique random IDs at {conns} connections for {} s, \
+            "steady state (issue 24), {}: {rate:.0} claims/s of unique {} IDs at {conns} connections for {} s, \
              retention {} s, sweeper every {} s (batch 1000), {} s segments",
             store.name(),
+            sc.ids_word(),
             sc.steady,
             sc.steady_retention,
             sc.steady_sweep,
