@@ -27,15 +27,6 @@ pub(super) enum Store {
 }
 
 impl Store {
-    /// The scenario of this store with random (`time_ids`: time-ordered) IDs.
-    fn key(self, time_ids: bool) -> char {
-        match (self, time_ids) {
-            (Store::Sqlite, false) => 'r',
-            (Store::Postgres, false) => 'p',
-            (Store::Sqlite, true) => 't',
-            (Store::Postgres, true) => 'q',
-        }
-    }
     fn name(self) -> &'static str {
         match self {
             Store::Sqlite => "sqlite",
@@ -122,6 +113,17 @@ impl Settings {
                 .map(|v| v.trim().parse().expect("LOAD_STEADY_RATE: req/s")),
             steady_share: share,
         }
+    }
+
+    /// The scenario both sections load on `store`: (r) or (p) with random
+    /// IDs, (t) or (q) with time-ordered ones.
+    fn scenario(&self, store: Store) -> &'static super::Scenario {
+        scenario(match (store, self.time_ids) {
+            (Store::Sqlite, false) => 'r',
+            (Store::Postgres, false) => 'p',
+            (Store::Sqlite, true) => 't',
+            (Store::Postgres, true) => 'q',
+        })
     }
 
     /// How the loaded IDs are made, for the reports' headings.
@@ -436,7 +438,7 @@ pub(super) fn store_sizes(
     if s.warmup > 0 {
         for (st, world) in &stores {
             *serial += 1;
-            let k = scenario(st.store.key(sc.time_ids));
+            let k = sc.scenario(st.store);
             super::run_wrk(
                 s,
                 world,
@@ -461,7 +463,7 @@ pub(super) fn store_sizes(
                 let run = measure(
                     s,
                     world,
-                    scenario(st.store.key(sc.time_ids)),
+                    sc.scenario(st.store),
                     conns,
                     round,
                     *serial,
@@ -517,7 +519,7 @@ pub(super) fn store_sizes(
                     .iter()
                     .filter(|r| {
                         r.size == size
-                            && r.run.key == store.key(sc.time_ids)
+                            && r.run.key == sc.scenario(store).key
                             && r.run.conns == conns
                     })
                     .collect();
@@ -541,9 +543,7 @@ pub(super) fn store_sizes(
                 let peak = stores
                     .iter()
                     .find(|(st, _)| st.store == store && st.size == size)
-                    .and_then(|(st, world)| {
-                        world.server_pid(scenario(st.store.key(sc.time_ids)).target)
-                    })
+                    .and_then(|(st, world)| world.server_pid(sc.scenario(st.store).target))
                     .and_then(rss_mib)
                     .map(|(_, hwm)| hwm);
                 rep.line(format!(

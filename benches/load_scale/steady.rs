@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use super::{fresh_store, gib, median, now_ms, opt, start_on, world_with, Extra, Report, Store};
-use crate::{parse_wrk, run_wrk, scenario, testkit, Pace};
+use crate::{parse_wrk, run_wrk, testkit, Pace};
 
 /// The sweeper's counters from `/metrics`: sweep batches run, seconds spent
 /// in them, records swept.
@@ -99,7 +99,7 @@ pub(crate) fn steady(
         let mut log_offset = 0;
         let g = start_on(s, w, logs, name, &st, &extra);
         let world = world_with(w, g, store);
-        let key = scenario(store.key(sc.time_ids));
+        let key = sc.scenario(store);
         let conns = *s.conns.iter().max().unwrap();
         let rate = sc.steady_rate.unwrap_or_else(|| {
             // Flat out for 5 s on the harness's own idemgate of this store
