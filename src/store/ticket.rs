@@ -107,9 +107,9 @@ impl<O> Waiter<O> {
             }
             Err(_) => {}
         }
-        // Taken: the batch's own bound ends this (PostgreSQL's batch
-        // timeout, SQLite's busy timeout); this one only catches a batch
-        // stuck in a call that never returns (a hung disk).
+        // Taken: the batch's own bound ends this (PostgreSQL's silence
+        // check and 30 s limit, SQLite's busy timeout); this one only
+        // catches a batch stuck in a call that never returns (a hung disk).
         match tokio::time::timeout(TAKEN_BACKSTOP, &mut self.rx).await {
             Ok(res) => res.map_err(|_| gone())?,
             Err(_) => Err(StoreError::Unavailable(format!(

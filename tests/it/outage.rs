@@ -9,7 +9,7 @@ use crate::core_util;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -39,6 +39,11 @@ struct RelayShared {
     open: Mutex<Vec<TcpStream>>,
     /// While set, bytes are held (not read on, not lost): a silent network.
     stalled: AtomicBool,
+    /// Connections numbered below this are held as if stalled; newer ones
+    /// flow: a server slow on the statements it has, quick to answer anew.
+    held_below: AtomicU64,
+    /// The number the next relayed connection gets.
+    next_conn: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -52,6 +57,8 @@ impl Relay {
             listener: Mutex::new(Some(listener)),
             open: Mutex::new(Vec::new()),
             stalled: AtomicBool::new(false),
+            held_below: AtomicU64::new(0),
+            next_conn: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         });
         let sh = shared.clone();
@@ -74,6 +81,12 @@ impl Relay {
         self.shared.stalled.store(true, Ordering::SeqCst);
     }
 
+    /// Holds every byte on the connections open now; new ones flow.
+    fn stall_open(&self) {
+        let next = self.shared.next_conn.load(Ordering::SeqCst);
+        self.shared.held_below.store(next, Ordering::SeqCst);
+    }
+
     /// Accepts again (on the same port) and lets held bytes through.
     fn restore(&self) {
         let mut l = self.shared.listener.lock().unwrap();
@@ -84,6 +97,7 @@ impl Relay {
             *l = Some(listener);
         }
         self.shared.stalled.store(false, Ordering::SeqCst);
+        self.shared.held_below.store(0, Ordering::SeqCst);
     }
 
     fn close_all(&self) {
@@ -117,6 +131,7 @@ fn accept_loop(sh: Arc<RelayShared>) {
         let Ok(server) = TcpStream::connect_timeout(&sh.upstream, Duration::from_secs(2)) else {
             continue; // dropping `client` closes it
         };
+        let number = sh.next_conn.fetch_add(1, Ordering::SeqCst);
         client.set_nonblocking(false).unwrap();
         let _ = client.set_nodelay(true);
         let _ = server.set_nodelay(true);
@@ -132,19 +147,19 @@ fn accept_loop(sh: Arc<RelayShared>) {
             let sh = sh.clone();
             // Detached: each ends when its socket is closed (cut, or either
             // side hanging up).
-            std::thread::spawn(move || pump(from, to, &sh));
+            std::thread::spawn(move || pump(from, to, &sh, number));
         }
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, sh: &RelayShared) {
+fn pump(mut from: TcpStream, mut to: TcpStream, sh: &RelayShared, number: u64) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        while sh.stalled.load(Ordering::SeqCst) {
+        while sh.stalled.load(Ordering::SeqCst) || number < sh.held_below.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
         if to.write_all(&buf[..n]).is_err() {
@@ -209,6 +224,15 @@ fn setup(tag: &str) -> Option<Setup> {
         _schema: schema,
         _dir: dir,
     })
+}
+
+/// [`setup`], then a first delivery: it opens the connections, so that a
+/// stall catches them open.
+fn setup_warm(tag: &str) -> Option<Setup> {
+    let s = setup(tag)?;
+    let warm = s.px.deliver(PATH, Some(&eid("warm")), br#"{"n":1}"#);
+    assert_eq!(warm.status, 200, "{:?}", warm.json());
+    Some(s)
 }
 
 fn readyz(px: &Proxy) -> u16 {
@@ -344,6 +368,81 @@ fn silent_database_fails_closed_then_recovers() {
     }
 }
 
+/// A database that is slow, not gone (a commit waiting for a busy disk):
+/// the statements on its open connections get no answer for longer than a
+/// silent one is given, while new connections are answered at once. The
+/// claim on the wire is waited for and the event forwarded, once; given up
+/// instead, its outcome would be unknown, and a claim that did commit would
+/// hold the event in flight (409s) until its lease ends.
+#[test]
+fn a_slow_database_that_still_answers_is_waited_for() {
+    let Some(s) = setup_warm("slow") else { return };
+    let (px, up) = (&s.px, &s.up);
+    s.relay.stall_open();
+    let slow = eid("slow");
+    // past the 5 s after which a silent database's 503 comes (FAIL_FAST)
+    let held = Duration::from_secs(8);
+    let (answer, took) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| {
+            let t = Instant::now();
+            let r = px.deliver(PATH, Some(&slow), br#"{"n":1}"#);
+            (r, t.elapsed())
+        });
+        std::thread::sleep(held);
+        s.relay.restore();
+        h.join().unwrap()
+    });
+    eprintln!(
+        "slow database held for {held:?}: answered {} after {took:?}",
+        answer.status
+    );
+    assert_eq!(answer.status, 200, "{:?}\n{}", answer.json(), px.log());
+    assert!(
+        took >= held - Duration::from_millis(500),
+        "not held: {took:?}"
+    );
+    assert_eq!(up.count(&slow), 1);
+    let replay = px.deliver(PATH, Some(&slow), br#"{"n":1}"#);
+    assert_eq!(replay.header("Idempotent-Replayed"), Some("true"));
+    assert_eq!(up.count(&slow), 1);
+    assert_eq!(px.requests("r", "store_unavailable"), 0.0);
+}
+
+/// A database that answers new connections but never the statement it was
+/// given (a hung disk under a live server): the wait is bounded all the
+/// same, at 30 s (`silence::LIMIT`), and the sender gets its 503.
+#[test]
+fn a_statement_held_while_the_server_answers_is_given_up_at_the_limit() {
+    let Some(s) = setup_warm("hung") else { return };
+    let (px, up) = (&s.px, &s.up);
+    s.relay.stall_open();
+    let hung = eid("hung");
+    let t = Instant::now();
+    let r = px.deliver(PATH, Some(&hung), br#"{"n":1}"#);
+    let took = t.elapsed();
+    eprintln!(
+        "statement held while the server answers: {} after {took:?}",
+        r.status
+    );
+    assert_eq!(r.status, 503, "{:?}", r.json());
+    assert_eq!(r.header("Idempotency-Status"), Some("store_unavailable"));
+    assert!(
+        (Duration::from_secs(29)..Duration::from_secs(40)).contains(&took),
+        "given up after {took:?}"
+    );
+    assert!(
+        px.log()
+            .contains("answered new connections but not a batch within 30s"),
+        "{}",
+        px.log()
+    );
+    s.relay.restore();
+    // the claim may have committed: forwarded at most once, ever
+    let after = px.deliver(PATH, Some(&hung), br#"{"n":1}"#);
+    assert!(matches!(after.status, 200 | 409), "{}", after.status);
+    assert_eq!(up.count(&hung), usize::from(after.status == 200));
+}
+
 /// The upstream answered, then the settle cannot reach the database: it is
 /// retried with bounded backoff, counted as an error and logged with the
 /// event ID. The settle commits before the answer is passed on (SPEC §3),
@@ -453,13 +552,10 @@ fn connections_ended_by_the_server_are_replaced() {
 /// already on the wire may have committed: that one is in flight.
 #[test]
 fn claims_whose_senders_gave_up_are_not_made_late() {
-    let Some(s) = setup("abandon") else { return };
+    let Some(s) = setup_warm("abandon") else {
+        return;
+    };
     let (px, up) = (&s.px, &s.up);
-    // a first delivery opens the connections, so the stall catches them open
-    assert_eq!(
-        px.deliver(PATH, Some(&eid("warm")), br#"{"n":1}"#).status,
-        200
-    );
     s.relay.stall();
     let stuck = eid("stuck");
     let queued: Vec<String> = (0..3).map(|i| eid(&format!("queued-{i}"))).collect();

@@ -16,8 +16,8 @@
 //! connection on every return to the pool, a round trip per batch that cost
 //! more of both processes' CPU than anything but the statement itself
 //! (perf, load scenario d). A batch that fails keeps the connection only if
-//! a ping then answers; one that runs past [`BATCH_TIMEOUT`] (a connection
-//! gone silent) closes it.
+//! a ping then answers; one given up on (the server went silent, see
+//! `silence`) closes it.
 //!
 //! Every batch is one statement, so no transaction spans a round trip. Keys
 //! go in sorted order, so that two replicas' batches lock shared rows in the
@@ -32,11 +32,11 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgPool, Postgres};
+use sqlx::postgres::{PgConnectOptions, PgPool, Postgres};
 use sqlx::{Connection, PgConnection, Row};
 use tokio::sync::{mpsc, oneshot};
 
-use super::PostgresStore;
+use super::{silence, PostgresStore};
 use crate::claim::SettleResult;
 use crate::store::owned::{OwnedClaim, OwnedSettle};
 use crate::store::sql::{self, Readback};
@@ -45,12 +45,6 @@ use crate::store::{ClaimOutcome, StoreError};
 
 /// Most operations in one statement.
 const MAX_BATCH: usize = 128;
-/// How long one batch may take, fallbacks included, before its connection
-/// is given up as silent: above the server's statement timeout, so that
-/// one fires first when the server is merely slow. Its requesters wait for
-/// it (see `ticket`), so it is also how long a request that reached the
-/// database waits for its 503 when the database goes silent.
-pub(super) const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Connections the dispatchers keep: one each.
 pub(super) const KEPT_CONNECTIONS: u32 = 3;
@@ -192,6 +186,7 @@ where
     O: Send + 'static,
 {
     let (queue, mut jobs) = mpsc::channel::<Job<I, O>>(4 * MAX_BATCH);
+    let server = pool.connect_options();
     tokio::spawn(async move {
         let mut kept: Option<PoolConnection<Postgres>> = None;
         // A closing pool waits for every connection to come back.
@@ -242,7 +237,7 @@ where
                 .into_iter()
                 .map(|(item, _, reply)| (item, reply))
                 .unzip();
-            let (results, back) = run_batch(conn, items, keep, run).await;
+            let (results, back) = run_batch(&server, conn, items, keep, run).await;
             kept = back;
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
@@ -253,8 +248,10 @@ where
 }
 
 /// Runs one batch on `conn`: a result for each item, and the connection
-/// back when it is kept for the next batch.
+/// back when it is kept for the next batch. Its requesters wait for it (see
+/// `ticket`) for as long as the `server` keeps answering (see `silence`).
 async fn run_batch<I, O>(
+    server: &PgConnectOptions,
     conn: Result<PoolConnection<Postgres>, sqlx::Error>,
     items: Vec<I>,
     keep: bool,
@@ -265,19 +262,16 @@ async fn run_batch<I, O>(
         Ok(conn) => conn,
     };
     let n = items.len();
-    match tokio::time::timeout(BATCH_TIMEOUT, run(&mut conn, items)).await {
+    match silence::unless_silent(server, run(&mut conn, items)).await {
         Ok(results) => {
             let failed = results.iter().any(Result::is_err);
             let kept = (keep && still_good(&mut conn, failed).await).then_some(conn);
             (results, kept)
         }
-        Err(_) => {
+        Err(gave_up) => {
             // cut off mid-statement: the connection's state is unknown
             drop(conn.detach());
-            let e = StoreError::Unavailable(format!(
-                "the database did not answer a batch within {BATCH_TIMEOUT:?}; \
-                 whether it committed is unknown"
-            ));
+            let e = StoreError::Unavailable(gave_up.describe("a batch"));
             (all_failed(n, e), None)
         }
     }
@@ -290,7 +284,7 @@ async fn still_good(conn: &mut PgConnection, failed: bool) -> bool {
         return true;
     }
     matches!(
-        tokio::time::timeout(BATCH_TIMEOUT, conn.ping()).await,
+        tokio::time::timeout(silence::QUIET, conn.ping()).await,
         Ok(Ok(()))
     )
 }

@@ -8,7 +8,9 @@
 //! operation is bounded, so with the database unreachable a request gets its
 //! 503 within [`ACQUIRE_TIMEOUT`] (refused connections) or
 //! [`PostgresStore::OP_TIMEOUT`] (silence), and the first request after the
-//! database is back opens a fresh connection.
+//! database is back opens a fresh connection. A write already on the wire is
+//! given up within that bound only if the server answers no new connection
+//! either: a slow commit on a live server is waited for (`silence`).
 
 use std::borrow::Cow;
 use std::str::FromStr;
@@ -74,6 +76,7 @@ fn split_connections(max: u32) -> (u32, u32) {
 }
 
 mod batch;
+mod silence;
 
 impl PostgresStore {
     /// Client side, for a whole operation (a claim may be two statements):
@@ -200,15 +203,12 @@ impl PostgresStore {
                         Ok(mut conn) => {
                             let req = owned.req();
                             let run = Self::settle_on(&mut conn, &req);
-                            match tokio::time::timeout(batch::BATCH_TIMEOUT, run).await {
+                            let server = hot.connect_options();
+                            match silence::unless_silent(&server, run).await {
                                 Ok(res) => res,
-                                Err(_) => {
+                                Err(gave_up) => {
                                     drop(conn.detach());
-                                    Err(StoreError::Unavailable(format!(
-                                        "the database did not answer within {:?}; \
-                                         whether the settle committed is unknown",
-                                        batch::BATCH_TIMEOUT
-                                    )))
+                                    Err(StoreError::Unavailable(gave_up.describe("the settle")))
                                 }
                             }
                         }
