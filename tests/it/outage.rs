@@ -37,10 +37,10 @@ struct RelayShared {
     listener: Mutex<Option<TcpListener>>,
     /// Both sockets of every relayed connection, to close them on `cut`.
     open: Mutex<Vec<TcpStream>>,
-    /// While set, bytes are held (not read on, not lost): a silent network.
-    stalled: AtomicBool,
-    /// Connections numbered below this are held as if stalled; newer ones
-    /// flow: a server slow on the statements it has, quick to answer anew.
+    /// The bytes of connections numbered below this are held (not read on,
+    /// not lost): `u64::MAX` while stalled, a silent network; the count at
+    /// `stall_open`, a server slow on the statements it has and quick to
+    /// answer anew; 0 otherwise.
     held_below: AtomicU64,
     /// The number the next relayed connection gets.
     next_conn: AtomicU64,
@@ -56,7 +56,6 @@ impl Relay {
             upstream,
             listener: Mutex::new(Some(listener)),
             open: Mutex::new(Vec::new()),
-            stalled: AtomicBool::new(false),
             held_below: AtomicU64::new(0),
             next_conn: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -78,7 +77,7 @@ impl Relay {
 
     /// Holds every byte in both directions, on old and new connections.
     fn stall(&self) {
-        self.shared.stalled.store(true, Ordering::SeqCst);
+        self.shared.held_below.store(u64::MAX, Ordering::SeqCst);
     }
 
     /// Holds every byte on the connections open now; new ones flow.
@@ -96,7 +95,6 @@ impl Relay {
             listener.set_nonblocking(true).unwrap();
             *l = Some(listener);
         }
-        self.shared.stalled.store(false, Ordering::SeqCst);
         self.shared.held_below.store(0, Ordering::SeqCst);
     }
 
@@ -110,7 +108,7 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.stalled.store(false, Ordering::SeqCst);
+        self.shared.held_below.store(0, Ordering::SeqCst);
         self.cut();
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
@@ -159,7 +157,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, sh: &RelayShared, number: u64) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        while sh.stalled.load(Ordering::SeqCst) || number < sh.held_below.load(Ordering::SeqCst) {
+        while number < sh.held_below.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
         }
         if to.write_all(&buf[..n]).is_err() {
