@@ -3,9 +3,9 @@
 //! The token is a reference (`env:NAME` or `file:PATH`), read like a verify
 //! secret; messages name the reference, never the value.
 
+use super::ctx::Ctx;
 use super::model::{AdminConfig, AdminToken};
 use super::raw::RawAdmin;
-use super::validate::Ctx;
 use super::verify::resolve_secret;
 
 /// Shorter tokens load, with a warning: the admin listener does not slow

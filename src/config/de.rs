@@ -12,7 +12,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, IntoDeserializer, Visitor};
 
-use super::yaml::{Doc, Kind, Pos, MAX_DEPTH};
+use super::yaml::{is_null, Doc, Kind, Pos, MAX_DEPTH};
 
 /// A serde error with where it happened (set by the innermost node it
 /// passed).
@@ -210,11 +210,6 @@ impl<'a> NodeDe<'a> {
         }
         visitor.visit_str(v)
     }
-}
-
-/// The core schema's null.
-pub fn is_null(v: &str) -> bool {
-    matches!(v, "" | "~" | "null" | "Null" | "NULL")
 }
 
 /// A YAML 1.2 integer: decimal (no leading zero), `0x`, `0o` or `0b`, signed.

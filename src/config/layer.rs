@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
+use super::ctx::Ctx;
 use super::fields;
 use super::model::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, SettleOn};
 use super::raw::{route_fields, RawDefaults, RawEventId, Text};
-use super::validate::Ctx;
 
 /// A value and the path that set it.
 #[derive(Debug, Clone)]

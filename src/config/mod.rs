@@ -31,6 +31,7 @@
 //! warnings), `model.rs` (the output).
 
 mod admin;
+mod ctx;
 mod de;
 mod fields;
 mod layer;
@@ -150,7 +151,7 @@ pub fn load_str(
         // One clear message instead of four "missing field" errors.
         return Err(one(Pos::START, "", "the config file is empty".to_string()));
     }
-    let mut ctx = validate::Ctx::new(file_name, &doc, env);
+    let mut ctx = ctx::Ctx::new(file_name, &doc, env);
     let config = validate::validate(raw, &mut ctx);
     let (mut errors, warnings) = ctx.finish();
     match config {

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::ctx::Ctx;
 use super::fields;
 use super::layer::{parse_layer, pick, Layer};
 use super::model::{
@@ -11,7 +12,6 @@ use super::model::{
     UpstreamUrl, Verify,
 };
 use super::raw::{RawMatch, RawRoute, RawVerifyField};
-use super::validate::Ctx;
 use super::verify;
 
 /// `", from defaults"` / `", built-in default"` / `""` (set on the route).

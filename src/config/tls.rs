@@ -9,9 +9,9 @@ use std::sync::Arc;
 use pingora::tls::{version, CertificateDer, PrivateKeyDer, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 
+use super::ctx::Ctx;
 use super::model::Tls;
 use super::raw::RawTls;
-use super::validate::Ctx;
 
 /// The ALPN protocols the listener offers: HTTP/1.1 only (no h2; see the
 /// README's section on exposing idemgate).

@@ -9,11 +9,11 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::DecodePaddingMode;
 use base64::Engine;
 
+use super::ctx::Ctx;
 use super::fields;
 use super::model::{EventIdSource, OnMissingId, Provider, Scheme, Verify};
 use super::raw::RawVerify;
 use super::units::format_duration;
-use super::validate::Ctx;
 
 /// Standard alphabet, padding optional (Standard Webhooks secrets come both ways).
 const WHSEC_BASE64: GeneralPurpose = GeneralPurpose::new(

@@ -123,7 +123,7 @@ impl Doc {
     /// True for a document that sets nothing: empty, only comments, `{}`,
     /// or keys without values (each then reads as absent).
     pub fn has_no_values(&self) -> bool {
-        let is_null = |id: usize| matches!(&self.nodes[id].kind, Kind::Scalar { text, plain: true } if super::de::is_null(text));
+        let is_null = |id: usize| matches!(&self.nodes[id].kind, Kind::Scalar { text, plain: true } if is_null(text));
         match self.root {
             None => true,
             Some(root) => match &self.nodes[root].kind {
@@ -176,6 +176,12 @@ impl Doc {
             _ => None,
         }
     }
+}
+
+/// The core schema's null (`~`, `null`, or nothing): how [`super::de`]
+/// reads a plain scalar, and what [`Doc::has_no_values`] counts as unset.
+pub fn is_null(v: &str) -> bool {
+    matches!(v, "" | "~" | "null" | "Null" | "NULL")
 }
 
 fn too_deep(pos: Pos) -> SyntaxError {
