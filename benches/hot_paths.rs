@@ -33,7 +33,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use idemgate::claim::digest::{canonical_json, json_digest, parse_json_body, raw_digest, to_hex};
 use idemgate::claim::event_id::{event_id_from_json_tokens, validate_event_id};
-use idemgate::claim::json_pointer::parse_pointer;
+use idemgate::claim::json_pointer::{parse_pointer, JsonPointer};
 use idemgate::claim::{decide, settle, AttemptEnd, Current, Existing, State};
 use idemgate::store::{self, ClaimOutcome, ClaimRequest, ClaimStore, SettleOutcome, SettleRequest};
 use serde_json::Value;
@@ -57,7 +57,7 @@ fn webhook_body() -> Vec<u8> {
 fn digests(c: &mut Criterion) {
     let body = webhook_body();
     let doc = parse_json_body(&body).unwrap();
-    let ignore = vec![parse_pointer("/delivery_attempt").unwrap()];
+    let ignore = vec![JsonPointer::parse("/delivery_attempt").unwrap()];
 
     let mut g = c.benchmark_group("digest");
     g.throughput(Throughput::Bytes(body.len() as u64));

@@ -29,7 +29,7 @@ use serde_json::{Map, Number, Value};
 use sha2::{Digest as _, Sha256};
 use thiserror::Error;
 
-use super::json_pointer;
+use super::json_pointer::{self, JsonPointer};
 
 /// A SHA-256 digest.
 pub type Digest = [u8; 32];
@@ -175,14 +175,15 @@ pub fn canonical_json(doc: &Value) -> Vec<u8> {
 /// (applied in order; pointers that resolve to nothing are skipped). `doc` is
 /// cloned only when at least one pointer resolves. The canonical form is
 /// streamed into the hash, never materialised.
-pub fn json_digest(doc: &Value, ignore: &[Vec<String>]) -> Digest {
-    let needs_removal = ignore
-        .iter()
-        .any(|t| !t.is_empty() && json_pointer::lookup(doc, t).is_some());
+pub fn json_digest(doc: &Value, ignore: &[JsonPointer]) -> Digest {
+    let needs_removal = ignore.iter().any(|p| {
+        let t = p.tokens();
+        !t.is_empty() && json_pointer::lookup(doc, t).is_some()
+    });
     if needs_removal {
         let mut owned = doc.clone();
-        for tokens in ignore {
-            json_pointer::remove(&mut owned, tokens);
+        for p in ignore {
+            json_pointer::remove(&mut owned, p.tokens());
         }
         hash_canonical(&owned)
     } else {
@@ -754,7 +755,7 @@ mod tests {
 
     #[test]
     fn digest_ignore_removes_nested_members() {
-        let p = |s: &str| json_pointer::parse_pointer(s).unwrap();
+        let p = |s: &str| JsonPointer::parse(s).unwrap();
         let first = parse_json_body(
             br#"{"id":"e1","delivery_attempt":1,"data":{"obj":{"a":1,"sent_at":"10:00"}},"l":[1,2]}"#,
         )

@@ -1,7 +1,10 @@
 //! RFC 6901 JSON Pointers: parsing, lookup, and removal (for `digest_ignore`).
 //!
-//! Parse a pointer once (at config load) and keep its tokens; [`lookup`] and
-//! [`remove`] then allocate nothing.
+//! Parse a pointer once (at config load) into a [`JsonPointer`], which keeps
+//! its text and its tokens; [`lookup`] and [`remove`] then allocate nothing.
+
+use std::fmt;
+use std::str::FromStr;
 
 use serde_json::Value;
 use thiserror::Error;
@@ -13,6 +16,80 @@ pub enum PointerError {
     NoLeadingSlash,
     #[error("bad escape in JSON pointer at byte {at}: '~' must be followed by '0' or '1'")]
     BadEscape { at: usize },
+}
+
+/// A parsed RFC 6901 pointer: the text as written (for messages, `check`
+/// and the admin API) and its unescaped tokens (for [`lookup`] and
+/// [`remove`]). Equal to a string that is its text.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct JsonPointer {
+    text: String,
+    tokens: Vec<String>,
+}
+
+impl JsonPointer {
+    /// Parses `text` (see [`parse_pointer`]).
+    pub fn parse(text: &str) -> Result<JsonPointer, PointerError> {
+        Ok(JsonPointer {
+            tokens: parse_pointer(text)?,
+            text: text.to_owned(),
+        })
+    }
+
+    /// The pointer as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The unescaped reference tokens; none for `""`, the whole document.
+    pub fn tokens(&self) -> &[String] {
+        &self.tokens
+    }
+}
+
+impl FromStr for JsonPointer {
+    type Err = PointerError;
+
+    fn from_str(text: &str) -> Result<JsonPointer, PointerError> {
+        JsonPointer::parse(text)
+    }
+}
+
+impl fmt::Display for JsonPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl fmt::Debug for JsonPointer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("JsonPointer").field(&self.text).finish()
+    }
+}
+
+impl PartialEq<str> for JsonPointer {
+    fn eq(&self, other: &str) -> bool {
+        self.text == other
+    }
+}
+
+impl PartialEq<&str> for JsonPointer {
+    fn eq(&self, other: &&str) -> bool {
+        self.text == *other
+    }
+}
+
+impl PartialEq<String> for JsonPointer {
+    fn eq(&self, other: &String) -> bool {
+        &self.text == other
+    }
+}
+
+/// Written as its text.
+impl serde::Serialize for JsonPointer {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
 }
 
 /// Splits an RFC 6901 pointer into unescaped reference tokens.
@@ -176,6 +253,19 @@ mod tests {
         );
         assert_eq!(parse_pointer("/~/"), Err(PointerError::BadEscape { at: 1 }));
         assert_eq!(parse_pointer("/~é"), Err(PointerError::BadEscape { at: 1 }));
+    }
+
+    #[test]
+    fn a_parsed_pointer_keeps_its_text_and_tokens() {
+        let ptr: JsonPointer = "/a~1b/m~0n".parse().unwrap();
+        assert_eq!(ptr.as_str(), "/a~1b/m~0n");
+        assert_eq!(ptr.tokens(), ["a/b", "m~n"]);
+        assert_eq!(ptr, "/a~1b/m~0n");
+        assert_eq!(ptr.to_string(), "/a~1b/m~0n");
+        assert_eq!(format!("{ptr:?}"), r#"JsonPointer("/a~1b/m~0n")"#);
+        assert_eq!(serde_json::to_value(&ptr).unwrap(), json!("/a~1b/m~0n"));
+        assert_eq!(JsonPointer::parse("").unwrap().tokens(), [] as [String; 0]);
+        assert_eq!(JsonPointer::parse("x"), Err(PointerError::NoLeadingSlash));
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub struct RouteRt {
     /// `event_id.json_pointer`, parsed.
     pub id_pointer: Option<Vec<String>>,
     /// `digest_ignore`, parsed.
-    pub ignore: Vec<Vec<String>>,
+    pub ignore: Vec<json_pointer::JsonPointer>,
     pub verifier: Option<Verifier>,
     pub lease_ms: i64,
     pub retention_ms: i64,
@@ -80,7 +80,7 @@ impl RouteRt {
         let ignore = cfg
             .digest_ignore
             .iter()
-            .map(|p| json_pointer::parse_pointer(p))
+            .map(|p| json_pointer::JsonPointer::parse(p))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("route {}: digest_ignore: {e}", cfg.name))?;
         let verifier = cfg.verify.as_ref().map(|v| Verifier {
