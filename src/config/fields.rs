@@ -2,6 +2,7 @@
 //! fit for `file:line:col: path: message`.
 
 use super::model::UpstreamUrl;
+use crate::claim::json_pointer::{JsonPointer, PointerError};
 
 /// `[a-z0-9_-]{1,64}`.
 pub fn route_name(name: &str) -> Result<(), String> {
@@ -123,22 +124,17 @@ pub fn idempotency_key_header(name: &str) -> Result<http::HeaderName, String> {
     Ok(h)
 }
 
-/// An RFC 6901 JSON pointer: `""` or `/…`, where `~` is followed by `0` or `1`.
-pub fn json_pointer(p: &str) -> Result<(), String> {
-    if !p.is_empty() && !p.starts_with('/') {
-        return Err(format!(
-            "invalid JSON pointer `{p}`: must be empty or start with `/` (e.g. /id)"
-        ));
-    }
-    let mut chars = p.chars();
-    while let Some(c) = chars.next() {
-        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
-            return Err(format!(
-                "invalid JSON pointer `{p}`: `~` must be followed by 0 or 1 (~0 is `~`, ~1 is `/`)"
-            ));
+/// An RFC 6901 JSON pointer: `""` or `/…`, where `~` is followed by `0` or
+/// `1`; parsed once, here.
+pub fn json_pointer(p: &str) -> Result<JsonPointer, String> {
+    JsonPointer::parse(p).map_err(|e| match e {
+        PointerError::NoLeadingSlash => {
+            format!("invalid JSON pointer `{p}`: must be empty or start with `/` (e.g. /id)")
         }
-    }
-    Ok(())
+        PointerError::BadEscape { .. } => format!(
+            "invalid JSON pointer `{p}`: `~` must be followed by 0 or 1 (~0 is `~`, ~1 is `/`)"
+        ),
+    })
 }
 
 /// An HTTP method token, uppercased.
@@ -205,13 +201,7 @@ pub fn upstream(text: &str) -> Result<UpstreamUrl, String> {
         return bad("invalid or missing host");
     }
     let port = match port {
-        None => {
-            if tls {
-                443
-            } else {
-                80
-            }
-        }
+        None => default_port(tls),
         Some(p) => match p.parse::<u16>() {
             Ok(n) if n > 0 => n,
             _ => return bad("the port must be a number from 1 to 65535"),
@@ -221,11 +211,36 @@ pub fn upstream(text: &str) -> Result<UpstreamUrl, String> {
         return bad("the path may not contain whitespace");
     }
     let base_path = path.trim_end_matches('/').to_string();
+    let host = host.to_ascii_lowercase();
+    let Ok(host_header) = http::HeaderValue::from_str(&host_header(&host, port, tls)) else {
+        return bad("the host is not a header value");
+    };
     Ok(UpstreamUrl {
         tls,
-        host: host.to_ascii_lowercase(),
+        host,
         port,
         base_path,
         original,
+        host_header,
     })
+}
+
+/// The upstream's `Host`: brackets around an IPv6 literal, the port unless
+/// it is the scheme's default.
+fn host_header(host: &str, port: u16, tls: bool) -> String {
+    match (host.contains(':'), port == default_port(tls)) {
+        (true, true) => format!("[{host}]"),
+        (true, false) => format!("[{host}]:{port}"),
+        (false, true) => host.to_string(),
+        (false, false) => format!("{host}:{port}"),
+    }
+}
+
+/// 443 for `https://`, 80 for `http://`.
+fn default_port(tls: bool) -> u16 {
+    if tls {
+        443
+    } else {
+        80
+    }
 }

@@ -6,8 +6,12 @@ use std::time::Duration;
 
 use super::ctx::Ctx;
 use super::fields;
-use super::model::{DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, SettleOn};
-use super::raw::{route_fields, RawDefaults, RawEventId, Text};
+use super::model::{
+    DigestMode, DurationMs, EventIdSource, InFlight, OnMissingId, OnStoreError, SettleOn,
+};
+use super::raw::{RawDefaults, RawEventId, Text};
+use super::route_fields::route_fields;
+use crate::claim::json_pointer::JsonPointer;
 
 /// A value and the path that set it.
 #[derive(Debug, Clone)]
@@ -16,9 +20,11 @@ pub struct Set<T> {
     pub path: String,
 }
 
-/// Builds [`Layer`] from the field list of [`route_fields!`].
-macro_rules! layer_struct {
-    ($($(#[$attr:meta])* $field:ident: $raw:ty => $parsed:ty,)*) => {
+/// Builds, from the field list of [`route_fields!`], [`Layer`] and its
+/// parser, and [`Resolved`] with the resolution that fills in defaults.
+macro_rules! layer {
+    ($($(#[doc = $doc:literal])* $(#[serde($($serde:tt)*)])?
+       $field:ident: $raw:ty => $parsed:ty = $default:expr, parse $parse:ident;)*) => {
         /// The shared route fields of one level (`defaults` or a route),
         /// parsed. A field that failed to parse is `None` (its error is
         /// already recorded).
@@ -29,70 +35,37 @@ macro_rules! layer_struct {
             /// "missing event_id" error would only repeat it.
             pub event_id_invalid: bool,
         }
+
+        /// Parses the shared fields of the level at `base` (`defaults`, `routes[1]`).
+        pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: RawDefaults) -> Layer {
+            let written = raw.event_id.is_some();
+            let mut l = Level { ctx, base };
+            let layer = Layer {
+                $($field: l.parse(stringify!($field), raw.$field, $parse),)*
+                event_id_invalid: false,
+            };
+            Layer {
+                event_id_invalid: written && layer.event_id.is_none(),
+                ..layer
+            }
+        }
+
+        /// One route's shared fields, resolved: each the route's value, else
+        /// the `defaults` value, else its built-in default.
+        #[derive(Debug)]
+        pub struct Resolved {
+            $(pub $field: Picked<$parsed>,)*
+        }
+
+        /// Resolves a route's level `own` over `defaults`.
+        pub fn resolve(own: &Layer, defaults: &Layer) -> Resolved {
+            Resolved {
+                $($field: pick(&own.$field, &defaults.$field, $default),)*
+            }
+        }
     };
 }
-route_fields!(layer_struct);
-
-/// Parses the shared fields of the level at `base` (`defaults`, `routes[1]`).
-pub fn parse_layer(ctx: &mut Ctx, base: &str, raw: RawDefaults) -> Layer {
-    let RawDefaults {
-        strip_prefix,
-        event_id,
-        digest,
-        digest_ignore,
-        guard_methods,
-        unverified_methods,
-        on_missing_id,
-        on_store_error,
-        in_flight,
-        max_waiters,
-        settle_on,
-        replay_body,
-        replay_body_limit,
-        idempotency_key_header,
-        lease,
-        retention,
-        max_body,
-        upstream_timeout,
-    } = raw;
-    let mut l = Level { ctx, base };
-    let written = event_id.is_some();
-    let event_id = l.parse("event_id", event_id, event_id_source);
-    Layer {
-        strip_prefix: l.plain("strip_prefix", strip_prefix),
-        event_id_invalid: written && event_id.is_none(),
-        event_id,
-        digest: l.plain("digest", digest),
-        digest_ignore: l.parse("digest_ignore", digest_ignore, pointers),
-        guard_methods: l.parse("guard_methods", guard_methods, methods),
-        unverified_methods: l.parse("unverified_methods", unverified_methods, methods),
-        on_missing_id: l.plain("on_missing_id", on_missing_id),
-        on_store_error: l.plain("on_store_error", on_store_error),
-        in_flight: l.plain("in_flight", in_flight),
-        max_waiters: l.parse("max_waiters", max_waiters, |ctx, path, n| {
-            usize::try_from(n)
-                .map_err(|_| ctx.at_value(path, "max_waiters is too large"))
-                .ok()
-        }),
-        settle_on: l.parse("settle_on", settle_on, statuses),
-        replay_body: l.plain("replay_body", replay_body),
-        replay_body_limit: l.parse("replay_body_limit", replay_body_limit, size),
-        idempotency_key_header: l.parse(
-            "idempotency_key_header",
-            idempotency_key_header,
-            |ctx, path, h| {
-                h.map(|h| fields::idempotency_key_header(&h))
-                    .transpose()
-                    .map_err(|e| ctx.at_value(path, e))
-                    .ok()
-            },
-        ),
-        lease: l.parse("lease", lease, duration),
-        retention: l.parse("retention", retention, duration),
-        max_body: l.parse("max_body", max_body, size),
-        upstream_timeout: l.parse("upstream_timeout", upstream_timeout, duration),
-    }
-}
+route_fields!(layer);
 
 /// One level being parsed: each field's path is `base.key`.
 struct Level<'c, 'a> {
@@ -101,12 +74,6 @@ struct Level<'c, 'a> {
 }
 
 impl Level<'_, '_> {
-    /// A value serde checked already.
-    fn plain<T>(&self, key: &str, value: Option<T>) -> Option<Set<T>> {
-        let path = format!("{}.{key}", self.base);
-        value.map(|value| Set { value, path })
-    }
-
     /// A value `parse` checks; it records its errors and answers `None`.
     fn parse<R, T>(
         &mut self,
@@ -120,8 +87,21 @@ impl Level<'_, '_> {
     }
 }
 
+// The parsers the field list names: each records its errors and answers
+// `None` for a value it refused.
+
+/// A value serde checked already.
+fn plain<T>(_: &mut Ctx, _: &str, value: T) -> Option<T> {
+    Some(value)
+}
+
 fn duration(ctx: &mut Ctx, path: &str, text: Text) -> Option<Duration> {
     ctx.duration(path, Some(&text))
+}
+
+/// A duration the store takes in milliseconds.
+fn duration_ms(ctx: &mut Ctx, path: &str, text: Text) -> Option<DurationMs> {
+    duration(ctx, path, text).map(DurationMs::from)
 }
 
 fn size(ctx: &mut Ctx, path: &str, text: Text) -> Option<u64> {
@@ -129,15 +109,45 @@ fn size(ctx: &mut Ctx, path: &str, text: Text) -> Option<u64> {
 }
 
 /// `digest_ignore`: JSON pointers.
-fn pointers(ctx: &mut Ctx, path: &str, list: Vec<String>) -> Option<Vec<String>> {
+fn pointers(ctx: &mut Ctx, path: &str, list: Vec<String>) -> Option<Vec<JsonPointer>> {
+    let mut pointers = Vec::with_capacity(list.len());
     let mut ok = true;
     for (i, ptr) in list.iter().enumerate() {
-        if let Err(e) = fields::json_pointer(ptr) {
-            ctx.at_value(&format!("{path}[{i}]"), e);
-            ok = false;
+        match fields::json_pointer(ptr) {
+            Ok(p) => pointers.push(p),
+            Err(e) => {
+                ctx.at_value(&format!("{path}[{i}]"), e);
+                ok = false;
+            }
         }
     }
-    ok.then_some(list)
+    ok.then_some(pointers)
+}
+
+/// `max_waiters`.
+fn max_waiters(ctx: &mut Ctx, path: &str, n: u64) -> Option<usize> {
+    usize::try_from(n)
+        .map_err(|_| ctx.at_value(path, "max_waiters is too large"))
+        .ok()
+}
+
+/// `idempotency_key_header`: a header name, or `None` (`null`: disabled).
+fn key_header(ctx: &mut Ctx, path: &str, name: Option<String>) -> Option<Option<http::HeaderName>> {
+    name.map(|h| fields::idempotency_key_header(&h))
+        .transpose()
+        .map_err(|e| ctx.at_value(path, e))
+        .ok()
+}
+
+/// The header the built-in default sends the event ID in.
+fn idempotency_key() -> http::HeaderName {
+    http::HeaderName::from_static("idempotency-key")
+}
+
+/// `event_id`'s built-in default: a header that is never read, since only
+/// a pass-through route (which extracts no ID) may leave the source unset.
+fn idempotency_key_placeholder() -> EventIdSource {
+    EventIdSource::Header(idempotency_key())
 }
 
 /// `settle_on`: at least one status class or code.
@@ -190,7 +200,7 @@ fn event_id_source(ctx: &mut Ctx, path: &str, raw: RawEventId) -> Option<EventId
             .map_err(|e| ctx.at_value(&format!("{path}.header"), e))
             .ok(),
         (None, Some(p)) => fields::json_pointer(&p)
-            .map(|()| EventIdSource::JsonPointer(p))
+            .map(EventIdSource::JsonPointer)
             .map_err(|e| ctx.at_value(&format!("{path}.json_pointer"), e))
             .ok(),
         (None, None) => {
@@ -210,15 +220,23 @@ fn event_id_source(ctx: &mut Ctx, path: &str, raw: RawEventId) -> Option<EventId
     }
 }
 
-/// The route value, else the `defaults` value, else `builtin`; with the path
-/// that set it (`None` for a built-in default).
-pub fn pick<T: Clone>(
-    route: &Option<Set<T>>,
-    defaults: &Option<Set<T>>,
-    builtin: T,
-) -> (T, Option<String>) {
+/// A resolved value and the path that set it (`None`: the built-in default).
+#[derive(Debug, Clone)]
+pub struct Picked<T> {
+    pub value: T,
+    pub set_at: Option<String>,
+}
+
+/// The route value, else the `defaults` value, else `builtin`.
+fn pick<T: Clone>(route: &Option<Set<T>>, defaults: &Option<Set<T>>, builtin: T) -> Picked<T> {
     match route.as_ref().or(defaults.as_ref()) {
-        Some(s) => (s.value.clone(), Some(s.path.clone())),
-        None => (builtin, None),
+        Some(s) => Picked {
+            value: s.value.clone(),
+            set_at: Some(s.path.clone()),
+        },
+        None => Picked {
+            value: builtin,
+            set_at: None,
+        },
     }
 }

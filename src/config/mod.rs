@@ -15,6 +15,10 @@
 //!    are resolved as route value > `defaults` value > built-in default;
 //!    a provider preset fills `event_id` (before `defaults`) and `verify.scheme`,
 //!    and the slack preset `on_missing_id: forward` (its url_verification).
+//!    Values are ready for use: JSON pointers parsed, the signature
+//!    [`Verifier`] built, leases and retentions in the store's milliseconds,
+//!    the upstream's `Host` header made. The runtime adds only what needs the
+//!    network or the OS (the upstream's address).
 //!
 //! Environment variables: `${NAME}` is expanded in `store.url` only (so a
 //! database password need not sit in the file). Secrets come from
@@ -22,13 +26,19 @@
 //! `file:` path is relative to the working directory, like a SQLite path.
 //!
 //! Layout: `yaml.rs` (the tree, path → line:col), `de.rs` (serde over the
-//! tree), `raw.rs` (serde types; the one list of route fields),
-//! `units.rs` (durations and sizes), `validate.rs` (top level, store,
-//! duplicates), `layer.rs` (fields shared with `defaults`), `route.rs` (one
-//! route and its resolution), `admin.rs` (the admin token), `tls.rs` (the
-//! listener's certificate), `fields.rs` (small value parsers: upstream URL,
-//! JSON pointer, header), `verify.rs` (provider presets, secrets,
-//! warnings), `model.rs` (the output).
+//! tree), `raw.rs` (serde types), `route_fields.rs` (the one list of route
+//! fields: each with its types, built-in default and parser), `ctx.rs` (where
+//! errors and warnings collect, below every section parser), `units.rs`
+//! (durations and sizes), `validate.rs` (top level, store, duplicates),
+//! `layer.rs` (fields shared with `defaults`, and their resolution),
+//! `route.rs` (one route: presets and the checks across its fields),
+//! `admin.rs` (the admin token), `tls.rs` (the listener's certificate),
+//! `fields.rs` (small value parsers: upstream URL, JSON pointer, header),
+//! `verify.rs` (provider presets, secrets, warnings), `model.rs` (the output).
+//!
+//! A new route key: an entry in `route_fields.rs`, its parser in `layer.rs`
+//! if serde's check is not enough, any rule binding it to other fields in
+//! `route.rs`, and its tests in `tests/`.
 
 mod admin;
 mod ctx;
@@ -38,6 +48,7 @@ mod layer;
 mod model;
 mod raw;
 mod route;
+mod route_fields;
 mod tls;
 mod units;
 mod validate;
@@ -53,9 +64,9 @@ use std::path::Path;
 /// The store's URL type is the store's own.
 pub use crate::store::{StoreKind, StoreUrl};
 pub use model::{
-    AdminConfig, AdminToken, Config, DigestMode, Downstream, EventIdSource, InFlight, OnMissingId,
-    OnStoreError, Provider, Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Tls, UpstreamUrl,
-    Verify,
+    AdminConfig, AdminToken, Config, DigestMode, Downstream, DurationMs, EventIdSource, InFlight,
+    OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Tls,
+    UpstreamUrl, Verifier,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 

@@ -6,7 +6,10 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::route_fields::route_fields;
 use super::units::{format_duration, format_size};
+use crate::claim::json_pointer::JsonPointer;
+use crate::claim::Millis;
 use crate::store::StoreUrl;
 use crate::verify::{headers as verify_headers, HeaderSet};
 
@@ -126,63 +129,92 @@ pub struct SweeperConfig {
     pub batch_size: u32,
 }
 
-/// One guarded (or pass-through) route.
-#[derive(Debug, Clone)]
-pub struct Route {
-    /// Unique; the scope of event IDs in the store.
-    pub name: String,
-    /// Lowercased host name to match, without port (one with a port is a
-    /// config error) or trailing dot; `None` matches any host.
-    pub host: Option<String>,
-    /// Starts with `/`, no trailing `/` except for `/` itself; matches whole segments.
-    pub path_prefix: String,
-    /// Where requests go.
-    pub upstream: UpstreamUrl,
-    /// Remove `path_prefix` from the forwarded path.
-    pub strip_prefix: bool,
-    /// Where the event ID comes from (explicit, else the provider's preset,
-    /// else `defaults`). A pass-through route (no `guard_methods`) that names
-    /// no source gets an `idempotency-key` header placeholder that is never read.
-    pub event_id: EventIdSource,
-    /// How the payload digest is computed.
-    pub digest: DigestMode,
-    /// JSON pointers removed before hashing (`digest: json` only).
-    pub digest_ignore: Vec<String>,
-    /// Methods that are guarded; others pass through. Empty: a pass-through route.
-    pub guard_methods: Vec<http::Method>,
-    /// With `verify`: methods forwarded (unguarded) without a signature
-    /// check; every other method is verified. Never a guarded method.
-    pub unverified_methods: Vec<http::Method>,
-    /// What to do with a guarded request that has no event ID (explicit,
-    /// else `forward` for the slack preset, else `defaults`).
-    pub on_missing_id: OnMissingId,
-    /// What to do when the store cannot be reached.
-    pub on_store_error: OnStoreError,
-    /// What a duplicate gets while the first delivery is in flight.
-    pub in_flight: InFlight,
-    /// Most duplicates held at once on this route (all its events together)
-    /// with `in_flight: wait`; past it a duplicate gets 409 (default 64).
-    pub max_waiters: usize,
-    /// Upstream statuses that settle a claim as delivered.
-    pub settle_on: SettleOn,
-    /// Store the settled response body and replay it to duplicates.
-    pub replay_body: bool,
-    /// Largest response body stored for replay.
-    pub replay_body_limit: u64,
-    /// Header carrying the event ID to the upstream; `None` when disabled.
-    pub idempotency_key_header: Option<http::HeaderName>,
-    /// How long a claim is held while the upstream works.
-    pub lease: Duration,
-    /// How long a record is kept after its last transition.
-    pub retention: Duration,
-    /// Largest request body accepted.
-    pub max_body: u64,
-    /// Deadline for the upstream's answer; always shorter than `lease`.
-    pub upstream_timeout: Duration,
-    /// The provider preset the route named, if any.
-    pub provider: Option<Provider>,
-    /// Signature verification, when configured.
-    pub verify: Option<Verify>,
+/// Builds [`Route`] from the field list of [`route_fields!`]: the route's
+/// identity, then the shared fields with their docs, then provider and verify.
+macro_rules! route_struct {
+    ($($(#[doc = $doc:literal])* $(#[serde($($serde:tt)*)])?
+       $field:ident: $raw:ty => $parsed:ty = $default:expr, parse $parse:ident;)*) => {
+        /// One guarded (or pass-through) route, every field resolved and
+        /// ready for the runtime.
+        #[derive(Debug, Clone)]
+        pub struct Route {
+            /// Unique; the scope of event IDs in the store.
+            pub name: String,
+            /// Lowercased host name to match, without port (one with a port is a
+            /// config error) or trailing dot; `None` matches any host.
+            pub host: Option<String>,
+            /// Starts with `/`, no trailing `/` except for `/` itself; matches whole segments.
+            pub path_prefix: String,
+            /// Where requests go.
+            pub upstream: UpstreamUrl,
+            $($(#[doc = $doc])* pub $field: $parsed,)*
+            /// The provider preset the route named, if any.
+            pub provider: Option<Provider>,
+            /// Signature verification, when configured: the verifier itself.
+            pub verify: Option<Verifier>,
+        }
+    };
+}
+route_fields!(route_struct);
+
+/// A duration the claim store counts in milliseconds (a lease, a
+/// retention): the value as written, and its count as the store takes it,
+/// converted once, at load. Compares equal to the [`Duration`] written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DurationMs {
+    duration: Duration,
+    ms: Millis,
+}
+
+impl DurationMs {
+    /// No longer than this reaches the store: longer is the same as
+    /// forever, and `now + ms` cannot overflow.
+    const FOREVER: Millis = Millis::MAX / 2;
+
+    pub const fn from_secs(secs: u32) -> DurationMs {
+        DurationMs {
+            duration: Duration::from_secs(secs as u64),
+            ms: secs as Millis * 1000,
+        }
+    }
+
+    /// The store's number.
+    pub fn ms(self) -> Millis {
+        self.ms
+    }
+
+    /// The duration as written.
+    pub fn duration(self) -> Duration {
+        self.duration
+    }
+}
+
+impl From<Duration> for DurationMs {
+    fn from(duration: Duration) -> DurationMs {
+        let ms = Millis::try_from(duration.as_millis()).unwrap_or(Millis::MAX);
+        DurationMs {
+            duration,
+            ms: ms.min(DurationMs::FOREVER),
+        }
+    }
+}
+
+impl From<DurationMs> for Duration {
+    fn from(d: DurationMs) -> Duration {
+        d.duration
+    }
+}
+
+impl PartialEq<Duration> for DurationMs {
+    fn eq(&self, other: &Duration) -> bool {
+        self.duration == *other
+    }
+}
+
+impl fmt::Debug for DurationMs {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        fmt::Debug::fmt(&self.duration(), f)
+    }
 }
 
 /// A parsed `http://` or `https://` upstream.
@@ -199,6 +231,9 @@ pub struct UpstreamUrl {
     pub base_path: String,
     /// The URL as written, for messages.
     pub original: String,
+    /// `Host` for a forwarded request whose sender gave none (HTTP/1.0):
+    /// the host, with its port unless it is the scheme's default.
+    pub host_header: http::HeaderValue,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,7 +241,7 @@ pub enum EventIdSource {
     /// Event ID is this request header's value.
     Header(http::HeaderName),
     /// Event ID is the JSON body value at this RFC 6901 pointer.
-    JsonPointer(String),
+    JsonPointer(JsonPointer),
     /// The `svix` preset (SPEC §8): the `svix-id` header, or `webhook-id`
     /// when the request carries the white-labelled `webhook-*` headers. The
     /// header is picked by [`HeaderSet::of`], the rule the standard-webhooks
@@ -216,6 +251,14 @@ pub enum EventIdSource {
 }
 
 impl EventIdSource {
+    /// The pointer into the JSON body, for a source that reads one.
+    pub fn json_pointer(&self) -> Option<&JsonPointer> {
+        match self {
+            EventIdSource::JsonPointer(p) => Some(p),
+            EventIdSource::Header(_) | EventIdSource::SvixId => None,
+        }
+    }
+
     /// The header this request's event ID is read from; `None` for a JSON
     /// pointer.
     pub fn header_for<'a>(&'a self, headers: &http::HeaderMap) -> Option<&'a http::HeaderName> {
@@ -350,35 +393,9 @@ impl Provider {
     }
 }
 
-/// Signature verification for a route. `Debug` never shows secrets.
-#[derive(Clone)]
-pub struct Verify {
-    /// How the signature is computed and carried.
-    pub scheme: Scheme,
-    /// Resolved key bytes, in the order written (several allow rotation).
-    pub secrets: Vec<Vec<u8>>,
-    /// Timestamped schemes reject deliveries older or newer than this (default 5m).
-    pub tolerance: Duration,
-    /// hmac-sha256 only: the header holding the hex digest.
-    pub header: Option<http::HeaderName>,
-}
-
-impl fmt::Debug for Verify {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.debug_struct("Verify")
-            .field("scheme", &self.scheme)
-            .field(
-                "secrets",
-                &format_args!("[{} redacted]", self.secrets.len()),
-            )
-            .field("tolerance", &self.tolerance)
-            .field("header", &self.header)
-            .finish()
-    }
-}
-
-/// Signature schemes are the verifier's own type.
-pub use crate::verify::Scheme;
+/// Signature schemes and the verifier (whose `Debug` never shows a secret)
+/// are the verify module's own types: config builds the verifier.
+pub use crate::verify::{Scheme, Verifier};
 
 impl Route {
     /// `header x-event-id` or `json_pointer /id`, for `idemgate check`.

@@ -12,6 +12,7 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
 use super::model::{DigestMode, InFlight, OnMissingId, OnStoreError, Provider, Scheme};
+use super::route_fields::route_fields;
 
 /// A scalar kept as text (`30s`, `409`, `2xx`); numbers and booleans are
 /// accepted and turned into their text so the validator can explain them.
@@ -114,48 +115,16 @@ pub struct RawSweeper {
     pub batch_size: Option<u64>,
 }
 
-/// The route fields that `defaults` may also set (everything except a
-/// route's identity: name, match, upstream, provider and verify), written
-/// once as `name: type in the file => type once parsed`. `$build` is a macro
-/// that makes something of the list: the two raw structs below,
-/// [`super::layer::Layer`].
-macro_rules! route_fields {
-    ($build:ident) => {
-        $build! {
-            strip_prefix: bool => bool,
-            event_id: RawEventId => EventIdSource,
-            digest: DigestMode => DigestMode,
-            digest_ignore: Vec<String> => Vec<String>,
-            guard_methods: Vec<String> => Vec<http::Method>,
-            unverified_methods: Vec<String> => Vec<http::Method>,
-            on_missing_id: OnMissingId => OnMissingId,
-            on_store_error: OnStoreError => OnStoreError,
-            in_flight: InFlight => InFlight,
-            max_waiters: u64 => usize,
-            settle_on: Vec<Text> => SettleOn,
-            replay_body: bool => bool,
-            replay_body_limit: Text => u64,
-            // `null` disables the header
-            #[serde(default, deserialize_with = "explicit_null")]
-            idempotency_key_header: Option<String> => Option<http::HeaderName>,
-            lease: Text => Duration,
-            retention: Text => Duration,
-            max_body: Text => u64,
-            upstream_timeout: Text => Duration,
-        }
-    };
-}
-pub(super) use route_fields;
-
 /// `defaults`, and a route: its identity, then the shared fields (repeated
 /// by the macro rather than flattened: `flatten` would lose positions and
 /// break `deny_unknown_fields`).
 macro_rules! raw_structs {
-    ($($(#[$attr:meta])* $field:ident: $raw:ty => $parsed:ty,)*) => {
+    ($($(#[doc = $doc:literal])* $(#[serde($($serde:tt)*)])?
+       $field:ident: $raw:ty => $parsed:ty = $default:expr, parse $parse:ident;)*) => {
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct RawDefaults {
-            $($(#[$attr])* pub $field: Option<$raw>,)*
+            $($(#[serde($($serde)*)])? pub $field: Option<$raw>,)*
         }
 
         #[derive(Debug, Deserialize)]
@@ -167,7 +136,7 @@ macro_rules! raw_structs {
             pub upstream: Option<String>,
             pub provider: Option<Provider>,
             pub verify: Option<RawVerifyField>,
-            $($(#[$attr])* pub $field: Option<$raw>,)*
+            $($(#[serde($($serde)*)])? pub $field: Option<$raw>,)*
         }
 
         impl RawRoute {

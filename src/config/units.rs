@@ -80,7 +80,8 @@ fn parse_in(s: &str, what: &str, names: &str, units: &[(&str, u64)]) -> Result<u
 
 /// Formats a duration in the largest unit that represents it exactly
 /// (`30s`, `7d`, `90s`, `1500ms`); sub-millisecond values fall back to humantime.
-pub fn format_duration(d: Duration) -> String {
+pub fn format_duration(d: impl Into<Duration>) -> String {
+    let d = d.into();
     if d.is_zero() {
         return "0s".to_string();
     }

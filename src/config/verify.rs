@@ -11,9 +11,11 @@ use base64::Engine;
 
 use super::ctx::Ctx;
 use super::fields;
-use super::model::{EventIdSource, OnMissingId, Provider, Scheme, Verify};
+use super::model::{EventIdSource, OnMissingId, Provider, Scheme, Verifier};
 use super::raw::RawVerify;
 use super::units::format_duration;
+use crate::claim::json_pointer::JsonPointer;
+use crate::verify::DEFAULT_TOLERANCE;
 
 /// Standard alphabet, padding optional (Standard Webhooks secrets come both ways).
 const WHSEC_BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -24,11 +26,15 @@ const WHSEC_BASE64: GeneralPurpose = GeneralPurpose::new(
 /// Where each provider puts its event ID.
 pub fn preset_event_id(p: Provider) -> EventIdSource {
     let header = |h: &'static str| EventIdSource::Header(http::HeaderName::from_static(h));
+    let pointer = |p: &str| {
+        let parsed = JsonPointer::parse(p).expect("a preset's pointer is valid");
+        EventIdSource::JsonPointer(parsed)
+    };
     match p {
-        Provider::Stripe => EventIdSource::JsonPointer("/id".to_string()),
+        Provider::Stripe => pointer("/id"),
         Provider::Github => header("x-github-delivery"),
         Provider::Shopify => header("x-shopify-event-id"),
-        Provider::Slack => EventIdSource::JsonPointer("/event_id".to_string()),
+        Provider::Slack => pointer("/event_id"),
         Provider::StandardWebhooks => header("webhook-id"),
         // `svix-id`, or `webhook-id` when Svix sends white-labelled headers.
         Provider::Svix => EventIdSource::SvixId,
@@ -90,7 +96,7 @@ pub fn verify(
     path: &str,
     raw: RawVerify,
     provider: Option<Provider>,
-) -> Option<Verify> {
+) -> Option<Verifier> {
     let RawVerify {
         scheme: raw_scheme,
         secrets,
@@ -152,10 +158,10 @@ pub fn verify(
             }
         }
     }
-    Some(Verify {
+    Some(Verifier {
         scheme: scheme?,
         secrets: keys,
-        tolerance: tolerance.unwrap_or(Duration::from_secs(300)),
+        tolerance: tolerance.unwrap_or(DEFAULT_TOLERANCE),
         header,
     })
 }

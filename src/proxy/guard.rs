@@ -111,7 +111,7 @@ impl Gate {
             }
         };
         let digest = match (&json, cfg.digest) {
-            (Some(doc), DigestMode::Json) => digest::json_digest(doc, &route.ignore),
+            (Some(doc), DigestMode::Json) => digest::json_digest(doc, &route.cfg.digest_ignore),
             _ => digest::raw_digest(&body),
         };
         let digest_hex = digest::to_hex(&digest);

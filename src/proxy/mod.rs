@@ -245,7 +245,8 @@ impl ProxyHttp for Gate {
                 upstream.remove_header(&http::header::EXPECT);
             }
             if !upstream.headers.contains_key(http::header::HOST) {
-                upstream.insert_header(http::header::HOST, route.host_header.clone())?;
+                upstream
+                    .insert_header(http::header::HOST, route.cfg.upstream.host_header.clone())?;
             }
         }
         Ok(())

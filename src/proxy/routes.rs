@@ -1,6 +1,7 @@
-//! The route table: the config's routes prepared for the hot path (upstream
-//! peer built once, JSON pointers parsed once, the signature verifier ready)
-//! and matched by host and longest whole-segment path prefix.
+//! The route table: the config's routes, each with what only the running
+//! process can make of it (the upstream peer, from the upstream's address;
+//! the route's counters and kept connections), matched by host and longest
+//! whole-segment path prefix.
 
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,9 +10,7 @@ use std::time::Duration;
 
 use pingora::upstreams::peer::{HttpPeer, HttpUpstreamRequestPolicy};
 
-use crate::claim::json_pointer;
-use crate::config::{EventIdSource, Route};
-use crate::verify::Verifier;
+use crate::config::Route;
 
 use super::idle::IdleConnections;
 
@@ -20,28 +19,21 @@ const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A route as the proxy uses it.
 pub struct RouteRt {
+    /// The validated route: pointers parsed, verifier built, durations as
+    /// the store takes them.
     pub cfg: Route,
     /// The upstream peer with its timeouts; cloned per request.
     pub peer: HttpPeer,
-    /// `event_id.json_pointer`, parsed.
-    pub id_pointer: Option<Vec<String>>,
-    /// `digest_ignore`, parsed.
-    pub ignore: Vec<json_pointer::JsonPointer>,
-    pub verifier: Option<Verifier>,
-    pub lease_ms: i64,
-    pub retention_ms: i64,
     /// Duplicates held by `in_flight: wait` right now (capped by `max_waiters`).
     pub waiters: AtomicUsize,
     /// This route's `idemgate_requests_total` series.
     pub requests: crate::metrics::RequestCounters,
     /// Upstream connections kept for the next forward.
     pub idle: IdleConnections,
-    /// `Host` for a forwarded request whose sender gave none (HTTP/1.0):
-    /// the upstream's host, with its port unless it is the scheme's default.
-    pub host_header: http::HeaderValue,
 }
 
 impl RouteRt {
+    /// Resolves the upstream's address (once, at start) into its peer.
     pub fn new(cfg: Route) -> Result<RouteRt, String> {
         let up = &cfg.upstream;
         let addr = (up.host.as_str(), up.port)
@@ -70,47 +62,9 @@ impl RouteRt {
         // itself (hop.rs, in upstream_request_filter), the same way as on its
         // own paths, and never forwards an upgrade.
         peer.options.http_upstream_request_policy = HttpUpstreamRequestPolicy::preserve();
-        let id_pointer = match &cfg.event_id {
-            EventIdSource::JsonPointer(p) => Some(
-                json_pointer::parse_pointer(p)
-                    .map_err(|e| format!("route {}: event_id.json_pointer: {e}", cfg.name))?,
-            ),
-            EventIdSource::Header(_) | EventIdSource::SvixId => None,
-        };
-        let ignore = cfg
-            .digest_ignore
-            .iter()
-            .map(|p| json_pointer::JsonPointer::parse(p))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("route {}: digest_ignore: {e}", cfg.name))?;
-        let verifier = cfg.verify.as_ref().map(|v| Verifier {
-            scheme: v.scheme,
-            secrets: v.secrets.clone(),
-            tolerance: v.tolerance,
-            header: v.header.clone(),
-        });
-        let default_port = if up.tls { 443 } else { 80 };
-        let host = match (up.host.contains(':'), up.port == default_port) {
-            (true, true) => format!("[{}]", up.host),
-            (true, false) => format!("[{}]:{}", up.host, up.port),
-            (false, true) => up.host.clone(),
-            (false, false) => format!("{}:{}", up.host, up.port),
-        };
-        let host_header = http::HeaderValue::from_str(&host).map_err(|_| {
-            format!(
-                "route {}: upstream host `{host}` is not a header value",
-                cfg.name
-            )
-        })?;
         Ok(RouteRt {
-            host_header,
-            lease_ms: cfg.lease.as_millis() as i64,
-            retention_ms: cfg.retention.as_millis() as i64,
             cfg,
             peer,
-            id_pointer,
-            ignore,
-            verifier,
             waiters: Default::default(),
             requests: Default::default(),
             idle: IdleConnections::new(UPSTREAM_IDLE_TIMEOUT),
@@ -146,7 +100,7 @@ impl RouteRt {
     /// route with `verify`, every method but the `unverified_methods`
     /// (never a guarded one: config validation refuses that).
     pub fn verifies(&self, method: &http::Method) -> bool {
-        self.verifier.is_some() && !self.cfg.unverified_methods.iter().any(|m| m == method)
+        self.cfg.verify.is_some() && !self.cfg.unverified_methods.iter().any(|m| m == method)
     }
 
     /// The path the upstream sees: `strip_prefix` applied, the upstream's base

@@ -174,7 +174,7 @@ pub(super) fn check_signature(
     body: &[u8],
     event_id: Option<&str>,
 ) -> Result<(), Refused> {
-    let Some(v) = &route.verifier else {
+    let Some(v) = &route.cfg.verify else {
         return Ok(());
     };
     let now_secs = (now_ms() / 1000) as i64;
@@ -203,6 +203,6 @@ pub(super) fn upstream_request(
         &route.upstream_path(pq),
         body_len,
         key,
-        &route.host_header,
+        &route.cfg.upstream.host_header,
     )
 }

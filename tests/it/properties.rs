@@ -568,7 +568,7 @@ fn arb_route(i: usize) -> impl Strategy<Value = RouteSpec> {
         prop::collection::vec(arb_token(), 0..3).prop_map(|t| {
             let p = pointer_of(&t);
             (
-                EventIdSource::JsonPointer(p.clone()),
+                EventIdSource::JsonPointer(p.parse().unwrap()),
                 format!("json_pointer: {}", serde_json::to_string(&p).unwrap()),
             )
         }),

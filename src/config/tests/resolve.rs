@@ -55,6 +55,8 @@ fn built_in_defaults() {
     );
     assert_eq!(r.lease, Duration::from_secs(60));
     assert_eq!(r.retention, days(7));
+    // as the store takes them
+    assert_eq!((r.lease.ms(), r.retention.ms()), (60_000, 7 * 86_400_000));
     assert_eq!(r.max_body, 1 << 20);
     assert_eq!(r.upstream_timeout, Duration::from_secs(30));
     assert_eq!((r.provider, r.verify.is_none()), (None, true));
@@ -104,7 +106,10 @@ fn route_beats_defaults_beats_built_in() {
     // Defaults.
     assert_eq!(b.lease, Duration::from_secs(120));
     assert_eq!(b.digest, DigestMode::Json);
-    assert_eq!(b.event_id, EventIdSource::JsonPointer("/id".into()));
+    assert_eq!(
+        b.event_id,
+        EventIdSource::JsonPointer("/id".parse().unwrap())
+    );
     assert_eq!(b.idempotency_key_header, None);
     for r in [a, b] {
         assert_eq!(r.retention, days(30));
@@ -156,7 +161,7 @@ fn provider_presets_fill_event_id_and_scheme() {
     let cases = [
         (
             "stripe",
-            EventIdSource::JsonPointer("/id".into()),
+            EventIdSource::JsonPointer("/id".parse().unwrap()),
             Scheme::Stripe,
             Provider::Stripe,
         ),
@@ -174,7 +179,7 @@ fn provider_presets_fill_event_id_and_scheme() {
         ),
         (
             "slack",
-            EventIdSource::JsonPointer("/event_id".into()),
+            EventIdSource::JsonPointer("/event_id".parse().unwrap()),
             Scheme::Slack,
             Provider::Slack,
         ),

@@ -206,7 +206,7 @@ fn json_pointers_are_checked() {
         let l = ok(&ptr(good));
         assert_eq!(
             l.config.routes[0].event_id,
-            crate::config::EventIdSource::JsonPointer(good.into())
+            crate::config::EventIdSource::JsonPointer(good.parse().unwrap())
         );
     }
 }

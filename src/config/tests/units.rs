@@ -99,3 +99,19 @@ fn formatting_round_trips() {
         assert_eq!(format_size(parse_size(s).unwrap()), s);
     }
 }
+
+#[test]
+fn store_durations_are_milliseconds_that_cannot_overflow() {
+    use crate::config::DurationMs;
+    let d = DurationMs::from(Duration::from_millis(1500));
+    assert_eq!((d.ms(), d.duration()), (1500, Duration::from_millis(1500)));
+    assert_eq!(DurationMs::from_secs(60), Duration::from_secs(60));
+    assert_eq!(DurationMs::from_secs(60).ms(), 60_000);
+    // past what the store can add to `now`: forever, still shown as written
+    for ms in [u64::MAX, i64::MAX as u64, i64::MAX as u64 / 2 + 1] {
+        let d = DurationMs::from(Duration::from_millis(ms));
+        assert_eq!(d.ms(), i64::MAX / 2, "{ms}");
+        assert_eq!(format_duration(d), format!("{ms}ms"));
+        assert!(d.ms().checked_add(4_102_444_800_000).is_some(), "year 2100");
+    }
+}

@@ -90,6 +90,17 @@ fn upstream_urls() {
         ("::1", 8080, "/x")
     );
     assert_eq!(u("http://h/").port, 80);
+    // the Host a forwarded HTTP/1.0 request without one gets
+    for (url, host) in [
+        ("http://127.0.0.1:3001", "127.0.0.1:3001"),
+        ("https://Consumer.Internal/base/", "consumer.internal"),
+        ("https://h:8443", "h:8443"),
+        ("http://h:443", "h:443"),
+        ("http://[::1]:8080/x", "[::1]:8080"),
+        ("http://[::1]", "[::1]"),
+    ] {
+        assert_eq!(u(url).host_header, host, "{url}");
+    }
 }
 
 #[test]

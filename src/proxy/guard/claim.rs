@@ -103,8 +103,8 @@ impl Gate {
             event_id,
             digest: digest_hex,
             now: now_ms(),
-            lease_ms: route.lease_ms,
-            retention_ms: route.retention_ms,
+            lease_ms: route.cfg.lease.ms(),
+            retention_ms: route.cfg.retention.ms(),
         };
         let t = Instant::now();
         let res = self.store.claim(&req).await;

@@ -30,8 +30,8 @@ pub(super) fn header_key(
 
 /// The event ID's key from the body, for a route that reads it at a JSON pointer.
 pub(super) fn json_key(route: &RouteRt, json: Option<&Value>) -> Result<Key<String>, Refused> {
-    let id = match (&route.id_pointer, json) {
-        (Some(tokens), Some(doc)) => match event_id::event_id_from_json_tokens(doc, tokens) {
+    let id = match (route.cfg.event_id.json_pointer(), json) {
+        (Some(p), Some(doc)) => match event_id::event_id_from_json_tokens(doc, p.tokens()) {
             Ok(id) => Some(id),
             Err(event_id::JsonIdError::Absent) => None,
             Err(e) => {
@@ -50,7 +50,7 @@ pub(super) fn json_body(
     body: &[u8],
     header_id: Option<&str>,
 ) -> Result<Option<Value>, Refused> {
-    if route.cfg.digest != DigestMode::Json && route.id_pointer.is_none() {
+    if route.cfg.digest != DigestMode::Json && route.cfg.event_id.json_pointer().is_none() {
         return Ok(None);
     }
     digest::parse_json_body(body).map(Some).map_err(|e| {

@@ -65,7 +65,7 @@ impl Gate {
                 event_id,
                 attempt,
                 now: now_ms(),
-                retention_ms: route.retention_ms,
+                retention_ms: route.cfg.retention.ms(),
                 outcome: outcome.clone(),
             };
             let t = Instant::now();
