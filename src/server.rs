@@ -7,6 +7,7 @@
 
 mod upgrade;
 
+use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -23,11 +24,29 @@ use crate::config::Config;
 use crate::listener::{self, Downstream, Table};
 use crate::metrics::Metrics;
 use crate::proxy::idle::PruneIdle;
-use crate::proxy::routes::RouteTable;
+use crate::proxy::routes::{RouteError, RouteTable};
 use crate::proxy::{Gate, InFlightRequests};
 use crate::store::ClaimStore;
 use crate::sweeper::Sweeper;
-use upgrade::{KeepFds, SharedFds, Signals};
+use upgrade::{KeepFds, SharedFds, SignalError, Signals};
+
+/// Why the server could not start. `Display` is the line the CLI prints.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Signals(#[from] SignalError),
+    /// On a plain start, the address is taken (or cannot be bound).
+    #[error("{what}: cannot listen on {addr}: {source}")]
+    Listen {
+        /// The config key: `listen` or `admin_listen`.
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Route(#[from] RouteError),
+}
 
 /// pingora's settings for one idemgate process. The pid file defaults to
 /// a fixed `/tmp` path that two processes would share; the upgrade socket
@@ -61,7 +80,7 @@ pub fn gate(
     conf: &ServerConf,
     store: Arc<dyn ClaimStore>,
     metrics: Metrics,
-) -> Result<Gate, String> {
+) -> Result<Gate, RouteError> {
     let routes = RouteTable::new(config.routes.clone())?;
     metrics.init_routes(routes.iter().map(|r| r.name()));
     Ok(Gate {
@@ -76,13 +95,16 @@ pub fn gate(
 
 /// On a plain start, a busy address is an error at once (pingora would
 /// retry it for a long while). An upgrade takes its addresses over instead.
-fn check_free(config: &Config) -> Result<(), String> {
+fn check_free(config: &Config) -> Result<(), ServeError> {
     for (what, addr) in [
         ("listen", config.listen),
         ("admin_listen", config.admin_listen),
     ] {
-        std::net::TcpListener::bind(addr)
-            .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))?;
+        std::net::TcpListener::bind(addr).map_err(|source| ServeError::Listen {
+            what,
+            addr,
+            source,
+        })?;
     }
     Ok(())
 }
@@ -98,7 +120,7 @@ pub fn run(
     store: Arc<dyn ClaimStore>,
     metrics: Metrics,
     upgrade: bool,
-) -> Result<(), String> {
+) -> Result<(), ServeError> {
     let signals = upgrade::catch_signals()?;
     if !upgrade {
         check_free(&config)?;

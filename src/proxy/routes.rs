@@ -32,25 +32,36 @@ pub struct RouteRt {
     pub idle: IdleConnections,
 }
 
+/// A route whose upstream the process cannot reach by address.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("route {route}: cannot resolve upstream {upstream}: {source}")]
+    Resolve {
+        route: String,
+        upstream: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("route {route}: upstream {upstream} has no address")]
+    NoAddress { route: String, upstream: String },
+}
+
 impl RouteRt {
     /// Resolves the upstream's address (once, at start) into its peer.
-    pub fn new(cfg: Route) -> Result<RouteRt, String> {
+    pub fn new(cfg: Route) -> Result<RouteRt, RouteError> {
         let up = &cfg.upstream;
-        let addr = (up.host.as_str(), up.port)
-            .to_socket_addrs()
-            .map_err(|e| {
-                format!(
-                    "route {}: cannot resolve upstream {}: {e}",
-                    cfg.name, up.original
-                )
-            })?
-            .next()
-            .ok_or_else(|| {
-                format!(
-                    "route {}: upstream {} has no address",
-                    cfg.name, up.original
-                )
-            })?;
+        let (route, upstream) = (cfg.name.clone(), up.original.clone());
+        let addr = match (up.host.as_str(), up.port).to_socket_addrs() {
+            Ok(mut addrs) => addrs.next(),
+            Err(source) => {
+                return Err(RouteError::Resolve {
+                    route,
+                    upstream,
+                    source,
+                })
+            }
+        };
+        let addr = addr.ok_or(RouteError::NoAddress { route, upstream })?;
         let mut peer = HttpPeer::new(addr, up.tls, up.host.clone());
         let t = cfg.upstream_timeout;
         peer.options.connection_timeout = Some(t);
@@ -139,7 +150,7 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    pub fn new(routes: Vec<Route>) -> Result<RouteTable, String> {
+    pub fn new(routes: Vec<Route>) -> Result<RouteTable, RouteError> {
         let mut routes = routes
             .into_iter()
             .map(RouteRt::new)

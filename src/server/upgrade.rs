@@ -39,12 +39,12 @@ pub enum Sig {
 /// a SIGQUIT that reaches a new process before pingora listens for signals
 /// (an operator's next reload) must not kill it with the default action,
 /// nor be lost.
-pub fn catch_signals() -> Result<UnboundedReceiver<Sig>, String> {
+pub fn catch_signals() -> Result<UnboundedReceiver<Sig>, SignalError> {
     use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
-        .map_err(|e| format!("signal runtime: {e}"))?;
+        .map_err(SignalError::Runtime)?;
     let (mut term, mut int, mut quit) = rt
         .block_on(async {
             Ok::<_, std::io::Error>((
@@ -53,7 +53,7 @@ pub fn catch_signals() -> Result<UnboundedReceiver<Sig>, String> {
                 signal(SignalKind::quit())?,
             ))
         })
-        .map_err(|e| format!("cannot catch signals: {e}"))?;
+        .map_err(SignalError::Catch)?;
     let (tx, rx) = unbounded_channel();
     std::thread::Builder::new()
         .name("idemgate-signals".into())
@@ -71,8 +71,19 @@ pub fn catch_signals() -> Result<UnboundedReceiver<Sig>, String> {
                 }
             })
         })
-        .map_err(|e| format!("signal thread: {e}"))?;
+        .map_err(SignalError::Thread)?;
     Ok(rx)
+}
+
+/// Why the signals cannot be caught: each step's own I/O error.
+#[derive(Debug, thiserror::Error)]
+pub enum SignalError {
+    #[error("signal runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot catch signals: {0}")]
+    Catch(#[source] std::io::Error),
+    #[error("signal thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 /// SIGTERM and SIGINT mean "stop gracefully"; SIGQUIT means "hand the
