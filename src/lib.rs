@@ -5,6 +5,8 @@
 //! store before forwarding, answers duplicates itself, and settles the claim
 //! from the upstream's outcome.
 //!
+//! "SPEC §N" in comments refers to section N of the contract, summarised in `docs/spec.md`.
+//!
 //! # Layout
 //! - [`config`]: YAML → validated model (errors with file:line:col).
 //! - [`claim`]: the state machine as data (`decide`, `settle`), event IDs, digests.
