@@ -95,27 +95,27 @@ pub fn status_class(status: u16) -> &'static str {
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    pub requests: IntCounterVec,
-    pub upstream_responses: IntCounterVec,
-    pub claims: IntCounterVec,
-    pub settles: IntCounterVec,
-    pub upstream_duration: HistogramVec,
-    pub store_duration: HistogramVec,
+    requests: IntCounterVec,
+    upstream_responses: IntCounterVec,
+    claims: IntCounterVec,
+    settles: IntCounterVec,
+    upstream_duration: HistogramVec,
+    store_duration: HistogramVec,
     /// `store_duration`'s lookup, claim and settle series, resolved once: a
     /// labelled observation hashes its label values on every call.
     store_hot: [Histogram; 3],
-    pub processing_oldest_age: GaugeVec,
-    pub records_swept: IntCounter,
+    processing_oldest_age: GaugeVec,
+    records_swept: IntCounter,
     /// `idemgate_connections{state}`: active, idle, reading.
-    pub connections: IntGaugeVec,
+    connections: IntGaugeVec,
     /// `idemgate_connections_closed_total{reason}`.
-    pub connections_closed: IntCounterVec,
+    connections_closed: IntCounterVec,
     /// `idemgate_log_lines_dropped_total`, brought up to
     /// [`LOG_LINES_DROPPED`] at each scrape.
     log_lines_dropped: IntCounter,
     /// Requests sent once more after a kept upstream connection failed
     /// before answering (SPEC §4, "Hop-by-hop").
-    pub upstream_retries: IntCounterVec,
+    upstream_retries: IntCounterVec,
 }
 
 /// Outcomes there are, for [`RequestCounters`].
@@ -263,6 +263,55 @@ impl Metrics {
         self.upstream_duration
             .with_label_values(&[route])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// An upstream outcome by class: a status class (`2xx`…) for an answer
+    /// counted without [`Metrics::upstream_answered`], or `timeout` or
+    /// `connect_error`.
+    pub fn upstream_outcome(&self, route: &str, class: &str) {
+        self.upstream_responses
+            .with_label_values(&[route, class])
+            .inc();
+    }
+
+    /// How long an upstream took, for an answer counted elsewhere.
+    pub fn upstream_time(&self, route: &str, elapsed: std::time::Duration) {
+        self.upstream_duration
+            .with_label_values(&[route])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A claim taken, of `kind` (`new`, `reclaim`, `retry`).
+    pub fn claimed(&self, route: &str, kind: &str) {
+        self.claims.with_label_values(&[route, kind]).inc();
+    }
+
+    /// A settle's result (`delivered`, `failed`, …, or `error`).
+    pub fn settled(&self, route: &str, result: &str) {
+        self.settles.with_label_values(&[route, result]).inc();
+    }
+
+    /// The sweeper removed `n` records.
+    pub fn swept(&self, n: u64) {
+        self.records_swept.inc_by(n);
+    }
+
+    /// The age of `route`'s oldest record in `processing`.
+    pub fn processing_oldest(&self, route: &str, age_secs: f64) {
+        self.processing_oldest_age
+            .with_label_values(&[route])
+            .set(age_secs);
+    }
+
+    /// `idemgate_connections{state}`, resolved once by the connection table.
+    pub fn connections_gauge(&self, state: &str) -> prometheus::IntGauge {
+        self.connections.with_label_values(&[state])
+    }
+
+    /// `idemgate_connections_closed_total{reason}`, resolved once by the
+    /// connection table.
+    pub fn closed_counter(&self, reason: &str) -> IntCounter {
+        self.connections_closed.with_label_values(&[reason])
     }
 
     /// A request to `route`'s upstream was sent once more.

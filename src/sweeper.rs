@@ -83,7 +83,7 @@ pub async fn sweep_all(
         let n = store.sweep_batch(now, batch_size).await?;
         if let Some(m) = metrics {
             m.store_time("sweep", t.elapsed().as_secs_f64());
-            m.records_swept.inc_by(n);
+            m.swept(n);
         }
         total += n;
         if (n as i64) < batch_size {
@@ -154,10 +154,7 @@ impl Sweeper {
                         .find(|(route, _)| route == r)
                         .map(|(_, oldest)| (now - oldest).max(0) as f64 / 1000.0)
                         .unwrap_or(0.0);
-                    self.metrics
-                        .processing_oldest_age
-                        .with_label_values(&[r])
-                        .set(age);
+                    self.metrics.processing_oldest(r, age);
                 }
             }
             Err(e) => tracing::debug!(error = %e, "oldest processing lookup failed"),

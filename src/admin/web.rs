@@ -132,30 +132,30 @@ pub fn method_not_allowed(allow: &'static str) -> Response<Vec<u8>> {
 }
 
 /// Decodes `%XX` escapes (and `+` as a space when `plus_is_space`, as in a
-/// query string). `None` for a malformed escape or text that is not UTF-8.
+/// query string). `None` for a malformed escape or text that is not UTF-8:
+/// `percent-encoding` (and `form_urlencoded`, which also decodes lossily)
+/// would pass a malformed escape on as text, and a name that is a guess
+/// must not reach a record.
 pub fn percent_decode(s: &str, plus_is_space: bool) -> Option<String> {
     let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3)?;
-                let hex = std::str::from_utf8(hex).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' if plus_is_space => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
+    let escapes_whole = bytes.iter().enumerate().all(|(i, &b)| {
+        b != b'%'
+            || bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !escapes_whole {
+        return None;
     }
-    String::from_utf8(out).ok()
+    let spaced;
+    let s = if plus_is_space && s.contains('+') {
+        spaced = s.replace('+', " ");
+        &spaced
+    } else {
+        s
+    };
+    let decoded = percent_encoding::percent_decode_str(s).decode_utf8().ok()?;
+    Some(decoded.into_owned())
 }
 
 /// The path's segments after `prefix`, each percent-decoded (so `%2F` is a

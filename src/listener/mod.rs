@@ -22,7 +22,6 @@ pub mod table;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::{BufMut, BytesMut};
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::listeners::tls::Acceptor;
 use pingora::protocols::http::ServerSession;
@@ -102,21 +101,7 @@ impl Downstream {
         );
         let outcome = p.kind.outcome();
         self.metrics.request("", outcome);
-        let body = p.body();
-        let mut out = BytesMut::with_capacity(256 + body.len());
-        out.put_slice(
-            format!(
-                "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n{}: {}\r\nConnection: close\r\n\r\n",
-                p.status(),
-                p.kind.title(),
-                crate::problem::CONTENT_TYPE,
-                body.len(),
-                crate::proxy::respond::IDEMPOTENCY_STATUS,
-                outcome.as_str(),
-            )
-            .as_bytes(),
-        );
-        out.put_slice(&body);
+        let out = crate::proxy::respond::problem_closing_wire(&p, outcome.as_str());
         let write = async {
             stream.write_all(&out).await?;
             stream.flush().await

@@ -113,11 +113,10 @@ pub struct Conn {
 impl Table {
     pub fn new(limits: Limits, metrics: &Metrics) -> Arc<Table> {
         let series = Series {
-            active: metrics.connections.with_label_values(&["active"]),
-            idle: metrics.connections.with_label_values(&["idle"]),
-            reading: metrics.connections.with_label_values(&["reading"]),
-            closed: Reason::ALL
-                .map(|r| metrics.connections_closed.with_label_values(&[r.as_str()])),
+            active: metrics.connections_gauge("active"),
+            idle: metrics.connections_gauge("idle"),
+            reading: metrics.connections_gauge("reading"),
+            closed: Reason::ALL.map(|r| metrics.closed_counter(r.as_str())),
         };
         Arc::new(Table {
             inner: Mutex::new(Inner {
@@ -443,13 +442,11 @@ mod tests {
     }
 
     fn gauge(m: &Metrics, state: &str) -> i64 {
-        m.connections.with_label_values(&[state]).get()
+        m.connections_gauge(state).get()
     }
 
     fn closed(m: &Metrics, reason: Reason) -> u64 {
-        m.connections_closed
-            .with_label_values(&[reason.as_str()])
-            .get()
+        m.closed_counter(reason.as_str()).get()
     }
 
     #[test]

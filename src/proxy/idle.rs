@@ -9,22 +9,18 @@
 //! nothing — an upstream that closed it or sent unasked-for data is dropped
 //! then. Connections idle past the upstream's idle timeout are dropped when
 //! the stack is touched and by [`IdleConnections::prune`], which the proxy
-//! runs periodically so that an unused route does not keep sockets open.
+//! runs periodically (`routes::PruneIdle`) so that an unused route does not
+//! keep sockets open.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use pingora::protocols::Stream;
-use pingora::server::ShutdownWatch;
-use pingora::services::background::BackgroundService;
 use tokio::io::AsyncReadExt;
-
-use super::routes::RouteRt;
 
 /// Most idle connections one route keeps (as pingora's pool size).
 pub const MAX_IDLE: usize = 256;
@@ -113,34 +109,6 @@ impl IdleConnections {
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
         // a panic while holding it cannot leave the stack inconsistent
         self.stack.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// Closes every route's connections idle past the timeout, every
-/// [`PRUNE_EVERY`], so a route without traffic lets its upstream go.
-pub struct PruneIdle {
-    pub routes: Vec<Arc<RouteRt>>,
-}
-
-/// How often [`PruneIdle`] looks.
-const PRUNE_EVERY: Duration = Duration::from_secs(10);
-
-#[async_trait]
-impl BackgroundService for PruneIdle {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(PRUNE_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    let now = Instant::now();
-                    for route in &self.routes {
-                        route.idle.prune(now);
-                    }
-                }
-                _ = shutdown.changed() => return,
-            }
-        }
     }
 }
 

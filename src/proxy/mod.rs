@@ -12,89 +12,46 @@
 //! `claim::policy`'s), `unguarded` the others.
 
 pub mod body;
+mod delivery;
+mod exit;
 pub mod forward;
-mod guard;
 pub mod hop;
 pub mod idle;
+mod in_flight;
+mod pass_through;
 pub mod respond;
 pub mod routes;
 pub mod seen;
-mod unguarded;
-mod verdict;
+mod shared;
+mod steps;
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use pingora::connectors::http::Connector;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType, Result};
 
-use crate::metrics::{status_class, Metrics, Outcome};
+use crate::metrics::{status_class, Outcome};
 use crate::problem::{Problem, ProblemKind};
-use crate::store::ClaimStore;
+use exit::Refused;
+pub use in_flight::InFlightRequests;
 use routes::{RouteRt, RouteTable};
-use verdict::Refused;
-
-/// Counts guarded requests between claim and answer, for the graceful
-/// drain; and says when this process hands its listeners over to a new one
-/// (SPEC §10), so that held duplicates are answered at once.
-#[derive(Default)]
-pub struct InFlightRequests(AtomicUsize, tokio::sync::watch::Sender<bool>);
-
-impl InFlightRequests {
-    pub fn current(&self) -> usize {
-        self.0.load(Ordering::Acquire)
-    }
-
-    /// The listeners went to a new process: held duplicates are answered
-    /// now (409 with `Retry-After`), and none is held from here on.
-    pub fn hand_over(&self) {
-        self.1.send_replace(true);
-    }
-
-    pub fn handing_over(&self) -> bool {
-        *self.1.borrow()
-    }
-
-    /// Resolves once [`InFlightRequests::hand_over`] was called.
-    pub async fn handed_over(&self) {
-        let mut rx = self.1.subscribe();
-        let _ = rx.wait_for(|&over| over).await;
-    }
-
-    /// Counts a guarded request until the returned guard drops.
-    fn enter(&self) -> InFlightGuard<'_> {
-        self.0.fetch_add(1, Ordering::AcqRel);
-        InFlightGuard(self)
-    }
-}
-
-struct InFlightGuard<'a>(&'a InFlightRequests);
-
-impl Drop for InFlightGuard<'_> {
-    fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
+pub use shared::Shared;
 
 /// Largest request header section accepted (pingora's own limit is far higher).
 pub const MAX_HEADER_SECTION: usize = 64 * 1024;
 
-/// The proxy: routes, store, metrics, and its own upstream connector for the
-/// guarded path.
+/// The proxy: its routes and what every request shares. Its hooks gather
+/// facts and hand the request to [`delivery`] (guarded), [`pass_through`]
+/// (read whole, unguarded) or pingora's streaming path.
 pub struct Gate {
     pub routes: RouteTable,
-    pub store: Arc<dyn ClaimStore>,
-    pub metrics: Metrics,
-    pub connector: Connector,
-    pub in_flight: Arc<InFlightRequests>,
-    /// Events met lately: they read the store before claiming.
-    pub seen: seen::SeenEvents,
+    pub shared: Shared,
 }
 
 /// Per-request state shared by the hooks.
@@ -140,7 +97,7 @@ impl ProxyHttp for Gate {
             Ok(Cow::Owned(normal)) => Some(normal),
             Err(e) => {
                 let p = Problem::new(ProblemKind::InvalidPath, e.to_string());
-                return self.refuse_unrouted(session, p).await;
+                return pass_through::refuse_unrouted(&self.shared, session, p).await;
             }
         };
         if let Some(normal) = changed {
@@ -153,7 +110,7 @@ impl ProxyHttp for Gate {
                 Ok(uri) => req.set_uri(uri),
                 Err(_) => {
                     let p = Problem::new(ProblemKind::InvalidPath, "the path is not a valid URI");
-                    return self.refuse_unrouted(session, p).await;
+                    return pass_through::refuse_unrouted(&self.shared, session, p).await;
                 }
             }
         }
@@ -171,9 +128,8 @@ impl ProxyHttp for Gate {
                 ProblemKind::HeadersTooLarge,
                 format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
             );
-            return self
-                .refuse(session, route.map(|r| &**r), Refused::new(p).closing(true))
-                .await;
+            let refused = Refused::new(p).closing(true);
+            return exit::refuse(&self.shared, session, route.map(|r| &**r), refused).await;
         }
         let host = routes::request_host(req);
         let Some(route) = self.routes.find(host.as_deref(), req.uri.path()).cloned() else {
@@ -181,7 +137,7 @@ impl ProxyHttp for Gate {
                 ProblemKind::NoRoute,
                 format!("no route matches {}", req.uri.path()),
             );
-            return self.refuse_unrouted(session, p).await;
+            return pass_through::refuse_unrouted(&self.shared, session, p).await;
         };
         let method = &req.method;
         let guarded = route.guards(method);
@@ -191,15 +147,15 @@ impl ProxyHttp for Gate {
             if verified {
                 // read, verified, then forwarded unguarded (SPEC §8)
                 ctx.counted = true;
-                return self.pass_verified(session, &route).await;
+                return pass_through::pass_verified(&self.shared, session, &route).await;
             }
             if body::buffered_pass_through(session) {
                 ctx.counted = true; // counted where it is forwarded
-                return self.pass_buffered(session, &route).await;
+                return pass_through::pass_buffered(&self.shared, session, &route).await;
             }
             return Ok(false);
         }
-        self.guard(session, &route).await
+        delivery::run(&self.shared, session, &route).await
     }
 
     /// Unguarded requests only: the route's upstream (on a retry, on a
@@ -252,6 +208,11 @@ impl ProxyHttp for Gate {
         Ok(())
     }
 
+    /// Unguarded requests only, on pingora's path: the upstream's response
+    /// header before it goes to the sender. A 101 is refused (no upgrade is
+    /// forwarded), hop-by-hop headers are dropped as on idemgate's own path,
+    /// the final answer is counted and marked `Idempotency-Status:
+    /// unguarded`.
     async fn upstream_response_filter(
         &self,
         session: &mut Session,
@@ -294,7 +255,7 @@ impl ProxyHttp for Gate {
         e.set_retry(retry);
         if let (true, Some(route)) = (retry, &ctx.route) {
             ctx.retried = true;
-            self.metrics.upstream_retry(route.name());
+            self.shared.metrics.upstream_retry(route.name());
         }
         e
     }
@@ -334,7 +295,8 @@ impl ProxyHttp for Gate {
             e.etype() == &ErrorType::WriteTimedout && e.esource() != &pingora::ErrorSource::Upstream
         }) {
             // the client did not read its response: the connection closes
-            self.metrics
+            self.shared
+                .metrics
                 .connection_closed(crate::metrics::CloseReason::WriteTimeout);
         }
     }
@@ -358,8 +320,8 @@ impl Gate {
         }
         ctx.counted = true;
         let name = route.name();
-        self.metrics
-            .route_request(&route.requests, name, Outcome::Unguarded);
+        let metrics = &self.shared.metrics;
+        metrics.route_request(&route.requests, name, Outcome::Unguarded);
         let class = match (status, failure) {
             (Some(s), _) => status_class(s),
             (None, Some(e))
@@ -373,15 +335,9 @@ impl Gate {
             (None, Some(_)) => "connect_error",
             (None, None) => return,
         };
-        self.metrics
-            .upstream_responses
-            .with_label_values(&[name, class])
-            .inc();
+        metrics.upstream_outcome(name, class);
         if let Some(t) = ctx.upstream_started {
-            self.metrics
-                .upstream_duration
-                .with_label_values(&[name])
-                .observe(t.elapsed().as_secs_f64());
+            metrics.upstream_time(name, t.elapsed());
         }
     }
 }
@@ -409,11 +365,13 @@ mod tests {
         let store = crate::store::open_url(&cfg.store.url, 1).await.unwrap();
         let gate = Gate {
             routes: RouteTable::new(cfg.routes.clone()).unwrap(),
-            store,
-            metrics: Metrics::new(),
-            connector: Connector::new(None),
-            in_flight: Default::default(),
-            seen: Default::default(),
+            shared: Shared {
+                store,
+                metrics: crate::metrics::Metrics::new(),
+                connector: pingora::connectors::http::Connector::new(None),
+                in_flight: Default::default(),
+                seen: Default::default(),
+            },
         };
         let (stream, _peer) = tokio::io::duplex(64);
         let mut session = Session::new_h1(Box::new(stream));

@@ -38,6 +38,23 @@ pub async fn problem(
     session.write_response_body(Some(body), true).await
 }
 
+/// A problem+json response as bytes on the wire, with `Connection:
+/// close`: for a connection answered before pingora has a session for it
+/// (the listener's 431 for an oversized head).
+pub fn problem_closing_wire(p: &Problem, status_header: &str) -> Vec<u8> {
+    let body = p.body();
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\n\
+         {IDEMPOTENCY_STATUS}: {status_header}\r\nConnection: close\r\n\r\n",
+        p.status(),
+        p.kind.title(),
+        body.len(),
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
 /// Answers a duplicate of a delivered event with the recorded outcome: its
 /// status, and with `replay_body` its content type and body.
 pub async fn replay(session: &mut Session, recorded: &Recorded) -> Result<()> {

@@ -6,8 +6,11 @@
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
 use pingora::upstreams::peer::{HttpPeer, HttpUpstreamRequestPolicy};
 
 use crate::config::Route;
@@ -213,6 +216,34 @@ pub fn request_host(req: &pingora::http::RequestHeader) -> Option<String> {
         .filter(|h| !h.is_empty())
         .unwrap_or(&host);
     Some(host.to_ascii_lowercase())
+}
+
+/// Closes every route's connections idle past the timeout, every
+/// [`PRUNE_EVERY`], so a route without traffic lets its upstream go.
+pub struct PruneIdle {
+    pub routes: Vec<Arc<RouteRt>>,
+}
+
+/// How often [`PruneIdle`] looks.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+
+#[async_trait]
+impl BackgroundService for PruneIdle {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(PRUNE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    for route in &self.routes {
+                        route.idle.prune(now);
+                    }
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -8,15 +8,12 @@ use crate::claim::policy::{self, Key};
 use crate::claim::{digest, event_id};
 use crate::config::{DigestMode, OnMissingId};
 use crate::problem::{Problem, ProblemKind};
+use crate::proxy::exit::Refused;
 use crate::proxy::routes::RouteRt;
-use crate::proxy::verdict::Refused;
 
 /// The event ID's key from its header, for a route that reads one (`None`
 /// for one that reads it from the body).
-pub(super) fn header_key(
-    session: &Session,
-    route: &RouteRt,
-) -> Result<Option<Key<String>>, Problem> {
+pub fn header_key(session: &Session, route: &RouteRt) -> Result<Option<Key<String>>, Problem> {
     let headers = &session.req_header().headers;
     let Some(h) = route.cfg.event_id.header_for(headers) else {
         return Ok(None);
@@ -29,7 +26,7 @@ pub(super) fn header_key(
 }
 
 /// The event ID's key from the body, for a route that reads it at a JSON pointer.
-pub(super) fn json_key(route: &RouteRt, json: Option<&Value>) -> Result<Key<String>, Refused> {
+pub fn json_key(route: &RouteRt, json: Option<&Value>) -> Result<Key<String>, Refused> {
     let id = match (route.cfg.event_id.json_pointer(), json) {
         (Some(p), Some(doc)) => match event_id::event_id_from_json_tokens(doc, p.tokens()) {
             Ok(id) => Some(id),
@@ -45,7 +42,7 @@ pub(super) fn json_key(route: &RouteRt, json: Option<&Value>) -> Result<Key<Stri
 }
 
 /// The body as JSON, when the digest or the event ID needs it.
-pub(super) fn json_body(
+pub fn json_body(
     route: &RouteRt,
     body: &[u8],
     header_id: Option<&str>,

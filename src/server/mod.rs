@@ -23,9 +23,9 @@ use crate::admin::Admin;
 use crate::config::Config;
 use crate::listener::{self, Downstream, Table};
 use crate::metrics::Metrics;
-use crate::proxy::idle::PruneIdle;
+use crate::proxy::routes::PruneIdle;
 use crate::proxy::routes::{RouteError, RouteTable};
-use crate::proxy::{Gate, InFlightRequests};
+use crate::proxy::{Gate, InFlightRequests, Shared};
 use crate::store::ClaimStore;
 use crate::sweeper::Sweeper;
 use upgrade::{KeepFds, SharedFds, SignalError, Signals};
@@ -85,11 +85,13 @@ pub fn gate(
     metrics.init_routes(routes.iter().map(|r| r.name()));
     Ok(Gate {
         routes,
-        store,
-        metrics,
-        connector: Connector::new(Some(ConnectorOptions::from_server_conf(conf))),
-        in_flight: Arc::new(InFlightRequests::default()),
-        seen: Default::default(),
+        shared: Shared {
+            store,
+            metrics,
+            connector: Connector::new(Some(ConnectorOptions::from_server_conf(conf))),
+            in_flight: Arc::new(InFlightRequests::default()),
+            seen: Default::default(),
+        },
     })
 }
 
@@ -127,7 +129,7 @@ pub fn run(
     }
     let conf = server_conf(&config);
     let gate = gate(&config, &conf, store.clone(), metrics.clone())?;
-    let in_flight = gate.in_flight.clone();
+    let in_flight = gate.shared.in_flight.clone();
     let opt = upgrade.then(|| Opt {
         upgrade: true,
         ..Opt::default()

@@ -1,7 +1,9 @@
-//! How a request that idemgate reads whole ends, and the one place that
+//! How a request that idemgate reads whole ends, and the one exit that
 //! answers it: the guarded path and the unguarded ones that read the body
 //! first come to a [`Verdict`] or stop with a [`Refused`] problem, and
-//! [`Gate::answer`] counts it and writes it.
+//! [`answer`] counts it, writes it and, for a guarded request, logs it.
+
+use std::time::Instant;
 
 use bytes::Bytes;
 use pingora::proxy::Session;
@@ -9,7 +11,7 @@ use pingora::proxy::Session;
 use super::forward::{self, Answered, UpstreamFailure};
 use super::respond;
 use super::routes::RouteRt;
-use super::Gate;
+use super::shared::Shared;
 use crate::metrics::{CloseReason, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::store::Recorded;
@@ -18,7 +20,7 @@ use crate::store::Recorded;
 // Not boxed: an ending is moved once or twice per request, and a box would
 // be an allocation on every forwarded one.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Verdict {
+pub enum Verdict {
     /// The recorded answer of a delivered event.
     Replay(Recorded),
     /// The upstream's answer, passed on.
@@ -26,7 +28,7 @@ pub(super) enum Verdict {
 }
 
 /// An upstream answer to pass on.
-pub(super) struct Relay {
+pub struct Relay {
     pub answered: Answered,
     /// Body read already (to store it for replay), passed on first.
     pub prefix: Option<Bytes>,
@@ -35,7 +37,7 @@ pub(super) struct Relay {
 }
 
 /// A request answered with a problem.
-pub(super) struct Refused {
+pub struct Refused {
     pub problem: Problem,
     /// The `outcome` label and `Idempotency-Status`: the problem's own, but
     /// `unguarded` for a request forwarded without a claim.
@@ -89,7 +91,7 @@ impl Refused {
 
 /// Why the guarded path (or an unguarded one that reads the body) stopped
 /// short of a verdict.
-pub(super) enum Stop {
+pub enum Stop {
     /// With a problem for the sender.
     Refused(Refused),
     /// The downstream session failed: nothing more is written.
@@ -108,11 +110,11 @@ impl From<Box<pingora::Error>> for Stop {
     }
 }
 
-pub(super) type Ending = Result<Verdict, Stop>;
+pub type Ending = Result<Verdict, Stop>;
 
 /// What an ending comes to for the log line: its outcome and the
 /// upstream's status, if it answered.
-pub(super) fn summary(ending: &Ending) -> (Outcome, Option<u16>) {
+fn summary(ending: &Ending) -> (Outcome, Option<u16>) {
     match ending {
         Ok(Verdict::Replay(recorded)) => (Outcome::Replayed, recorded.status),
         Ok(Verdict::Relay(r)) => (r.outcome, Some(r.answered.header.status.as_u16())),
@@ -124,69 +126,95 @@ pub(super) fn summary(ending: &Ending) -> (Outcome, Option<u16>) {
 
 /// How a request handled here ends for pingora: its response was written
 /// (or the connection is gone).
-pub(super) type Handled = pingora::Result<bool>;
+pub type Handled = pingora::Result<bool>;
 
-impl Gate {
-    /// The one exit of a request read whole on `route`: counts it (before
-    /// the answer goes out, so a sender that reads `/metrics` right after
-    /// finds it), then writes the replay, the upstream's answer or the
-    /// problem.
-    pub(super) async fn answer(
-        &self,
-        session: &mut Session,
-        route: &RouteRt,
-        ending: Ending,
-    ) -> Handled {
-        match ending {
-            Ok(Verdict::Replay(recorded)) => {
-                self.count(Some(route), Outcome::Replayed);
-                respond::replay(session, &recorded).await?;
-            }
-            Ok(Verdict::Relay(relay)) => {
-                self.count(Some(route), relay.outcome);
-                // Boxed: streaming the answer is most of this future's size
-                // (the connection's reuse with it), and inline it would make
-                // every request's future that large, replays and refusals too.
-                Box::pin(forward::relay(
-                    session,
-                    &self.connector,
-                    &route.idle,
-                    &route.peer,
-                    relay.answered,
-                    relay.prefix,
-                    relay.outcome.as_str(),
-                ))
-                .await?;
-            }
-            Err(Stop::Refused(refused)) => return self.refuse(session, Some(route), refused).await,
-            Err(Stop::Broken(e)) => return Err(e),
-        }
-        Ok(true)
+/// What the one log line of a guarded request tells besides its ending.
+pub struct LogLine<'a> {
+    pub started: Instant,
+    /// Once known: the header's or the body's, or the digest.
+    pub event_id: Option<&'a str>,
+    /// Once claimed.
+    pub attempt: Option<i64>,
+}
+
+/// The one exit of a request read whole on `route`: counts it (before the
+/// answer goes out, so a sender that reads `/metrics` right after finds
+/// it), then writes the replay, the upstream's answer or the problem; with
+/// `log` (guarded requests), writes its one info line.
+pub async fn answer(
+    shared: &Shared,
+    session: &mut Session,
+    route: &RouteRt,
+    ending: Ending,
+    log: Option<LogLine<'_>>,
+) -> Handled {
+    let (outcome, upstream_status) = summary(&ending);
+    let handled = write(shared, session, route, ending).await;
+    if let Some(line) = log {
+        tracing::info!(
+            route = route.name(),
+            event_id = line.event_id.unwrap_or(""),
+            outcome = outcome.as_str(),
+            upstream_status = upstream_status.map(i64::from).unwrap_or(0),
+            attempt = line.attempt.unwrap_or(0),
+            // to the microsecond: `0.013`, not `0.013316999999999999`
+            duration_ms = line.started.elapsed().as_micros() as f64 / 1000.0,
+            "guarded request"
+        );
     }
+    handled
+}
 
-    /// Counts and writes a problem; `route` is `None` for a request that
-    /// reached no route (counted with `route=""`).
-    pub(super) async fn refuse(
-        &self,
-        session: &mut Session,
-        route: Option<&RouteRt>,
-        r: Refused,
-    ) -> Handled {
-        self.count(route, r.outcome);
-        if r.problem.kind == ProblemKind::BodyTimeout {
-            // a 408 closes its connection
-            self.metrics.connection_closed(CloseReason::BodyTimeout);
+async fn write(shared: &Shared, session: &mut Session, route: &RouteRt, ending: Ending) -> Handled {
+    match ending {
+        Ok(Verdict::Replay(recorded)) => {
+            count(shared, Some(route), Outcome::Replayed);
+            respond::replay(session, &recorded).await?;
         }
-        respond::problem(session, &r.problem, r.outcome.as_str(), r.close).await?;
-        Ok(true)
+        Ok(Verdict::Relay(relay)) => {
+            count(shared, Some(route), relay.outcome);
+            // Boxed: streaming the answer is most of this future's size
+            // (the connection's reuse with it), and inline it would make
+            // every request's future that large, replays and refusals too.
+            Box::pin(forward::relay(
+                session,
+                &shared.connector,
+                &route.idle,
+                &route.peer,
+                relay.answered,
+                relay.prefix,
+                relay.outcome.as_str(),
+            ))
+            .await?;
+        }
+        Err(Stop::Refused(refused)) => return refuse(shared, session, Some(route), refused).await,
+        Err(Stop::Broken(e)) => return Err(e),
     }
+    Ok(true)
+}
 
-    fn count(&self, route: Option<&RouteRt>, outcome: Outcome) {
-        match route {
-            Some(route) => self
-                .metrics
-                .route_request(&route.requests, route.name(), outcome),
-            None => self.metrics.request("", outcome),
-        }
+/// Counts and writes a problem; `route` is `None` for a request that
+/// reached no route (counted with `route=""`).
+pub async fn refuse(
+    shared: &Shared,
+    session: &mut Session,
+    route: Option<&RouteRt>,
+    r: Refused,
+) -> Handled {
+    count(shared, route, r.outcome);
+    if r.problem.kind == ProblemKind::BodyTimeout {
+        // a 408 closes its connection
+        shared.metrics.connection_closed(CloseReason::BodyTimeout);
+    }
+    respond::problem(session, &r.problem, r.outcome.as_str(), r.close).await?;
+    Ok(true)
+}
+
+fn count(shared: &Shared, route: Option<&RouteRt>, outcome: Outcome) {
+    match route {
+        Some(route) => shared
+            .metrics
+            .route_request(&route.requests, route.name(), outcome),
+        None => shared.metrics.request("", outcome),
     }
 }

@@ -1,51 +1,52 @@
-//! The claim step of the guard: a read first for an event met lately, then
-//! the claim; a duplicate in flight held while [`Hold`] says so.
+//! The claim step of a delivery: a read first for an event met lately,
+//! then the claim; a duplicate in flight held while [`Hold`] says so.
 
 use std::time::Instant;
 
 use crate::claim::policy::{Busy, Hold, InFlight, InFlightRefusal};
 use crate::claim::{now_ms, Refusal, State};
 use crate::problem::{Problem, ProblemKind};
-use crate::proxy::routes::RouteRt;
-use crate::proxy::Gate;
 use crate::store::{ClaimOutcome, ClaimRequest, Recorded, StoreError};
 
+use super::event::Delivery;
+
 /// How the claim went for this delivery.
-pub(super) enum Claimed {
-    /// It is to forward, as attempt `attempt`.
-    Own { attempt: i64 },
+pub enum Claimed {
+    /// It is to forward, as [`Delivery::attempt`].
+    Own,
     /// A duplicate of a delivered event: the recorded answer.
     Answer(Recorded),
 }
 
 /// A claim that did not come to [`Claimed`].
-pub(super) enum ClaimStop {
+pub enum ClaimStop {
     Refused(Problem),
     /// The store did not answer: `on_store_error` decides.
     Store(StoreError),
 }
 
-impl Gate {
+impl Delivery<'_> {
     /// Claims the event: `Own` when this request is to forward it, `Answer`
     /// for a replay. With `in_flight: wait` a duplicate that finds a live
     /// lease is held until the attempt settles (then replayed, or one held
     /// request reclaims and forwards) or the lease runs out (409).
-    pub(super) async fn claim(
-        &self,
-        route: &RouteRt,
-        event_id: &str,
-        digest_hex: &str,
-    ) -> Result<Claimed, ClaimStop> {
+    pub async fn claim(&mut self) -> Result<Claimed, ClaimStop> {
+        let (shared, route, event_id) = (self.shared, self.route, self.event_id.as_str());
         let name = route.name();
         // Duplicates of settled or in-flight events are decided by a read and
         // never queue behind claims. An event this process has not met lately
         // is most likely new: it claims at once, and the claim decides the
         // rare duplicate just as the read would have.
         let mut decided = None;
-        if self.seen.check_and_record(name, event_id) {
+        if shared.seen.check_and_record(name, event_id) {
             let t = Instant::now();
-            let peeked = self.store.peek(name, event_id, digest_hex, now_ms()).await;
-            self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+            let peeked = shared
+                .store
+                .peek(name, event_id, &self.digest, now_ms())
+                .await;
+            shared
+                .metrics
+                .store_time("lookup", t.elapsed().as_secs_f64());
             // a store that cannot answer a read will not take a claim: fail fast
             decided = peeked.map_err(ClaimStop::Store)?;
         }
@@ -54,15 +55,13 @@ impl Gate {
         loop {
             let outcome = match decided.take() {
                 Some(outcome) => outcome,
-                None => self.try_claim(route, event_id, digest_hex).await?,
+                None => self.try_claim().await?,
             };
             let retry_after_ms = match outcome {
                 ClaimOutcome::Claimed { attempt, kind, .. } => {
-                    self.metrics
-                        .claims
-                        .with_label_values(&[name, kind.as_str()])
-                        .inc();
-                    return Ok(Claimed::Own { attempt });
+                    shared.metrics.claimed(name, kind.as_str());
+                    self.attempt = Some(attempt);
+                    return Ok(Claimed::Own);
                 }
                 ClaimOutcome::Existing {
                     decision: Refusal::Replay,
@@ -78,7 +77,7 @@ impl Gate {
                 } => retry_after_ms,
             };
             let busy = |r| ClaimStop::Refused(in_flight(event_id, r));
-            if route.cfg.in_flight == InFlight::Wait && self.in_flight.handing_over() {
+            if route.cfg.in_flight == InFlight::Wait && shared.in_flight.handing_over() {
                 return Err(busy(hold.handing_over(now_ms(), retry_after_ms)));
             }
             hold.meet(route.cfg.in_flight, now_ms(), retry_after_ms, || {
@@ -86,42 +85,34 @@ impl Gate {
                 place.is_some()
             })
             .map_err(busy)?;
-            self.wait_for_change(route, event_id, &mut hold)
-                .await
-                .map_err(busy)?;
+            self.wait_for_change(&mut hold).await.map_err(busy)?;
         }
     }
 
-    async fn try_claim(
-        &self,
-        route: &RouteRt,
-        event_id: &str,
-        digest_hex: &str,
-    ) -> Result<ClaimOutcome, ClaimStop> {
+    async fn try_claim(&self) -> Result<ClaimOutcome, ClaimStop> {
+        let route = self.route;
         let req = ClaimRequest {
             route: route.name(),
-            event_id,
-            digest: digest_hex,
+            event_id: &self.event_id,
+            digest: &self.digest,
             now: now_ms(),
             lease_ms: route.cfg.lease.ms(),
             retention_ms: route.cfg.retention.ms(),
         };
         let t = Instant::now();
-        let res = self.store.claim(&req).await;
-        self.metrics.store_time("claim", t.elapsed().as_secs_f64());
+        let res = self.shared.store.claim(&req).await;
+        self.shared
+            .metrics
+            .store_time("claim", t.elapsed().as_secs_f64());
         res.map_err(ClaimStop::Store)
     }
 
     /// Holds a duplicate until its record changes, the lease it saw ends, or
     /// this process hands its listeners over (SPEC §10: a 409 at once);
     /// cheap reads only.
-    async fn wait_for_change(
-        &self,
-        route: &RouteRt,
-        event_id: &str,
-        hold: &mut Hold,
-    ) -> Result<(), InFlightRefusal> {
-        let handed_over = self.in_flight.handed_over();
+    async fn wait_for_change(&self, hold: &mut Hold) -> Result<(), InFlightRefusal> {
+        let shared = self.shared;
+        let handed_over = shared.in_flight.handed_over();
         tokio::pin!(handed_over);
         loop {
             tokio::select! {
@@ -129,8 +120,10 @@ impl Gate {
                 _ = &mut handed_over => return Err(hold.handing_over(now_ms(), 1)),
             }
             let t = Instant::now();
-            let rec = self.store.get(route.name(), event_id).await;
-            self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+            let rec = shared.store.get(self.route.name(), &self.event_id).await;
+            shared
+                .metrics
+                .store_time("lookup", t.elapsed().as_secs_f64());
             match rec {
                 Ok(Some(r)) if r.state == State::Processing => hold.extend(r.lease_until),
                 // settled, released, swept, or the store hiccupped: let the claim decide

@@ -1,0 +1,166 @@
+//! A claimed delivery's way to its ending: forward it, settle the claim
+//! from the upstream's answer and pass that on; or replay the recorded
+//! answer, refuse, or without the store do what `on_store_error` says.
+
+use bytes::Bytes;
+use pingora::proxy::Session;
+
+use crate::claim::policy::{self, StoreStep};
+use crate::metrics::Outcome;
+use crate::proxy::exit::{Ending, Refused, Relay, Stop, Verdict};
+use crate::proxy::forward::{self, Answered, UpstreamFailure};
+use crate::proxy::{pass_through, steps};
+use crate::store::SettleOutcome;
+
+use super::claim::{ClaimStop, Claimed};
+use super::event::Delivery;
+use super::settle::store_unavailable;
+
+impl Delivery<'_> {
+    /// Claims the event, then forwards it (boxed, like the unguarded
+    /// forwards: the upstream exchange is most of this future's size, and a
+    /// future that holds it inline is copied whole on every request,
+    /// replays too), replays, refuses, or without the store does what
+    /// `on_store_error` says.
+    pub async fn deliver(&mut self, session: &mut Session, body: Bytes) -> Ending {
+        crate::failpoint::hit("before_claim");
+        let claimed = self.claim().await;
+        let (route, event_id) = (self.route, self.event_id.as_str());
+        match claimed {
+            Ok(Claimed::Own) => Box::pin(self.forward(session, body)).await,
+            Ok(Claimed::Answer(recorded)) => Ok(Verdict::Replay(recorded)),
+            Err(ClaimStop::Refused(p)) => Err(Refused::new(p).into()),
+            Err(ClaimStop::Store(e)) => {
+                let name = route.name();
+                tracing::warn!(route = name, event_id, error = %e, "claim failed: store unavailable");
+                if policy::without_store(route.cfg.on_store_error, StoreStep::Claim)
+                    == policy::WithoutStore::Refuse
+                {
+                    let detail = "the claim store did not answer; retry later";
+                    return Err(Refused::new(store_unavailable(event_id, detail)).into());
+                }
+                tracing::warn!(
+                    route = name,
+                    event_id,
+                    "store unavailable: forwarding unguarded"
+                );
+                Box::pin(pass_through::forward(self.shared, session, route, body)).await
+            }
+        }
+    }
+
+    /// Forwards the claimed delivery, settles the claim from the upstream's
+    /// answer and passes that on.
+    async fn forward(&self, session: &mut Session, body: Bytes) -> Ending {
+        let cfg = &self.route.cfg;
+        let key = cfg
+            .idempotency_key_header
+            .as_ref()
+            .map(|h| (h, self.event_id()));
+        let req = steps::upstream_request(session, self.route, body.len(), key)?;
+        crate::failpoint::hit("after_claim");
+        let mut answered = match steps::exchange(self.shared, self.route, req, body).await {
+            Ok(a) => a,
+            Err(failure) => return Err(self.upstream_failed(failure).await),
+        };
+        crate::failpoint::hit("after_upstream");
+        let status = answered.header.status.as_u16();
+        let mut prefix = None;
+        if cfg.settle_on.matches(status) {
+            let no_body = forward::bodiless(&session.req_header().method, status);
+            let stored;
+            (prefix, stored) = self.replay_copy(&mut answered, no_body).await?;
+            let (content_type, body) = match &stored {
+                Some((ct, b)) => (ct.as_deref(), Some(&b[..])),
+                None => (None, None),
+            };
+            let delivered = SettleOutcome::Delivered {
+                status,
+                content_type,
+                body,
+            };
+            self.settle(delivered).await?;
+        } else {
+            let error = format!("upstream answered {status}");
+            let failed = SettleOutcome::Failed {
+                status: Some(status),
+                error: Some(&error),
+            };
+            self.settle(failed).await?;
+        }
+        Ok(Verdict::Relay(Relay {
+            answered,
+            prefix,
+            outcome: Outcome::Forwarded,
+        }))
+    }
+
+    /// The upstream gave no answer to the claimed delivery: the claim is
+    /// released, the sender gets 502 or 504.
+    async fn upstream_failed(&self, failure: UpstreamFailure) -> Stop {
+        let route = self.route;
+        let refused = Refused::upstream_failed(&failure, Some(self.event_id()));
+        let error = match failure {
+            UpstreamFailure::Connect(e) => e,
+            UpstreamFailure::Timeout => format!(
+                "no response within {}",
+                humantime::format_duration(route.cfg.upstream_timeout)
+            ),
+        };
+        // where and why go to the log and the record, not to the sender
+        tracing::warn!(
+            route = route.name(),
+            event_id = self.event_id(),
+            attempt = self.attempt.unwrap_or(0),
+            upstream = %route.cfg.upstream.original,
+            error = %error,
+            "upstream failed; releasing the claim"
+        );
+        let failed = SettleOutcome::Failed {
+            status: None,
+            error: Some(&error),
+        };
+        match self.settle(failed).await {
+            Ok(()) => refused.into(),
+            Err(r) => r.into(),
+        }
+    }
+
+    /// With `replay_body`, the start of the upstream's body, read to be
+    /// stored for replay: the bytes read (passed on first), and the copy to
+    /// store when that was the whole body (within `replay_body_limit`).
+    async fn replay_copy(
+        &self,
+        answered: &mut Answered,
+        no_body: bool,
+    ) -> pingora::Result<(Option<Bytes>, Option<ReplayCopy>)> {
+        let cfg = &self.route.cfg;
+        if !cfg.replay_body {
+            return Ok((None, None));
+        }
+        if no_body {
+            return Ok((None, Some((None, Bytes::new()))));
+        }
+        let limit = cfg.replay_body_limit as usize;
+        let (bytes, whole) = forward::read_prefix(answered, limit).await?;
+        if !whole {
+            tracing::info!(
+                route = self.route.name(),
+                event_id = self.event_id(),
+                limit = cfg.replay_body_limit,
+                "response body over replay_body_limit: not stored"
+            );
+            return Ok((Some(bytes), None));
+        }
+        let content_type = answered
+            .header
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        Ok((Some(bytes.clone()), Some((content_type, bytes))))
+    }
+}
+
+/// A stored copy of a response for replay: its content type and body.
+type ReplayCopy = (Option<String>, Bytes);

@@ -1,0 +1,38 @@
+//! One delivery of an event on the guarded path: the route, the event ID
+//! and digest, and once claimed the attempt. Its steps are methods in the
+//! files beside this one: [`Delivery::claim`], [`Delivery::deliver`] (and
+//! forward), [`Delivery::settle`].
+
+use crate::proxy::routes::RouteRt;
+use crate::proxy::shared::Shared;
+
+/// A guarded request with its event ID, from the claim to the settle.
+pub struct Delivery<'a> {
+    pub shared: &'a Shared,
+    pub route: &'a RouteRt,
+    pub event_id: String,
+    /// The body's digest, hex: what a duplicate must match.
+    pub digest: String,
+    /// Set once this delivery holds the claim.
+    pub attempt: Option<i64>,
+}
+
+impl<'a> Delivery<'a> {
+    pub fn new(shared: &'a Shared, route: &'a RouteRt, event_id: String, digest: String) -> Self {
+        Delivery {
+            shared,
+            route,
+            event_id,
+            digest,
+            attempt: None,
+        }
+    }
+
+    pub fn event_id(&self) -> &str {
+        &self.event_id
+    }
+
+    pub fn attempt(&self) -> Option<i64> {
+        self.attempt
+    }
+}

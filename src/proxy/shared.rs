@@ -1,0 +1,23 @@
+//! What every request handler takes by reference: the store, the metrics,
+//! the upstream connector, the in-flight table and the seen cache.
+
+use std::sync::Arc;
+
+use pingora::connectors::http::Connector;
+
+use super::in_flight::InFlightRequests;
+use super::seen::SeenEvents;
+use crate::metrics::Metrics;
+use crate::store::ClaimStore;
+
+/// The parts of the proxy that outlive a request and are the same for
+/// every route.
+pub struct Shared {
+    pub store: Arc<dyn ClaimStore>,
+    pub metrics: Metrics,
+    /// idemgate's own upstream connector, for requests it read whole.
+    pub connector: Connector,
+    pub in_flight: Arc<InFlightRequests>,
+    /// Events met lately: they read the store before claiming.
+    pub seen: SeenEvents,
+}
