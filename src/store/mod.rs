@@ -6,6 +6,7 @@
 //! the claim is an `INSERT … ON CONFLICT DO UPDATE … WHERE <reclaimable>
 //! RETURNING`, a release is an `UPDATE … WHERE attempts = $attempt`.
 
+mod backend;
 pub mod json;
 mod owned;
 pub mod postgres;
@@ -24,6 +25,7 @@ use serde::Serialize;
 
 use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
 
+pub use backend::{Backend, Bounded};
 pub use url::{redact_url, StoreKind, StoreUrl};
 
 /// A store error: the proxy fails closed on it (503) unless told otherwise.
