@@ -277,9 +277,9 @@ pub async fn open_url(
     max_connections: u32,
 ) -> Result<Arc<dyn ClaimStore>, StoreError> {
     match url.kind() {
-        StoreKind::Sqlite => Ok(Arc::new(
+        StoreKind::Sqlite => Ok(Arc::new(Bounded::new(
             sqlite::SqliteStore::open(url, max_connections).await?,
-        )),
+        ))),
         StoreKind::Postgres => Ok(Arc::new(
             postgres::PostgresStore::open(url, max_connections).await?,
         )),
