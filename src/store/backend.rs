@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    bounded, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, ReleaseOutcome,
-    SettleRequest, StoreError,
+    ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, ReleaseOutcome, SettleRequest,
+    StoreError,
 };
 use crate::claim::{Millis, SettleResult};
 
@@ -205,5 +205,19 @@ impl<B: Backend> ClaimStore for Bounded<B> {
 
     async fn close(&self) {
         self.0.close().await;
+    }
+}
+
+/// Runs one store operation, failing it as unavailable once `limit` passes.
+async fn bounded<T>(
+    limit: Duration,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, op).await {
+        Ok(res) => res,
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "no answer within {}",
+            humantime::format_duration(limit)
+        ))),
     }
 }

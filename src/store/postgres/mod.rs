@@ -7,7 +7,7 @@
 //! dispatcher pings the one it keeps after a failed batch), and every
 //! operation is bounded, so with the database unreachable a request gets its
 //! 503 within [`ACQUIRE_TIMEOUT`] (refused connections) or
-//! [`PostgresStore::OP_TIMEOUT`] (silence), and the first request after the
+//! `OP_TIMEOUT` (silence; see [`Backend`]), and the first request after the
 //! database is back opens a fresh connection. A write already on the wire is
 //! given up within that bound only if the server answers no new connection
 //! either: a slow commit on a live server is waited for (`silence`).
@@ -21,7 +21,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::Connection;
 
 use super::owned::{OwnedClaim, OwnedSettle};
-use super::StoreError;
+use super::{Backend, StoreError};
 
 /// Server side: a stuck database (a lock, an overloaded server) must not hold
 /// a request forever. Every statement here touches one row or one bounded
@@ -79,12 +79,6 @@ mod batch;
 mod silence;
 
 impl PostgresStore {
-    /// Client side, for a whole operation (a claim may be two statements):
-    /// catches a connection that went silent, which no server-side timeout
-    /// can. Above the statement timeout, so that one fires first when the
-    /// server is merely slow.
-    const OP_TIMEOUT: Duration = Duration::from_secs(5);
-
     pub async fn open(url: &super::StoreUrl, max_connections: u32) -> Result<Self, StoreError> {
         let opts = PgConnectOptions::from_str(url.as_str())
             .map_err(|e| StoreError::UnsupportedUrl(format!("{url}: {e}")))?
@@ -137,25 +131,6 @@ impl PostgresStore {
         })
     }
 
-    /// On a connection of its own with no statement timeout, closed after
-    /// so the setting never reaches the pool. Replicas starting together
-    /// take turns on the migrator's advisory lock.
-    async fn run_migrations(&self) -> Result<(), StoreError> {
-        let mut conn = self.cold.acquire().await?.detach();
-        let res = async {
-            sqlx::query("SET statement_timeout = 0")
-                .execute(&mut conn)
-                .await?;
-            Self::migrator()
-                .run_direct(&mut conn)
-                .await
-                .map_err(|e| StoreError::Migration(e.into()))
-        }
-        .await;
-        let _ = conn.close().await;
-        res
-    }
-
     pub(crate) fn migrator() -> Migrator {
         let migrations = MIGRATIONS
             .iter()
@@ -173,8 +148,33 @@ impl PostgresStore {
     }
 }
 
-impl PostgresStore {
-    async fn claim_op(
+impl Backend for PostgresStore {
+    /// Client side, for a whole operation (a claim may be two statements):
+    /// catches a connection that went silent, which no server-side timeout
+    /// can. Above the statement timeout, so that one fires first when the
+    /// server is merely slow.
+    const OP_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// On a connection of its own with no statement timeout, closed after
+    /// so the setting never reaches the pool. Replicas starting together
+    /// take turns on the migrator's advisory lock.
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.cold.acquire().await?.detach();
+        let res = async {
+            sqlx::query("SET statement_timeout = 0")
+                .execute(&mut conn)
+                .await?;
+            Self::migrator()
+                .run_direct(&mut conn)
+                .await
+                .map_err(|e| StoreError::Migration(e.into()))
+        }
+        .await;
+        let _ = conn.close().await;
+        res
+    }
+
+    async fn claim(
         &self,
         req: &super::ClaimRequest<'_>,
         limit: Duration,
@@ -182,7 +182,7 @@ impl PostgresStore {
         self.batchers.claim(OwnedClaim::new(req), limit).await
     }
 
-    async fn settle_op(
+    async fn settle(
         &self,
         req: &super::SettleRequest<'_>,
         limit: Duration,
@@ -225,7 +225,7 @@ impl PostgresStore {
         Ok(())
     }
 
-    async fn peek_op(
+    async fn peek(
         &self,
         route: &str,
         event_id: &str,
@@ -242,7 +242,7 @@ impl PostgresStore {
         }
     }
 
-    /// Deletes one batch of expired records (`ClaimStore::sweep_batch`).
+    /// Deletes one batch of expired records.
     /// Planned afresh at every batch (not a statement the connection keeps):
     /// a connection keeps the generic plan it made on first use, and the
     /// sweep's join is planned for the table's size then. A sweeper that
@@ -251,7 +251,7 @@ impl PostgresStore {
     /// timeout, and nothing expired was deleted again (issue 24's steady
     /// state; `store_contract`'s `sweep_plan_follows_the_table`). Planning
     /// costs about a millisecond; a batch deletes a thousand records.
-    async fn sweep_op(&self, now: crate::claim::Millis, limit: i64) -> Result<u64, StoreError> {
+    async fn sweep(&self, now: crate::claim::Millis, limit: i64) -> Result<u64, StoreError> {
         let done = sqlx::query(super::sql::SWEEP)
             .persistent(false)
             .bind(now)
@@ -264,7 +264,7 @@ impl PostgresStore {
     /// Operator release. No process caches delivered records of a shared
     /// database (a replica could not learn of a release in time), so there
     /// is nobody to tell.
-    async fn release_op(
+    async fn release(
         &self,
         route: &str,
         event_id: &str,
@@ -306,18 +306,14 @@ impl PostgresStore {
     }
 
     /// Touches the records table itself, not just the connection.
-    async fn ping_op(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1 FROM records LIMIT 1")
             .execute(&self.cold)
             .await?;
         Ok(())
     }
 
-    async fn get_op(
-        &self,
-        route: &str,
-        event_id: &str,
-    ) -> Result<Option<super::Record>, StoreError> {
+    async fn get(&self, route: &str, event_id: &str) -> Result<Option<super::Record>, StoreError> {
         let row = sqlx::query(super::sql::GET_RECORD)
             .bind(route)
             .bind(event_id)
@@ -326,7 +322,7 @@ impl PostgresStore {
         row.as_ref().map(record_from_row).transpose()
     }
 
-    async fn list_op(&self, filter: &super::ListFilter) -> Result<Vec<super::Record>, StoreError> {
+    async fn list(&self, filter: &super::ListFilter) -> Result<Vec<super::Record>, StoreError> {
         use super::sql::ListParam;
         let (sql, params) = super::sql::list_statement(filter);
         let mut query = sqlx::query(&sql);
@@ -340,7 +336,7 @@ impl PostgresStore {
         rows.iter().map(record_from_row).collect()
     }
 
-    async fn oldest_op(&self) -> Result<Vec<(String, crate::claim::Millis)>, StoreError> {
+    async fn oldest_processing(&self) -> Result<Vec<(String, crate::claim::Millis)>, StoreError> {
         use sqlx::Row;
         let rows = sqlx::query(super::sql::OLDEST_PROCESSING)
             .fetch_all(&self.cold)
@@ -350,7 +346,7 @@ impl PostgresStore {
             .collect()
     }
 
-    async fn close_all(&self) {
+    async fn close(&self) {
         self.hot.close().await;
         self.cold.close().await;
     }
@@ -503,8 +499,6 @@ fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<crate::store::Record, 
         replay_body_bytes: rb.replay_body.map(|b| b.len() as i64),
     })
 }
-
-super::sql::impl_claim_store!(PostgresStore);
 
 #[cfg(test)]
 mod tests {
