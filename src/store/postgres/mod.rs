@@ -17,11 +17,16 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Connection, PgConnection, Row};
 
 use super::owned::{OwnedClaim, OwnedSettle};
-use super::{Backend, StoreError};
+use super::sql::{self, ListParam, Readback};
+use super::{
+    Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, SettleOutcome,
+    SettleRequest, StoreError,
+};
+use crate::claim::{Millis, SettleResult, State};
 
 /// Server side: a stuck database (a lock, an overloaded server) must not hold
 /// a request forever. Every statement here touches one row or one bounded
@@ -176,22 +181,22 @@ impl Backend for PostgresStore {
 
     async fn claim(
         &self,
-        req: &super::ClaimRequest<'_>,
+        req: &ClaimRequest<'_>,
         limit: Duration,
-    ) -> Result<super::ClaimOutcome, StoreError> {
+    ) -> Result<ClaimOutcome, StoreError> {
         self.batchers.claim(OwnedClaim::new(req), limit).await
     }
 
     async fn settle(
         &self,
-        req: &super::SettleRequest<'_>,
+        req: &SettleRequest<'_>,
         limit: Duration,
-    ) -> Result<crate::claim::SettleResult, StoreError> {
+    ) -> Result<SettleResult, StoreError> {
         match req.outcome {
-            super::SettleOutcome::Delivered { .. } => {
+            SettleOutcome::Delivered { .. } => {
                 self.batchers.deliver(OwnedSettle::new(req), limit).await
             }
-            super::SettleOutcome::Failed { .. } => {
+            SettleOutcome::Failed { .. } => {
                 // on the store's runtime, like the batches (see `hot`); run
                 // only if taken before the requester withdrew it (`ticket`)
                 let (hot, owned) = (self.hot.clone(), OwnedSettle::new(req));
@@ -230,8 +235,8 @@ impl Backend for PostgresStore {
         route: &str,
         event_id: &str,
         digest: &str,
-        now: crate::claim::Millis,
-    ) -> Result<Option<super::ClaimOutcome>, StoreError> {
+        now: Millis,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
         let lookup = batch::Lookup {
             route: route.to_owned(),
             event_id: event_id.to_owned(),
@@ -251,8 +256,8 @@ impl Backend for PostgresStore {
     /// timeout, and nothing expired was deleted again (issue 24's steady
     /// state; `store_contract`'s `sweep_plan_follows_the_table`). Planning
     /// costs about a millisecond; a batch deletes a thousand records.
-    async fn sweep(&self, now: crate::claim::Millis, limit: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query(super::sql::SWEEP)
+    async fn sweep(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query(sql::SWEEP)
             .persistent(false)
             .bind(now)
             .bind(limit)
@@ -269,15 +274,12 @@ impl Backend for PostgresStore {
         route: &str,
         event_id: &str,
         force: bool,
-        now: crate::claim::Millis,
-    ) -> Result<super::ReleaseOutcome, StoreError> {
-        use super::ReleaseOutcome;
-        use crate::claim::State;
-        use sqlx::Row;
+        now: Millis,
+    ) -> Result<ReleaseOutcome, StoreError> {
         // Read the state, then release only that state: a record that
         // changed in between (settled, reclaimed) is read again.
         for _ in 0..4 {
-            let before = sqlx::query(super::sql::STATE_OF)
+            let before = sqlx::query(sql::STATE_OF)
                 .bind(route)
                 .bind(event_id)
                 .fetch_optional(&self.cold)
@@ -289,7 +291,7 @@ impl Backend for PostgresStore {
             if previous == State::Delivered && !force {
                 return Ok(ReleaseOutcome::RefusedDelivered);
             }
-            let done = sqlx::query(super::sql::RELEASE)
+            let done = sqlx::query(sql::RELEASE)
                 .bind(route)
                 .bind(event_id)
                 .bind(now)
@@ -313,8 +315,8 @@ impl Backend for PostgresStore {
         Ok(())
     }
 
-    async fn get(&self, route: &str, event_id: &str) -> Result<Option<super::Record>, StoreError> {
-        let row = sqlx::query(super::sql::GET_RECORD)
+    async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(sql::GET_RECORD)
             .bind(route)
             .bind(event_id)
             .fetch_optional(&self.cold)
@@ -322,9 +324,8 @@ impl Backend for PostgresStore {
         row.as_ref().map(record_from_row).transpose()
     }
 
-    async fn list(&self, filter: &super::ListFilter) -> Result<Vec<super::Record>, StoreError> {
-        use super::sql::ListParam;
-        let (sql, params) = super::sql::list_statement(filter);
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
+        let (sql, params) = sql::list_statement(filter);
         let mut query = sqlx::query(&sql);
         for p in params {
             query = match p {
@@ -336,9 +337,8 @@ impl Backend for PostgresStore {
         rows.iter().map(record_from_row).collect()
     }
 
-    async fn oldest_processing(&self) -> Result<Vec<(String, crate::claim::Millis)>, StoreError> {
-        use sqlx::Row;
-        let rows = sqlx::query(super::sql::OLDEST_PROCESSING)
+    async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError> {
+        let rows = sqlx::query(sql::OLDEST_PROCESSING)
             .fetch_all(&self.cold)
             .await?;
         rows.iter()
@@ -355,118 +355,109 @@ impl Backend for PostgresStore {
 /// The two hot transitions on one pooled connection.
 impl PostgresStore {
     pub(crate) async fn claim_on(
-        conn: &mut sqlx::PgConnection,
-        req: &crate::store::ClaimRequest<'_>,
-    ) -> Result<crate::store::ClaimOutcome, crate::store::StoreError> {
-        async {
-            use sqlx::Row;
-            let lease_until = req.now + req.lease_ms;
-            let expires_at = req.now + req.retention_ms;
-            // A refused claim is read back and decided; if the record became
-            // claimable in between (released, lease ran out), claim again.
-            for _ in 0..4 {
-                let row = sqlx::query(crate::store::sql::CLAIM)
-                    .bind(req.route)
-                    .bind(req.event_id)
-                    .bind(req.digest)
-                    .bind(lease_until)
-                    .bind(req.now)
-                    .bind(expires_at)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                if let Some(row) = row {
-                    let prev: Option<String> = row.try_get("claimed_from")?;
-                    return Ok(crate::store::sql::claimed(
-                        row.try_get("attempts")?,
-                        prev.as_deref(),
-                        lease_until,
-                    ));
-                }
-                let row = sqlx::query(crate::store::sql::CLAIM_READBACK)
-                    .bind(req.route)
-                    .bind(req.event_id)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                let Some(row) = row else { continue };
-                if let Some(outcome) = readback_outcome(&row, req.digest, req.now)? {
-                    return Ok(outcome);
-                }
+        conn: &mut PgConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let lease_until = req.now + req.lease_ms;
+        let expires_at = req.now + req.retention_ms;
+        // A refused claim is read back and decided; if the record became
+        // claimable in between (released, lease ran out), claim again.
+        for _ in 0..4 {
+            let row = sqlx::query(sql::CLAIM)
+                .bind(req.route)
+                .bind(req.event_id)
+                .bind(req.digest)
+                .bind(lease_until)
+                .bind(req.now)
+                .bind(expires_at)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(row) = row {
+                let prev: Option<String> = row.try_get("claimed_from")?;
+                return Ok(sql::claimed(
+                    row.try_get("attempts")?,
+                    prev.as_deref(),
+                    lease_until,
+                ));
             }
-            Err(crate::store::StoreError::Unavailable(
-                "claim kept racing with other writers".into(),
-            ))
+            let row = sqlx::query(sql::CLAIM_READBACK)
+                .bind(req.route)
+                .bind(req.event_id)
+                .fetch_optional(&mut *conn)
+                .await?;
+            let Some(row) = row else { continue };
+            if let Some(outcome) = readback_outcome(&row, req.digest, req.now)? {
+                return Ok(outcome);
+            }
         }
-        .await
+        Err(StoreError::Unavailable(
+            "claim kept racing with other writers".into(),
+        ))
     }
 
     pub(crate) async fn settle_on(
-        conn: &mut sqlx::PgConnection,
-        req: &crate::store::SettleRequest<'_>,
-    ) -> Result<crate::claim::SettleResult, crate::store::StoreError> {
-        async {
-            use crate::claim::SettleResult;
-            let expires_at = req.now + req.retention_ms;
-            match req.outcome {
-                crate::store::SettleOutcome::Delivered {
-                    status,
-                    content_type,
-                    body,
-                } => {
-                    let replay_status = body.map(|_| i64::from(status));
-                    let done = sqlx::query(crate::store::sql::SETTLE_DELIVERED)
-                        .bind(req.route)
-                        .bind(req.event_id)
-                        .bind(i64::from(status))
-                        .bind(req.now)
-                        .bind(expires_at)
-                        .bind(replay_status)
-                        .bind(content_type.filter(|_| body.is_some()))
-                        .bind(body)
-                        .execute(&mut *conn)
-                        .await?;
-                    Ok(if done.rows_affected() == 1 {
-                        SettleResult::Delivered
-                    } else {
-                        SettleResult::Stale
-                    })
-                }
-                crate::store::SettleOutcome::Failed { status, error } => {
-                    let done = sqlx::query(crate::store::sql::SETTLE_FAILED)
-                        .bind(req.route)
-                        .bind(req.event_id)
-                        .bind(req.attempt)
-                        .bind(status.map(i64::from))
-                        .bind(error)
-                        .bind(req.now)
-                        .bind(expires_at)
-                        .execute(&mut *conn)
-                        .await?;
-                    Ok(if done.rows_affected() == 1 {
-                        SettleResult::Released
-                    } else {
-                        SettleResult::Stale
-                    })
-                }
+        conn: &mut PgConnection,
+        req: &SettleRequest<'_>,
+    ) -> Result<SettleResult, StoreError> {
+        let expires_at = req.now + req.retention_ms;
+        match req.outcome {
+            SettleOutcome::Delivered {
+                status,
+                content_type,
+                body,
+            } => {
+                let replay_status = body.map(|_| i64::from(status));
+                let done = sqlx::query(sql::SETTLE_DELIVERED)
+                    .bind(req.route)
+                    .bind(req.event_id)
+                    .bind(i64::from(status))
+                    .bind(req.now)
+                    .bind(expires_at)
+                    .bind(replay_status)
+                    .bind(content_type.filter(|_| body.is_some()))
+                    .bind(body)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(if done.rows_affected() == 1 {
+                    SettleResult::Delivered
+                } else {
+                    SettleResult::Stale
+                })
+            }
+            SettleOutcome::Failed { status, error } => {
+                let done = sqlx::query(sql::SETTLE_FAILED)
+                    .bind(req.route)
+                    .bind(req.event_id)
+                    .bind(req.attempt)
+                    .bind(status.map(i64::from))
+                    .bind(error)
+                    .bind(req.now)
+                    .bind(expires_at)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(if done.rows_affected() == 1 {
+                    SettleResult::Released
+                } else {
+                    SettleResult::Stale
+                })
             }
         }
-        .await
     }
 }
 
-/// Decides a delivery from a [`sql::CLAIM_READBACK`](super::sql::CLAIM_READBACK) row read from PostgreSQL.
+/// Decides a delivery from a [`sql::CLAIM_READBACK`] row read from PostgreSQL.
 fn readback_outcome(
-    row: &sqlx::postgres::PgRow,
+    row: &PgRow,
     digest: &str,
-    now: crate::claim::Millis,
-) -> Result<Option<crate::store::ClaimOutcome>, StoreError> {
+    now: Millis,
+) -> Result<Option<ClaimOutcome>, StoreError> {
     readback(row)?.outcome(digest, now)
 }
 
-/// The decisive columns of a record ([`sql::CLAIM_READBACK`](super::sql::CLAIM_READBACK)'s).
-fn readback(row: &sqlx::postgres::PgRow) -> Result<crate::store::sql::Readback, StoreError> {
-    use sqlx::Row;
-    Ok(crate::store::sql::Readback {
-        state: crate::store::state_of(row.try_get("state")?)?,
+/// The decisive columns of a record ([`sql::CLAIM_READBACK`]'s).
+fn readback(row: &PgRow) -> Result<Readback, StoreError> {
+    Ok(Readback {
+        state: super::state_of(row.try_get("state")?)?,
         lease_until: row.try_get("lease_until")?,
         body_sha256: row.try_get("body_sha256")?,
         last_status: row.try_get("last_status")?,
@@ -476,12 +467,11 @@ fn readback(row: &sqlx::postgres::PgRow) -> Result<crate::store::sql::Readback, 
     })
 }
 
-/// Decodes a full record row of [`sql::SELECT_RECORD`](super::sql::SELECT_RECORD):
+/// Decodes a full record row of [`sql::SELECT_RECORD`]:
 /// the read-back's columns and the rest.
-fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<crate::store::Record, StoreError> {
-    use sqlx::Row;
+fn record_from_row(row: &PgRow) -> Result<Record, StoreError> {
     let rb = readback(row)?;
-    Ok(crate::store::Record {
+    Ok(Record {
         route: row.try_get("route")?,
         event_id: row.try_get("event_id")?,
         body_sha256: rb.body_sha256,
