@@ -18,8 +18,11 @@ use super::{
 use crate::claim::{Millis, SettleResult};
 
 /// One database behind the claim store. Each method does one operation of
-/// [`ClaimStore`] and nothing about time limits beyond what it is given:
-/// [`Bounded`] applies [`Backend::OP_TIMEOUT`] around it.
+/// [`ClaimStore`]; [`Bounded`] applies [`Backend::OP_TIMEOUT`] around it
+/// (but not around `migrate` and `close`), except that a claim or settle is
+/// given its limit instead, not cut off from outside. A backend that
+/// queues other work (a batch of lookups, a slice of a sweep) may bound the
+/// wait in the queue by `OP_TIMEOUT` too.
 ///
 /// Errors: any error means the operation did not take effect, unless the
 /// error says that the backend could not learn whether it did (a commit
@@ -43,7 +46,7 @@ pub trait Backend: Send + Sync {
     /// After [`ping`](Backend::ping): `Ok` only if a write could commit now.
     /// A backend whose writes may fail where reads succeed (a full disk)
     /// answers an error after a failed write until one commits again, and
-    /// waits at most `limit` for its probe to be taken.
+    /// waits at most `limit` for its probe write.
     fn write_probe(&self, limit: Duration) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Claims the event in one atomic statement (`claim::decide`'s rules in
