@@ -221,7 +221,7 @@ impl Backend for SqliteStore {
             .await
     }
 
-    /// The batch in slices of at most [`SWEEP_SLICE`] records, each inside
+    /// The batch in slices of at most `SWEEP_SLICE` records, each inside
     /// one of the writer's batches: a slice shares the claims' commit, and
     /// no claim waits longer than one slice takes (on a store of millions
     /// with random event IDs, a thousand deletions touch a thousand
