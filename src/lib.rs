@@ -10,7 +10,8 @@
 //! # Layout
 //! - [`config`]: YAML → validated model (errors with file:line:col).
 //! - [`claim`]: the state machine as data (`decide`, `settle`), event IDs, digests.
-//! - [`store`]: the `ClaimStore` trait; SQLite and PostgreSQL implementations.
+//! - [`store`]: the `ClaimStore` trait; the `Backend` trait, with SQLite and
+//!   PostgreSQL implementations, made a `ClaimStore` by `Bounded`.
 //! - [`path`]: RFC 3986 normalisation of request paths (routes match, and requests carry, the normal form).
 //! - [`proxy`]: the pingora hooks, route matching and guarded forwarding.
 //! - [`listener`]: client connections: limits, timeouts, TLS, head reading.

@@ -5,7 +5,11 @@
 //! Every transition is one atomic statement (see `claim` for the rules):
 //! the claim is an `INSERT … ON CONFLICT DO UPDATE … WHERE <reclaimable>
 //! RETURNING`, a release is an `UPDATE … WHERE attempts = $attempt`.
+//!
+//! Each database implements [`Backend`]; [`Bounded`] makes any backend a
+//! `ClaimStore` by applying the time bounds, and [`open`] hands out that.
 
+mod backend;
 pub mod json;
 mod owned;
 pub mod postgres;
@@ -15,7 +19,6 @@ mod ticket;
 mod url;
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +27,7 @@ use serde::Serialize;
 
 use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
 
+pub use backend::{Backend, Bounded};
 pub use url::{redact_url, StoreKind, StoreUrl};
 
 /// A store error: the proxy fails closed on it (503) unless told otherwise.
@@ -275,12 +279,12 @@ pub async fn open_url(
     max_connections: u32,
 ) -> Result<Arc<dyn ClaimStore>, StoreError> {
     match url.kind() {
-        StoreKind::Sqlite => Ok(Arc::new(
+        StoreKind::Sqlite => Ok(Arc::new(Bounded::new(
             sqlite::SqliteStore::open(url, max_connections).await?,
-        )),
-        StoreKind::Postgres => Ok(Arc::new(
+        ))),
+        StoreKind::Postgres => Ok(Arc::new(Bounded::new(
             postgres::PostgresStore::open(url, max_connections).await?,
-        )),
+        ))),
     }
 }
 
@@ -309,20 +313,6 @@ pub(crate) fn existing_outcome(
             recorded,
         }),
     })
-}
-
-/// Runs one store operation, failing it as unavailable once `limit` passes.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    op: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, op).await {
-        Ok(res) => res,
-        Err(_) => Err(StoreError::Unavailable(format!(
-            "no answer within {}",
-            humantime::format_duration(limit)
-        ))),
-    }
 }
 
 pub(crate) fn claim_kind_from_previous(prev: Option<&str>) -> ClaimKind {

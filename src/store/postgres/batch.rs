@@ -314,7 +314,30 @@ fn all_failed<O>(n: usize, e: StoreError) -> Vec<Result<O, StoreError>> {
     (0..n).map(|_| Err(StoreError::Batch(e.clone()))).collect()
 }
 
-fn done<O>(results: Vec<Option<Result<O, StoreError>>>) -> Vec<Result<O, StoreError>> {
+/// The first item of each key, which a batch's one statement may decide
+/// (repeats of a key are left undecided), and a result per item, none yet.
+fn undecided<T, O>(
+    items: &[T],
+    key: impl Fn(&T) -> (&str, &str),
+) -> (Vec<usize>, Vec<Option<Result<O, StoreError>>>) {
+    let firsts = firsts_by_key(items.iter().map(key));
+    (firsts, (0..items.len()).map(|_| None).collect())
+}
+
+/// Runs what the batch's statement left undecided (repeats of a key among
+/// it, or every item when it was refused) one by one with `single`, and
+/// answers every item.
+async fn single_for_the_rest<T, O>(
+    conn: &mut PgConnection,
+    items: &[T],
+    mut results: Vec<Option<Result<O, StoreError>>>,
+    single: impl AsyncFn(&mut PgConnection, &T) -> Result<O, StoreError>,
+) -> Vec<Result<O, StoreError>> {
+    for (item, result) in items.iter().zip(&mut results) {
+        if result.is_none() {
+            *result = Some(single(conn, item).await);
+        }
+    }
     results
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(StoreError::Unavailable("no result".into()))))
@@ -368,24 +391,14 @@ async fn claim_batch_on(
     conn: &mut PgConnection,
     items: Vec<OwnedClaim>,
 ) -> Vec<Result<ClaimOutcome, StoreError>> {
-    // repeats of a key are left undecided: they run one by one below
-    let firsts = firsts_by_key(
-        items
-            .iter()
-            .map(|c| (c.route.as_str(), c.event_id.as_str())),
-    );
-    let mut results: Vec<Option<Result<ClaimOutcome, StoreError>>> =
-        (0..items.len()).map(|_| None).collect();
+    let (firsts, mut results) = undecided(&items, |c| (&c.route, &c.event_id));
     if let Err(e) = claim_many(conn, &items, &firsts, &mut results).await {
         tracing::debug!(error = %e, "batched claim refused; claiming one by one");
     }
-    // what the batch did not decide (repeats of a key among it), one by one
-    for i in 0..items.len() {
-        if results[i].is_none() {
-            results[i] = Some(PostgresStore::claim_on(conn, &items[i].req()).await);
-        }
-    }
-    done(results)
+    single_for_the_rest(conn, &items, results, async |conn, c| {
+        PostgresStore::claim_on(conn, &c.req()).await
+    })
+    .await
 }
 
 /// One statement for the claims at `which`; fills in what it decided.
@@ -465,14 +478,7 @@ async fn deliver_batch_on(
     conn: &mut PgConnection,
     items: Vec<OwnedSettle>,
 ) -> Vec<Result<SettleResult, StoreError>> {
-    // repeats of a key are left undecided: they run one by one below
-    let firsts = firsts_by_key(
-        items
-            .iter()
-            .map(|s| (s.route.as_str(), s.event_id.as_str())),
-    );
-    let mut results: Vec<Option<Result<SettleResult, StoreError>>> =
-        (0..items.len()).map(|_| None).collect();
+    let (firsts, mut results) = undecided(&items, |s| (&s.route, &s.event_id));
     match deliver_many(conn, &items, &firsts).await {
         Ok(updated) => {
             for &i in &firsts {
@@ -486,12 +492,10 @@ async fn deliver_batch_on(
         }
         Err(e) => tracing::debug!(error = %e, "batched settle refused; settling one by one"),
     }
-    for i in 0..items.len() {
-        if results[i].is_none() {
-            results[i] = Some(PostgresStore::settle_on(conn, &items[i].req()).await);
-        }
-    }
-    done(results)
+    single_for_the_rest(conn, &items, results, async |conn, s| {
+        PostgresStore::settle_on(conn, &s.req()).await
+    })
+    .await
 }
 
 /// One statement for the delivered settles at `which`; the keys it updated.

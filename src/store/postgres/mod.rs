@@ -7,7 +7,7 @@
 //! dispatcher pings the one it keeps after a failed batch), and every
 //! operation is bounded, so with the database unreachable a request gets its
 //! 503 within [`ACQUIRE_TIMEOUT`] (refused connections) or
-//! [`PostgresStore::OP_TIMEOUT`] (silence), and the first request after the
+//! `OP_TIMEOUT` (silence; see [`Backend`]), and the first request after the
 //! database is back opens a fresh connection. A write already on the wire is
 //! given up within that bound only if the server answers no new connection
 //! either: a slow commit on a live server is waited for (`silence`).
@@ -17,11 +17,16 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Connection, PgConnection, Row};
 
 use super::owned::{OwnedClaim, OwnedSettle};
-use super::StoreError;
+use super::sql::{self, ListParam, Readback};
+use super::{
+    Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, SettleOutcome,
+    SettleRequest, StoreError,
+};
+use crate::claim::{Millis, SettleResult, State};
 
 /// Server side: a stuck database (a lock, an overloaded server) must not hold
 /// a request forever. Every statement here touches one row or one bounded
@@ -79,12 +84,6 @@ mod batch;
 mod silence;
 
 impl PostgresStore {
-    /// Client side, for a whole operation (a claim may be two statements):
-    /// catches a connection that went silent, which no server-side timeout
-    /// can. Above the statement timeout, so that one fires first when the
-    /// server is merely slow.
-    const OP_TIMEOUT: Duration = Duration::from_secs(5);
-
     pub async fn open(url: &super::StoreUrl, max_connections: u32) -> Result<Self, StoreError> {
         let opts = PgConnectOptions::from_str(url.as_str())
             .map_err(|e| StoreError::UnsupportedUrl(format!("{url}: {e}")))?
@@ -137,25 +136,6 @@ impl PostgresStore {
         })
     }
 
-    /// On a connection of its own with no statement timeout, closed after
-    /// so the setting never reaches the pool. Replicas starting together
-    /// take turns on the migrator's advisory lock.
-    async fn run_migrations(&self) -> Result<(), StoreError> {
-        let mut conn = self.cold.acquire().await?.detach();
-        let res = async {
-            sqlx::query("SET statement_timeout = 0")
-                .execute(&mut conn)
-                .await?;
-            Self::migrator()
-                .run_direct(&mut conn)
-                .await
-                .map_err(|e| StoreError::Migration(e.into()))
-        }
-        .await;
-        let _ = conn.close().await;
-        res
-    }
-
     pub(crate) fn migrator() -> Migrator {
         let migrations = MIGRATIONS
             .iter()
@@ -173,25 +153,50 @@ impl PostgresStore {
     }
 }
 
-impl PostgresStore {
-    async fn claim_op(
+impl Backend for PostgresStore {
+    /// Client side, for a whole operation (a claim may be two statements):
+    /// catches a connection that went silent, which no server-side timeout
+    /// can. Above the statement timeout, so that one fires first when the
+    /// server is merely slow.
+    const OP_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// On a connection of its own with no statement timeout, closed after
+    /// so the setting never reaches the pool. Replicas starting together
+    /// take turns on the migrator's advisory lock.
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.cold.acquire().await?.detach();
+        let res = async {
+            sqlx::query("SET statement_timeout = 0")
+                .execute(&mut conn)
+                .await?;
+            Self::migrator()
+                .run_direct(&mut conn)
+                .await
+                .map_err(|e| StoreError::Migration(e.into()))
+        }
+        .await;
+        let _ = conn.close().await;
+        res
+    }
+
+    async fn claim(
         &self,
-        req: &super::ClaimRequest<'_>,
+        req: &ClaimRequest<'_>,
         limit: Duration,
-    ) -> Result<super::ClaimOutcome, StoreError> {
+    ) -> Result<ClaimOutcome, StoreError> {
         self.batchers.claim(OwnedClaim::new(req), limit).await
     }
 
-    async fn settle_op(
+    async fn settle(
         &self,
-        req: &super::SettleRequest<'_>,
+        req: &SettleRequest<'_>,
         limit: Duration,
-    ) -> Result<crate::claim::SettleResult, StoreError> {
+    ) -> Result<SettleResult, StoreError> {
         match req.outcome {
-            super::SettleOutcome::Delivered { .. } => {
+            SettleOutcome::Delivered { .. } => {
                 self.batchers.deliver(OwnedSettle::new(req), limit).await
             }
-            super::SettleOutcome::Failed { .. } => {
+            SettleOutcome::Failed { .. } => {
                 // on the store's runtime, like the batches (see `hot`); run
                 // only if taken before the requester withdrew it (`ticket`)
                 let (hot, owned) = (self.hot.clone(), OwnedSettle::new(req));
@@ -225,13 +230,13 @@ impl PostgresStore {
         Ok(())
     }
 
-    async fn peek_op(
+    async fn peek(
         &self,
         route: &str,
         event_id: &str,
         digest: &str,
-        now: crate::claim::Millis,
-    ) -> Result<Option<super::ClaimOutcome>, StoreError> {
+        now: Millis,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
         let lookup = batch::Lookup {
             route: route.to_owned(),
             event_id: event_id.to_owned(),
@@ -242,7 +247,7 @@ impl PostgresStore {
         }
     }
 
-    /// Deletes one batch of expired records (`ClaimStore::sweep_batch`).
+    /// Deletes one batch of expired records.
     /// Planned afresh at every batch (not a statement the connection keeps):
     /// a connection keeps the generic plan it made on first use, and the
     /// sweep's join is planned for the table's size then. A sweeper that
@@ -251,8 +256,8 @@ impl PostgresStore {
     /// timeout, and nothing expired was deleted again (issue 24's steady
     /// state; `store_contract`'s `sweep_plan_follows_the_table`). Planning
     /// costs about a millisecond; a batch deletes a thousand records.
-    async fn sweep_op(&self, now: crate::claim::Millis, limit: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query(super::sql::SWEEP)
+    async fn sweep(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query(sql::SWEEP)
             .persistent(false)
             .bind(now)
             .bind(limit)
@@ -264,20 +269,17 @@ impl PostgresStore {
     /// Operator release. No process caches delivered records of a shared
     /// database (a replica could not learn of a release in time), so there
     /// is nobody to tell.
-    async fn release_op(
+    async fn release(
         &self,
         route: &str,
         event_id: &str,
         force: bool,
-        now: crate::claim::Millis,
-    ) -> Result<super::ReleaseOutcome, StoreError> {
-        use super::ReleaseOutcome;
-        use crate::claim::State;
-        use sqlx::Row;
+        now: Millis,
+    ) -> Result<ReleaseOutcome, StoreError> {
         // Read the state, then release only that state: a record that
         // changed in between (settled, reclaimed) is read again.
         for _ in 0..4 {
-            let before = sqlx::query(super::sql::STATE_OF)
+            let before = sqlx::query(sql::STATE_OF)
                 .bind(route)
                 .bind(event_id)
                 .fetch_optional(&self.cold)
@@ -289,7 +291,7 @@ impl PostgresStore {
             if previous == State::Delivered && !force {
                 return Ok(ReleaseOutcome::RefusedDelivered);
             }
-            let done = sqlx::query(super::sql::RELEASE)
+            let done = sqlx::query(sql::RELEASE)
                 .bind(route)
                 .bind(event_id)
                 .bind(now)
@@ -306,19 +308,15 @@ impl PostgresStore {
     }
 
     /// Touches the records table itself, not just the connection.
-    async fn ping_op(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1 FROM records LIMIT 1")
             .execute(&self.cold)
             .await?;
         Ok(())
     }
 
-    async fn get_op(
-        &self,
-        route: &str,
-        event_id: &str,
-    ) -> Result<Option<super::Record>, StoreError> {
-        let row = sqlx::query(super::sql::GET_RECORD)
+    async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(sql::GET_RECORD)
             .bind(route)
             .bind(event_id)
             .fetch_optional(&self.cold)
@@ -326,9 +324,8 @@ impl PostgresStore {
         row.as_ref().map(record_from_row).transpose()
     }
 
-    async fn list_op(&self, filter: &super::ListFilter) -> Result<Vec<super::Record>, StoreError> {
-        use super::sql::ListParam;
-        let (sql, params) = super::sql::list_statement(filter);
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
+        let (sql, params) = sql::list_statement(filter);
         let mut query = sqlx::query(&sql);
         for p in params {
             query = match p {
@@ -340,9 +337,8 @@ impl PostgresStore {
         rows.iter().map(record_from_row).collect()
     }
 
-    async fn oldest_op(&self) -> Result<Vec<(String, crate::claim::Millis)>, StoreError> {
-        use sqlx::Row;
-        let rows = sqlx::query(super::sql::OLDEST_PROCESSING)
+    async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError> {
+        let rows = sqlx::query(sql::OLDEST_PROCESSING)
             .fetch_all(&self.cold)
             .await?;
         rows.iter()
@@ -350,7 +346,7 @@ impl PostgresStore {
             .collect()
     }
 
-    async fn close_all(&self) {
+    async fn close(&self) {
         self.hot.close().await;
         self.cold.close().await;
     }
@@ -359,118 +355,109 @@ impl PostgresStore {
 /// The two hot transitions on one pooled connection.
 impl PostgresStore {
     pub(crate) async fn claim_on(
-        conn: &mut sqlx::PgConnection,
-        req: &crate::store::ClaimRequest<'_>,
-    ) -> Result<crate::store::ClaimOutcome, crate::store::StoreError> {
-        async {
-            use sqlx::Row;
-            let lease_until = req.now + req.lease_ms;
-            let expires_at = req.now + req.retention_ms;
-            // A refused claim is read back and decided; if the record became
-            // claimable in between (released, lease ran out), claim again.
-            for _ in 0..4 {
-                let row = sqlx::query(crate::store::sql::CLAIM)
-                    .bind(req.route)
-                    .bind(req.event_id)
-                    .bind(req.digest)
-                    .bind(lease_until)
-                    .bind(req.now)
-                    .bind(expires_at)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                if let Some(row) = row {
-                    let prev: Option<String> = row.try_get("claimed_from")?;
-                    return Ok(crate::store::sql::claimed(
-                        row.try_get("attempts")?,
-                        prev.as_deref(),
-                        lease_until,
-                    ));
-                }
-                let row = sqlx::query(crate::store::sql::CLAIM_READBACK)
-                    .bind(req.route)
-                    .bind(req.event_id)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                let Some(row) = row else { continue };
-                if let Some(outcome) = readback_outcome(&row, req.digest, req.now)? {
-                    return Ok(outcome);
-                }
+        conn: &mut PgConnection,
+        req: &ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let lease_until = req.now + req.lease_ms;
+        let expires_at = req.now + req.retention_ms;
+        // A refused claim is read back and decided; if the record became
+        // claimable in between (released, lease ran out), claim again.
+        for _ in 0..4 {
+            let row = sqlx::query(sql::CLAIM)
+                .bind(req.route)
+                .bind(req.event_id)
+                .bind(req.digest)
+                .bind(lease_until)
+                .bind(req.now)
+                .bind(expires_at)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(row) = row {
+                let prev: Option<String> = row.try_get("claimed_from")?;
+                return Ok(sql::claimed(
+                    row.try_get("attempts")?,
+                    prev.as_deref(),
+                    lease_until,
+                ));
             }
-            Err(crate::store::StoreError::Unavailable(
-                "claim kept racing with other writers".into(),
-            ))
+            let row = sqlx::query(sql::CLAIM_READBACK)
+                .bind(req.route)
+                .bind(req.event_id)
+                .fetch_optional(&mut *conn)
+                .await?;
+            let Some(row) = row else { continue };
+            if let Some(outcome) = readback_outcome(&row, req.digest, req.now)? {
+                return Ok(outcome);
+            }
         }
-        .await
+        Err(StoreError::Unavailable(
+            "claim kept racing with other writers".into(),
+        ))
     }
 
     pub(crate) async fn settle_on(
-        conn: &mut sqlx::PgConnection,
-        req: &crate::store::SettleRequest<'_>,
-    ) -> Result<crate::claim::SettleResult, crate::store::StoreError> {
-        async {
-            use crate::claim::SettleResult;
-            let expires_at = req.now + req.retention_ms;
-            match req.outcome {
-                crate::store::SettleOutcome::Delivered {
-                    status,
-                    content_type,
-                    body,
-                } => {
-                    let replay_status = body.map(|_| i64::from(status));
-                    let done = sqlx::query(crate::store::sql::SETTLE_DELIVERED)
-                        .bind(req.route)
-                        .bind(req.event_id)
-                        .bind(i64::from(status))
-                        .bind(req.now)
-                        .bind(expires_at)
-                        .bind(replay_status)
-                        .bind(content_type.filter(|_| body.is_some()))
-                        .bind(body)
-                        .execute(&mut *conn)
-                        .await?;
-                    Ok(if done.rows_affected() == 1 {
-                        SettleResult::Delivered
-                    } else {
-                        SettleResult::Stale
-                    })
-                }
-                crate::store::SettleOutcome::Failed { status, error } => {
-                    let done = sqlx::query(crate::store::sql::SETTLE_FAILED)
-                        .bind(req.route)
-                        .bind(req.event_id)
-                        .bind(req.attempt)
-                        .bind(status.map(i64::from))
-                        .bind(error)
-                        .bind(req.now)
-                        .bind(expires_at)
-                        .execute(&mut *conn)
-                        .await?;
-                    Ok(if done.rows_affected() == 1 {
-                        SettleResult::Released
-                    } else {
-                        SettleResult::Stale
-                    })
-                }
+        conn: &mut PgConnection,
+        req: &SettleRequest<'_>,
+    ) -> Result<SettleResult, StoreError> {
+        let expires_at = req.now + req.retention_ms;
+        match req.outcome {
+            SettleOutcome::Delivered {
+                status,
+                content_type,
+                body,
+            } => {
+                let replay_status = body.map(|_| i64::from(status));
+                let done = sqlx::query(sql::SETTLE_DELIVERED)
+                    .bind(req.route)
+                    .bind(req.event_id)
+                    .bind(i64::from(status))
+                    .bind(req.now)
+                    .bind(expires_at)
+                    .bind(replay_status)
+                    .bind(content_type.filter(|_| body.is_some()))
+                    .bind(body)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(if done.rows_affected() == 1 {
+                    SettleResult::Delivered
+                } else {
+                    SettleResult::Stale
+                })
+            }
+            SettleOutcome::Failed { status, error } => {
+                let done = sqlx::query(sql::SETTLE_FAILED)
+                    .bind(req.route)
+                    .bind(req.event_id)
+                    .bind(req.attempt)
+                    .bind(status.map(i64::from))
+                    .bind(error)
+                    .bind(req.now)
+                    .bind(expires_at)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(if done.rows_affected() == 1 {
+                    SettleResult::Released
+                } else {
+                    SettleResult::Stale
+                })
             }
         }
-        .await
     }
 }
 
-/// Decides a delivery from a [`sql::CLAIM_READBACK`](super::sql::CLAIM_READBACK) row read from PostgreSQL.
+/// Decides a delivery from a [`sql::CLAIM_READBACK`] row read from PostgreSQL.
 fn readback_outcome(
-    row: &sqlx::postgres::PgRow,
+    row: &PgRow,
     digest: &str,
-    now: crate::claim::Millis,
-) -> Result<Option<crate::store::ClaimOutcome>, StoreError> {
+    now: Millis,
+) -> Result<Option<ClaimOutcome>, StoreError> {
     readback(row)?.outcome(digest, now)
 }
 
-/// The decisive columns of a record ([`sql::CLAIM_READBACK`](super::sql::CLAIM_READBACK)'s).
-fn readback(row: &sqlx::postgres::PgRow) -> Result<crate::store::sql::Readback, StoreError> {
-    use sqlx::Row;
-    Ok(crate::store::sql::Readback {
-        state: crate::store::state_of(row.try_get("state")?)?,
+/// The decisive columns of a record ([`sql::CLAIM_READBACK`]'s).
+fn readback(row: &PgRow) -> Result<Readback, StoreError> {
+    Ok(Readback {
+        state: super::state_of(row.try_get("state")?)?,
         lease_until: row.try_get("lease_until")?,
         body_sha256: row.try_get("body_sha256")?,
         last_status: row.try_get("last_status")?,
@@ -480,12 +467,11 @@ fn readback(row: &sqlx::postgres::PgRow) -> Result<crate::store::sql::Readback, 
     })
 }
 
-/// Decodes a full record row of [`sql::SELECT_RECORD`](super::sql::SELECT_RECORD):
+/// Decodes a full record row of [`sql::SELECT_RECORD`]:
 /// the read-back's columns and the rest.
-fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<crate::store::Record, StoreError> {
-    use sqlx::Row;
+fn record_from_row(row: &PgRow) -> Result<Record, StoreError> {
     let rb = readback(row)?;
-    Ok(crate::store::Record {
+    Ok(Record {
         route: row.try_get("route")?,
         event_id: row.try_get("event_id")?,
         body_sha256: rb.body_sha256,
@@ -503,8 +489,6 @@ fn record_from_row(row: &sqlx::postgres::PgRow) -> Result<crate::store::Record, 
         replay_body_bytes: rb.replay_body.map(|b| b.len() as i64),
     })
 }
-
-super::sql::impl_claim_store!(PostgresStore);
 
 #[cfg(test)]
 mod tests {

@@ -20,8 +20,8 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use super::{
-    ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, SettleRequest, StoreError,
-    StoreUrl,
+    Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, SettleRequest,
+    StoreError, StoreUrl,
 };
 use crate::claim::{Millis, SettleResult};
 
@@ -32,7 +32,7 @@ mod migrate;
 mod reads;
 mod writer;
 
-/// Most records one transaction of the sweep deletes (see `sweep_op`).
+/// Most records one transaction of the sweep deletes (see `sweep`).
 const SWEEP_SLICE: i64 = 100;
 
 pub struct SqliteStore {
@@ -92,18 +92,6 @@ impl SqliteStore {
         })
     }
 
-    /// A backstop only: a local file answers within the busy timeouts.
-    const OP_TIMEOUT: Duration = Duration::from_secs(20);
-
-    async fn run_migrations(&self) -> Result<(), StoreError> {
-        let path = self.path.clone();
-        blocking(move || {
-            let mut conn = direct::create(&path)?;
-            migrate::run(&mut conn).map_err(|e| StoreError::Migration(Box::new(e)))
-        })
-        .await
-    }
-
     /// A read on an idle lookup connection, on a blocking thread.
     async fn cold_read<T: Send + 'static>(
         &self,
@@ -113,23 +101,27 @@ impl SqliteStore {
         blocking(move || readers.with(read)).await
     }
 
-    async fn ping_op(&self) -> Result<(), StoreError> {
-        self.cold_read(reads::ping).await
+    /// A change of records that caches may hold (see `direct::counted`), on
+    /// a blocking thread that runs it to the end even if the caller stops
+    /// waiting.
+    async fn counted<T: Send + 'static>(
+        &self,
+        change: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let counter = self.change_counter()?;
+        let path = self.path.clone();
+        blocking(move || direct::counted(&path, &counter, change)).await
     }
 
-    async fn get_op(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
-        let (route, event_id) = (route.to_owned(), event_id.to_owned());
-        self.cold_read(move |conn| reads::get(conn, &route, &event_id))
-            .await
-    }
-
-    async fn list_op(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
-        let filter = filter.clone();
-        self.cold_read(move |conn| reads::list(conn, &filter)).await
-    }
-
-    async fn oldest_op(&self) -> Result<Vec<(String, Millis)>, StoreError> {
-        self.cold_read(reads::oldest_processing).await
+    /// The counter every change of delivered records must count itself in.
+    fn change_counter(&self) -> Result<Arc<changes::ChangeCounter>, StoreError> {
+        match &self.delivered {
+            Ok(cache) => Ok(cache.changes().clone()),
+            Err(why) => Err(StoreError::Unavailable(format!(
+                "{why}; a release or sweep must count itself there so that \
+                 running proxies stop replaying what it changed"
+            ))),
+        }
     }
 }
 
@@ -143,8 +135,24 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| StoreError::Unavailable(format!("stopped: {e}")))?
 }
 
-impl SqliteStore {
-    async fn claim_op(
+impl Backend for SqliteStore {
+    /// A backstop only: a local file answers within the busy timeouts.
+    const OP_TIMEOUT: Duration = Duration::from_secs(20);
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let path = self.path.clone();
+        blocking(move || {
+            let mut conn = direct::create(&path)?;
+            migrate::run(&mut conn).map_err(|e| StoreError::Migration(Box::new(e)))
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.cold_read(reads::ping).await
+    }
+
+    async fn claim(
         &self,
         req: &ClaimRequest<'_>,
         limit: Duration,
@@ -152,7 +160,7 @@ impl SqliteStore {
         self.writer.claim(req, limit).await
     }
 
-    async fn settle_op(
+    async fn settle(
         &self,
         req: &SettleRequest<'_>,
         limit: Duration,
@@ -168,7 +176,7 @@ impl SqliteStore {
 
     /// Inline, without an await: the delivered record in hand, else one
     /// indexed read of a local file.
-    async fn peek_op(
+    async fn peek(
         &self,
         route: &str,
         event_id: &str,
@@ -190,7 +198,18 @@ impl SqliteStore {
         found.outcome(digest, now)
     }
 
-    async fn release_op(
+    async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
+        let (route, event_id) = (route.to_owned(), event_id.to_owned());
+        self.cold_read(move |conn| reads::get(conn, &route, &event_id))
+            .await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
+        let filter = filter.clone();
+        self.cold_read(move |conn| reads::list(conn, &filter)).await
+    }
+
+    async fn release(
         &self,
         route: &str,
         event_id: &str,
@@ -202,12 +221,12 @@ impl SqliteStore {
             .await
     }
 
-    /// The batch in slices of at most [`SWEEP_SLICE`] records, each inside
+    /// The batch in slices of at most `SWEEP_SLICE` records, each inside
     /// one of the writer's batches: a slice shares the claims' commit, and
     /// no claim waits longer than one slice takes (on a store of millions
     /// with random event IDs, a thousand deletions touch a thousand
     /// scattered pages: tens of ms).
-    async fn sweep_op(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
+    async fn sweep(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
         let changes = self.change_counter()?;
         let mut swept = 0u64;
         while (swept as i64) < limit {
@@ -237,38 +256,17 @@ impl SqliteStore {
         Ok(swept)
     }
 
-    /// A change of records that caches may hold (see `direct::counted`), on
-    /// a blocking thread that runs it to the end even if the caller stops
-    /// waiting.
-    async fn counted<T: Send + 'static>(
-        &self,
-        change: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        let counter = self.change_counter()?;
-        let path = self.path.clone();
-        blocking(move || direct::counted(&path, &counter, change)).await
-    }
-
-    /// The counter every change of delivered records must count itself in.
-    fn change_counter(&self) -> Result<Arc<changes::ChangeCounter>, StoreError> {
-        match &self.delivered {
-            Ok(cache) => Ok(cache.changes().clone()),
-            Err(why) => Err(StoreError::Unavailable(format!(
-                "{why}; a release or sweep must count itself there so that \
-                 running proxies stop replaying what it changed"
-            ))),
-        }
+    async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError> {
+        self.cold_read(reads::oldest_processing).await
     }
 
     /// The idle readers first, the writer last: the last connection to
     /// close checkpoints the WAL into the database file.
-    async fn close_all(&self) {
+    async fn close(&self) {
         self.readers.close();
         self.writer.close().await;
     }
 }
-
-super::sql::impl_claim_store!(SqliteStore);
 
 #[cfg(test)]
 mod tests {
