@@ -309,9 +309,8 @@ fn shopify_headers(value: &[u8]) -> HeaderMap {
 }
 
 #[test]
-fn shopify_valid_vector() {
+fn shopify_padding_is_optional() {
     let ver = v(Scheme::Shopify, &[SHOPIFY_SECRET]);
-    // padding is optional
     let unpadded = SHOPIFY_SIG.trim_end_matches('=');
     assert_eq!(
         ver.verify(&shopify_headers(unpadded.as_bytes()), SHOPIFY_BODY, 0),
