@@ -434,6 +434,14 @@ mod tests {
         UnixStream::pair().unwrap()
     }
 
+    /// `N` fresh socket pairs, admitted in order: their connections, and
+    /// the pairs (`.1` is the peer that sees a shutdown).
+    fn admitted<const N: usize>(t: &Arc<Table>) -> ([Conn; N], [(UnixStream, UnixStream); N]) {
+        let socks: [_; N] = std::array::from_fn(|_| pair());
+        let conns = socks.each_ref().map(|s| t.admit(s.0.as_raw_fd()).unwrap());
+        (conns, socks)
+    }
+
     fn shut(s: &UnixStream) -> bool {
         use std::io::Read;
         s.set_nonblocking(true).unwrap();
@@ -452,17 +460,15 @@ mod tests {
     #[test]
     fn at_the_cap_the_oldest_idle_connection_makes_room() {
         let (t, m) = table(3, 60_000, 60_000);
-        let socks: Vec<_> = (0..4).map(|_| pair()).collect();
-        let a = t.admit(socks[0].0.as_raw_fd()).unwrap();
-        let b = t.admit(socks[1].0.as_raw_fd()).unwrap();
-        let c = t.admit(socks[2].0.as_raw_fd()).unwrap();
+        let ([a, b, c], socks) = admitted(&t);
+        let fourth = pair();
         // b goes idle before a; c has a request in progress
         assert!(b.activate() && b.idle());
         std::thread::sleep(Duration::from_millis(2));
         assert!(a.activate() && a.idle());
         assert!(c.activate());
         assert_eq!((gauge(&m, "idle"), gauge(&m, "active")), (2, 1));
-        let d = t.admit(socks[3].0.as_raw_fd()).expect("room made");
+        let d = t.admit(fourth.0.as_raw_fd()).expect("room made");
         assert!(shut(&socks[1].1), "the oldest idle one (b) is closed");
         assert!(!shut(&socks[0].1) && !shut(&socks[2].1));
         assert!(b.closed() && !b.activate(), "a closed one cannot come back");
@@ -479,26 +485,21 @@ mod tests {
     #[test]
     fn past_the_cap_without_idle_connections_new_ones_are_refused() {
         let (t, m) = table(2, 60_000, 60_000);
-        let socks: Vec<_> = (0..3).map(|_| pair()).collect();
-        let a = t.admit(socks[0].0.as_raw_fd()).unwrap();
-        let b = t.admit(socks[1].0.as_raw_fd()).unwrap();
+        let ([a, b], socks) = admitted(&t);
+        let third = pair();
         assert!(a.activate());
         // b waits for its head (reading): not reclaimable, nor is a (active)
-        assert!(t.admit(socks[2].0.as_raw_fd()).is_none());
+        assert!(t.admit(third.0.as_raw_fd()).is_none());
         assert_eq!(closed(&m, Reason::Limit), 1);
         assert!(!shut(&socks[0].1) && !shut(&socks[1].1));
         drop(b);
-        assert!(t.admit(socks[2].0.as_raw_fd()).is_some());
+        assert!(t.admit(third.0.as_raw_fd()).is_some());
     }
 
     #[test]
     fn the_reaper_closes_expired_heads_and_idle_connections_only() {
         let (t, m) = table(10, 50, 150);
-        let socks: Vec<_> = (0..4).map(|_| pair()).collect();
-        let reading = t.admit(socks[0].0.as_raw_fd()).unwrap();
-        let idle = t.admit(socks[1].0.as_raw_fd()).unwrap();
-        let active = t.admit(socks[2].0.as_raw_fd()).unwrap();
-        let head = t.admit(socks[3].0.as_raw_fd()).unwrap();
+        let ([reading, idle, active, head], socks) = admitted(&t);
         assert!(idle.activate() && idle.idle());
         assert!(active.activate());
         assert!(head.activate() && head.idle() && head.head_started());
@@ -520,8 +521,7 @@ mod tests {
     #[test]
     fn a_connection_that_goes_idle_again_starts_its_keepalive_anew() {
         let (t, _m) = table(10, 60_000, 100);
-        let s = pair();
-        let c = t.admit(s.0.as_raw_fd()).unwrap();
+        let ([c], _socks) = admitted(&t);
         assert!(c.activate() && c.idle());
         std::thread::sleep(Duration::from_millis(70));
         assert!(c.activate() && c.idle());
@@ -533,11 +533,7 @@ mod tests {
     #[test]
     fn shutdown_closes_idle_connections_only_uncounted() {
         let (t, m) = table(10, 60_000, 60_000);
-        let socks: Vec<_> = (0..4).map(|_| pair()).collect();
-        let reading = t.admit(socks[0].0.as_raw_fd()).unwrap();
-        let active = t.admit(socks[1].0.as_raw_fd()).unwrap();
-        let idle = t.admit(socks[2].0.as_raw_fd()).unwrap();
-        let next_head = t.admit(socks[3].0.as_raw_fd()).unwrap();
+        let ([reading, active, idle, next_head], socks) = admitted(&t);
         assert!(active.activate());
         assert!(idle.activate() && idle.idle());
         assert!(next_head.activate() && next_head.idle() && next_head.head_started());

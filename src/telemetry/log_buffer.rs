@@ -346,25 +346,40 @@ mod tests {
         }
     }
 
+    /// A buffer that holds lines for `linger`, over a fresh [`Sink`].
+    fn over_sink(linger: Duration) -> (Sink, LogBuffer, LogGuard) {
+        let sink = Sink::default();
+        let (buf, guard) = LogBuffer::with_linger(sink.clone(), linger, |_| {});
+        (sink, buf, guard)
+    }
+
+    /// One write, as tracing makes it for a line.
+    fn put(buf: &LogBuffer, bytes: &[u8]) {
+        buf.make_writer().write_all(bytes).unwrap();
+    }
+
+    /// Waits until `done`, for 5 s at most (the assertion after it tells).
+    fn wait_for(done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     #[test]
     fn lines_arrive_in_order_after_the_linger() {
-        let sink = Sink::default();
-        let (buf, _guard) = LogBuffer::with_linger(sink.clone(), Duration::from_millis(20), |_| {});
+        let (sink, buf, _guard) = over_sink(Duration::from_millis(20));
         for i in 0..100 {
             writeln!(buf.make_writer(), "line {i}").unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while sink.text().lines().count() < 100 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for(|| sink.text().lines().count() >= 100);
         let want: String = (0..100).map(|i| format!("line {i}\n")).collect();
         assert_eq!(sink.text(), want);
     }
 
     #[test]
     fn warnings_and_errors_are_written_out_without_lingering() {
-        let sink = Sink::default();
-        let (buf, _guard) = LogBuffer::with_linger(sink.clone(), Duration::from_secs(3600), |_| {});
+        let (sink, buf, _guard) = over_sink(Duration::from_secs(3600));
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
             .with_writer(buf.clone())
@@ -373,10 +388,7 @@ mod tests {
             tracing::info!("an info line waits for company");
             tracing::warn!("a warning goes at once");
         });
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !sink.text().contains("a warning goes at once") && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for(|| sink.text().contains("a warning goes at once"));
         let text = sink.text();
         assert!(text.contains("a warning goes at once"), "{text:?}");
         // the info line before it went out in the same write, in order
@@ -388,26 +400,24 @@ mod tests {
 
     #[test]
     fn flush_writes_out_at_once() {
-        let sink = Sink::default();
         // A linger far longer than the test: only flush can write these out.
-        let (buf, _guard) = LogBuffer::with_linger(sink.clone(), Duration::from_secs(3600), |_| {});
-        buf.make_writer().write_all(b"a\n").unwrap();
-        buf.make_writer().write_all(b"b\n").unwrap();
+        let (sink, buf, _guard) = over_sink(Duration::from_secs(3600));
+        put(&buf, b"a\n");
+        put(&buf, b"b\n");
         buf.make_writer().flush().unwrap();
         assert_eq!(sink.text(), "a\nb\n");
-        buf.make_writer().write_all(b"c\n").unwrap();
+        put(&buf, b"c\n");
         buf.make_writer().flush().unwrap();
         assert_eq!(sink.text(), "a\nb\nc\n");
     }
 
     #[test]
     fn dropping_the_guard_writes_out_the_rest_and_later_lines_go_straight_through() {
-        let sink = Sink::default();
-        let (buf, guard) = LogBuffer::with_linger(sink.clone(), Duration::from_secs(3600), |_| {});
-        buf.make_writer().write_all(b"before\n").unwrap();
+        let (sink, buf, guard) = over_sink(Duration::from_secs(3600));
+        put(&buf, b"before\n");
         drop(guard);
         assert_eq!(sink.text(), "before\n");
-        buf.make_writer().write_all(b"after\n").unwrap();
+        put(&buf, b"after\n");
         assert_eq!(sink.text(), "before\nafter\n");
     }
 
@@ -415,7 +425,7 @@ mod tests {
     fn closing_gives_up_on_a_stuck_output_instead_of_hanging() {
         let gate = Gate::default();
         let (buf, guard) = LogBuffer::with_linger(gate.clone(), Duration::from_millis(1), |_| {});
-        buf.make_writer().write_all(b"stuck\n").unwrap();
+        put(&buf, b"stuck\n");
         let t = Instant::now();
         drop(guard);
         let took = t.elapsed();
@@ -425,17 +435,14 @@ mod tests {
 
     #[test]
     fn many_threads_lose_no_line_and_keep_each_threads_order() {
-        let sink = Sink::default();
-        let (buf, guard) = LogBuffer::with_linger(sink.clone(), Duration::from_millis(1), |_| {});
+        let (sink, buf, guard) = over_sink(Duration::from_millis(1));
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let buf = buf.clone();
                 std::thread::spawn(move || {
                     for i in 0..5_000 {
                         // whole lines, as tracing writes them
-                        buf.make_writer()
-                            .write_all(format!("{t} {i}\n").as_bytes())
-                            .unwrap();
+                        put(&buf, format!("{t} {i}\n").as_bytes());
                     }
                 })
             })
@@ -470,7 +477,7 @@ mod tests {
         let lines = 3 * HARD_LIMIT / line.len();
         let t = Instant::now();
         for _ in 0..lines {
-            buf.make_writer().write_all(&line).unwrap();
+            put(&buf, &line);
         }
         // every write returned although nothing reached the output
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
@@ -488,13 +495,10 @@ mod tests {
             "no report while the output is stuck"
         );
         gate.open();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while lock(&reported).is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_for(|| !lock(&reported).is_empty());
         assert_eq!(*lock(&reported), vec![dropped], "one report with the count");
         // lines go through again
-        buf.make_writer().write_all(b"after\n").unwrap();
+        put(&buf, b"after\n");
         drop(guard);
         let text = gate.sink.text();
         assert!(text.ends_with("after\n"));

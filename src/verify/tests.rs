@@ -29,6 +29,42 @@ fn malformed(r: Result<(), VerifyError>, header: &str) {
     }
 }
 
+/// Each of `values`, sent as the only `header`, is refused as malformed; a
+/// failure names the value.
+#[track_caller]
+fn malformed_values<V: AsRef<[u8]>>(
+    ver: &Verifier,
+    header: &str,
+    body: &[u8],
+    now: i64,
+    values: &[V],
+) {
+    for value in values {
+        let shown = String::from_utf8_lossy(value.as_ref());
+        match ver.verify(&hm(&[(header, value.as_ref())]), body, now) {
+            Err(VerifyError::MalformedHeader { header: h, .. }) => assert_eq!(h, header, "{shown}"),
+            other => panic!("`{shown}`: expected MalformedHeader({header}), got {other:?}"),
+        }
+    }
+}
+
+/// `h` is accepted up to the default 300 s either side of `t`, and refused
+/// a second past it.
+#[track_caller]
+fn default_tolerance(ver: &Verifier, h: &HeaderMap, body: &[u8], t: i64) {
+    for now in [t, t + 300, t - 300] {
+        assert_eq!(ver.verify(h, body, now), Ok(()), "t{:+}", now - t);
+    }
+    assert_eq!(
+        ver.verify(h, body, t + 301),
+        Err(VerifyError::StaleTimestamp { age_secs: 301 })
+    );
+    assert_eq!(
+        ver.verify(h, body, t - 301),
+        Err(VerifyError::FutureTimestamp { ahead_secs: 301 })
+    );
+}
+
 fn missing(r: Result<(), VerifyError>, header: &str) {
     assert_eq!(r, Err(VerifyError::MissingHeader(header.to_owned())));
 }
@@ -105,16 +141,7 @@ fn stripe_wrong_secret_and_tampering() {
 fn stripe_timestamp_tolerance_both_directions() {
     let ver = v(Scheme::Stripe, &[STRIPE_SECRET]);
     let h = stripe_headers(&sign::stripe(STRIPE_SECRET, STRIPE_T, STRIPE_BODY));
-    assert_eq!(ver.verify(&h, STRIPE_BODY, STRIPE_T + 300), Ok(()));
-    assert_eq!(ver.verify(&h, STRIPE_BODY, STRIPE_T - 300), Ok(()));
-    assert_eq!(
-        ver.verify(&h, STRIPE_BODY, STRIPE_T + 301),
-        Err(VerifyError::StaleTimestamp { age_secs: 301 })
-    );
-    assert_eq!(
-        ver.verify(&h, STRIPE_BODY, STRIPE_T - 301),
-        Err(VerifyError::FutureTimestamp { ahead_secs: 301 })
-    );
+    default_tolerance(&ver, &h, STRIPE_BODY, STRIPE_T);
     let strict = Verifier {
         tolerance: Duration::from_secs(10),
         ..ver
@@ -185,7 +212,7 @@ fn stripe_missing_and_malformed() {
         "stripe-signature",
     );
     let short = &STRIPE_SIG[..62];
-    for bad in [
+    let bad = [
         "garbage".to_owned(),
         String::new(),
         "   ".to_owned(),
@@ -203,19 +230,12 @@ fn stripe_missing_and_malformed() {
         format!("t={STRIPE_T},v1={STRIPE_SIG}00"),            // too long
         format!("t={STRIPE_T},v1="),                          // empty signature
         format!("t={STRIPE_T},v1,{STRIPE_SIG}"),              // element without '='
-    ] {
-        malformed(
-            ver.verify(&stripe_headers(&bad), STRIPE_BODY, STRIPE_T),
-            "stripe-signature",
-        );
-    }
+    ];
+    malformed_values(&ver, "stripe-signature", STRIPE_BODY, STRIPE_T, &bad);
     // non-UTF-8 (obs-text) bytes in the value
     let mut raw = format!("t={STRIPE_T},v1={STRIPE_SIG}").into_bytes();
     raw.extend_from_slice(&[0xff, 0xfe]);
-    malformed(
-        ver.verify(&hm(&[("stripe-signature", &raw)]), STRIPE_BODY, STRIPE_T),
-        "stripe-signature",
-    );
+    malformed_values(&ver, "stripe-signature", STRIPE_BODY, STRIPE_T, &[raw]);
     // a repeated header is refused rather than guessed at
     let good = sign::stripe(STRIPE_SECRET, STRIPE_T, STRIPE_BODY);
     let twice = hm(&[
@@ -248,33 +268,14 @@ fn github_headers(value: &[u8]) -> HeaderMap {
 }
 
 #[test]
-fn github_documented_vector() {
-    assert_eq!(sign::github(GITHUB_SECRET, GITHUB_BODY), GITHUB_SIG);
-    let ver = v(Scheme::Github, &[GITHUB_SECRET]);
-    let h = github_headers(GITHUB_SIG.as_bytes());
-    // no timestamp: the clock does not matter
-    for now in [0, 1_700_000_000, i64::MIN, i64::MAX] {
-        assert_eq!(ver.verify(&h, GITHUB_BODY, now), Ok(()));
-    }
-}
-
-#[test]
 fn github_failures() {
     let h = github_headers(GITHUB_SIG.as_bytes());
-    assert_eq!(
-        v(Scheme::Github, &[b"wrong"]).verify(&h, GITHUB_BODY, 0),
-        Err(VerifyError::Mismatch)
-    );
     let ver = v(Scheme::Github, &[GITHUB_SECRET]);
     assert_eq!(
         ver.verify(&h, b"Hello, World?", 0),
         Err(VerifyError::Mismatch)
     );
     assert_eq!(ver.verify(&h, b"", 0), Err(VerifyError::Mismatch));
-    missing(
-        ver.verify(&HeaderMap::new(), GITHUB_BODY, 0),
-        "x-hub-signature-256",
-    );
     // the SHA-1 header alone is not accepted
     let sha1 = hm(&[(
         "X-Hub-Signature",
@@ -282,7 +283,7 @@ fn github_failures() {
     )]);
     missing(ver.verify(&sha1, GITHUB_BODY, 0), "x-hub-signature-256");
     let hex_only = &GITHUB_SIG[7..];
-    for bad in [
+    let bad = [
         hex_only.to_owned(),          // no prefix
         format!("sha1={hex_only}"),   // wrong algorithm
         format!("SHA256={hex_only}"), // prefix is case-sensitive for GitHub
@@ -290,28 +291,10 @@ fn github_failures() {
         format!("sha256={}", &hex_only[..63]),
         format!("sha256=g{}", &hex_only[1..]),
         "garbage".to_owned(),
-    ] {
-        malformed(
-            ver.verify(&github_headers(bad.as_bytes()), GITHUB_BODY, 0),
-            "x-hub-signature-256",
-        );
-    }
-    malformed(
-        ver.verify(&github_headers(b"sha256=\xe9\xe9"), GITHUB_BODY, 0),
-        "x-hub-signature-256",
-    );
-}
-
-#[test]
-fn github_rotation_and_empty_body() {
-    let h = github_headers(GITHUB_SIG.as_bytes());
-    assert_eq!(
-        v(Scheme::Github, &[b"old", GITHUB_SECRET]).verify(&h, GITHUB_BODY, 0),
-        Ok(())
-    );
-    let ver = v(Scheme::Github, &[GITHUB_SECRET]);
-    let empty = github_headers(sign::github(GITHUB_SECRET, b"").as_bytes());
-    assert_eq!(ver.verify(&empty, b"", 0), Ok(()));
+    ];
+    let header = "x-hub-signature-256";
+    malformed_values(&ver, header, GITHUB_BODY, 0, &bad);
+    malformed_values(&ver, header, GITHUB_BODY, 0, &[b"sha256=\xe9\xe9"]);
 }
 
 // ------------------------------------------------------------------ shopify
@@ -326,14 +309,8 @@ fn shopify_headers(value: &[u8]) -> HeaderMap {
 }
 
 #[test]
-fn shopify_valid_vector() {
-    assert_eq!(sign::shopify(SHOPIFY_SECRET, SHOPIFY_BODY), SHOPIFY_SIG);
+fn shopify_padding_is_optional() {
     let ver = v(Scheme::Shopify, &[SHOPIFY_SECRET]);
-    assert_eq!(
-        ver.verify(&shopify_headers(SHOPIFY_SIG.as_bytes()), SHOPIFY_BODY, 0),
-        Ok(())
-    );
-    // padding is optional
     let unpadded = SHOPIFY_SIG.trim_end_matches('=');
     assert_eq!(
         ver.verify(&shopify_headers(unpadded.as_bytes()), SHOPIFY_BODY, 0),
@@ -344,10 +321,6 @@ fn shopify_valid_vector() {
 #[test]
 fn shopify_failures() {
     let h = shopify_headers(SHOPIFY_SIG.as_bytes());
-    assert_eq!(
-        v(Scheme::Shopify, &[b"nope"]).verify(&h, SHOPIFY_BODY, 0),
-        Err(VerifyError::Mismatch)
-    );
     let ver = v(Scheme::Shopify, &[SHOPIFY_SECRET]);
     assert_eq!(
         ver.verify(
@@ -357,42 +330,18 @@ fn shopify_failures() {
         ),
         Err(VerifyError::Mismatch)
     );
-    missing(
-        ver.verify(&HeaderMap::new(), SHOPIFY_BODY, 0),
-        "x-shopify-hmac-sha256",
-    );
     let hex_sig = hex::encode(B64.decode(SHOPIFY_SIG).unwrap()); // hex is not what Shopify sends
     let short = B64.encode([1u8; 16]);
-    for bad in [
+    let bad = [
         "!!!not base64!!!",
         "minWArgZa_Hsplvy6dlnaKNnlyvuW8Y2ovDcBlzZSE0",
         hex_sig.as_str(),
         short.as_str(),
         "a",
-    ] {
-        malformed(
-            ver.verify(&shopify_headers(bad.as_bytes()), SHOPIFY_BODY, 0),
-            "x-shopify-hmac-sha256",
-        );
-    }
-    malformed(
-        ver.verify(&shopify_headers(b"\x80\x81=="), SHOPIFY_BODY, 0),
-        "x-shopify-hmac-sha256",
-    );
-}
-
-#[test]
-fn shopify_rotation_and_empty_body() {
-    let h = shopify_headers(SHOPIFY_SIG.as_bytes());
-    assert_eq!(
-        v(Scheme::Shopify, &[b"old", SHOPIFY_SECRET]).verify(&h, SHOPIFY_BODY, 0),
-        Ok(())
-    );
-    let empty = shopify_headers(sign::shopify(SHOPIFY_SECRET, b"").as_bytes());
-    assert_eq!(
-        v(Scheme::Shopify, &[SHOPIFY_SECRET]).verify(&empty, b"", 0),
-        Ok(())
-    );
+    ];
+    let header = "x-shopify-hmac-sha256";
+    malformed_values(&ver, header, SHOPIFY_BODY, 0, &bad);
+    malformed_values(&ver, header, SHOPIFY_BODY, 0, &[b"\x80\x81=="]);
 }
 
 // -------------------------------------------------------------------- slack
@@ -501,17 +450,7 @@ fn slack_failures() {
 fn slack_tolerance_and_rotation() {
     let ver = v(Scheme::Slack, &[b"old".as_slice(), SLACK_SECRET]);
     let h = slack_headers(SLACK_SIG.as_bytes(), SLACK_TS.to_string().as_bytes());
-    assert_eq!(ver.verify(&h, SLACK_BODY, SLACK_TS), Ok(()));
-    assert_eq!(ver.verify(&h, SLACK_BODY, SLACK_TS + 300), Ok(()));
-    assert_eq!(ver.verify(&h, SLACK_BODY, SLACK_TS - 300), Ok(()));
-    assert_eq!(
-        ver.verify(&h, SLACK_BODY, SLACK_TS + 301),
-        Err(VerifyError::StaleTimestamp { age_secs: 301 })
-    );
-    assert_eq!(
-        ver.verify(&h, SLACK_BODY, SLACK_TS - 301),
-        Err(VerifyError::FutureTimestamp { ahead_secs: 301 })
-    );
+    default_tolerance(&ver, &h, SLACK_BODY, SLACK_TS);
     // a replay long after the fact
     assert_eq!(
         ver.verify(&h, SLACK_BODY, SLACK_TS + 86_400),
@@ -823,41 +762,28 @@ fn header_set_selection() {
         HeaderSet::of(&hm(&[("webhook_id", b"x"), ("svix", b"x")])),
         None
     );
-    let set = HeaderSet::Webhook;
-    assert_eq!(
-        (set.id(), set.timestamp(), set.signature()),
+    use headers::{SVIX_ID, SVIX_SIGNATURE, SVIX_TIMESTAMP};
+    use headers::{WEBHOOK_ID, WEBHOOK_SIGNATURE, WEBHOOK_TIMESTAMP};
+    for (set, names) in [
         (
-            headers::WEBHOOK_ID,
-            headers::WEBHOOK_TIMESTAMP,
-            headers::WEBHOOK_SIGNATURE
-        )
-    );
-    let set = HeaderSet::Svix;
-    assert_eq!(
-        (set.id(), set.timestamp(), set.signature()),
-        (
-            headers::SVIX_ID,
-            headers::SVIX_TIMESTAMP,
-            headers::SVIX_SIGNATURE
-        )
-    );
+            HeaderSet::Webhook,
+            [WEBHOOK_ID, WEBHOOK_TIMESTAMP, WEBHOOK_SIGNATURE],
+        ),
+        (HeaderSet::Svix, [SVIX_ID, SVIX_TIMESTAMP, SVIX_SIGNATURE]),
+    ] {
+        assert_eq!(
+            [set.id(), set.timestamp(), set.signature()],
+            names,
+            "{set:?}"
+        );
+    }
 }
 
 #[test]
 fn standard_webhooks_tolerance_and_rotation() {
     let ver = Verifier::new(Scheme::StandardWebhooks, vec![vec![1u8; 32], sw_key()]);
     let h = sw(SW_SIG);
-    assert_eq!(ver.verify(&h, SW_BODY, SW_TS), Ok(()));
-    assert_eq!(ver.verify(&h, SW_BODY, SW_TS + 300), Ok(()));
-    assert_eq!(ver.verify(&h, SW_BODY, SW_TS - 300), Ok(()));
-    assert_eq!(
-        ver.verify(&h, SW_BODY, SW_TS + 301),
-        Err(VerifyError::StaleTimestamp { age_secs: 301 })
-    );
-    assert_eq!(
-        ver.verify(&h, SW_BODY, SW_TS - 301),
-        Err(VerifyError::FutureTimestamp { ahead_secs: 301 })
-    );
+    default_tolerance(&ver, &h, SW_BODY, SW_TS);
 }
 
 #[test]
@@ -914,7 +840,6 @@ fn hmac_headers(value: &str) -> HeaderMap {
 
 #[test]
 fn hmac_sha256_valid_in_every_accepted_form() {
-    assert_eq!(sign::hmac_hex(HMAC_SECRET, HMAC_BODY), HMAC_HEX);
     let ver = hmac_verifier(&[HMAC_SECRET]);
     for value in [
         HMAC_HEX.to_owned(),
@@ -936,12 +861,7 @@ fn hmac_sha256_valid_in_every_accepted_form() {
 fn hmac_sha256_failures() {
     let ver = hmac_verifier(&[HMAC_SECRET]);
     let h = hmac_headers(HMAC_HEX);
-    assert_eq!(
-        hmac_verifier(&[b"other"]).verify(&h, HMAC_BODY, 0),
-        Err(VerifyError::Mismatch)
-    );
     assert_eq!(ver.verify(&h, b"{}", 0), Err(VerifyError::Mismatch));
-    missing(ver.verify(&HeaderMap::new(), HMAC_BODY, 0), "x-signature");
     // a different header holding the right digest does not count
     missing(
         ver.verify(
@@ -951,7 +871,7 @@ fn hmac_sha256_failures() {
         ),
         "x-signature",
     );
-    for bad in [
+    let bad = [
         format!("sha1={HMAC_HEX}"),
         format!("sha256:{HMAC_HEX}"),
         HMAC_HEX[..63].to_owned(),
@@ -959,26 +879,81 @@ fn hmac_sha256_failures() {
         format!("q{}", &HMAC_HEX[1..]),
         B64.encode(hex::decode(HMAC_HEX).unwrap()),
         "sha256=".to_owned(),
-    ] {
-        malformed(ver.verify(&hmac_headers(&bad), HMAC_BODY, 0), "x-signature");
-    }
-    malformed(
-        ver.verify(&hm(&[("x-signature", b"\xde\xad\xbe\xef")]), HMAC_BODY, 0),
-        "x-signature",
-    );
+    ];
+    malformed_values(&ver, "x-signature", HMAC_BODY, 0, &bad);
+    malformed_values(&ver, "x-signature", HMAC_BODY, 0, &[b"\xde\xad\xbe\xef"]);
 }
 
 #[test]
 fn hmac_sha256_rotation() {
     let h = hmac_headers(HMAC_HEX);
     assert_eq!(
-        hmac_verifier(&[b"old", HMAC_SECRET]).verify(&h, HMAC_BODY, 0),
-        Ok(())
-    );
-    assert_eq!(
         hmac_verifier(&[b"old", b"older"]).verify(&h, HMAC_BODY, 0),
         Err(VerifyError::Mismatch)
     );
+}
+
+// ------------------------------------------- one header and no timestamp
+
+/// A scheme that signs the body alone into one header: how to build its
+/// verifier, the header, a secret, a body, its signature, and the signer.
+struct OneHeader {
+    verifier: fn(&[&[u8]]) -> Verifier,
+    header: &'static str,
+    secret: &'static [u8],
+    body: &'static [u8],
+    sig: &'static str,
+    sign: fn(&[u8], &[u8]) -> String,
+}
+
+const ONE_HEADER: [OneHeader; 3] = [
+    OneHeader {
+        verifier: |s| v(Scheme::Github, s),
+        header: "x-hub-signature-256",
+        secret: GITHUB_SECRET,
+        body: GITHUB_BODY,
+        sig: GITHUB_SIG,
+        sign: sign::github,
+    },
+    OneHeader {
+        verifier: |s| v(Scheme::Shopify, s),
+        header: "x-shopify-hmac-sha256",
+        secret: SHOPIFY_SECRET,
+        body: SHOPIFY_BODY,
+        sig: SHOPIFY_SIG,
+        sign: sign::shopify,
+    },
+    OneHeader {
+        verifier: hmac_verifier,
+        header: "x-signature",
+        secret: HMAC_SECRET,
+        body: HMAC_BODY,
+        sig: HMAC_HEX,
+        sign: sign::hmac_hex,
+    },
+];
+
+/// The schemes that sign the body alone: the vector, any clock, rotation, a
+/// wrong secret, no header, an empty body.
+#[test]
+fn one_header_schemes_share_their_rules() {
+    for s in ONE_HEADER {
+        assert_eq!((s.sign)(s.secret, s.body), s.sig, "{}", s.header);
+        let h = hm(&[(s.header, s.sig.as_bytes())]);
+        let ver = (s.verifier)(&[s.secret]);
+        // no timestamp: the clock does not matter
+        for now in [0, 1_700_000_000, i64::MIN, i64::MAX] {
+            assert_eq!(ver.verify(&h, s.body, now), Ok(()), "{} at {now}", s.header);
+        }
+        let rotated = (s.verifier)(&[b"old", s.secret]);
+        assert_eq!(rotated.verify(&h, s.body, 0), Ok(()), "{}", s.header);
+        let wrong = (s.verifier)(&[b"wrong"]);
+        let mismatch = Err(VerifyError::Mismatch);
+        assert_eq!(wrong.verify(&h, s.body, 0), mismatch, "{}", s.header);
+        missing(ver.verify(&HeaderMap::new(), s.body, 0), s.header);
+        let empty = hm(&[(s.header, (s.sign)(s.secret, b"").as_bytes())]);
+        assert_eq!(ver.verify(&empty, b"", 0), Ok(()), "{}", s.header);
+    }
 }
 
 // ------------------------------------------------------------ configuration

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{ok, one_error, route, HEAD};
+use super::{ok, one_error_with_path, route, HEAD};
 use crate::config::{
     DigestMode, EventIdSource, InFlight, OnMissingId, OnStoreError, Provider, Scheme, SettleOn,
 };
@@ -139,8 +139,7 @@ fn route_beats_defaults_beats_built_in() {
 #[test]
 fn defaults_errors_are_reported_once_at_defaults() {
     let text = format!("defaults:\n  lease: forever\n{}", route(""));
-    let e = one_error(&text, 2, 10, "invalid duration `forever`");
-    assert_eq!(e.path, "defaults.lease");
+    one_error_with_path(&text, 2, 10, "defaults.lease", "invalid duration `forever`");
 }
 
 /// A route with `provider` and no explicit event_id, starting at line 6.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{errors, ok, one_error, route};
+use super::{errors, ok, one_error, one_error_each, one_error_with_path, route};
 use crate::config::Scheme;
 
 /// Writes `content` to a fresh temp file and returns its path.
@@ -62,18 +62,12 @@ fn env_and_file_secrets() {
 #[test]
 fn secret_errors_never_echo_the_value() {
     // line 12: `    verify: {scheme: github, secrets: ["…"]}`: the secret value is at col 40.
-    let e = one_error(
+    one_error_with_path(
         &with_verify("github", "env:NOPE"),
         12,
         40,
+        "routes[0].verify.secrets[0]",
         "environment variable `NOPE` is not set",
-    );
-    assert_eq!(e.path, "routes[0].verify.secrets[0]");
-    one_error(
-        &with_verify("github", "file:/nonexistent/idemgate/secret"),
-        12,
-        40,
-        "cannot read the file",
     );
     let e = one_error(
         &with_verify("github", "hunter2"),
@@ -82,19 +76,17 @@ fn secret_errors_never_echo_the_value() {
         "must be a reference",
     );
     assert!(!e.to_string().contains("hunter2"), "{e}");
-    one_error(
-        &with_verify("github", "env:"),
-        12,
-        40,
-        "needs a variable name",
-    );
     let empty = temp_secret("empty", b"\n");
-    one_error(
-        &with_verify("github", &format!("file:{empty}")),
-        12,
-        40,
-        "is empty",
-    );
+    for (secret, needle) in [
+        (
+            "file:/nonexistent/idemgate/secret".to_owned(),
+            "cannot read the file",
+        ),
+        ("env:".to_owned(), "needs a variable name"),
+        (format!("file:{empty}"), "is empty"),
+    ] {
+        one_error(&with_verify("github", &secret), 12, 40, needle);
+    }
 }
 
 #[test]
@@ -122,55 +114,59 @@ fn standard_webhooks_secrets_are_decoded() {
 #[test]
 fn verify_block_rules() {
     // No scheme and no provider.
-    let e = one_error(
+    one_error_with_path(
         &route("    verify:\n      secrets: [env:PLAIN]\n"),
         12,
         5,
+        "routes[0].verify",
         "needs a `scheme`",
     );
-    assert_eq!(e.path, "routes[0].verify");
     // hmac-sha256 needs `header`; the others refuse it.
-    one_error(
-        &route("    verify:\n      scheme: hmac-sha256\n      secrets: [env:PLAIN]\n"),
-        12,
-        5,
-        "requires `header`",
-    );
-    one_error(
-        &route(
-            "    verify:\n      scheme: github\n      header: X-Sig\n      secrets: [env:PLAIN]\n",
+    let block = |lines: &str| route(&format!("    verify:\n{lines}"));
+    let plain = "      secrets: [env:PLAIN]\n";
+    one_error_each(&[
+        (
+            block(&format!("      scheme: hmac-sha256\n{plain}")),
+            12,
+            5,
+            "requires `header`",
         ),
-        14,
-        7,
-        "only allowed with scheme hmac-sha256",
-    );
-    // At least one secret.
-    one_error(
-        &route("    verify:\n      scheme: github\n      secrets: []\n"),
-        14,
-        16,
-        "at least one secret",
-    );
-    one_error(
-        &route("    verify:\n      scheme: github\n"),
-        12,
-        5,
-        "required field `secrets`",
-    );
-    one_error(
-        &route("    verify:\n      scheme: sha1\n      secrets: [env:PLAIN]\n"),
-        13,
-        15,
-        "unknown variant `sha1`",
-    );
-    one_error(
-        &route(
-            "    verify:\n      scheme: stripe\n      secrets: [env:PLAIN]\n      tolerance: 0s\n",
+        (
+            block(&format!(
+                "      scheme: github\n      header: X-Sig\n{plain}"
+            )),
+            14,
+            7,
+            "only allowed with scheme hmac-sha256",
         ),
-        15,
-        18,
-        "greater than zero",
-    );
+        // At least one secret.
+        (
+            block("      scheme: github\n      secrets: []\n"),
+            14,
+            16,
+            "at least one secret",
+        ),
+        (
+            block("      scheme: github\n"),
+            12,
+            5,
+            "required field `secrets`",
+        ),
+        (
+            block(&format!("      scheme: sha1\n{plain}")),
+            13,
+            15,
+            "unknown variant `sha1`",
+        ),
+        (
+            block(&format!(
+                "      scheme: stripe\n{plain}      tolerance: 0s\n"
+            )),
+            15,
+            18,
+            "greater than zero",
+        ),
+    ]);
     // Independent problems in one block are all reported.
     let errs = errors(&route(
         "    verify:\n      scheme: hmac-sha256\n      secrets: [env:NOPE, inline]\n      tolerance: soon\n",

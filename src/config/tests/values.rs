@@ -1,53 +1,55 @@
 //! Value grammars inside the file: durations, sizes, URLs, addresses,
 //! methods and statuses, each with its reported position.
 
-use super::{ok, one_error, route, HEAD};
+use super::{ok, one_error, one_error_each, route, HEAD};
 
 #[test]
 fn zero_or_unparseable_durations_and_sizes() {
-    one_error(
-        &route("    lease: 0s\n"),
-        12,
-        12,
-        "must be greater than zero",
-    );
-    one_error(
-        &route("    retention: 7days\n"),
-        12,
-        16,
-        "unknown unit `days`",
-    );
-    one_error(&route("    max_body: 1MB\n"), 12, 15, "unknown unit `MB`");
-    one_error(
-        &route("    max_body: 0B\n"),
-        12,
-        15,
-        "must be greater than zero",
-    );
-    one_error(
-        &route("    replay_body_limit: 4096\n"),
-        12,
-        24,
-        "missing unit",
-    );
-    one_error(
-        &route("    upstream_timeout: \"\"\n"),
-        12,
-        23,
-        "empty duration",
-    );
-    one_error(
-        &format!("shutdown_grace: 0s\n{}", route("")),
-        1,
-        17,
-        "greater than zero",
-    );
-    one_error(
-        &format!("sweeper:\n  interval: 1x\n{}", route("")),
-        2,
-        13,
-        "unknown unit `x`",
-    );
+    one_error_each(&[
+        (
+            route("    lease: 0s\n"),
+            12,
+            12,
+            "must be greater than zero",
+        ),
+        (
+            route("    retention: 7days\n"),
+            12,
+            16,
+            "unknown unit `days`",
+        ),
+        (route("    max_body: 1MB\n"), 12, 15, "unknown unit `MB`"),
+        (
+            route("    max_body: 0B\n"),
+            12,
+            15,
+            "must be greater than zero",
+        ),
+        (
+            route("    replay_body_limit: 4096\n"),
+            12,
+            24,
+            "missing unit",
+        ),
+        (
+            route("    upstream_timeout: \"\"\n"),
+            12,
+            23,
+            "empty duration",
+        ),
+        (
+            format!("shutdown_grace: 0s\n{}", route("")),
+            1,
+            17,
+            "greater than zero",
+        ),
+        (
+            format!("sweeper:\n  interval: 1x\n{}", route("")),
+            2,
+            13,
+            "unknown unit `x`",
+        ),
+    ]);
 }
 
 #[test]
@@ -106,20 +108,22 @@ fn upstream_urls() {
 #[test]
 fn store_scheme_and_env_expansion() {
     let store = |url: &str| route("").replace("sqlite:///tmp/t.db", url);
-    one_error(
-        &store("mysql://u@h/db"),
-        4,
-        8,
-        "unsupported store scheme `mysql`",
-    );
-    one_error(&store("/tmp/x.db"), 4, 8, "unsupported store scheme");
-    one_error(
-        &store("postgres://u:${NOPE}@h/db"),
-        4,
-        8,
-        "environment variable `NOPE` is not set",
-    );
-    one_error(&store("postgres://u:${DB_PASS@h/db"), 4, 8, "unterminated");
+    one_error_each(&[
+        (
+            store("mysql://u@h/db"),
+            4,
+            8,
+            "unsupported store scheme `mysql`",
+        ),
+        (store("/tmp/x.db"), 4, 8, "unsupported store scheme"),
+        (
+            store("postgres://u:${NOPE}@h/db"),
+            4,
+            8,
+            "environment variable `NOPE` is not set",
+        ),
+        (store("postgres://u:${DB_PASS@h/db"), 4, 8, "unterminated"),
+    ]);
     let l = ok(&store("postgres://u:${DB_PASS}@h:5432/db"));
     assert_eq!(l.config.store.url, "postgres://u:s3cr$t@h:5432/db");
     assert_eq!(
@@ -151,34 +155,28 @@ fn store_scheme_and_env_expansion() {
 
 #[test]
 fn listeners_and_top_level_fields() {
-    one_error(
-        &route("").replace("127.0.0.1:1", "localhost:80"),
-        1,
-        9,
-        "not a socket address",
-    );
-    one_error(
-        &route("").replace("listen: \"127.0.0.1:1\"\n", ""),
-        1,
-        1,
-        "required field `listen` is missing",
-    );
+    let no_listen = route("").replace("listen: \"127.0.0.1:1\"\n", "");
     let no_routes = HEAD.replace("routes:\n", "routes: []\n");
-    one_error(&no_routes, 5, 9, "at least one route is required");
     let missing_routes = HEAD.replace("routes:\n", "");
-    one_error(&missing_routes, 1, 1, "required field `routes` is missing");
-    one_error(
-        &format!("threads: 0\n{}", route("")),
-        1,
-        10,
-        "threads must be at least 1",
-    );
-    one_error(
-        &format!("sweeper: {{batch_size: 0}}\n{}", route("")),
-        1,
-        23,
-        "batch_size must be at least 1",
-    );
+    let batch_zero = format!("sweeper: {{batch_size: 0}}\n{}", route(""));
+    one_error_each(&[
+        (
+            route("").replace("127.0.0.1:1", "localhost:80"),
+            1,
+            9,
+            "not a socket address",
+        ),
+        (no_listen, 1, 1, "required field `listen` is missing"),
+        (no_routes, 5, 9, "at least one route is required"),
+        (missing_routes, 1, 1, "required field `routes` is missing"),
+        (
+            format!("threads: 0\n{}", route("")),
+            1,
+            10,
+            "threads must be at least 1",
+        ),
+        (batch_zero, 1, 23, "batch_size must be at least 1"),
+    ]);
     let l = ok(&format!(
         "threads: 4\nshutdown_grace: 5s\nsweeper: {{interval: 10s}}\n{}",
         route("")
@@ -201,25 +199,33 @@ fn methods_statuses_and_idempotency_header() {
     assert_eq!(r.guard_methods, vec![http::Method::POST, http::Method::PUT]);
     assert!(r.settle_on.matches(204) && r.settle_on.matches(301) && r.settle_on.matches(409));
     assert!(!r.settle_on.matches(404) && !r.settle_on.matches(500) && !r.settle_on.matches(100));
-    one_error(
-        &route("    guard_methods: [POST, \"PO ST\"]\n"),
-        12,
-        27,
-        "not a valid HTTP method",
-    );
-    one_error(
-        &route("    settle_on: [\"2xx\", \"6xx\"]\n"),
-        12,
-        24,
-        "invalid status `6xx`",
-    );
-    one_error(
-        &route("    settle_on: [600]\n"),
-        12,
-        17,
-        "invalid status `600`",
-    );
-    one_error(&route("    settle_on: []\n"), 12, 16, "at least one status");
+    one_error_each(&[
+        (
+            route("    guard_methods: [POST, \"PO ST\"]\n"),
+            12,
+            27,
+            "not a valid HTTP method",
+        ),
+        (
+            route("    settle_on: [\"2xx\", \"6xx\"]\n"),
+            12,
+            24,
+            "invalid status `6xx`",
+        ),
+        (
+            route("    settle_on: [600]\n"),
+            12,
+            17,
+            "invalid status `600`",
+        ),
+        (route("    settle_on: []\n"), 12, 16, "at least one status"),
+        (
+            route("    idempotency_key_header: \"a b\"\n"),
+            12,
+            29,
+            "not a valid HTTP header name",
+        ),
+    ]);
     let r = |extra: &str| {
         ok(&route(extra)).config.routes[0]
             .idempotency_key_header
@@ -235,29 +241,25 @@ fn methods_statuses_and_idempotency_header() {
         r("    idempotency_key_header: X-Dedup\n"),
         Some(http::HeaderName::from_static("x-dedup"))
     );
-    one_error(
-        &route("    idempotency_key_header: \"a b\"\n"),
-        12,
-        29,
-        "not a valid HTTP header name",
-    );
 }
 
 #[test]
 fn admin_listen_needs_a_port_of_its_own() {
     let same = route("").replace("127.0.0.1:2", "127.0.0.1:1");
-    one_error(
-        &same,
-        2,
-        15,
-        "admin_listen `127.0.0.1:1` overlaps listen `127.0.0.1:1`",
-    );
     let wildcard = route("").replace("127.0.0.1:2", "0.0.0.0:1");
-    one_error(&wildcard, 2, 15, "overlaps listen");
     let all = route("")
         .replace("127.0.0.1:1", "[::]:1")
         .replace("127.0.0.1:2", "127.0.0.1:1");
-    one_error(&all, 2, 15, "overlaps listen `[::]:1`");
+    one_error_each(&[
+        (
+            same,
+            2,
+            15,
+            "admin_listen `127.0.0.1:1` overlaps listen `127.0.0.1:1`",
+        ),
+        (wildcard, 2, 15, "overlaps listen"),
+        (all, 2, 15, "overlaps listen `[::]:1`"),
+    ]);
     // another port or address, or port 0 on both (the kernel picks two), is fine
     ok(&route(""));
     ok(&route("").replace("127.0.0.1:2", "127.0.0.2:2"));
@@ -305,33 +307,32 @@ fn downstream_limits_defaults_values_and_errors() {
         d.max_connections_at, "cfg.yaml:6:20",
         "for the open-files check"
     );
-    one_error(
-        &format!("downstream:\n  body_timeout: 0s\n{}", route("")),
-        2,
-        17,
-        "downstream.body_timeout",
+    let downstream = |line: &str| format!("downstream:\n  {line}\n{}", route(""));
+    let tls = format!(
+        "tls:\n  cert: file:/nonexistent/c.pem\n  key: /k.pem\n{}",
+        route("")
     );
-    one_error(
-        &format!("downstream:\n  max_connections: 0\n{}", route("")),
-        2,
-        20,
-        "max_connections must be at least 1",
-    );
-    one_error(
-        &format!("downstream:\n  idle_timeout: 5s\n{}", route("")),
-        2,
-        3,
-        "unknown field `idle_timeout`",
-    );
-    one_error(
-        &format!(
-            "tls:\n  cert: file:/nonexistent/c.pem\n  key: /k.pem\n{}",
-            route("")
+    one_error_each(&[
+        (
+            downstream("body_timeout: 0s"),
+            2,
+            17,
+            "downstream.body_timeout",
         ),
-        3,
-        8,
-        "tls.key: must be a `file:PATH` reference",
-    );
+        (
+            downstream("max_connections: 0"),
+            2,
+            20,
+            "max_connections must be at least 1",
+        ),
+        (
+            downstream("idle_timeout: 5s"),
+            2,
+            3,
+            "unknown field `idle_timeout`",
+        ),
+        (tls, 3, 8, "tls.key: must be a `file:PATH` reference"),
+    ]);
 }
 
 #[test]
@@ -350,16 +351,9 @@ fn upgrade_sock_has_a_default_and_must_fit_a_socket_address() {
         std::path::PathBuf::from("/run/idemgate/upgrade.sock")
     );
     let long = format!("/tmp/{}", "x".repeat(103));
-    one_error(
-        &format!("upgrade_sock: {long}\n{}", route("")),
-        1,
-        15,
-        "a Unix socket path holds at most 107",
-    );
-    one_error(
-        &format!("upgrade_sock: \"\"\n{}", route("")),
-        1,
-        15,
-        "upgrade_sock must be a path",
-    );
+    let sock = |path: &str| format!("upgrade_sock: {path}\n{}", route(""));
+    one_error_each(&[
+        (sock(&long), 1, 15, "a Unix socket path holds at most 107"),
+        (sock("\"\""), 1, 15, "upgrade_sock must be a path"),
+    ]);
 }
