@@ -27,7 +27,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use super::{now_ms, pg_exec, stores_dir, Report, Sized, Store};
-use crate::pg_schema_url;
+use crate::pg::pg_schema_url;
 
 const DAY_MS: i64 = 86_400_000;
 /// Records per fill statement (and progress line).
@@ -78,7 +78,7 @@ fn marker_loaded_at(text: &str, n: u64, hash: &str) -> Option<i64> {
 
 /// The preloaded store of `n` records: reused from the cache, or built.
 pub(super) fn cached(
-    s: &crate::Settings,
+    s: &crate::settings::Settings,
     store: Store,
     n: u64,
     rep: &mut Report,
@@ -89,8 +89,8 @@ pub(super) fn cached(
     }
 }
 
-fn migrate(s: &crate::Settings, url: &str) -> Result<(), String> {
-    let out = crate::command(&s.bin)
+fn migrate(s: &crate::settings::Settings, url: &str) -> Result<(), String> {
+    let out = crate::processes::command(&s.bin)
         .args(["migrate", "--store", url])
         .output()
         .map_err(|e| format!("idemgate migrate: {e}"))?;
@@ -112,7 +112,7 @@ fn sqlite_files(db: &Path) -> [std::path::PathBuf; 3] {
     ]
 }
 
-fn sqlite(s: &crate::Settings, n: u64, rep: &mut Report) -> Result<Sized, String> {
+fn sqlite(s: &crate::settings::Settings, n: u64, rep: &mut Report) -> Result<Sized, String> {
     let dir = stores_dir();
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let db = dir.join(format!("sqlite-{n}.db"));
@@ -234,7 +234,7 @@ fn pg_schema(n: u64) -> String {
     format!("load_preload_{n}")
 }
 
-fn postgres(s: &crate::Settings, n: u64, rep: &mut Report) -> Result<Sized, String> {
+fn postgres(s: &crate::settings::Settings, n: u64, rep: &mut Report) -> Result<Sized, String> {
     let schema = pg_schema(n);
     let table = format!("{schema}.records");
     let hash = migrations_hash(Store::Postgres);
@@ -332,7 +332,7 @@ fn postgres(s: &crate::Settings, n: u64, rep: &mut Report) -> Result<Sized, Stri
 }
 
 /// `LOAD_PRELOAD_DROP=1`: removes the cached stores (files and schemas).
-pub(crate) fn drop_cached(s: &crate::Settings, rep: &mut Report) {
+pub(crate) fn drop_cached(s: &crate::settings::Settings, rep: &mut Report) {
     let dir = stores_dir();
     let files = std::fs::read_dir(&dir).map_or(0, |d| d.count());
     let _ = std::fs::remove_dir_all(&dir);

@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use super::{fresh_store, gib, median, now_ms, opt, start_on, world_with, Extra, Report, Store};
-use crate::{parse_wrk, run_wrk, testkit, Pace};
+use crate::runs::run_wrk;
+use crate::wrk::{parse_wrk, Pace};
+use idemgate::testkit;
 
 /// The sweeper's counters from `/metrics`: sweep batches run, seconds spent
 /// in them, records swept.
@@ -75,8 +77,8 @@ fn new_lines_saying(log: &Path, offset: &mut u64, needle: &str) -> usize {
 }
 
 pub(crate) fn steady(
-    s: &crate::Settings,
-    w: &crate::World,
+    s: &crate::settings::Settings,
+    w: &crate::runs::World,
     logs: &Path,
     rep: &mut Report,
     serial: &mut usize,

@@ -3,9 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{
-    attack, id_prefix, measure, quiesce, scenario, Report, Settings, World, ATTACK_TIMEOUTS,
-};
+use crate::attack;
+use crate::report::Report;
+use crate::runs::{id_prefix, measure, quiesce, World};
+use crate::scenarios::scenario;
+use crate::servers::ATTACK_TIMEOUTS;
+use crate::settings::Settings;
 
 /// Resident memory (KiB) and open descriptors of `pid`, sampled until `stop`.
 fn sample_peaks(

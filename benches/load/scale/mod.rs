@@ -3,15 +3,19 @@
 //! (`LOAD_PRELOAD`, this file; the stores are built and cached by
 //! `preload.rs`), and a steady state where the sweeper deletes records as
 //! fast as they expire under a fixed claim rate (`LOAD_STEADY`, `steady.rs`).
-//! The settings are described in `benches/load.rs`'s header.
+//! The settings are described in `benches/load/main.rs`'s header.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::{
-    env_list, env_or, measure, median, opt, pg_exec, pg_run_schema, rss_mib, scenario,
-    start_idemgate, target_dir, Extra, Idemgate, Report, Run, World,
-};
+use crate::pg::{pg_exec, pg_run_schema};
+use crate::procfs::rss_mib;
+use crate::report::{median, opt, Report};
+use crate::runs::{measure, run_wrk, target_dir, Run, World};
+use crate::scenarios::{scenario, Scenario};
+use crate::servers::{start_idemgate, Extra, Idemgate};
+use crate::settings::{env_list, env_or};
+use crate::wrk::Pace;
 
 mod preload;
 mod steady;
@@ -117,7 +121,7 @@ impl Settings {
 
     /// The scenario both sections load on `store`: (r) or (p) with random
     /// IDs, (t) or (q) with time-ordered ones.
-    fn scenario(&self, store: Store) -> &'static super::Scenario {
+    fn scenario(&self, store: Store) -> &'static Scenario {
         scenario(match (store, self.time_ids) {
             (Store::Sqlite, false) => 'r',
             (Store::Postgres, false) => 'p',
@@ -195,7 +199,7 @@ impl Sized {
     /// Records, size and oldest expiry; the records are counted as the
     /// preloaded count plus those first seen since the preload (an index
     /// range), so a 20M store is not scanned after each run.
-    fn content(&self, s: &super::Settings) -> Content {
+    fn content(&self, s: &crate::settings::Settings) -> Content {
         match (&self.sqlite, &self.pg_table) {
             (Some(db), _) => {
                 let c = rusqlite::Connection::open_with_flags(
@@ -258,7 +262,12 @@ impl Sized {
 
 /// An empty store of this run: a fresh SQLite file in the run dir or a
 /// schema of its own (dropped at the end).
-fn fresh_store(s: &super::Settings, w: &World, store: Store, word: &str) -> Result<Sized, String> {
+fn fresh_store(
+    s: &crate::settings::Settings,
+    w: &World,
+    store: Store,
+    word: &str,
+) -> Result<Sized, String> {
     let (url, sqlite, pg_table) = match store {
         Store::Sqlite => {
             let db = w.dir.join(format!("claims-{word}.db"));
@@ -294,7 +303,7 @@ fn world_with(w: &World, g: Idemgate, store: Store) -> World {
 }
 
 fn start_on(
-    s: &super::Settings,
+    s: &crate::settings::Settings,
     w: &World,
     logs: &Path,
     name: String,
@@ -388,7 +397,7 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
 /// `LOAD_PRELOAD`: (r) and (p) against the empty store and the preloaded
 /// ones, interleaved in rounds; ratios to the empty store of the same round.
 pub(super) fn store_sizes(
-    s: &super::Settings,
+    s: &crate::settings::Settings,
     w: &World,
     logs: &Path,
     rep: &mut Report,
@@ -439,16 +448,7 @@ pub(super) fn store_sizes(
         for (st, world) in &stores {
             *serial += 1;
             let k = sc.scenario(st.store);
-            super::run_wrk(
-                s,
-                world,
-                k,
-                top,
-                s.warmup,
-                "",
-                *serial,
-                super::Pace::default(),
-            );
+            run_wrk(s, world, k, top, s.warmup, "", *serial, Pace::default());
         }
     }
     println!("{}", sized_header());
