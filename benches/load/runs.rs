@@ -264,30 +264,7 @@ pub(crate) fn measure(
     perf: bool,
     trace: bool,
 ) -> Run {
-    let prefix = prepare(w, sc, serial);
-    quiesce(w);
-    let probes: Vec<Probe> = [(perf, false), (trace, true)]
-        .into_iter()
-        .filter(|(on, _)| *on)
-        .filter_map(|(_, t)| start_probe(w, sc, t, s.perf_callgraph))
-        .collect();
-    let before = snapshot(s, w, sc);
-    let out = run_wrk(
-        s,
-        w,
-        sc,
-        conns,
-        s.duration,
-        &prefix,
-        serial,
-        Pace::default(),
-    );
-    let after = snapshot(s, w, sc);
-    probes.iter().for_each(stop_probe);
-    let wrk = parse_wrk(&out).expect("wrk result line");
-    for p in &probes {
-        report_probe(p, sc.key, wrk.requests);
-    }
+    let (wrk, before, after) = wrk_between_snapshots(s, w, sc, conns, serial, perf, trace);
     let n = wrk.requests.max(1) as f64;
     let us = |ticks: u64| ticks as f64 * 1e6 / w.tck / n;
     let rps = wrk.requests as f64 / (wrk.duration_us.max(1) as f64 / 1e6);
@@ -341,6 +318,45 @@ pub(crate) fn measure(
         problems,
         wrk,
     }
+}
+
+/// One wrk run of `s.duration` seconds, under the probes asked for, between
+/// two snapshots of the figures.
+#[allow(clippy::too_many_arguments)] // a bench's plain plumbing
+fn wrk_between_snapshots(
+    s: &Settings,
+    w: &World,
+    sc: &Scenario,
+    conns: usize,
+    serial: usize,
+    perf: bool,
+    trace: bool,
+) -> (WrkResult, Snapshot, Snapshot) {
+    let prefix = prepare(w, sc, serial);
+    quiesce(w);
+    let probes: Vec<Probe> = [(perf, false), (trace, true)]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .filter_map(|(_, t)| start_probe(w, sc, t, s.perf_callgraph))
+        .collect();
+    let before = snapshot(s, w, sc);
+    let out = run_wrk(
+        s,
+        w,
+        sc,
+        conns,
+        s.duration,
+        &prefix,
+        serial,
+        Pace::default(),
+    );
+    let after = snapshot(s, w, sc);
+    probes.iter().for_each(stop_probe);
+    let wrk = parse_wrk(&out).expect("wrk result line");
+    for p in &probes {
+        report_probe(p, sc.key, wrk.requests);
+    }
+    (wrk, before, after)
 }
 
 /// The outcome mix of `route` over a run from `idemgate_requests_total`, as
