@@ -269,57 +269,7 @@ fn postgres(s: &crate::settings::Settings, n: u64, rep: &mut Report) -> Result<S
             ));
             at
         }
-        None => {
-            let t = std::time::Instant::now();
-            pg_exec(
-                &s.pg_url,
-                &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
-            )?;
-            pg_exec(&s.pg_url, &format!("CREATE SCHEMA {schema}"))?;
-            migrate(s, &url)?;
-            let loaded_at = now_ms();
-            let (t0, step) = times(n, loaded_at);
-            let mut lo = 0;
-            while lo < n {
-                let hi = (lo + CHUNK).min(n) - 1;
-                pg_exec(
-                    &s.pg_url,
-                    &format!(
-                        "INSERT INTO {table} (route, event_id, body_sha256, state, attempts, lease_until,
-                             last_status, last_error, first_seen_at, updated_at, delivered_at, expires_at)
-                         SELECT 'unique', md5(random()::text || x::text),
-                             md5(random()::text) || md5(random()::text), 'delivered', 1, NULL, 200, NULL,
-                             {t0} + x * {step}, {t0} + x * {step} + 40, {t0} + x * {step} + 40,
-                             {t0} + x * {step} + {}
-                         FROM generate_series({lo}::bigint, {hi}::bigint) AS x
-                         ON CONFLICT DO NOTHING",
-                        14 * DAY_MS
-                    ),
-                )?;
-                lo = hi + 1;
-                println!(
-                    "load: postgres preload {n}: {lo} records, {:.0} s",
-                    t.elapsed().as_secs_f64()
-                );
-            }
-            pg_exec(&s.pg_url, &format!("VACUUM (ANALYZE) {table}"))?;
-            let got = pg_exec(&s.pg_url, &format!("SELECT count(*)::text FROM {table}"))?.join("");
-            if got != n.to_string() {
-                return Err(format!("the fill made {got} records, not {n}"));
-            }
-            pg_exec(
-                &s.pg_url,
-                &format!(
-                    "CREATE TABLE {schema}.load_marker AS SELECT {n}::bigint AS count, \
-                     '{hash}'::text AS migrations, {loaded_at}::bigint AS loaded_at"
-                ),
-            )?;
-            rep.line(format!(
-                "  postgres preload {n}: built schema {schema} in {:.0} s",
-                t.elapsed().as_secs_f64()
-            ));
-            loaded_at
-        }
+        None => pg_build(s, n, rep, (&schema, &table, &hash, &url))?,
     };
     Ok(Sized {
         size: n,
@@ -329,6 +279,64 @@ fn postgres(s: &crate::settings::Settings, n: u64, rep: &mut Report) -> Result<S
         sqlite: None,
         pg_table: Some(table),
     })
+}
+
+/// Builds the preloaded schema of `n` records, and its marker; when it was loaded.
+fn pg_build(
+    s: &crate::settings::Settings,
+    n: u64,
+    rep: &mut Report,
+    (schema, table, hash, url): (&str, &str, &str, &str),
+) -> Result<i64, String> {
+    let t = std::time::Instant::now();
+    pg_exec(
+        &s.pg_url,
+        &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
+    )?;
+    pg_exec(&s.pg_url, &format!("CREATE SCHEMA {schema}"))?;
+    migrate(s, url)?;
+    let loaded_at = now_ms();
+    let (t0, step) = times(n, loaded_at);
+    let mut lo = 0;
+    while lo < n {
+        let hi = (lo + CHUNK).min(n) - 1;
+        pg_exec(
+            &s.pg_url,
+            &format!(
+                "INSERT INTO {table} (route, event_id, body_sha256, state, attempts, lease_until,
+                     last_status, last_error, first_seen_at, updated_at, delivered_at, expires_at)
+                 SELECT 'unique', md5(random()::text || x::text),
+                     md5(random()::text) || md5(random()::text), 'delivered', 1, NULL, 200, NULL,
+                     {t0} + x * {step}, {t0} + x * {step} + 40, {t0} + x * {step} + 40,
+                     {t0} + x * {step} + {}
+                 FROM generate_series({lo}::bigint, {hi}::bigint) AS x
+                 ON CONFLICT DO NOTHING",
+                14 * DAY_MS
+            ),
+        )?;
+        lo = hi + 1;
+        println!(
+            "load: postgres preload {n}: {lo} records, {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    pg_exec(&s.pg_url, &format!("VACUUM (ANALYZE) {table}"))?;
+    let got = pg_exec(&s.pg_url, &format!("SELECT count(*)::text FROM {table}"))?.join("");
+    if got != n.to_string() {
+        return Err(format!("the fill made {got} records, not {n}"));
+    }
+    pg_exec(
+        &s.pg_url,
+        &format!(
+            "CREATE TABLE {schema}.load_marker AS SELECT {n}::bigint AS count, \
+             '{hash}'::text AS migrations, {loaded_at}::bigint AS loaded_at"
+        ),
+    )?;
+    rep.line(format!(
+        "  postgres preload {n}: built schema {schema} in {:.0} s",
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(loaded_at)
 }
 
 /// `LOAD_PRELOAD_DROP=1`: removes the cached stores (files and schemas).

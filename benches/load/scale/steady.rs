@@ -312,6 +312,23 @@ fn summary(rep: &mut Report, sc: &super::Settings, rate: f64, segs: &[Segment]) 
         rate * sc.steady_retention as f64,
         rate * sc.steady_sweep as f64
     ));
+    sweep_p99s(rep, &steady);
+    // A sweeper that keeps up leaves no record more than one interval (and
+    // the segment it is read at) past its expiry.
+    let lag = steady.iter().map(|g| g.lag).reduce(f64::max);
+    let bound = (sc.steady_sweep + sc.steady_segment) as f64 + 5.0;
+    let failed: usize = segs.iter().map(|g| g.failed).sum();
+    rep.line(format!(
+        "  sweeper lag (oldest record past its expiry, at segment ends): max {} s ({}: bound sweeper interval + segment + 5 s = {bound:.0} s); \
+         failed sweeps (idemgate's log): {failed}; claim rate kept: median {} req/s of {rate:.0}",
+        opt(lag, 1),
+        if lag.is_some_and(|l| l <= bound) { "keeps up" } else { "does NOT keep up" },
+        opt(median(steady.iter().map(|g| g.rps).collect()), 0)
+    ));
+}
+
+/// p99 of the segments with a sweep against those without.
+fn sweep_p99s(rep: &mut Report, steady: &[&Segment]) {
     // "With a sweep": the sweeper deleted records during the segment.
     let (with, without): (Vec<&&Segment>, Vec<&&Segment>) =
         steady.iter().partition(|g| g.swept > 0.0);
@@ -330,17 +347,5 @@ fn summary(rep: &mut Report, sc: &super::Settings, rate: f64, segs: &[Segment]) 
         opt(max(&without), 2),
         without.len(),
         opt(p99s(&with).zip(p99s(&without)).map(|(a, b)| a / b.max(0.001)), 2)
-    ));
-    // A sweeper that keeps up leaves no record more than one interval (and
-    // the segment it is read at) past its expiry.
-    let lag = steady.iter().map(|g| g.lag).reduce(f64::max);
-    let bound = (sc.steady_sweep + sc.steady_segment) as f64 + 5.0;
-    let failed: usize = segs.iter().map(|g| g.failed).sum();
-    rep.line(format!(
-        "  sweeper lag (oldest record past its expiry, at segment ends): max {} s ({}: bound sweeper interval + segment + 5 s = {bound:.0} s); \
-         failed sweeps (idemgate's log): {failed}; claim rate kept: median {} req/s of {rate:.0}",
-        opt(lag, 1),
-        if lag.is_some_and(|l| l <= bound) { "keeps up" } else { "does NOT keep up" },
-        opt(median(steady.iter().map(|g| g.rps).collect()), 0)
     ));
 }
