@@ -472,7 +472,8 @@ fn mixed_sets(
                 .add("webhook-timestamp", &ts.to_string())
                 .add(
                     "webhook-signature",
-                    Delivery::signed(py, attacker, Names::WhiteLabelled, b, ts).get("webhook-signature"),
+                    Delivery::signed(py, attacker, Names::WhiteLabelled, b, ts)
+                        .get("webhook-signature"),
                 ),
             401,
             sig,
