@@ -19,7 +19,7 @@
 //! without it.
 
 use std::io::Write;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -62,20 +62,9 @@ fn get_ok(c: &mut Client) {
     assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
 }
 
-fn main() {
-    raise_nofile();
-    let n: usize = std::env::var("CONN_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    let bin = std::env::var("CONN_BIN").unwrap_or_else(|_| {
-        let dir = std::env::current_exe().unwrap();
-        let target = dir.ancestors().nth(3).unwrap().join("release/idemgate");
-        target.display().to_string()
-    });
-    let up = Consumer::start().unwrap();
-    let dir = std::env::temp_dir().join(format!("idemgate-conn-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// idemgate on a SQLite store in `dir`, in front of `up`, ready; its
+/// listen address, and whether the binary knows `downstream`.
+fn start_proxy(bin: &str, up: &Consumer, dir: &std::path::Path) -> (Serve, SocketAddr, bool) {
     let ports = Ports::free().unwrap();
     let base = format!(
         "{}threads: 2\n\
@@ -90,7 +79,7 @@ fn main() {
     let limits =
         "downstream:\n  header_timeout: 10m\n  keepalive_timeout: 10m\n  max_connections: 12000\n";
     std::fs::write(&config, format!("{base}{limits}")).unwrap();
-    let known = Command::new(&bin)
+    let known = Command::new(bin)
         .args(["check", "--config"])
         .arg(&config)
         .stdout(Stdio::null())
@@ -102,7 +91,7 @@ fn main() {
         std::fs::write(&config, &base).unwrap();
     }
     let mut serve = Serve::spawn(
-        Command::new(&bin)
+        Command::new(bin)
             .args(["serve", "--config"])
             .arg(&config)
             .stdin(Stdio::null())
@@ -110,11 +99,55 @@ fn main() {
             .stderr(Stdio::null()),
     )
     .unwrap();
-    let pid = serve.pid().unwrap();
     let addr = ports.listen;
     serve
         .wait_ready(ports.admin, Duration::from_secs(30), |s| s == 200)
         .unwrap();
+    (serve, addr, known)
+}
+
+/// `n` connections that sent half a request head.
+fn waiting_for_heads(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut heads = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"POST /pass/x HTTP/1.1\r\nHost: localhost\r\nContent-Le")
+            .unwrap();
+        heads.push(s);
+    }
+    heads
+}
+
+/// `n` guarded requests that sent their head and 10 of 1,024 body bytes.
+fn waiting_for_bodies(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut bodies = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let head = format!(
+            "POST /h/x HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: body-{i}\r\nContent-Length: 1024\r\n\r\n0123456789"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        bodies.push(s);
+    }
+    bodies
+}
+
+fn main() {
+    raise_nofile();
+    let n: usize = std::env::var("CONN_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let bin = std::env::var("CONN_BIN").unwrap_or_else(|_| {
+        let dir = std::env::current_exe().unwrap();
+        let target = dir.ancestors().nth(3).unwrap().join("release/idemgate");
+        target.display().to_string()
+    });
+    let up = Consumer::start().unwrap();
+    let dir = std::env::temp_dir().join(format!("idemgate-conn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut serve, addr, known) = start_proxy(&bin, &up, &dir);
+    let pid = serve.pid().unwrap();
 
     // warm-up: allocator arenas and runtimes as under traffic
     let t = Instant::now();
@@ -145,13 +178,7 @@ fn main() {
     let r1 = settled_rss(pid);
     report("idle kept-alive (one GET answered)", r1, r0, n);
 
-    let mut heads = Vec::with_capacity(n);
-    for _ in 0..n {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"POST /pass/x HTTP/1.1\r\nHost: localhost\r\nContent-Le")
-            .unwrap();
-        heads.push(s);
-    }
+    let heads = waiting_for_heads(addr, n);
     let r2 = settled_rss(pid);
     report("waiting for its head (half a head sent)", r2, r1, n);
 
@@ -162,15 +189,7 @@ fn main() {
     let r3 = settled_rss(pid);
     report("silent (connected, nothing sent)", r3, r2, n);
 
-    let mut bodies = Vec::with_capacity(n);
-    for i in 0..n {
-        let mut s = TcpStream::connect(addr).unwrap();
-        let head = format!(
-            "POST /h/x HTTP/1.1\r\nHost: localhost\r\nX-Event-ID: body-{i}\r\nContent-Length: 1024\r\n\r\n0123456789"
-        );
-        s.write_all(head.as_bytes()).unwrap();
-        bodies.push(s);
-    }
+    let bodies = waiting_for_bodies(addr, n);
     let r4 = settled_rss(pid);
     report(
         "waiting for its body (guarded, 10 of 1,024 bytes)",

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idemgate::testkit::{memory_kib, Client, Consumer, Ports, Reply, Serve};
+use idemgate::testkit::{memory_kib, Client, Consumer, Ports, Reply, Request, Serve};
 
 const WORKERS: usize = 16;
 
@@ -90,6 +90,112 @@ struct Counts {
     unexpected: AtomicU64,
 }
 
+/// One client's loop until `stop`: a mix of unique events, duplicates,
+/// reused IDs with another payload and events the consumer fails first.
+#[allow(clippy::too_many_arguments)] // a bench's plain plumbing
+fn worker(
+    w: usize,
+    addr: SocketAddr,
+    counts: &Counts,
+    stop: &AtomicBool,
+    fail_first: &Mutex<HashMap<String, ()>>,
+    up_script: &dyn Fn(&str, Vec<Reply>),
+    run_id: u32,
+    tag: &str,
+) {
+    let mut client = Client::connect(addr).unwrap();
+    let mut recent: Vec<String> = Vec::new();
+    let mut n: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let kind = n % 10;
+        let (id, body): (String, &[u8]) = match kind {
+            // duplicates of a recent event
+            0..=2 if !recent.is_empty() => (
+                recent[(n as usize * 7) % recent.len()].clone(),
+                b"{\"v\":1}",
+            ),
+            // a reused ID with another payload
+            3 if !recent.is_empty() => (
+                recent[(n as usize * 3) % recent.len()].clone(),
+                b"{\"v\":2}",
+            ),
+            // the consumer fails the first attempt
+            4 => {
+                let id = format!("soak-{run_id}-{tag}-{w}-{n}");
+                up_script(&id, vec![Reply::status(503), Reply::status(200)]);
+                fail_first.lock().unwrap().insert(id.clone(), ());
+                (id, b"{\"v\":1}")
+            }
+            _ => (format!("soak-{run_id}-{tag}-{w}-{n}"), b"{\"v\":1}"),
+        };
+        let send = |client: &mut Client| {
+            counts.sent.fetch_add(1, Ordering::Relaxed);
+            client.request("POST", "/hooks/e", &[("X-Event-ID", &id)], body)
+        };
+        let r = match send(&mut client) {
+            Ok(r) => r,
+            Err(_) => {
+                client = Client::connect(addr).unwrap();
+                counts.unexpected.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        match (r.status, r.header("Idempotency-Status")) {
+            (200, Some("forwarded")) => {
+                counts.forwarded.fetch_add(1, Ordering::Relaxed);
+                if recent.len() < 256 {
+                    recent.push(id.clone());
+                } else {
+                    recent[(n as usize) % 256] = id.clone();
+                }
+            }
+            (200, Some("replayed")) => {
+                counts.replayed.fetch_add(1, Ordering::Relaxed);
+            }
+            (409 | 422, _) => {
+                counts.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+            (503, Some("forwarded")) => {
+                counts.failed_upstream.fetch_add(1, Ordering::Relaxed);
+                // the sender retries: now the consumer accepts it
+                if let Ok(r2) = send(&mut client) {
+                    if r2.status == 200 {
+                        counts.forwarded.fetch_add(1, Ordering::Relaxed);
+                        recent.push(id.clone());
+                    }
+                }
+            }
+            _ => {
+                counts.unexpected.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Successful deliveries of an event beyond the first (an event the
+/// consumer failed once has one more), and the events the consumer saw.
+fn duplicates(received: &[Request], fail_first: &HashMap<String, ()>) -> (u64, usize) {
+    let mut per_event: HashMap<String, u64> = HashMap::new();
+    for r in received {
+        if let Some(k) = r.key() {
+            *per_event.entry(k.to_string()).or_default() += 1;
+        }
+    }
+    let duplicates: u64 = per_event
+        .iter()
+        .map(|(k, n)| {
+            let successes = if fail_first.contains_key(k) {
+                n.saturating_sub(1)
+            } else {
+                *n
+            };
+            successes.saturating_sub(1)
+        })
+        .sum();
+    (duplicates, per_event.len())
+}
+
 fn soak(store: &str, tag: &str, secs: u64) {
     let up = Consumer::start().unwrap();
     let px = Proxy::start(store, &up.url(), tag);
@@ -108,74 +214,16 @@ fn soak(store: &str, tag: &str, secs: u64) {
             let up_script = up.scripter();
             let tag = tag_owned.clone();
             std::thread::spawn(move || {
-                let mut client = Client::connect(addr).unwrap();
-                let mut recent: Vec<String> = Vec::new();
-                let mut n: u64 = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    let kind = n % 10;
-                    let (id, body): (String, &[u8]) = match kind {
-                        // duplicates of a recent event
-                        0..=2 if !recent.is_empty() => (
-                            recent[(n as usize * 7) % recent.len()].clone(),
-                            b"{\"v\":1}",
-                        ),
-                        // a reused ID with another payload
-                        3 if !recent.is_empty() => (
-                            recent[(n as usize * 3) % recent.len()].clone(),
-                            b"{\"v\":2}",
-                        ),
-                        // the consumer fails the first attempt
-                        4 => {
-                            let id = format!("soak-{run_id}-{tag}-{w}-{n}");
-                            up_script(&id, vec![Reply::status(503), Reply::status(200)]);
-                            fail_first.lock().unwrap().insert(id.clone(), ());
-                            (id, b"{\"v\":1}")
-                        }
-                        _ => (format!("soak-{run_id}-{tag}-{w}-{n}"), b"{\"v\":1}"),
-                    };
-                    let send = |client: &mut Client| {
-                        counts.sent.fetch_add(1, Ordering::Relaxed);
-                        client.request("POST", "/hooks/e", &[("X-Event-ID", &id)], body)
-                    };
-                    let r = match send(&mut client) {
-                        Ok(r) => r,
-                        Err(_) => {
-                            client = Client::connect(addr).unwrap();
-                            counts.unexpected.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                    };
-                    match (r.status, r.header("Idempotency-Status")) {
-                        (200, Some("forwarded")) => {
-                            counts.forwarded.fetch_add(1, Ordering::Relaxed);
-                            if recent.len() < 256 {
-                                recent.push(id.clone());
-                            } else {
-                                recent[(n as usize) % 256] = id.clone();
-                            }
-                        }
-                        (200, Some("replayed")) => {
-                            counts.replayed.fetch_add(1, Ordering::Relaxed);
-                        }
-                        (409 | 422, _) => {
-                            counts.rejected.fetch_add(1, Ordering::Relaxed);
-                        }
-                        (503, Some("forwarded")) => {
-                            counts.failed_upstream.fetch_add(1, Ordering::Relaxed);
-                            // the sender retries: now the consumer accepts it
-                            if let Ok(r2) = send(&mut client) {
-                                if r2.status == 200 {
-                                    counts.forwarded.fetch_add(1, Ordering::Relaxed);
-                                    recent.push(id.clone());
-                                }
-                            }
-                        }
-                        _ => {
-                            counts.unexpected.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
+                worker(
+                    w,
+                    addr,
+                    &counts,
+                    &stop,
+                    &fail_first,
+                    &up_script,
+                    run_id,
+                    &tag,
+                )
             })
         })
         .collect();
@@ -193,24 +241,7 @@ fn soak(store: &str, tag: &str, secs: u64) {
     let rss_end = px.rss_kib();
     // successful deliveries of an event beyond the first
     let received = up.received();
-    let mut per_event: HashMap<String, u64> = HashMap::new();
-    for r in &received {
-        if let Some(k) = r.key() {
-            *per_event.entry(k.to_string()).or_default() += 1;
-        }
-    }
-    let fail_first = fail_first.lock().unwrap();
-    let duplicates: u64 = per_event
-        .iter()
-        .map(|(k, n)| {
-            let successes = if fail_first.contains_key(k) {
-                n.saturating_sub(1)
-            } else {
-                *n
-            };
-            successes.saturating_sub(1)
-        })
-        .sum();
+    let (duplicates, events) = duplicates(&received, &fail_first.lock().unwrap());
     let c = &counts;
     let secs_run = started.elapsed().as_secs_f64();
     println!(
@@ -224,7 +255,7 @@ fn soak(store: &str, tag: &str, secs: u64) {
         c.failed_upstream.load(Ordering::Relaxed),
         c.unexpected.load(Ordering::Relaxed),
         received.len(),
-        per_event.len(),
+        events,
         rss_start,
         rss_mid,
         rss_end,

@@ -63,6 +63,52 @@ fn cli_list(store: &str, extra: &[&str]) -> Vec<serde_json::Value> {
 
 // ---- GET /api/routes ---------------------------------------------------------
 
+/// Every requests/upstream sample of /metrics is in the API document `doc`,
+/// with its value, and nothing else is; how many samples were compared.
+fn counters_match_metrics(
+    doc: &serde_json::Value,
+    routes: &[serde_json::Value],
+    metrics: &str,
+) -> usize {
+    let by_name = |name: &str| routes.iter().find(|r| r["name"] == name);
+    let mut checked = 0;
+    for (metric, field, key) in [
+        ("idemgate_requests_total", "requests", "outcome"),
+        (
+            "idemgate_upstream_responses_total",
+            "upstream_responses",
+            "class",
+        ),
+    ] {
+        let scraped = samples(metrics, metric);
+        let mut in_api = 0;
+        for r in routes {
+            in_api += r["counters"][field].as_object().unwrap().len();
+        }
+        if field == "requests" {
+            in_api += doc["unrouted"]["requests"].as_object().unwrap().len();
+        }
+        assert_eq!(in_api, scraped.len(), "{metric}: {scraped:?}\n{doc}");
+        for (series, value) in scraped {
+            let route = label(&series, "route");
+            let counters = match by_name(route) {
+                Some(r) => &r["counters"],
+                None => {
+                    assert_eq!(route, "", "{series}");
+                    &doc["unrouted"]
+                }
+            };
+            assert_eq!(
+                counters[field][label(&series, key)].as_f64(),
+                Some(value),
+                "{series} = {value}\n{doc}"
+            );
+            checked += 1;
+        }
+    }
+    checked
+}
+
 #[test]
 fn routes_have_their_settings_and_counters_that_match_metrics() {
     let dir = TempDir::new("api-routes");
@@ -129,44 +175,7 @@ fn routes_have_their_settings_and_counters_that_match_metrics() {
         "pass-through"
     );
 
-    // Every requests/upstream sample of /metrics is in the API, with its
-    // value, and nothing else is.
-    let by_name = |name: &str| routes.iter().find(|r| r["name"] == name);
-    let mut checked = 0;
-    for (metric, field, key) in [
-        ("idemgate_requests_total", "requests", "outcome"),
-        (
-            "idemgate_upstream_responses_total",
-            "upstream_responses",
-            "class",
-        ),
-    ] {
-        let scraped = samples(&metrics, metric);
-        let mut in_api = 0;
-        for r in routes {
-            in_api += r["counters"][field].as_object().unwrap().len();
-        }
-        if field == "requests" {
-            in_api += doc["unrouted"]["requests"].as_object().unwrap().len();
-        }
-        assert_eq!(in_api, scraped.len(), "{metric}: {scraped:?}\n{doc}");
-        for (series, value) in scraped {
-            let route = label(&series, "route");
-            let counters = match by_name(route) {
-                Some(r) => &r["counters"],
-                None => {
-                    assert_eq!(route, "", "{series}");
-                    &doc["unrouted"]
-                }
-            };
-            assert_eq!(
-                counters[field][label(&series, key)].as_f64(),
-                Some(value),
-                "{series} = {value}\n{doc}"
-            );
-            checked += 1;
-        }
-    }
+    let checked = counters_match_metrics(&doc, routes, &metrics);
     assert!(checked >= 7, "{checked} samples compared");
     assert_eq!(orders["counters"]["requests"]["forwarded"], 2);
     assert_eq!(orders["counters"]["requests"]["replayed"], 1);

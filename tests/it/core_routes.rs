@@ -156,6 +156,34 @@ fn unguarded_requests_are_counted_before_their_answer() {
     }
 }
 
+/// The series and their values after [`metrics_after_a_mix`]'s deliveries,
+/// as `/metrics` prints them.
+const METRICS_AFTER_THE_MIX: &str = r#"
+idemgate_requests_total{outcome="forwarded",route="r"} 5
+idemgate_requests_total{outcome="replayed",route="r"} 1
+idemgate_requests_total{outcome="digest_mismatch",route="r"} 1
+idemgate_requests_total{outcome="in_flight",route="r"} 1
+idemgate_requests_total{outcome="missing_id",route="r"} 1
+idemgate_requests_total{outcome="invalid_id",route="r"} 1
+idemgate_requests_total{outcome="body_too_large",route="r"} 1
+idemgate_requests_total{outcome="unguarded",route="r"} 1
+idemgate_requests_total{outcome="no_route",route=""} 1
+idemgate_requests_total{outcome="forwarded",route="down"} 1
+idemgate_requests_total{outcome="forwarded",route="slow"} 1
+idemgate_upstream_responses_total{class="2xx",route="r"} 5
+idemgate_upstream_responses_total{class="5xx",route="r"} 1
+idemgate_upstream_responses_total{class="connect_error",route="down"} 1
+idemgate_upstream_responses_total{class="timeout",route="slow"} 1
+idemgate_claims_total{kind="new",route="r"} 4
+idemgate_claims_total{kind="retry_failed",route="r"} 1
+idemgate_claims_total{kind="new",route="down"} 1
+idemgate_settles_total{result="delivered",route="r"} 4
+idemgate_settles_total{result="released",route="r"} 1
+idemgate_settles_total{result="released",route="down"} 1
+idemgate_settles_total{result="released",route="slow"} 1
+idemgate_upstream_duration_seconds_count{route="r"} 6
+"#;
+
 /// After a mix of outcomes, `/metrics` has the SPEC §5 series with their
 /// labels and counts, and no event ID anywhere in the text.
 #[test]
@@ -203,33 +231,8 @@ fn metrics_after_a_mix() {
         .unwrap();
     assert_eq!(get.status, 200); // unguarded, 2xx
 
-    // The series and their values, as `/metrics` prints them.
-    let expected = r#"
-idemgate_requests_total{outcome="forwarded",route="r"} 5
-idemgate_requests_total{outcome="replayed",route="r"} 1
-idemgate_requests_total{outcome="digest_mismatch",route="r"} 1
-idemgate_requests_total{outcome="in_flight",route="r"} 1
-idemgate_requests_total{outcome="missing_id",route="r"} 1
-idemgate_requests_total{outcome="invalid_id",route="r"} 1
-idemgate_requests_total{outcome="body_too_large",route="r"} 1
-idemgate_requests_total{outcome="unguarded",route="r"} 1
-idemgate_requests_total{outcome="no_route",route=""} 1
-idemgate_requests_total{outcome="forwarded",route="down"} 1
-idemgate_requests_total{outcome="forwarded",route="slow"} 1
-idemgate_upstream_responses_total{class="2xx",route="r"} 5
-idemgate_upstream_responses_total{class="5xx",route="r"} 1
-idemgate_upstream_responses_total{class="connect_error",route="down"} 1
-idemgate_upstream_responses_total{class="timeout",route="slow"} 1
-idemgate_claims_total{kind="new",route="r"} 4
-idemgate_claims_total{kind="retry_failed",route="r"} 1
-idemgate_claims_total{kind="new",route="down"} 1
-idemgate_settles_total{result="delivered",route="r"} 4
-idemgate_settles_total{result="released",route="r"} 1
-idemgate_settles_total{result="released",route="down"} 1
-idemgate_settles_total{result="released",route="slow"} 1
-idemgate_upstream_duration_seconds_count{route="r"} 6
-"#;
-    let expected: Vec<(&str, f64)> = expected
+    // The series and their values ([`METRICS_AFTER_THE_MIX`]).
+    let expected: Vec<(&str, f64)> = METRICS_AFTER_THE_MIX
         .lines()
         .filter_map(|l| l.rsplit_once(' '))
         .map(|(series, v)| (series, v.parse().unwrap()))

@@ -26,7 +26,7 @@ use crate::common;
 use std::sync::Arc;
 
 use idemgate::claim::{
-    self, AttemptEnd, Current, Decision, Existing, Millis, Refusal, SettleResult, State,
+    self, AttemptEnd, ClaimKind, Current, Decision, Existing, Millis, Refusal, SettleResult, State,
 };
 use idemgate::store::{
     self, ClaimOutcome, ClaimRequest, ClaimStore, Record, ReleaseOutcome, SettleOutcome,
@@ -195,194 +195,9 @@ impl Run<'_> {
     }
 
     async fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
-        let now = self.now;
         match *op {
-            Op::Claim { ev, digest } => {
-                let existing = self.model[ev].as_ref().map(|r| Existing {
-                    state: r.state,
-                    lease_until: r.lease_until,
-                    same_digest: r.digest == digest,
-                });
-                let want = claim::decide(existing, now);
-                // The read the proxy makes first for an event it met lately
-                // (on SQLite answered from the cache of delivered records
-                // when it holds one) decides as the claim would, or defers.
-                let peeked = st(
-                    self.s.peek(ROUTE, EVENTS[ev], DIGESTS[digest], now).await,
-                    "peek",
-                )?;
-                match (&want, peeked) {
-                    (Decision::Claim(_), None) => {}
-                    (Decision::Refuse(want), Some(ClaimOutcome::Existing { decision, .. })) => {
-                        prop_assert_eq!(&decision, want, "decision of the read");
-                    }
-                    (want, peeked) => {
-                        return Err(fail(format!("read gave {peeked:?}, expected {want:?}")));
-                    }
-                }
-                let got = st(
-                    self.s
-                        .claim(&ClaimRequest {
-                            route: ROUTE,
-                            event_id: EVENTS[ev],
-                            digest: DIGESTS[digest],
-                            now,
-                            lease_ms: LEASE,
-                            retention_ms: RETENTION,
-                        })
-                        .await,
-                    "claim",
-                )?;
-                match (want, got) {
-                    (
-                        Decision::Claim(kind),
-                        ClaimOutcome::Claimed {
-                            attempt,
-                            kind: got_kind,
-                            lease_until,
-                        },
-                    ) => {
-                        // Invariants: no forward after delivered; one live claim.
-                        prop_assert!(
-                            !self.delivered_final[ev],
-                            "a claim was granted on a delivered event"
-                        );
-                        if let Some(g) = self
-                            .grants
-                            .iter()
-                            .find(|g| g.ev == ev && g.open && g.lease_until > now)
-                        {
-                            return Err(fail(format!(
-                                "attempt {attempt} granted while attempt {} still holds a live lease (until {})",
-                                g.attempt, g.lease_until
-                            )));
-                        }
-                        let attempts = self.model[ev].as_ref().map_or(1, |r| r.attempts + 1);
-                        prop_assert_eq!(attempt, attempts, "attempt number");
-                        prop_assert_eq!(got_kind, kind, "claim kind");
-                        prop_assert_eq!(lease_until, now + LEASE, "lease end");
-                        let rec = self.model[ev].get_or_insert(MRec {
-                            digest,
-                            state: State::Processing,
-                            attempts: 0,
-                            lease_until: None,
-                            last_status: None,
-                            first_seen_at: now,
-                            updated_at: now,
-                            delivered_at: None,
-                            expires_at: now,
-                        });
-                        rec.state = State::Processing;
-                        rec.attempts = attempts;
-                        rec.lease_until = Some(now + LEASE);
-                        rec.updated_at = now;
-                        rec.expires_at = now + RETENTION;
-                        self.stats.lock().unwrap().claims_granted += 1;
-                        self.grants.push(Grant {
-                            ev,
-                            attempt,
-                            lease_until: now + LEASE,
-                            open: true,
-                        });
-                    }
-                    (Decision::Refuse(want), ClaimOutcome::Existing { decision, recorded }) => {
-                        prop_assert_eq!(decision, want, "decision on an existing record");
-                        {
-                            let mut stats = self.stats.lock().unwrap();
-                            match decision {
-                                Refusal::Replay => stats.replays += 1,
-                                Refusal::InFlight { .. } => stats.in_flight += 1,
-                                Refusal::Mismatch => stats.mismatches += 1,
-                            }
-                        }
-                        if decision == Refusal::Replay {
-                            let rec = self.model[ev].as_ref().expect("replay of a known record");
-                            prop_assert_eq!(
-                                recorded.status.map(i64::from),
-                                rec.last_status,
-                                "replayed status"
-                            );
-                        }
-                    }
-                    (want, got) => {
-                        return Err(fail(format!("model decided {want:?}, store said {got:?}")))
-                    }
-                }
-            }
-            Op::Settle { ev, back, end } => {
-                let current = self.model[ev].as_ref().map(|r| Current {
-                    state: r.state,
-                    attempts: r.attempts,
-                });
-                let attempt = current.map_or(1, |c| (c.attempts - back).max(1));
-                let (pure_end, outcome) = match end {
-                    End::Delivered(status) => (
-                        AttemptEnd::Settled,
-                        SettleOutcome::Delivered {
-                            status,
-                            content_type: None,
-                            body: None,
-                        },
-                    ),
-                    End::Failed(status) => (
-                        AttemptEnd::Failed,
-                        SettleOutcome::Failed {
-                            status,
-                            error: Some("upstream failed"),
-                        },
-                    ),
-                };
-                let want = claim::settle(current, attempt, pure_end);
-                let before = self.get(ev).await?;
-                let got = st(
-                    self.s
-                        .settle(&SettleRequest {
-                            route: ROUTE,
-                            event_id: EVENTS[ev],
-                            attempt,
-                            now,
-                            retention_ms: RETENTION,
-                            outcome,
-                        })
-                        .await,
-                    "settle",
-                )?;
-                prop_assert_eq!(got, want, "settle result for attempt {}", attempt);
-                // Invariant: a stale attempt never releases a newer claim.
-                if let (AttemptEnd::Failed, Some(c)) = (pure_end, current) {
-                    if attempt < c.attempts {
-                        prop_assert_eq!(got, SettleResult::Stale, "stale release");
-                        self.stats.lock().unwrap().stale_releases_refused += 1;
-                    }
-                }
-                match got {
-                    SettleResult::Delivered => {
-                        let End::Delivered(status) = end else {
-                            unreachable!()
-                        };
-                        let rec = self.model[ev].as_mut().expect("delivered a known record");
-                        rec.settle(State::Delivered, Some(i64::from(status)), now);
-                        rec.delivered_at = Some(now);
-                        self.delivered_final[ev] = true;
-                        self.close_grants(ev, None);
-                        self.stats.lock().unwrap().delivered += 1;
-                    }
-                    SettleResult::Released => {
-                        let End::Failed(status) = end else {
-                            unreachable!()
-                        };
-                        let rec = self.model[ev].as_mut().expect("released a known record");
-                        rec.settle(State::Failed, status.map(i64::from), now);
-                        self.close_grants(ev, Some(attempt));
-                        self.stats.lock().unwrap().released += 1;
-                    }
-                    SettleResult::Stale => {
-                        self.stats.lock().unwrap().stale_settles += 1;
-                        let after = self.get(ev).await?;
-                        prop_assert_eq!(after, before, "a stale settle changed the record");
-                    }
-                }
-            }
+            Op::Claim { ev, digest } => self.claim(ev, digest).await?,
+            Op::Settle { ev, back, end } => self.settle(ev, back, end).await?,
             Op::Advance(d) => self.now += d,
             Op::ToLeaseEnd { ev, offset } => {
                 if let Some(l) = self.model[ev].as_ref().and_then(|r| r.lease_until) {
@@ -394,74 +209,289 @@ impl Run<'_> {
                     self.now = self.now.max(r.expires_at + offset);
                 }
             }
-            Op::Sweep { limit } => {
-                let eligible: Vec<usize> = (0..EVENTS.len())
-                    .filter(|&ev| {
-                        self.model[ev]
-                            .as_ref()
-                            .is_some_and(|r| r.expires_at <= now && !self.live_lease(ev))
-                    })
-                    .collect();
-                let n = st(self.s.sweep_batch(now, limit).await, "sweep")?;
-                prop_assert_eq!(
-                    n,
-                    (eligible.len() as u64).min(limit as u64),
-                    "rows swept (eligible: {:?})",
-                    eligible
-                );
-                let mut deleted = 0;
-                #[allow(clippy::needless_range_loop)] // `ev` also indexes the store
-                for ev in 0..EVENTS.len() {
-                    if self.model[ev].is_none() {
-                        continue;
-                    }
-                    let present = self.get(ev).await?.is_some();
-                    if !eligible.contains(&ev) {
-                        // Invariant: never a live lease, never an unexpired record.
-                        prop_assert!(
-                            present,
-                            "the sweeper deleted {} (live lease: {})",
-                            EVENTS[ev],
-                            self.live_lease(ev)
-                        );
-                    } else if !present {
-                        deleted += 1;
-                        self.model[ev] = None;
-                        self.delivered_final[ev] = false;
-                        self.close_grants(ev, None);
-                    }
-                }
-                prop_assert_eq!(deleted, n, "records gone after the sweep");
-                self.stats.lock().unwrap().swept += n;
-            }
-            Op::Release { ev, force } => {
-                let want = match &self.model[ev] {
-                    None => ReleaseOutcome::NotFound,
-                    Some(r) if r.state == State::Delivered && !force => {
-                        ReleaseOutcome::RefusedDelivered
-                    }
-                    Some(r) => ReleaseOutcome::Released { previous: r.state },
-                };
-                let got = st(
-                    self.s.release(ROUTE, EVENTS[ev], force, now).await,
-                    "release",
-                )?;
-                prop_assert_eq!(got, want, "operator release");
-                if let ReleaseOutcome::Released { .. } = got {
-                    let rec = self.model[ev].as_mut().expect("released a known record");
-                    rec.expires_at = now + (rec.expires_at - rec.updated_at);
-                    rec.updated_at = now;
-                    rec.state = State::Failed;
-                    rec.lease_until = None;
-                    // An operator's override: the attempt in progress, if
-                    // any, no longer holds the claim.
-                    self.delivered_final[ev] = false;
-                    self.close_grants(ev, None);
-                    self.stats.lock().unwrap().operator_releases += 1;
-                }
-            }
+            Op::Sweep { limit } => self.sweep(limit).await?,
+            Op::Release { ev, force } => self.release(ev, force).await?,
         }
         self.compare().await
+    }
+
+    /// A delivery arrives: the read the proxy makes first, then the claim.
+    async fn claim(&mut self, ev: usize, digest: usize) -> Result<(), TestCaseError> {
+        let now = self.now;
+        let existing = self.model[ev].as_ref().map(|r| Existing {
+            state: r.state,
+            lease_until: r.lease_until,
+            same_digest: r.digest == digest,
+        });
+        let want = claim::decide(existing, now);
+        // The read the proxy makes first for an event it met lately
+        // (on SQLite answered from the cache of delivered records
+        // when it holds one) decides as the claim would, or defers.
+        let peeked = st(
+            self.s.peek(ROUTE, EVENTS[ev], DIGESTS[digest], now).await,
+            "peek",
+        )?;
+        match (&want, peeked) {
+            (Decision::Claim(_), None) => {}
+            (Decision::Refuse(want), Some(ClaimOutcome::Existing { decision, .. })) => {
+                prop_assert_eq!(&decision, want, "decision of the read");
+            }
+            (want, peeked) => {
+                return Err(fail(format!("read gave {peeked:?}, expected {want:?}")));
+            }
+        }
+        let got = st(
+            self.s
+                .claim(&ClaimRequest {
+                    route: ROUTE,
+                    event_id: EVENTS[ev],
+                    digest: DIGESTS[digest],
+                    now,
+                    lease_ms: LEASE,
+                    retention_ms: RETENTION,
+                })
+                .await,
+            "claim",
+        )?;
+        match (want, got) {
+            (
+                Decision::Claim(kind),
+                ClaimOutcome::Claimed {
+                    attempt,
+                    kind: got_kind,
+                    lease_until,
+                },
+            ) => {
+                self.granted(ev, digest, kind, attempt, got_kind, lease_until)?;
+            }
+            (Decision::Refuse(want), ClaimOutcome::Existing { decision, recorded }) => {
+                prop_assert_eq!(decision, want, "decision on an existing record");
+                {
+                    let mut stats = self.stats.lock().unwrap();
+                    match decision {
+                        Refusal::Replay => stats.replays += 1,
+                        Refusal::InFlight { .. } => stats.in_flight += 1,
+                        Refusal::Mismatch => stats.mismatches += 1,
+                    }
+                }
+                if decision == Refusal::Replay {
+                    let rec = self.model[ev].as_ref().expect("replay of a known record");
+                    prop_assert_eq!(
+                        recorded.status.map(i64::from),
+                        rec.last_status,
+                        "replayed status"
+                    );
+                }
+            }
+            (want, got) => return Err(fail(format!("model decided {want:?}, store said {got:?}"))),
+        }
+        Ok(())
+    }
+
+    /// The store granted the claim the model decided on: the invariants, then the model follows.
+    fn granted(
+        &mut self,
+        ev: usize,
+        digest: usize,
+        kind: ClaimKind,
+        attempt: i64,
+        got_kind: ClaimKind,
+        lease_until: Millis,
+    ) -> Result<(), TestCaseError> {
+        let now = self.now;
+        // Invariants: no forward after delivered; one live claim.
+        prop_assert!(
+            !self.delivered_final[ev],
+            "a claim was granted on a delivered event"
+        );
+        if let Some(g) = self
+            .grants
+            .iter()
+            .find(|g| g.ev == ev && g.open && g.lease_until > now)
+        {
+            return Err(fail(format!(
+                "attempt {attempt} granted while attempt {} still holds a live lease (until {})",
+                g.attempt, g.lease_until
+            )));
+        }
+        let attempts = self.model[ev].as_ref().map_or(1, |r| r.attempts + 1);
+        prop_assert_eq!(attempt, attempts, "attempt number");
+        prop_assert_eq!(got_kind, kind, "claim kind");
+        prop_assert_eq!(lease_until, now + LEASE, "lease end");
+        let rec = self.model[ev].get_or_insert(MRec {
+            digest,
+            state: State::Processing,
+            attempts: 0,
+            lease_until: None,
+            last_status: None,
+            first_seen_at: now,
+            updated_at: now,
+            delivered_at: None,
+            expires_at: now,
+        });
+        rec.state = State::Processing;
+        rec.attempts = attempts;
+        rec.lease_until = Some(now + LEASE);
+        rec.updated_at = now;
+        rec.expires_at = now + RETENTION;
+        self.stats.lock().unwrap().claims_granted += 1;
+        self.grants.push(Grant {
+            ev,
+            attempt,
+            lease_until: now + LEASE,
+            open: true,
+        });
+        Ok(())
+    }
+
+    /// An attempt ends.
+    async fn settle(&mut self, ev: usize, back: i64, end: End) -> Result<(), TestCaseError> {
+        let now = self.now;
+        let current = self.model[ev].as_ref().map(|r| Current {
+            state: r.state,
+            attempts: r.attempts,
+        });
+        let attempt = current.map_or(1, |c| (c.attempts - back).max(1));
+        let (pure_end, outcome) = match end {
+            End::Delivered(status) => (
+                AttemptEnd::Settled,
+                SettleOutcome::Delivered {
+                    status,
+                    content_type: None,
+                    body: None,
+                },
+            ),
+            End::Failed(status) => (
+                AttemptEnd::Failed,
+                SettleOutcome::Failed {
+                    status,
+                    error: Some("upstream failed"),
+                },
+            ),
+        };
+        let want = claim::settle(current, attempt, pure_end);
+        let before = self.get(ev).await?;
+        let got = st(
+            self.s
+                .settle(&SettleRequest {
+                    route: ROUTE,
+                    event_id: EVENTS[ev],
+                    attempt,
+                    now,
+                    retention_ms: RETENTION,
+                    outcome,
+                })
+                .await,
+            "settle",
+        )?;
+        prop_assert_eq!(got, want, "settle result for attempt {}", attempt);
+        // Invariant: a stale attempt never releases a newer claim.
+        if let (AttemptEnd::Failed, Some(c)) = (pure_end, current) {
+            if attempt < c.attempts {
+                prop_assert_eq!(got, SettleResult::Stale, "stale release");
+                self.stats.lock().unwrap().stale_releases_refused += 1;
+            }
+        }
+        match got {
+            SettleResult::Delivered => {
+                let End::Delivered(status) = end else {
+                    unreachable!()
+                };
+                let rec = self.model[ev].as_mut().expect("delivered a known record");
+                rec.settle(State::Delivered, Some(i64::from(status)), now);
+                rec.delivered_at = Some(now);
+                self.delivered_final[ev] = true;
+                self.close_grants(ev, None);
+                self.stats.lock().unwrap().delivered += 1;
+            }
+            SettleResult::Released => {
+                let End::Failed(status) = end else {
+                    unreachable!()
+                };
+                let rec = self.model[ev].as_mut().expect("released a known record");
+                rec.settle(State::Failed, status.map(i64::from), now);
+                self.close_grants(ev, Some(attempt));
+                self.stats.lock().unwrap().released += 1;
+            }
+            SettleResult::Stale => {
+                self.stats.lock().unwrap().stale_settles += 1;
+                let after = self.get(ev).await?;
+                prop_assert_eq!(after, before, "a stale settle changed the record");
+            }
+        }
+        Ok(())
+    }
+
+    /// One sweeper batch of at most `limit` rows.
+    async fn sweep(&mut self, limit: i64) -> Result<(), TestCaseError> {
+        let now = self.now;
+        let eligible: Vec<usize> = (0..EVENTS.len())
+            .filter(|&ev| {
+                self.model[ev]
+                    .as_ref()
+                    .is_some_and(|r| r.expires_at <= now && !self.live_lease(ev))
+            })
+            .collect();
+        let n = st(self.s.sweep_batch(now, limit).await, "sweep")?;
+        prop_assert_eq!(
+            n,
+            (eligible.len() as u64).min(limit as u64),
+            "rows swept (eligible: {:?})",
+            eligible
+        );
+        let mut deleted = 0;
+        #[allow(clippy::needless_range_loop)] // `ev` also indexes the store
+        for ev in 0..EVENTS.len() {
+            if self.model[ev].is_none() {
+                continue;
+            }
+            let present = self.get(ev).await?.is_some();
+            if !eligible.contains(&ev) {
+                // Invariant: never a live lease, never an unexpired record.
+                prop_assert!(
+                    present,
+                    "the sweeper deleted {} (live lease: {})",
+                    EVENTS[ev],
+                    self.live_lease(ev)
+                );
+            } else if !present {
+                deleted += 1;
+                self.model[ev] = None;
+                self.delivered_final[ev] = false;
+                self.close_grants(ev, None);
+            }
+        }
+        prop_assert_eq!(deleted, n, "records gone after the sweep");
+        self.stats.lock().unwrap().swept += n;
+        Ok(())
+    }
+
+    /// `idemgate events release [--force]`.
+    async fn release(&mut self, ev: usize, force: bool) -> Result<(), TestCaseError> {
+        let now = self.now;
+        let want = match &self.model[ev] {
+            None => ReleaseOutcome::NotFound,
+            Some(r) if r.state == State::Delivered && !force => ReleaseOutcome::RefusedDelivered,
+            Some(r) => ReleaseOutcome::Released { previous: r.state },
+        };
+        let got = st(
+            self.s.release(ROUTE, EVENTS[ev], force, now).await,
+            "release",
+        )?;
+        prop_assert_eq!(got, want, "operator release");
+        if let ReleaseOutcome::Released { .. } = got {
+            let rec = self.model[ev].as_mut().expect("released a known record");
+            rec.expires_at = now + (rec.expires_at - rec.updated_at);
+            rec.updated_at = now;
+            rec.state = State::Failed;
+            rec.lease_until = None;
+            // An operator's override: the attempt in progress, if
+            // any, no longer holds the claim.
+            self.delivered_final[ev] = false;
+            self.close_grants(ev, None);
+            self.stats.lock().unwrap().operator_releases += 1;
+        }
+        Ok(())
     }
 
     /// Store and model agree on every event.

@@ -552,7 +552,8 @@ struct RouteSpec {
     max_body: (String, u64),
 }
 
-fn arb_route(i: usize) -> impl Strategy<Value = RouteSpec> {
+/// Where a route takes its event ID from, and how the config writes it.
+fn arb_event_id() -> impl Strategy<Value = (EventIdSource, String)> {
     let header_names = vec![
         "X-Event-ID",
         "x-event-id",
@@ -560,7 +561,7 @@ fn arb_route(i: usize) -> impl Strategy<Value = RouteSpec> {
         "X-GitHub-Delivery",
         "idempotency-key",
     ];
-    let event_id = prop_oneof![
+    prop_oneof![
         prop::sample::select(header_names).prop_map(|h| (
             EventIdSource::Header(http::HeaderName::from_bytes(h.as_bytes()).unwrap()),
             format!("header: {h}")
@@ -572,20 +573,29 @@ fn arb_route(i: usize) -> impl Strategy<Value = RouteSpec> {
                 format!("json_pointer: {}", serde_json::to_string(&p).unwrap()),
             )
         }),
-    ];
+    ]
+}
+
+/// A `settle_on` list as the config writes it: classes and statuses.
+fn arb_settle_on() -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec(
+        prop_oneof![
+            (1u16..=5).prop_map(|c| format!("\"{c}xx\"")),
+            (100u16..=599).prop_map(|c| c.to_string()),
+        ],
+        1..4,
+    )
+}
+
+fn arb_route(i: usize) -> impl Strategy<Value = RouteSpec> {
+    let event_id = arb_event_id();
     let upstream = (
         any::<bool>(),
         "[a-z][a-z0-9-]{0,10}(\\.[a-z]{2,5})?",
         1u16..=65535,
         "(/[a-z0-9]{1,6}){0,2}",
     );
-    let settle = prop::collection::vec(
-        prop_oneof![
-            (1u16..=5).prop_map(|c| format!("\"{c}xx\"")),
-            (100u16..=599).prop_map(|c| c.to_string()),
-        ],
-        1..4,
-    );
+    let settle = arb_settle_on();
     (
         (
             "[a-z0-9_-]{1,20}",

@@ -500,6 +500,44 @@ fn load(addr: SocketAddr, stop: &AtomicBool, answers: &Answers, workers: usize) 
     });
 }
 
+/// Records of `before` that are gone or went back (delivered is final;
+/// anything else may only have moved on), and the events forwarded since
+/// `restarted` that are not delivered in `after`; the latter's IDs.
+fn lost_records(
+    before: &BTreeMap<String, (String, i64)>,
+    after: &BTreeMap<String, (String, i64)>,
+    answers: &Answers,
+    restarted: Instant,
+) -> (Vec<String>, Vec<String>) {
+    // Delivered is final; anything else may only have moved on (a reclaim
+    // by the load after the restart).
+    let mut lost = Vec::new();
+    for (id, (state, attempts)) in before {
+        match after.get(id) {
+            Some((s, a)) if s == state && a == attempts => {}
+            Some((_, a)) if state != "delivered" && a >= attempts => {}
+            other => lost.push(format!("{id}: {state}/{attempts} before, {other:?} after")),
+        }
+    }
+    // and what the sender saw forwarded after the restart is on disk too
+    let forwarded_after: Vec<String> = answers
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _, s, h)| *t >= restarted && *s == 200 && h == "forwarded")
+        .map(|(_, id, _, _)| id.clone())
+        .collect();
+    for id in &forwarded_after {
+        if after.get(id).is_none_or(|(s, _)| s != "delivered") {
+            lost.push(format!(
+                "{id}: forwarded after the restart, {:?}",
+                after.get(id)
+            ));
+        }
+    }
+    (lost, forwarded_after)
+}
+
 /// The SQLite file on a 32 MiB tmpfs that fills mid-load. While full:
 /// every fresh delivery gets 503, nothing reaches the consumer without a
 /// committed claim, `/readyz` answers 503, every settle that did not commit
@@ -507,6 +545,7 @@ fn load(addr: SocketAddr, stop: &AtomicBool, answers: &Answers, workers: usize) 
 /// `PRAGMA integrity_check` is ok. Then full again, idemgate SIGKILLed and
 /// restarted while full (not ready, nothing lost), freed: no record lost.
 #[test]
+// long: one scenario told in order: fill under load, free, fill again, SIGKILL, restart full, free
 fn sqlite_disk_fills_mid_load_then_frees() {
     let Some(disk) = Tmpfs::mount("faults-full", "32m") else {
         return;
@@ -685,32 +724,7 @@ fn sqlite_disk_fills_mid_load_then_frees() {
         px.log()
     );
     let after = records_of(&db);
-    // Delivered is final; anything else may only have moved on (a reclaim
-    // by the load after the restart).
-    let mut lost = Vec::new();
-    for (id, (state, attempts)) in &before {
-        match after.get(id) {
-            Some((s, a)) if s == state && a == attempts => {}
-            Some((_, a)) if state != "delivered" && a >= attempts => {}
-            other => lost.push(format!("{id}: {state}/{attempts} before, {other:?} after")),
-        }
-    }
-    // and what the sender saw forwarded after the restart is on disk too
-    let forwarded_after: Vec<String> = answers
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(t, _, s, h)| *t >= restarted && *s == 200 && h == "forwarded")
-        .map(|(_, id, _, _)| id.clone())
-        .collect();
-    for id in &forwarded_after {
-        if after.get(id).is_none_or(|(s, _)| s != "delivered") {
-            lost.push(format!(
-                "{id}: forwarded after the restart, {:?}",
-                after.get(id)
-            ));
-        }
-    }
+    let (lost, forwarded_after) = lost_records(&before, &after, &answers, restarted);
     assert!(lost.is_empty(), "records lost or changed: {lost:?}");
     assert_eq!(integrity(&db), "ok");
     let fresh = eid("end");

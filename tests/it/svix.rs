@@ -428,6 +428,96 @@ fn white_labelled_deliveries_are_forwarded_once_and_their_retries_replayed() {
     assert_eq!(requests(px, "invalid_signature"), 0.0);
 }
 
+/// Forgeries that mix the `svix-*` and `webhook-*` sets, from a captured
+/// message `a` toward a target ID `b`: what each is, the delivery, and the
+/// status, problem type and detail it must get.
+fn mixed_sets(
+    py: &mut SvixPy,
+    attacker: &str,
+    (captured_wl, captured_svix): (&Delivery, &Delivery),
+    (a, b): (&str, &str),
+    ts: i64,
+) -> Vec<(&'static str, Delivery, u16, &'static str, &'static str)> {
+    // The `webhook-*` set is the one verified as soon as
+    // any of it is present, and the event ID is its `webhook-id`.
+    let (sig, missing, invalid) = ("invalid-signature", "missing-event-id", "invalid-event-id");
+    vec![
+        (
+            "a verified webhook-* set with another svix-id",
+            captured_wl.clone().add("svix-id", b),
+            401,
+            sig,
+            "differs from the signed `webhook-id`",
+        ),
+        (
+            "a verified webhook-* set with svix-id repeated, once the other",
+            captured_wl.clone().add("svix-id", a).add("svix-id", b),
+            401,
+            sig,
+            "differs from the signed `webhook-id`",
+        ),
+        (
+            "a genuine svix-* set and a webhook-id naming the target",
+            captured_svix.clone().add("webhook-id", b),
+            401,
+            sig,
+            "missing signature header `webhook-signature`",
+        ),
+        (
+            "the captured svix-* set under the target's ID, and a forged webhook-* set",
+            captured_svix
+                .clone()
+                .set("svix-id", b)
+                .add("webhook-id", b)
+                .add("webhook-timestamp", &ts.to_string())
+                .add(
+                    "webhook-signature",
+                    Delivery::signed(py, attacker, Names::WhiteLabelled, b, ts)
+                        .get("webhook-signature"),
+                ),
+            401,
+            sig,
+            "no signature matches",
+        ),
+        (
+            "svix-id and svix-timestamp with the captured webhook-signature",
+            captured_svix
+                .clone()
+                .set("svix-id", b)
+                .without("svix-signature")
+                .add("webhook-timestamp", &ts.to_string())
+                .add("webhook-signature", captured_wl.get("webhook-signature")),
+            400,
+            missing,
+            "no webhook-id header",
+        ),
+        (
+            "webhook-id repeated",
+            captured_wl.clone().add("webhook-id", a),
+            401,
+            sig,
+            "`webhook-id`: the header is repeated",
+        ),
+        (
+            "webhook-id twice, once the target",
+            captured_wl.clone().add("webhook-id", b),
+            400,
+            invalid,
+            "several different webhook-id headers",
+        ),
+        (
+            "the captured svix-signature repeated under the target's svix-id",
+            captured_svix
+                .clone()
+                .set("svix-id", b)
+                .add("svix-signature", captured_svix.get("svix-signature")),
+            401,
+            sig,
+            "`svix-signature`: the header is repeated",
+        ),
+    ]
+}
+
 /// Issue 25: forgeries on either header set, and every way of mixing the
 /// two sets, get 401 (or 400 when the selected set has no usable ID) and
 /// claim nothing: no event ID is occupied, the consumer sees nothing, and
@@ -497,83 +587,14 @@ fn forgeries_on_either_header_set_are_refused_and_claim_nothing() {
         }
     }
 
-    // Mixing the sets. The `webhook-*` set is the one verified as soon as
-    // any of it is present, and the event ID is its `webhook-id`.
-    let (sig, missing, invalid) = ("invalid-signature", "missing-event-id", "invalid-event-id");
-    let mixed: Vec<(&str, Delivery, u16, &str, &str)> = vec![
-        (
-            "a verified webhook-* set with another svix-id",
-            captured_wl.clone().add("svix-id", &b),
-            401,
-            sig,
-            "differs from the signed `webhook-id`",
-        ),
-        (
-            "a verified webhook-* set with svix-id repeated, once the other",
-            captured_wl.clone().add("svix-id", &a).add("svix-id", &b),
-            401,
-            sig,
-            "differs from the signed `webhook-id`",
-        ),
-        (
-            "a genuine svix-* set and a webhook-id naming the target",
-            captured_svix.clone().add("webhook-id", &b),
-            401,
-            sig,
-            "missing signature header `webhook-signature`",
-        ),
-        (
-            "the captured svix-* set under the target's ID, and a forged webhook-* set",
-            captured_svix
-                .clone()
-                .set("svix-id", &b)
-                .add("webhook-id", &b)
-                .add("webhook-timestamp", &ts.to_string())
-                .add(
-                    "webhook-signature",
-                    Delivery::signed(&mut py, &attacker, sw, &b, ts).get("webhook-signature"),
-                ),
-            401,
-            sig,
-            "no signature matches",
-        ),
-        (
-            "svix-id and svix-timestamp with the captured webhook-signature",
-            captured_svix
-                .clone()
-                .set("svix-id", &b)
-                .without("svix-signature")
-                .add("webhook-timestamp", &ts.to_string())
-                .add("webhook-signature", captured_wl.get("webhook-signature")),
-            400,
-            missing,
-            "no webhook-id header",
-        ),
-        (
-            "webhook-id repeated",
-            captured_wl.clone().add("webhook-id", &a),
-            401,
-            sig,
-            "`webhook-id`: the header is repeated",
-        ),
-        (
-            "webhook-id twice, once the target",
-            captured_wl.clone().add("webhook-id", &b),
-            400,
-            invalid,
-            "several different webhook-id headers",
-        ),
-        (
-            "the captured svix-signature repeated under the target's svix-id",
-            captured_svix
-                .clone()
-                .set("svix-id", &b)
-                .add("svix-signature", captured_svix.get("svix-signature")),
-            401,
-            sig,
-            "`svix-signature`: the header is repeated",
-        ),
-    ];
+    // Mixing the sets.
+    let mixed = mixed_sets(
+        &mut py,
+        &attacker,
+        (&captured_wl, &captured_svix),
+        (&a, &b),
+        ts,
+    );
     for (what, d, status, kind, needle) in mixed {
         assert_problem(&d.post(px), status, kind, needle);
         if status == 401 {

@@ -166,6 +166,41 @@ fn openssl(args: &[&str]) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// A self-signed RSA certificate and its key in PKCS#1 (`BEGIN RSA PRIVATE
+/// KEY`), as openssl writes them; their paths.
+fn openssl_pkcs1_pair(dir: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+    let rsa_key = dir.path().join("rsa.key");
+    let rsa_cert = dir.path().join("rsa.pem");
+    assert!(openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-days",
+        "1",
+        "-keyout",
+        rsa_key.to_str().unwrap(),
+        "-out",
+        rsa_cert.to_str().unwrap(),
+    ]));
+    let pkcs1 = dir.path().join("rsa1.key");
+    assert!(openssl(&[
+        "rsa",
+        "-in",
+        rsa_key.to_str().unwrap(),
+        "-traditional",
+        "-out",
+        pkcs1.to_str().unwrap(),
+    ]));
+    assert!(std::fs::read_to_string(&pkcs1)
+        .unwrap()
+        .contains("BEGIN RSA PRIVATE KEY"));
+    (rsa_cert, pkcs1)
+}
+
 #[test]
 fn unusable_certificates_and_keys_are_config_errors_with_their_position() {
     let dir = TempDir::new("tls-errors");
@@ -235,35 +270,7 @@ fn unusable_certificates_and_keys_are_config_errors_with_their_position() {
     }
 
     // RSA (PKCS#1) and EC (SEC1) keys, as openssl writes them
-    let rsa_key = dir.path().join("rsa.key");
-    let rsa_cert = dir.path().join("rsa.pem");
-    assert!(openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-days",
-        "1",
-        "-keyout",
-        rsa_key.to_str().unwrap(),
-        "-out",
-        rsa_cert.to_str().unwrap(),
-    ]));
-    let pkcs1 = dir.path().join("rsa1.key");
-    assert!(openssl(&[
-        "rsa",
-        "-in",
-        rsa_key.to_str().unwrap(),
-        "-traditional",
-        "-out",
-        pkcs1.to_str().unwrap(),
-    ]));
-    assert!(std::fs::read_to_string(&pkcs1)
-        .unwrap()
-        .contains("BEGIN RSA PRIVATE KEY"));
+    let (rsa_cert, pkcs1) = openssl_pkcs1_pair(&dir);
     let (code, err, _) = check_tls(
         &dir,
         &format!("file:{}", rsa_cert.display()),

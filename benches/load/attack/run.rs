@@ -3,9 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{
-    attack, id_prefix, measure, quiesce, scenario, Report, Settings, World, ATTACK_TIMEOUTS,
-};
+use crate::attack;
+use crate::report::Report;
+use crate::runs::{id_prefix, measure, quiesce, World};
+use crate::scenarios::scenario;
+use crate::servers::ATTACK_TIMEOUTS;
+use crate::settings::Settings;
 
 /// Resident memory (KiB) and open descriptors of `pid`, sampled until `stop`.
 fn sample_peaks(
@@ -77,28 +80,7 @@ pub(crate) fn under_attack(
         let prefix = id_prefix(sc.key, *serial % 100);
         let mut held = None;
         if with_attack {
-            let (h, b, k) = ATTACK_TIMEOUTS;
-            let a = attack::Attack::start(attack::Settings {
-                addr: w.sqlite.addr,
-                connections: s.attack,
-                keepalive: Duration::from_secs(k),
-                header: Duration::from_secs(h),
-                body: Duration::from_secs(b),
-                sources: (2..=5)
-                    .map(|x| std::net::Ipv4Addr::new(127, 0, 0, x))
-                    .collect(),
-            });
-            let t = Instant::now();
-            while a.open() < s.attack && t.elapsed() < Duration::from_secs(30) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            rep.line(format!(
-                "  attack: {} of {} connections open after {:.1} s",
-                a.open(),
-                s.attack,
-                t.elapsed().as_secs_f64()
-            ));
-            held = Some(a);
+            held = Some(start_attack(s, w, rep));
         }
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let peaks = sample_peaks(w.sqlite.pid, stop.clone());
@@ -157,4 +139,30 @@ pub(crate) fn under_attack(
             rss1 as f64 / 1024.0
         ));
     }
+}
+
+/// Opens the attack connections, waiting at most 30 s until all are open.
+fn start_attack(s: &Settings, w: &World, rep: &mut Report) -> attack::Attack {
+    let (h, b, k) = ATTACK_TIMEOUTS;
+    let a = attack::Attack::start(attack::Settings {
+        addr: w.sqlite.addr,
+        connections: s.attack,
+        keepalive: Duration::from_secs(k),
+        header: Duration::from_secs(h),
+        body: Duration::from_secs(b),
+        sources: (2..=5)
+            .map(|x| std::net::Ipv4Addr::new(127, 0, 0, x))
+            .collect(),
+    });
+    let t = Instant::now();
+    while a.open() < s.attack && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    rep.line(format!(
+        "  attack: {} of {} connections open after {:.1} s",
+        a.open(),
+        s.attack,
+        t.elapsed().as_secs_f64()
+    ));
+    a
 }

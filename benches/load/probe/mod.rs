@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::{
-    all_pids, command, lock, proc_stat, signal, target_dir, tool, Scenario, World, CHILDREN,
-};
+use crate::processes::{command, lock, signal, CHILDREN};
+use crate::procfs::{all_pids, proc_stat};
+use crate::runs::{target_dir, World};
+use crate::scenarios::Scenario;
+use crate::servers::tool;
 
 /// A `perf` attached to the process under test for one run.
 pub(crate) struct Probe {

@@ -7,8 +7,12 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use super::{fresh_store, gib, median, now_ms, opt, start_on, world_with, Extra, Report, Store};
-use crate::{parse_wrk, run_wrk, testkit, Pace};
+use super::{
+    fresh_store, gib, median, now_ms, opt, start_on, world_with, Extra, Report, Sized, Store,
+};
+use crate::runs::{run_wrk, World};
+use crate::wrk::{parse_wrk, Pace};
+use idemgate::testkit;
 
 /// The sweeper's counters from `/metrics`: sweep batches run, seconds spent
 /// in them, records swept.
@@ -75,8 +79,8 @@ fn new_lines_saying(log: &Path, offset: &mut u64, needle: &str) -> usize {
 }
 
 pub(crate) fn steady(
-    s: &crate::Settings,
-    w: &crate::World,
+    s: &crate::settings::Settings,
+    w: &World,
     logs: &Path,
     rep: &mut Report,
     serial: &mut usize,
@@ -99,53 +103,9 @@ pub(crate) fn steady(
         let mut log_offset = 0;
         let g = start_on(s, w, logs, name, &st, &extra);
         let world = world_with(w, g, store);
-        let key = sc.scenario(store);
         let conns = *s.conns.iter().max().unwrap();
-        let rate = sc.steady_rate.unwrap_or_else(|| {
-            // Flat out for 5 s on the harness's own idemgate of this store
-            // (so that this load does not expire into the steady run), then
-            // the share of it.
-            let probe = match store {
-                Store::Sqlite => Some(w),
-                Store::Postgres => w.pg.is_some().then_some(w),
-            }
-            .unwrap_or(&world);
-            *serial += 1;
-            let out = run_wrk(s, probe, key, conns, 5, "", *serial, Pace::default());
-            let r = parse_wrk(&out).expect("wrk result line");
-            let max = r.requests as f64 / (r.duration_us.max(1) as f64 / 1e6);
-            rep.line(format!(
-                "steady state, {}: flat out {max:.0} req/s at {conns} connections (5 s)",
-                store.name()
-            ));
-            (max * sc.steady_share).floor()
-        });
-        rep.line("");
-        rep.line(format!(
-            "steady state (issue 24), {}: {rate:.0} claims/s of unique {} IDs at {conns} connections for {} s, \
-             retention {} s, sweeper every {} s (batch 1000), {} s segments",
-            store.name(),
-            sc.ids_word(),
-            sc.steady,
-            sc.steady_retention,
-            sc.steady_sweep,
-            sc.steady_segment
-        ));
-        rep.line(format!(
-            "{:>6} {:>8} {:>8} {:>8} {:>9} {:>10} {:>7} {:>6} {:>8} {:>8} {:>6}  {}",
-            "t s",
-            "req/s",
-            "p50 ms",
-            "p99 ms",
-            "records",
-            "size",
-            "lag s",
-            "sweep",
-            "swept",
-            "sweep ms",
-            "failed",
-            "store / problems"
-        ));
+        let rate = steady_rate(s, w, &world, store, rep, serial);
+        steady_header(rep, sc, store, rate, conns);
         let pace = Pace {
             per_thread: Some(rate / s.wrk_threads as f64),
         };
@@ -153,57 +113,152 @@ pub(crate) fn steady(
         let mut segs: Vec<Segment> = Vec::new();
         while start.elapsed().as_secs() + sc.steady_segment / 2 < sc.steady {
             *serial += 1;
-            let before = sweeps(g.admin);
-            let out = run_wrk(s, &world, key, conns, sc.steady_segment, "", *serial, pace);
-            let after = sweeps(g.admin);
-            let r = parse_wrk(&out).expect("wrk result line");
-            let c = st.content(s);
-            let now = now_ms();
-            let mut problems = String::new();
-            if r.socket_errors > 0 {
-                problems.push_str(&format!("  !! {} socket errors", r.socket_errors));
-            }
-            if r.non_2xx > 0 {
-                problems.push_str(&format!("  !! {} non-2xx", r.non_2xx));
-            }
-            let seg = Segment {
-                at: start.elapsed().as_secs_f64(),
-                rps: r.requests as f64 / (r.duration_us.max(1) as f64 / 1e6),
-                p50: r.p50_us / 1000.0,
-                p99: r.p99_us / 1000.0,
-                records: c.records,
-                bytes: c.bytes,
-                detail: c.detail,
-                lag: c
-                    .oldest_expiry
-                    .map_or(0.0, |e| (now - e).max(0) as f64 / 1000.0),
-                batches: after.batches - before.batches,
-                swept: after.swept - before.swept,
-                sweep_ms: (after.seconds - before.seconds) * 1000.0,
-                failed: new_lines_saying(&log, &mut log_offset, "sweeper failed"),
-                problems,
-            };
-            let line = format!(
-                "{:>6.0} {:>8.0} {:>8.2} {:>8.2} {:>9} {:>10} {:>7.1} {:>6} {:>8.0} {:>8.0} {:>6}  {}{}",
-                seg.at,
-                seg.rps,
-                seg.p50,
-                seg.p99,
-                seg.records,
-                gib(seg.bytes),
-                seg.lag,
-                if seg.batches > 0.0 { "yes" } else { "-" },
-                seg.swept,
-                seg.sweep_ms,
-                seg.failed,
-                seg.detail,
-                seg.problems
+            let seg = segment(
+                s,
+                &world,
+                &st,
+                g.admin,
+                &log,
+                &mut log_offset,
+                start,
+                (pace, *serial),
             );
-            rep.line(line);
+            rep.line(segment_line(&seg));
             segs.push(seg);
         }
         summary(rep, sc, rate, &segs);
     }
+}
+
+/// The steady state's claim rate: `LOAD_STEADY_RATE`, else the share of a
+/// flat-out run.
+fn steady_rate(
+    s: &crate::settings::Settings,
+    w: &World,
+    world: &World,
+    store: Store,
+    rep: &mut Report,
+    serial: &mut usize,
+) -> f64 {
+    let sc = &s.scale;
+    let key = sc.scenario(store);
+    let conns = *s.conns.iter().max().unwrap();
+    sc.steady_rate.unwrap_or_else(|| {
+        // Flat out for 5 s on the harness's own idemgate of this store
+        // (so that this load does not expire into the steady run), then
+        // the share of it.
+        let probe = match store {
+            Store::Sqlite => Some(w),
+            Store::Postgres => w.pg.is_some().then_some(w),
+        }
+        .unwrap_or(world);
+        *serial += 1;
+        let out = run_wrk(s, probe, key, conns, 5, "", *serial, Pace::default());
+        let r = parse_wrk(&out).expect("wrk result line");
+        let max = r.requests as f64 / (r.duration_us.max(1) as f64 / 1e6);
+        rep.line(format!(
+            "steady state, {}: flat out {max:.0} req/s at {conns} connections (5 s)",
+            store.name()
+        ));
+        (max * sc.steady_share).floor()
+    })
+}
+
+/// The steady state's heading and the segments' column names.
+fn steady_header(rep: &mut Report, sc: &super::Settings, store: Store, rate: f64, conns: usize) {
+    rep.line("");
+    rep.line(format!(
+        "steady state (issue 24), {}: {rate:.0} claims/s of unique {} IDs at {conns} connections for {} s, \
+         retention {} s, sweeper every {} s (batch 1000), {} s segments",
+        store.name(),
+        sc.ids_word(),
+        sc.steady,
+        sc.steady_retention,
+        sc.steady_sweep,
+        sc.steady_segment
+    ));
+    rep.line(format!(
+        "{:>6} {:>8} {:>8} {:>8} {:>9} {:>10} {:>7} {:>6} {:>8} {:>8} {:>6}  {}",
+        "t s",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "records",
+        "size",
+        "lag s",
+        "sweep",
+        "swept",
+        "sweep ms",
+        "failed",
+        "store / problems"
+    ));
+}
+
+/// One segment: a paced wrk run, and the store and sweeper around it.
+#[allow(clippy::too_many_arguments)] // a bench's plain plumbing
+fn segment(
+    s: &crate::settings::Settings,
+    world: &World,
+    st: &Sized,
+    admin: SocketAddr,
+    log: &Path,
+    log_offset: &mut u64,
+    start: std::time::Instant,
+    (pace, serial): (Pace, usize),
+) -> Segment {
+    let sc = &s.scale;
+    let key = sc.scenario(st.store);
+    let conns = *s.conns.iter().max().unwrap();
+    let before = sweeps(admin);
+    let out = run_wrk(s, world, key, conns, sc.steady_segment, "", serial, pace);
+    let after = sweeps(admin);
+    let r = parse_wrk(&out).expect("wrk result line");
+    let c = st.content(s);
+    let now = now_ms();
+    let mut problems = String::new();
+    if r.socket_errors > 0 {
+        problems.push_str(&format!("  !! {} socket errors", r.socket_errors));
+    }
+    if r.non_2xx > 0 {
+        problems.push_str(&format!("  !! {} non-2xx", r.non_2xx));
+    }
+    Segment {
+        at: start.elapsed().as_secs_f64(),
+        rps: r.requests as f64 / (r.duration_us.max(1) as f64 / 1e6),
+        p50: r.p50_us / 1000.0,
+        p99: r.p99_us / 1000.0,
+        records: c.records,
+        bytes: c.bytes,
+        detail: c.detail,
+        lag: c
+            .oldest_expiry
+            .map_or(0.0, |e| (now - e).max(0) as f64 / 1000.0),
+        batches: after.batches - before.batches,
+        swept: after.swept - before.swept,
+        sweep_ms: (after.seconds - before.seconds) * 1000.0,
+        failed: new_lines_saying(log, log_offset, "sweeper failed"),
+        problems,
+    }
+}
+
+/// A segment's line of the report.
+fn segment_line(seg: &Segment) -> String {
+    format!(
+        "{:>6.0} {:>8.0} {:>8.2} {:>8.2} {:>9} {:>10} {:>7.1} {:>6} {:>8.0} {:>8.0} {:>6}  {}{}",
+        seg.at,
+        seg.rps,
+        seg.p50,
+        seg.p99,
+        seg.records,
+        gib(seg.bytes),
+        seg.lag,
+        if seg.batches > 0.0 { "yes" } else { "-" },
+        seg.swept,
+        seg.sweep_ms,
+        seg.failed,
+        seg.detail,
+        seg.problems
+    )
 }
 
 fn summary(rep: &mut Report, sc: &super::Settings, rate: f64, segs: &[Segment]) {
@@ -257,6 +312,23 @@ fn summary(rep: &mut Report, sc: &super::Settings, rate: f64, segs: &[Segment]) 
         rate * sc.steady_retention as f64,
         rate * sc.steady_sweep as f64
     ));
+    sweep_p99s(rep, &steady);
+    // A sweeper that keeps up leaves no record more than one interval (and
+    // the segment it is read at) past its expiry.
+    let lag = steady.iter().map(|g| g.lag).reduce(f64::max);
+    let bound = (sc.steady_sweep + sc.steady_segment) as f64 + 5.0;
+    let failed: usize = segs.iter().map(|g| g.failed).sum();
+    rep.line(format!(
+        "  sweeper lag (oldest record past its expiry, at segment ends): max {} s ({}: bound sweeper interval + segment + 5 s = {bound:.0} s); \
+         failed sweeps (idemgate's log): {failed}; claim rate kept: median {} req/s of {rate:.0}",
+        opt(lag, 1),
+        if lag.is_some_and(|l| l <= bound) { "keeps up" } else { "does NOT keep up" },
+        opt(median(steady.iter().map(|g| g.rps).collect()), 0)
+    ));
+}
+
+/// p99 of the segments with a sweep against those without.
+fn sweep_p99s(rep: &mut Report, steady: &[&Segment]) {
     // "With a sweep": the sweeper deleted records during the segment.
     let (with, without): (Vec<&&Segment>, Vec<&&Segment>) =
         steady.iter().partition(|g| g.swept > 0.0);
@@ -275,17 +347,5 @@ fn summary(rep: &mut Report, sc: &super::Settings, rate: f64, segs: &[Segment]) 
         opt(max(&without), 2),
         without.len(),
         opt(p99s(&with).zip(p99s(&without)).map(|(a, b)| a / b.max(0.001)), 2)
-    ));
-    // A sweeper that keeps up leaves no record more than one interval (and
-    // the segment it is read at) past its expiry.
-    let lag = steady.iter().map(|g| g.lag).reduce(f64::max);
-    let bound = (sc.steady_sweep + sc.steady_segment) as f64 + 5.0;
-    let failed: usize = segs.iter().map(|g| g.failed).sum();
-    rep.line(format!(
-        "  sweeper lag (oldest record past its expiry, at segment ends): max {} s ({}: bound sweeper interval + segment + 5 s = {bound:.0} s); \
-         failed sweeps (idemgate's log): {failed}; claim rate kept: median {} req/s of {rate:.0}",
-        opt(lag, 1),
-        if lag.is_some_and(|l| l <= bound) { "keeps up" } else { "does NOT keep up" },
-        opt(median(steady.iter().map(|g| g.rps).collect()), 0)
     ));
 }

@@ -3,15 +3,19 @@
 //! (`LOAD_PRELOAD`, this file; the stores are built and cached by
 //! `preload.rs`), and a steady state where the sweeper deletes records as
 //! fast as they expire under a fixed claim rate (`LOAD_STEADY`, `steady.rs`).
-//! The settings are described in `benches/load.rs`'s header.
+//! The settings are described in `benches/load/main.rs`'s header.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::{
-    env_list, env_or, measure, median, opt, pg_exec, pg_run_schema, rss_mib, scenario,
-    start_idemgate, target_dir, Extra, Idemgate, Report, Run, World,
-};
+use crate::pg::{pg_exec, pg_run_schema};
+use crate::procfs::rss_mib;
+use crate::report::{median, opt, Report};
+use crate::runs::{measure, run_wrk, target_dir, Run, World};
+use crate::scenarios::{scenario, Scenario};
+use crate::servers::{start_idemgate, Extra, Idemgate};
+use crate::settings::{env_list, env_or};
+use crate::wrk::Pace;
 
 mod preload;
 mod steady;
@@ -117,7 +121,7 @@ impl Settings {
 
     /// The scenario both sections load on `store`: (r) or (p) with random
     /// IDs, (t) or (q) with time-ordered ones.
-    fn scenario(&self, store: Store) -> &'static super::Scenario {
+    fn scenario(&self, store: Store) -> &'static Scenario {
         scenario(match (store, self.time_ids) {
             (Store::Sqlite, false) => 'r',
             (Store::Postgres, false) => 'p',
@@ -195,7 +199,7 @@ impl Sized {
     /// Records, size and oldest expiry; the records are counted as the
     /// preloaded count plus those first seen since the preload (an index
     /// range), so a 20M store is not scanned after each run.
-    fn content(&self, s: &super::Settings) -> Content {
+    fn content(&self, s: &crate::settings::Settings) -> Content {
         match (&self.sqlite, &self.pg_table) {
             (Some(db), _) => {
                 let c = rusqlite::Connection::open_with_flags(
@@ -258,7 +262,12 @@ impl Sized {
 
 /// An empty store of this run: a fresh SQLite file in the run dir or a
 /// schema of its own (dropped at the end).
-fn fresh_store(s: &super::Settings, w: &World, store: Store, word: &str) -> Result<Sized, String> {
+fn fresh_store(
+    s: &crate::settings::Settings,
+    w: &World,
+    store: Store,
+    word: &str,
+) -> Result<Sized, String> {
     let (url, sqlite, pg_table) = match store {
         Store::Sqlite => {
             let db = w.dir.join(format!("claims-{word}.db"));
@@ -294,7 +303,7 @@ fn world_with(w: &World, g: Idemgate, store: Store) -> World {
 }
 
 fn start_on(
-    s: &super::Settings,
+    s: &crate::settings::Settings,
     w: &World,
     logs: &Path,
     name: String,
@@ -388,7 +397,7 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
 /// `LOAD_PRELOAD`: (r) and (p) against the empty store and the preloaded
 /// ones, interleaved in rounds; ratios to the empty store of the same round.
 pub(super) fn store_sizes(
-    s: &super::Settings,
+    s: &crate::settings::Settings,
     w: &World,
     logs: &Path,
     rep: &mut Report,
@@ -401,6 +410,19 @@ pub(super) fn store_sizes(
         sc.ids_word(),
         sc.preload
     ));
+    let stores = start_sized(s, w, logs, rep);
+    let runs = sized_rounds(s, &stores, serial);
+    sized_report(rep, s, &stores, &runs);
+}
+
+/// An idemgate on each store and size of `LOAD_PRELOAD`, with the world it loads.
+fn start_sized(
+    s: &crate::settings::Settings,
+    w: &World,
+    logs: &Path,
+    rep: &mut Report,
+) -> Vec<(Sized, World)> {
+    let sc = &s.scale;
     let mut stores: Vec<(Sized, World)> = Vec::new();
     for &store in &sc.preload_stores {
         for &size in &sc.preload {
@@ -434,21 +456,22 @@ pub(super) fn store_sizes(
             stores.push((st, world_with(w, g, store)));
         }
     }
+    stores
+}
+
+/// The warm-up, then the store-size runs in `s.repeats` rounds.
+fn sized_rounds(
+    s: &crate::settings::Settings,
+    stores: &[(Sized, World)],
+    serial: &mut usize,
+) -> Vec<SizedRun> {
+    let sc = &s.scale;
     let top = *s.conns.iter().max().unwrap();
     if s.warmup > 0 {
-        for (st, world) in &stores {
+        for (st, world) in stores {
             *serial += 1;
             let k = sc.scenario(st.store);
-            super::run_wrk(
-                s,
-                world,
-                k,
-                top,
-                s.warmup,
-                "",
-                *serial,
-                super::Pace::default(),
-            );
+            run_wrk(s, world, k, top, s.warmup, "", *serial, Pace::default());
         }
     }
     println!("{}", sized_header());
@@ -482,14 +505,25 @@ pub(super) fn store_sizes(
             }
         }
     }
+    runs
+}
+
+/// Every store-size run again, then the medians and issue 24's targets.
+fn sized_report(
+    rep: &mut Report,
+    s: &crate::settings::Settings,
+    stores: &[(Sized, World)],
+    runs: &[SizedRun],
+) {
+    let sc = &s.scale;
     rep.line("");
     rep.line("all store-size runs (x(empty), p99 x(e): req/s and p99 over the empty store's of the same round, connections and store;");
     rep.line("srv µs: idemgate's CPU per request; rd KiB, wr KiB: what idemgate read (page-cache misses) and wrote per request,");
     rep.line("counted, the figures to compare between builds; wal KiB: WAL the PostgreSQL server wrote per request (its insert position);");
     rep.line("foreign: share of the machine busy with processes the harness did not start):");
     rep.line(sized_header());
-    for r in &runs {
-        rep.line(sized_line(&runs, r));
+    for r in runs {
+        rep.line(sized_line(runs, r));
     }
     rep.line("");
     rep.line(format!(
@@ -515,56 +549,60 @@ pub(super) fn store_sizes(
     for &store in &sc.preload_stores {
         for &size in &sc.preload {
             for &conns in &s.conns {
-                let rs: Vec<&SizedRun> = runs
-                    .iter()
-                    .filter(|r| {
-                        r.size == size
-                            && r.run.key == sc.scenario(store).key
-                            && r.run.conns == conns
-                    })
-                    .collect();
-                if rs.is_empty() {
-                    continue;
-                }
-                let m = |f: &dyn Fn(&SizedRun) -> Option<f64>| {
-                    median(rs.iter().filter_map(|r| f(r)).collect())
-                };
-                let ratio = m(&|r| empty_peer(&runs, r).map(|p| r.run.rps / p.run.rps));
-                let p99r = m(&|r| {
-                    empty_peer(&runs, r).map(|p| r.run.wrk.p99_us / p.run.wrk.p99_us.max(1.0))
-                });
-                let goal = match (store, size) {
-                    (_, 0) => String::new(),
-                    (Store::Sqlite, n) if n >= 20_000_000 => verdict(ratio, 0.9, None),
-                    (Store::Sqlite, n) if n >= 5_000_000 => verdict(ratio, 0.95, p99r),
-                    (Store::Postgres, n) if n >= 5_000_000 => verdict(ratio, 0.95, None),
-                    _ => String::new(),
-                };
-                let peak = stores
-                    .iter()
-                    .find(|(st, _)| st.store == store && st.size == size)
-                    .and_then(|(st, world)| world.server_pid(sc.scenario(st.store).target))
-                    .and_then(rss_mib)
-                    .map(|(_, hwm)| hwm);
-                rep.line(format!(
-                    "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>8} {:>12}{goal}",
-                    store.name(),
-                    size,
-                    conns,
-                    opt(m(&|r| Some(r.run.rps)), 0),
-                    opt(m(&|r| Some(r.run.wrk.p50_us / 1000.0)), 2),
-                    opt(m(&|r| Some(r.run.wrk.p99_us / 1000.0)), 2),
-                    opt(ratio, 2),
-                    opt(p99r, 2),
-                    opt(m(&|r| r.run.io_server.map(|io| io.read_kib)), 1),
-                    opt(m(&|r| r.run.io_server.map(|io| io.written_kib)), 1),
-                    opt(m(&|r| r.run.pg_wal_kib), 1),
-                    opt(peak, 1),
-                    rs.last().map_or("-".into(), |r| gib(r.bytes)),
-                ));
+                sized_median_row(rep, s, stores, runs, (store, size, conns));
             }
         }
     }
+}
+
+/// The medians of one store, size and connection count, and the target's verdict.
+fn sized_median_row(
+    rep: &mut Report,
+    s: &crate::settings::Settings,
+    stores: &[(Sized, World)],
+    runs: &[SizedRun],
+    (store, size, conns): (Store, u64, usize),
+) {
+    let sc = &s.scale;
+    let rs: Vec<&SizedRun> = runs
+        .iter()
+        .filter(|r| r.size == size && r.run.key == sc.scenario(store).key && r.run.conns == conns)
+        .collect();
+    if rs.is_empty() {
+        return;
+    }
+    let m = |f: &dyn Fn(&SizedRun) -> Option<f64>| median(rs.iter().filter_map(|r| f(r)).collect());
+    let ratio = m(&|r| empty_peer(runs, r).map(|p| r.run.rps / p.run.rps));
+    let p99r = m(&|r| empty_peer(runs, r).map(|p| r.run.wrk.p99_us / p.run.wrk.p99_us.max(1.0)));
+    let goal = match (store, size) {
+        (_, 0) => String::new(),
+        (Store::Sqlite, n) if n >= 20_000_000 => verdict(ratio, 0.9, None),
+        (Store::Sqlite, n) if n >= 5_000_000 => verdict(ratio, 0.95, p99r),
+        (Store::Postgres, n) if n >= 5_000_000 => verdict(ratio, 0.95, None),
+        _ => String::new(),
+    };
+    let peak = stores
+        .iter()
+        .find(|(st, _)| st.store == store && st.size == size)
+        .and_then(|(st, world)| world.server_pid(sc.scenario(st.store).target))
+        .and_then(rss_mib)
+        .map(|(_, hwm)| hwm);
+    rep.line(format!(
+        "{:<10} {:>9} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>8} {:>12}{goal}",
+        store.name(),
+        size,
+        conns,
+        opt(m(&|r| Some(r.run.rps)), 0),
+        opt(m(&|r| Some(r.run.wrk.p50_us / 1000.0)), 2),
+        opt(m(&|r| Some(r.run.wrk.p99_us / 1000.0)), 2),
+        opt(ratio, 2),
+        opt(p99r, 2),
+        opt(m(&|r| r.run.io_server.map(|io| io.read_kib)), 1),
+        opt(m(&|r| r.run.io_server.map(|io| io.written_kib)), 1),
+        opt(m(&|r| r.run.pg_wal_kib), 1),
+        opt(peak, 1),
+        rs.last().map_or("-".into(), |r| gib(r.bytes)),
+    ));
 }
 
 /// Issue 24's target: req/s ≥ `min` × the empty store's (and, given, p99

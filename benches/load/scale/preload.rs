@@ -27,7 +27,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use super::{now_ms, pg_exec, stores_dir, Report, Sized, Store};
-use crate::pg_schema_url;
+use crate::pg::pg_schema_url;
 
 const DAY_MS: i64 = 86_400_000;
 /// Records per fill statement (and progress line).
@@ -78,7 +78,7 @@ fn marker_loaded_at(text: &str, n: u64, hash: &str) -> Option<i64> {
 
 /// The preloaded store of `n` records: reused from the cache, or built.
 pub(super) fn cached(
-    s: &crate::Settings,
+    s: &crate::settings::Settings,
     store: Store,
     n: u64,
     rep: &mut Report,
@@ -89,8 +89,8 @@ pub(super) fn cached(
     }
 }
 
-fn migrate(s: &crate::Settings, url: &str) -> Result<(), String> {
-    let out = crate::command(&s.bin)
+fn migrate(s: &crate::settings::Settings, url: &str) -> Result<(), String> {
+    let out = crate::processes::command(&s.bin)
         .args(["migrate", "--store", url])
         .output()
         .map_err(|e| format!("idemgate migrate: {e}"))?;
@@ -112,7 +112,7 @@ fn sqlite_files(db: &Path) -> [std::path::PathBuf; 3] {
     ]
 }
 
-fn sqlite(s: &crate::Settings, n: u64, rep: &mut Report) -> Result<Sized, String> {
+fn sqlite(s: &crate::settings::Settings, n: u64, rep: &mut Report) -> Result<Sized, String> {
     let dir = stores_dir();
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let db = dir.join(format!("sqlite-{n}.db"));
@@ -234,7 +234,7 @@ fn pg_schema(n: u64) -> String {
     format!("load_preload_{n}")
 }
 
-fn postgres(s: &crate::Settings, n: u64, rep: &mut Report) -> Result<Sized, String> {
+fn postgres(s: &crate::settings::Settings, n: u64, rep: &mut Report) -> Result<Sized, String> {
     let schema = pg_schema(n);
     let table = format!("{schema}.records");
     let hash = migrations_hash(Store::Postgres);
@@ -269,57 +269,7 @@ fn postgres(s: &crate::Settings, n: u64, rep: &mut Report) -> Result<Sized, Stri
             ));
             at
         }
-        None => {
-            let t = std::time::Instant::now();
-            pg_exec(
-                &s.pg_url,
-                &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
-            )?;
-            pg_exec(&s.pg_url, &format!("CREATE SCHEMA {schema}"))?;
-            migrate(s, &url)?;
-            let loaded_at = now_ms();
-            let (t0, step) = times(n, loaded_at);
-            let mut lo = 0;
-            while lo < n {
-                let hi = (lo + CHUNK).min(n) - 1;
-                pg_exec(
-                    &s.pg_url,
-                    &format!(
-                        "INSERT INTO {table} (route, event_id, body_sha256, state, attempts, lease_until,
-                             last_status, last_error, first_seen_at, updated_at, delivered_at, expires_at)
-                         SELECT 'unique', md5(random()::text || x::text),
-                             md5(random()::text) || md5(random()::text), 'delivered', 1, NULL, 200, NULL,
-                             {t0} + x * {step}, {t0} + x * {step} + 40, {t0} + x * {step} + 40,
-                             {t0} + x * {step} + {}
-                         FROM generate_series({lo}::bigint, {hi}::bigint) AS x
-                         ON CONFLICT DO NOTHING",
-                        14 * DAY_MS
-                    ),
-                )?;
-                lo = hi + 1;
-                println!(
-                    "load: postgres preload {n}: {lo} records, {:.0} s",
-                    t.elapsed().as_secs_f64()
-                );
-            }
-            pg_exec(&s.pg_url, &format!("VACUUM (ANALYZE) {table}"))?;
-            let got = pg_exec(&s.pg_url, &format!("SELECT count(*)::text FROM {table}"))?.join("");
-            if got != n.to_string() {
-                return Err(format!("the fill made {got} records, not {n}"));
-            }
-            pg_exec(
-                &s.pg_url,
-                &format!(
-                    "CREATE TABLE {schema}.load_marker AS SELECT {n}::bigint AS count, \
-                     '{hash}'::text AS migrations, {loaded_at}::bigint AS loaded_at"
-                ),
-            )?;
-            rep.line(format!(
-                "  postgres preload {n}: built schema {schema} in {:.0} s",
-                t.elapsed().as_secs_f64()
-            ));
-            loaded_at
-        }
+        None => pg_build(s, n, rep, (&schema, &table, &hash, &url))?,
     };
     Ok(Sized {
         size: n,
@@ -331,8 +281,66 @@ fn postgres(s: &crate::Settings, n: u64, rep: &mut Report) -> Result<Sized, Stri
     })
 }
 
+/// Builds the preloaded schema of `n` records, and its marker; when it was loaded.
+fn pg_build(
+    s: &crate::settings::Settings,
+    n: u64,
+    rep: &mut Report,
+    (schema, table, hash, url): (&str, &str, &str, &str),
+) -> Result<i64, String> {
+    let t = std::time::Instant::now();
+    pg_exec(
+        &s.pg_url,
+        &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"),
+    )?;
+    pg_exec(&s.pg_url, &format!("CREATE SCHEMA {schema}"))?;
+    migrate(s, url)?;
+    let loaded_at = now_ms();
+    let (t0, step) = times(n, loaded_at);
+    let mut lo = 0;
+    while lo < n {
+        let hi = (lo + CHUNK).min(n) - 1;
+        pg_exec(
+            &s.pg_url,
+            &format!(
+                "INSERT INTO {table} (route, event_id, body_sha256, state, attempts, lease_until,
+                     last_status, last_error, first_seen_at, updated_at, delivered_at, expires_at)
+                 SELECT 'unique', md5(random()::text || x::text),
+                     md5(random()::text) || md5(random()::text), 'delivered', 1, NULL, 200, NULL,
+                     {t0} + x * {step}, {t0} + x * {step} + 40, {t0} + x * {step} + 40,
+                     {t0} + x * {step} + {}
+                 FROM generate_series({lo}::bigint, {hi}::bigint) AS x
+                 ON CONFLICT DO NOTHING",
+                14 * DAY_MS
+            ),
+        )?;
+        lo = hi + 1;
+        println!(
+            "load: postgres preload {n}: {lo} records, {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    pg_exec(&s.pg_url, &format!("VACUUM (ANALYZE) {table}"))?;
+    let got = pg_exec(&s.pg_url, &format!("SELECT count(*)::text FROM {table}"))?.join("");
+    if got != n.to_string() {
+        return Err(format!("the fill made {got} records, not {n}"));
+    }
+    pg_exec(
+        &s.pg_url,
+        &format!(
+            "CREATE TABLE {schema}.load_marker AS SELECT {n}::bigint AS count, \
+             '{hash}'::text AS migrations, {loaded_at}::bigint AS loaded_at"
+        ),
+    )?;
+    rep.line(format!(
+        "  postgres preload {n}: built schema {schema} in {:.0} s",
+        t.elapsed().as_secs_f64()
+    ));
+    Ok(loaded_at)
+}
+
 /// `LOAD_PRELOAD_DROP=1`: removes the cached stores (files and schemas).
-pub(crate) fn drop_cached(s: &crate::Settings, rep: &mut Report) {
+pub(crate) fn drop_cached(s: &crate::settings::Settings, rep: &mut Report) {
     let dir = stores_dir();
     let files = std::fs::read_dir(&dir).map_or(0, |d| d.count());
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,0 +1,132 @@
+//! The scenarios: which server each loads, on which path, with which event IDs.
+
+/// Which server a scenario loads.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Target {
+    Upstream,
+    NginxProxy,
+    IdemSqlite,
+    IdemPg,
+}
+
+/// How the event IDs of a run are made.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Ids {
+    /// A fresh ID per request.
+    Unique,
+    /// The same, already delivered, ID for every request.
+    Same,
+    /// 64 consecutive requests of a wrk thread share a fresh ID.
+    Group64,
+    /// A fresh random 32-hex ID per request (as most senders' IDs are).
+    Random,
+    /// A fresh 32-hex ID per request that begins with the wall clock's
+    /// milliseconds, as UUIDv7, ULID and KSUID do: each claim's key lands
+    /// beside the last one's in the key index.
+    TimeOrdered,
+}
+
+pub(crate) struct Scenario {
+    pub(crate) key: char,
+    pub(crate) name: &'static str,
+    pub(crate) target: Target,
+    pub(crate) path: &'static str,
+    pub(crate) ids: Ids,
+    /// The idemgate route whose `/metrics` counters this run should move.
+    pub(crate) route: Option<&'static str>,
+}
+
+pub(crate) const SCENARIOS: [Scenario; 11] = [
+    Scenario {
+        key: 'u',
+        name: "upstream direct (ceiling)",
+        target: Target::Upstream,
+        path: "/pass",
+        ids: Ids::Unique,
+        route: None,
+    },
+    Scenario {
+        key: 'n',
+        name: "nginx reverse proxy",
+        target: Target::NginxProxy,
+        path: "/pass",
+        ids: Ids::Unique,
+        route: None,
+    },
+    Scenario {
+        key: 'a',
+        name: "unguarded pass-through",
+        target: Target::IdemSqlite,
+        path: "/pass",
+        ids: Ids::Unique,
+        route: Some("pass"),
+    },
+    Scenario {
+        key: 'b',
+        name: "unique events, SQLite",
+        target: Target::IdemSqlite,
+        path: "/unique",
+        ids: Ids::Unique,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 'c',
+        name: "replay of a delivered event",
+        target: Target::IdemSqlite,
+        path: "/replay",
+        ids: Ids::Same,
+        route: Some("replay"),
+    },
+    Scenario {
+        key: 'd',
+        name: "unique events, PostgreSQL",
+        target: Target::IdemPg,
+        path: "/unique",
+        ids: Ids::Unique,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 'e',
+        name: "64-way duplicates, fresh IDs",
+        target: Target::IdemSqlite,
+        path: "/conflict",
+        ids: Ids::Group64,
+        route: Some("conflict"),
+    },
+    Scenario {
+        key: 'r',
+        name: "unique random IDs, SQLite",
+        target: Target::IdemSqlite,
+        path: "/unique",
+        ids: Ids::Random,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 'p',
+        name: "unique random IDs, PostgreSQL",
+        target: Target::IdemPg,
+        path: "/unique",
+        ids: Ids::Random,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 't',
+        name: "unique time-ordered IDs, SQLite",
+        target: Target::IdemSqlite,
+        path: "/unique",
+        ids: Ids::TimeOrdered,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 'q',
+        name: "unique time-ordered IDs, PostgreSQL",
+        target: Target::IdemPg,
+        path: "/unique",
+        ids: Ids::TimeOrdered,
+        route: Some("unique"),
+    },
+];
+
+pub(crate) fn scenario(key: char) -> &'static Scenario {
+    SCENARIOS.iter().find(|s| s.key == key).expect("known key")
+}
