@@ -251,10 +251,15 @@ async fn claim_delivered(store: &dyn ClaimStore, id: &str, digest: &str) {
 /// SQLite answered from the cache of delivered records once it holds the
 /// record, on PostgreSQL a (batched) lookup.
 async fn read_delivered(store: &dyn ClaimStore, id: &str, digest: &str) {
-    let out = store
-        .peek("bench", id, digest, now_ms())
-        .await
-        .expect("peek");
+    let req = ClaimRequest {
+        route: "bench",
+        event_id: id,
+        digest,
+        now: now_ms(),
+        lease_ms: 30_000,
+        retention_ms: 86_400_000,
+    };
+    let out = store.peek(&req).await.expect("peek");
     assert!(
         matches!(out, Some(ClaimOutcome::Existing { .. })),
         "not a replay: {out:?}"

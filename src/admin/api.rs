@@ -28,7 +28,7 @@ use crate::claim::State;
 use crate::config::{format_duration, Config, EventIdSource, Route};
 use crate::metrics::Metrics;
 use crate::store::json::record_json;
-use crate::store::{ClaimStore, ListFilter, ListKey, ReleaseOutcome, StoreError};
+use crate::store::{ClaimStore, ListFilter, ListKey, ReleaseOutcome, ReleaseRequest, StoreError};
 
 /// `limit` when the request names none, and the most it may name.
 const DEFAULT_LIMIT: i64 = 50;
@@ -280,7 +280,12 @@ impl Api {
         }
         let outcome = self
             .store
-            .release(route, id, force, now_ms())
+            .release(&ReleaseRequest {
+                route,
+                event_id: id,
+                force,
+                now: now_ms(),
+            })
             .await
             .map_err(store_problem)?;
         match outcome {

@@ -9,7 +9,9 @@ use super::{
 use crate::claim::now_ms;
 use crate::claim::State;
 use crate::store::json::{record_json, timestamp};
-use crate::store::{self, ClaimStore, ListFilter, Record, ReleaseOutcome, StoreError};
+use crate::store::{
+    self, ClaimStore, ListFilter, Record, ReleaseOutcome, ReleaseRequest, StoreError,
+};
 
 async fn open(url: &str) -> Result<std::sync::Arc<dyn ClaimStore>, StoreError> {
     store::open(url, 2).await
@@ -144,7 +146,12 @@ fn release(args: ReleaseArgs) -> i32 {
     let res = block_on(async {
         let s = open(&rec.store.store).await?;
         let r = s
-            .release(&rec.route, &rec.event_id, args.force, now_ms())
+            .release(&ReleaseRequest {
+                route: &rec.route,
+                event_id: &rec.event_id,
+                force: args.force,
+                now: now_ms(),
+            })
             .await;
         s.close().await;
         r

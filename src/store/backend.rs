@@ -12,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, ReleaseOutcome, SettleRequest,
-    StoreError,
+    ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
+    SettleRequest, StoreError,
 };
 use crate::claim::{Millis, SettleResult};
 
@@ -77,10 +77,7 @@ pub trait Backend: Send + Sync {
     /// writes.
     fn peek(
         &self,
-        route: &str,
-        event_id: &str,
-        digest: &str,
-        now: Millis,
+        req: &ClaimRequest<'_>,
     ) -> impl Future<Output = Result<Option<ClaimOutcome>, StoreError>> + Send;
 
     /// One record, every field.
@@ -103,10 +100,7 @@ pub trait Backend: Send + Sync {
     /// records must learn of it.
     fn release(
         &self,
-        route: &str,
-        event_id: &str,
-        force: bool,
-        now: Millis,
+        req: &ReleaseRequest<'_>,
     ) -> impl Future<Output = Result<ReleaseOutcome, StoreError>> + Send;
 
     /// Deletes at most `limit` records expired by `now`, never one with a
@@ -170,14 +164,8 @@ impl<B: Backend> ClaimStore for Bounded<B> {
         self.0.settle(req, limit.min(B::OP_TIMEOUT)).await
     }
 
-    async fn peek(
-        &self,
-        route: &str,
-        event_id: &str,
-        digest: &str,
-        now: Millis,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
-        bounded(B::OP_TIMEOUT, self.0.peek(route, event_id, digest, now)).await
+    async fn peek(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
+        bounded(B::OP_TIMEOUT, self.0.peek(req)).await
     }
 
     async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
@@ -188,14 +176,8 @@ impl<B: Backend> ClaimStore for Bounded<B> {
         bounded(B::OP_TIMEOUT, self.0.list(filter)).await
     }
 
-    async fn release(
-        &self,
-        route: &str,
-        event_id: &str,
-        force: bool,
-        now: Millis,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        bounded(B::OP_TIMEOUT, self.0.release(route, event_id, force, now)).await
+    async fn release(&self, req: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, StoreError> {
+        bounded(B::OP_TIMEOUT, self.0.release(req)).await
     }
 
     async fn sweep_batch(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {

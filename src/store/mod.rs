@@ -90,6 +90,16 @@ pub struct ClaimRequest<'a> {
     pub retention_ms: Millis,
 }
 
+/// An operator's release of one record (`events release`, the API).
+#[derive(Debug, Clone, Copy)]
+pub struct ReleaseRequest<'a> {
+    pub route: &'a str,
+    pub event_id: &'a str,
+    /// A `delivered` record too.
+    pub force: bool,
+    pub now: Millis,
+}
+
 /// The recorded answer replayed to duplicates of a delivered event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Recorded {
@@ -242,24 +252,12 @@ pub trait ClaimStore: Send + Sync {
     /// (delivered: replay; other digest: mismatch; live lease: in flight);
     /// `None` when the claim statement must run. Never writes, so duplicates
     /// of settled events do not queue behind claims.
-    async fn peek(
-        &self,
-        route: &str,
-        event_id: &str,
-        digest: &str,
-        now: Millis,
-    ) -> Result<Option<ClaimOutcome>, StoreError>;
+    async fn peek(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError>;
     async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError>;
     /// Newest first (then by route and event ID), at most `filter.limit`.
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError>;
     /// Operator release: `processing`/`failed` (or, forced, `delivered`) to `failed` with no lease.
-    async fn release(
-        &self,
-        route: &str,
-        event_id: &str,
-        force: bool,
-        now: Millis,
-    ) -> Result<ReleaseOutcome, StoreError>;
+    async fn release(&self, req: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, StoreError>;
     /// Deletes at most `limit` expired records (never a live lease); returns how many.
     async fn sweep_batch(&self, now: Millis, limit: i64) -> Result<u64, StoreError>;
     /// Per route, the `updated_at` of the oldest `processing` record.

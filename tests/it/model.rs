@@ -228,7 +228,7 @@ impl Run<'_> {
         // (on SQLite answered from the cache of delivered records
         // when it holds one) decides as the claim would, or defers.
         let peeked = st(
-            self.s.peek(ROUTE, EVENTS[ev], DIGESTS[digest], now).await,
+            common::peek(self.s, ROUTE, EVENTS[ev], DIGESTS[digest], now).await,
             "peek",
         )?;
         match (&want, peeked) {
@@ -475,7 +475,9 @@ impl Run<'_> {
             Some(r) => ReleaseOutcome::Released { previous: r.state },
         };
         let got = st(
-            self.s.release(ROUTE, EVENTS[ev], force, now).await,
+            self.s
+                .release(&common::release_req(ROUTE, EVENTS[ev], force, now))
+                .await,
             "release",
         )?;
         prop_assert_eq!(got, want, "operator release");

@@ -283,7 +283,9 @@ mod cases {
         settle(s, "delivered", a, T0 + 1, delivered(200)).await;
         // failed by an operator's release
         own(s, "released", T0).await;
-        s.release(R, "released", false, T0 + 1).await.unwrap();
+        s.release(&common::release_req(R, "released", false, T0 + 1))
+            .await
+            .unwrap();
 
         for (id, now) in [
             ("live", T0 + 1),
@@ -543,7 +545,9 @@ mod cases {
         settle(s, "e", 3, t, delivered(200)).await;
         check(get(s, "e").await, t, "delivered");
         let t = t + 50;
-        s.release(R, "e", true, t).await.unwrap();
+        s.release(&common::release_req(R, "e", true, t))
+            .await
+            .unwrap();
         check(get(s, "e").await, t, "operator release");
         assert_eq!(get(s, "e").await.first_seen_at, T0);
     }
@@ -553,7 +557,9 @@ mod cases {
         // processing → failed, lease cleared; the next delivery reclaims it.
         own(s, "p", T0).await;
         assert_eq!(
-            s.release(R, "p", false, T0 + 1).await.unwrap(),
+            s.release(&common::release_req(R, "p", false, T0 + 1))
+                .await
+                .unwrap(),
             ReleaseOutcome::Released {
                 previous: State::Processing
             }
@@ -581,7 +587,9 @@ mod cases {
         let a = own(s, "f", T0).await;
         settle(s, "f", a, T0 + 1, failed(Some(500))).await;
         assert_eq!(
-            s.release(R, "f", false, T0 + 2).await.unwrap(),
+            s.release(&common::release_req(R, "f", false, T0 + 2))
+                .await
+                .unwrap(),
             ReleaseOutcome::Released {
                 previous: State::Failed
             }
@@ -591,12 +599,16 @@ mod cases {
         settle(s, "d", a, T0 + 1, delivered(200)).await;
         let before = get(s, "d").await;
         assert_eq!(
-            s.release(R, "d", false, T0 + 2).await.unwrap(),
+            s.release(&common::release_req(R, "d", false, T0 + 2))
+                .await
+                .unwrap(),
             ReleaseOutcome::RefusedDelivered
         );
         assert_eq!(get(s, "d").await, before);
         assert_eq!(
-            s.release(R, "d", true, T0 + 3).await.unwrap(),
+            s.release(&common::release_req(R, "d", true, T0 + 3))
+                .await
+                .unwrap(),
             ReleaseOutcome::Released {
                 previous: State::Delivered
             }
@@ -613,11 +625,15 @@ mod cases {
         ));
         // absent
         assert_eq!(
-            s.release(R, "absent", false, T0).await.unwrap(),
+            s.release(&common::release_req(R, "absent", false, T0))
+                .await
+                .unwrap(),
             ReleaseOutcome::NotFound
         );
         assert_eq!(
-            s.release(R, "absent", true, T0).await.unwrap(),
+            s.release(&common::release_req(R, "absent", true, T0))
+                .await
+                .unwrap(),
             ReleaseOutcome::NotFound
         );
     }
@@ -1173,14 +1189,18 @@ mod cases {
                             settle(s, &id, a, T0, failed(Some(500))).await;
                         }
                         Build::Released => {
-                            s.release(R, &id, false, T0).await.unwrap();
+                            s.release(&common::release_req(R, &id, false, T0))
+                                .await
+                                .unwrap();
                         }
                         Build::Delivered => {
                             settle(s, &id, a, T0, delivered(200)).await;
                         }
                         Build::ForcedRelease => {
                             settle(s, &id, a, T0, delivered(200)).await;
-                            s.release(R, &id, true, T0).await.unwrap();
+                            s.release(&common::release_req(R, &id, true, T0))
+                                .await
+                                .unwrap();
                         }
                     }
                     let before = s.get(R, &id).await.unwrap();
@@ -1518,7 +1538,11 @@ mod postgres_races {
              WHERE route = 'r' AND event_id = 'e'",
             &[T0 + 1],
             "UPDATE records SET state = 'failed'",
-            |store| async move { store.release(R, "e", false, T0 + 2).await },
+            |store| async move {
+                store
+                    .release(&common::release_req(R, "e", false, T0 + 2))
+                    .await
+            },
         )
         .await;
         assert_eq!(released.unwrap(), ReleaseOutcome::RefusedDelivered);
@@ -1625,7 +1649,7 @@ mod sqlite_writer {
             },
         };
         assert_eq!(
-            a.store.peek(R, "theirs", D1, now).await.unwrap(),
+            common::peek(&*a.store, R, "theirs", D1, now).await.unwrap(),
             Some(replay(201))
         );
         assert_eq!(claim(&*a.store, "theirs", D1, now).await, replay(201));
@@ -1633,7 +1657,10 @@ mod sqlite_writer {
             decision_of(&claim(&*a.store, "theirs", D2, now).await),
             Decision::Refuse(Refusal::Mismatch)
         );
-        assert_eq!(b.peek(R, "mine", D1, now).await.unwrap(), Some(replay(200)));
+        assert_eq!(
+            common::peek(&*b, R, "mine", D1, now).await.unwrap(),
+            Some(replay(200))
+        );
         assert_eq!(
             decision_of(&claim(&*b, "mine", D2, now).await),
             Decision::Refuse(Refusal::Mismatch)

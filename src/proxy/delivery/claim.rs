@@ -40,10 +40,7 @@ impl Delivery<'_> {
         let mut decided = None;
         if shared.seen.check_and_record(name, event_id) {
             let t = Instant::now();
-            let peeked = shared
-                .store
-                .peek(name, event_id, &self.digest, now_ms())
-                .await;
+            let peeked = shared.store.peek(&self.claim_request()).await;
             shared
                 .metrics
                 .store_time("lookup", t.elapsed().as_secs_f64());
@@ -89,18 +86,23 @@ impl Delivery<'_> {
         }
     }
 
-    async fn try_claim(&self) -> Result<ClaimOutcome, ClaimStop> {
-        let route = self.route;
-        let req = ClaimRequest {
-            route: route.name(),
+    /// This delivery's claim, as of now: what the store's read (`peek`)
+    /// and claim statement both answer.
+    fn claim_request(&self) -> ClaimRequest<'_> {
+        let cfg = &self.route.cfg;
+        ClaimRequest {
+            route: self.route.name(),
             event_id: &self.event_id,
             digest: &self.digest,
             now: now_ms(),
-            lease_ms: route.cfg.lease.ms(),
-            retention_ms: route.cfg.retention.ms(),
-        };
+            lease_ms: cfg.lease.ms(),
+            retention_ms: cfg.retention.ms(),
+        }
+    }
+
+    async fn try_claim(&self) -> Result<ClaimOutcome, ClaimStop> {
         let t = Instant::now();
-        let res = self.shared.store.claim(&req).await;
+        let res = self.shared.store.claim(&self.claim_request()).await;
         self.shared
             .metrics
             .store_time("claim", t.elapsed().as_secs_f64());

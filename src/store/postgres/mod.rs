@@ -23,8 +23,8 @@ use sqlx::{Connection, PgConnection, Row};
 use super::owned::{OwnedClaim, OwnedSettle};
 use super::sql::{self, ListParam, Readback};
 use super::{
-    Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, SettleOutcome,
-    SettleRequest, StoreError,
+    Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
+    SettleOutcome, SettleRequest, StoreError,
 };
 use crate::claim::{Millis, SettleResult, State};
 
@@ -230,19 +230,13 @@ impl Backend for PostgresStore {
         Ok(())
     }
 
-    async fn peek(
-        &self,
-        route: &str,
-        event_id: &str,
-        digest: &str,
-        now: Millis,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
+    async fn peek(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
         let lookup = batch::Lookup {
-            route: route.to_owned(),
-            event_id: event_id.to_owned(),
+            route: req.route.to_owned(),
+            event_id: req.event_id.to_owned(),
         };
         match self.batchers.lookup(lookup, Self::OP_TIMEOUT).await? {
-            Some(found) => found.outcome(digest, now),
+            Some(found) => found.outcome(req.digest, req.now),
             None => Ok(None),
         }
     }
@@ -269,13 +263,8 @@ impl Backend for PostgresStore {
     /// Operator release. No process caches delivered records of a shared
     /// database (a replica could not learn of a release in time), so there
     /// is nobody to tell.
-    async fn release(
-        &self,
-        route: &str,
-        event_id: &str,
-        force: bool,
-        now: Millis,
-    ) -> Result<ReleaseOutcome, StoreError> {
+    async fn release(&self, req: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, StoreError> {
+        let (route, event_id, force, now) = (req.route, req.event_id, req.force, req.now);
         // Read the state, then release only that state: a record that
         // changed in between (settled, reclaimed) is read again.
         for _ in 0..4 {

@@ -20,8 +20,8 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use super::{
-    Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, SettleRequest,
-    StoreError, StoreUrl,
+    Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
+    SettleRequest, StoreError, StoreUrl,
 };
 use crate::claim::{Millis, SettleResult};
 
@@ -176,13 +176,8 @@ impl Backend for SqliteStore {
 
     /// Inline, without an await: the delivered record in hand, else one
     /// indexed read of a local file.
-    async fn peek(
-        &self,
-        route: &str,
-        event_id: &str,
-        digest: &str,
-        now: Millis,
-    ) -> Result<Option<ClaimOutcome>, StoreError> {
+    async fn peek(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
+        let (route, event_id, digest, now) = (req.route, req.event_id, req.digest, req.now);
         let cache = self.delivered.as_ref().ok();
         if let Some(hit) = cache.and_then(|c| c.answer(route, event_id, digest, now)) {
             return Ok(Some(hit));
@@ -209,14 +204,9 @@ impl Backend for SqliteStore {
         self.cold_read(move |conn| reads::list(conn, &filter)).await
     }
 
-    async fn release(
-        &self,
-        route: &str,
-        event_id: &str,
-        force: bool,
-        now: Millis,
-    ) -> Result<ReleaseOutcome, StoreError> {
-        let (route, event_id) = (route.to_owned(), event_id.to_owned());
+    async fn release(&self, req: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, StoreError> {
+        let (route, event_id) = (req.route.to_owned(), req.event_id.to_owned());
+        let (force, now) = (req.force, req.now);
         self.counted(move |conn| direct::release(conn, &route, &event_id, force, now))
             .await
     }

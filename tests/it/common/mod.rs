@@ -621,3 +621,38 @@ pub fn timed_out(e: &std::io::Error) -> bool {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
     )
 }
+
+/// A store's `peek` for `event_id` with `digest` at `now` (lease and
+/// retention do not matter to a read).
+pub async fn peek(
+    store: &dyn idemgate::store::ClaimStore,
+    route: &str,
+    event_id: &str,
+    digest: &str,
+    now: i64,
+) -> Result<Option<idemgate::store::ClaimOutcome>, idemgate::store::StoreError> {
+    let req = idemgate::store::ClaimRequest {
+        route,
+        event_id,
+        digest,
+        now,
+        lease_ms: 0,
+        retention_ms: 0,
+    };
+    store.peek(&req).await
+}
+
+/// An operator's release of one record, as `events release` asks it.
+pub fn release_req<'a>(
+    route: &'a str,
+    event_id: &'a str,
+    force: bool,
+    now: i64,
+) -> idemgate::store::ReleaseRequest<'a> {
+    idemgate::store::ReleaseRequest {
+        route,
+        event_id,
+        force,
+        now,
+    }
+}
