@@ -126,8 +126,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use idemgate::testkit;
-
 use attack::run::under_attack;
 use probe::{report_probe, start_probe, stop_probe, Probe};
 

@@ -19,8 +19,6 @@
 //! - [`server`]: assembles and runs the pingora server, with graceful stop.
 //! - [`sweeper`]: background deletion of expired records, the oldest-processing gauge.
 //! - [`verify`]: provider signature schemes, checked before the claim.
-//! - `testkit`: loopback HTTP/1.1 test server, client and proxy process (`demo`;
-//!   public with the `testkit` feature, for the tests and benches).
 //! - `failpoint`: crash injection for the reliability tests (armed only with `testkit`).
 //! - [`cli`]: the subcommands.
 //! - [`sys`]: the few OS calls without a safe wrapper elsewhere; the one
@@ -44,8 +42,3 @@ pub mod sweeper;
 pub mod sys;
 pub mod telemetry;
 pub mod verify;
-
-#[cfg(feature = "testkit")]
-pub mod testkit;
-#[cfg(not(feature = "testkit"))]
-mod testkit;

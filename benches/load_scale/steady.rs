@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use super::{fresh_store, gib, median, now_ms, opt, start_on, world_with, Extra, Report, Store};
-use crate::{parse_wrk, run_wrk, testkit, Pace};
+use crate::{parse_wrk, run_wrk, Pace};
 
 /// The sweeper's counters from `/metrics`: sweep batches run, seconds spent
 /// in them, records swept.
