@@ -19,7 +19,7 @@
 //! - [`server`]: assembles and runs the pingora server, with graceful stop.
 //! - [`sweeper`]: background deletion of expired records, the oldest-processing gauge.
 //! - [`verify`]: provider signature schemes, checked before the claim.
-//! - `failpoint`: crash injection for the reliability tests (armed only with `testkit`).
+//! - `failpoint`: crash injection for the crash tests (armed only with the `failpoints` feature).
 //! - [`cli`]: the subcommands.
 //! - [`sys`]: the few OS calls without a safe wrapper elsewhere; the one
 //!   module allowed `unsafe` (the crate denies it everywhere else).

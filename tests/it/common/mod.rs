@@ -15,6 +15,7 @@ pub use testkit::{
     self as kit, wait_until, Client, Consumer, Ports, Reply, Request, Response, Serve, Server,
 };
 
+pub mod failpoints;
 pub mod pg_cluster;
 pub mod tmpfs;
 
@@ -82,6 +83,8 @@ pub fn free_port() -> u16 {
     kit::free_port().expect("a free loopback port")
 }
 
+/// The shipped binary (`cargo build` without features); the crash tests'
+/// armed one is [`failpoints::armed_bin`].
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_idemgate")
 }
