@@ -7,6 +7,8 @@ COPY Cargo.toml Cargo.lock ./
 # build settings for the bundled SQLite (see the file)
 COPY .cargo ./.cargo
 COPY src ./src
+# the test kit: a workspace member, and `idemgate demo`'s consumer and client
+COPY tests/testkit ./tests/testkit
 COPY migrations ./migrations
 # declared [[bench]] targets must exist for cargo to read the manifest
 COPY benches ./benches

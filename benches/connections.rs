@@ -23,7 +23,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idemgate::testkit::{memory_kib, Client, Consumer, Ports, Serve};
+use testkit::{memory_kib, Client, Consumer, Ports, Serve};
 
 fn rss_kib(pid: u32) -> u64 {
     memory_kib(pid, "VmRSS:").expect("the proxy's /proc status")

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idemgate::testkit::{memory_kib, Client, Consumer, Ports, Reply, Request, Serve};
+use testkit::{memory_kib, Client, Consumer, Ports, Reply, Request, Serve};
 
 const WORKERS: usize = 16;
 

@@ -6,19 +6,19 @@
 //! - `after_claim`: the claim is committed, the upstream not contacted;
 //! - `after_upstream`: the upstream answered, the settle is not committed.
 //!
-//! Only in builds with the `testkit` cargo feature. The shipped binary
-//! (`cargo build --release`, the Dockerfile) is built without it: there
-//! [`hit`] is empty and the variable is never read, so setting it by mistake
-//! in production does nothing. Test builds get the feature through the
-//! package's dev-dependency on itself (see Cargo.toml), so `cargo test`
-//! runs the crash tests against a binary that honours it.
+//! Only in builds with the `failpoints` cargo feature. Every other build,
+//! the tests' included, is without it: there [`hit`] is empty and the
+//! variable is never read, so setting it by mistake in production does
+//! nothing. The crash tests build their own armed binary into
+//! `target/failpoints/` (tests/it/common/failpoints.rs), so
+//! `target/release/idemgate` is always the shipped one.
 //!
 //! Read once at start; when unset a check costs one load and compare.
 
-#[cfg(feature = "testkit")]
+#[cfg(feature = "failpoints")]
 static ARMED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
-#[cfg(feature = "testkit")]
+#[cfg(feature = "failpoints")]
 fn armed() -> Option<&'static str> {
     ARMED
         .get_or_init(|| {
@@ -30,7 +30,7 @@ fn armed() -> Option<&'static str> {
 }
 
 /// Aborts the process if `name` is the armed failpoint.
-#[cfg(feature = "testkit")]
+#[cfg(feature = "failpoints")]
 #[inline]
 pub fn hit(name: &str) {
     if armed() == Some(name) {
@@ -39,7 +39,7 @@ pub fn hit(name: &str) {
     }
 }
 
-/// Without the `testkit` feature: nothing, whatever the environment says.
-#[cfg(not(feature = "testkit"))]
+/// Without the `failpoints` feature: nothing, whatever the environment says.
+#[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}

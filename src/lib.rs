@@ -22,9 +22,7 @@
 //! - [`server`]: assembles and runs the pingora server, with graceful stop.
 //! - [`sweeper`]: background deletion of expired records, the oldest-processing gauge.
 //! - [`verify`]: provider signature schemes, checked before the claim.
-//! - `testkit`: loopback HTTP/1.1 test server, client and proxy process (`demo`;
-//!   public with the `testkit` feature, for the tests and benches).
-//! - `failpoint`: crash injection for the reliability tests (armed only with `testkit`).
+//! - `failpoint`: crash injection for the crash tests (armed only with the `failpoints` feature).
 //! - [`cli`]: the subcommands.
 //! - [`sys`]: the few OS calls without a safe wrapper elsewhere; the one
 //!   module allowed `unsafe` (the crate denies it everywhere else).
@@ -47,8 +45,3 @@ pub mod sweeper;
 pub mod sys;
 pub mod telemetry;
 pub mod verify;
-
-#[cfg(feature = "testkit")]
-pub mod testkit;
-#[cfg(not(feature = "testkit"))]
-mod testkit;

@@ -1,7 +1,5 @@
 //! CPU, I/O and memory of processes and of the machine, from `/proc`.
 
-use idemgate::testkit;
-
 pub(crate) fn clk_tck() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };

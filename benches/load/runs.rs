@@ -6,8 +6,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use idemgate::testkit;
-
 use crate::pg::pg_wal_position;
 use crate::probe::{report_probe, start_probe, stop_probe, Probe};
 use crate::processes::command;

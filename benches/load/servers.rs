@@ -6,8 +6,6 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use idemgate::testkit;
-
 use std::path::PathBuf;
 
 use crate::pg::{pg_exec, pg_run_schema};

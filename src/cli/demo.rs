@@ -9,9 +9,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::exit;
-use crate::testkit::client as kit;
-use crate::testkit::consumer::{Consumer, Reply};
-use crate::testkit::serve::{Ports, Serve};
+use testkit::client as kit;
+use testkit::consumer::{Consumer, Reply};
+use testkit::serve::{Ports, Serve};
 
 /// The proxy process and its temp dir, removed after the process stops.
 struct Proxy {

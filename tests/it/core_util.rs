@@ -10,9 +10,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::common::Harness;
-pub use idemgate::testkit::http::says_close;
-pub use idemgate::testkit::wait_until;
-use idemgate::testkit::{self as kit, http::Body, Client, Response};
+pub use testkit::http::says_close;
+pub use testkit::wait_until;
+use testkit::{self as kit, http::Body, Client, Response};
 
 /// A delivery on its own connection and thread (for the in-flight cases).
 pub fn deliver_in_background(

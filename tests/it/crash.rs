@@ -8,6 +8,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use common::failpoints::armed_bin;
 use common::*;
 
 /// A fixed-seed generator (xorshift), so every run takes the same path.
@@ -82,7 +83,8 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
             Crash::AfterUpstream => "after_upstream",
             Crash::RandomKill(_) => "",
         };
-        let mut doomed = Proxy::start_with_env(
+        let mut doomed = Proxy::start_bin(
+            armed_bin(),
             &dir,
             &store,
             &routes(&up),
@@ -161,18 +163,14 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
     );
 }
 
-/// The shipped binary — `cargo build --release`, without the `testkit`
-/// feature that test builds get — ignores `IDEMGATE_FAILPOINT`: set by
-/// mistake in production it must not abort the process. CI builds that
-/// binary after the tests and names it in `IDEMGATE_SHIPPED_BIN` (see
-/// `.ci/run`); without it this test has no binary to look at and skips.
+/// The shipped binary — built without the `failpoints` feature, as every
+/// test but the crash test above runs it — ignores `IDEMGATE_FAILPOINT`:
+/// set by mistake in production it must not abort the process. The binary
+/// is this build's `idemgate`, or the one `IDEMGATE_SHIPPED_BIN` names.
 #[test]
 fn the_shipped_binary_ignores_failpoints() {
-    let Some(shipped) = std::env::var_os("IDEMGATE_SHIPPED_BIN") else {
-        eprintln!("SKIP: IDEMGATE_SHIPPED_BIN is not set (CI sets it to the release build)");
-        return;
-    };
-    let shipped = std::path::PathBuf::from(shipped);
+    let shipped = std::env::var_os("IDEMGATE_SHIPPED_BIN")
+        .map_or_else(|| std::path::PathBuf::from(bin()), std::path::PathBuf::from);
     let dir = TempDir::new("crash-shipped");
     let up = Consumer::start().unwrap();
     let store = dir.sqlite_url("shipped.db");

@@ -12,7 +12,8 @@
 //!   `on_both_stores!` (one suite, once per backend), the proxy process
 //!   itself, temp dirs, PostgreSQL schemas, the `idemgate` command line.
 //!   The HTTP pieces underneath (client, scripted servers, the `serve`
-//!   process) are `idemgate::testkit`, shared with the benches and `demo`.
+//!   process) are the `testkit` crate (tests/testkit), shared with the
+//!   benches and `demo`.
 //! - [`core_util`]: background and in-flight deliveries, payloads, raw
 //!   connections that show 1xx heads, problem types, status tallies.
 //! - [`raw_upstream`]: a scripted raw TCP upstream for fault tests.
@@ -32,7 +33,7 @@
 //! everything again and repeats the preamble. To fold one in: `git mv` it to
 //! `tests/it/NAME.rs`; replace its `mod common;` (and `mod core_util;` …)
 //! with `use crate::common;`, or `use crate::common::*;`; `idemgate::sample`
-//! is now `idemgate::testkit` (`kit::` in `common`), `RawUpstream::start`
+//! is now `testkit` (`kit::` in `common`), `RawUpstream::start`
 //! is `raw_upstream::upstream`; add `mod NAME;` below; its tests are then
 //! `--test it NAME::…`.
 

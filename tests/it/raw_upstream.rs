@@ -9,8 +9,8 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-pub use idemgate::testkit::http::status_of;
-pub use idemgate::testkit::{response, Behavior, Request, Server};
+pub use testkit::http::status_of;
+pub use testkit::{response, Behavior, Request, Server};
 
 /// Starts a scripted upstream on a free loopback port: `script(request, n)`
 /// decides what to do with the `n`th request (0-based, over all connections).

@@ -12,7 +12,6 @@ use super::{
 };
 use crate::runs::{run_wrk, World};
 use crate::wrk::{parse_wrk, Pace};
-use idemgate::testkit;
 
 /// The sweeper's counters from `/metrics`: sweep batches run, seconds spent
 /// in them, records swept.

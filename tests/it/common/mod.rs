@@ -1,8 +1,8 @@
 //! Integration-test harness: the real `idemgate` binary started on free
 //! loopback ports against a real store (a SQLite file in a temp dir, or the
 //! PostgreSQL server), a real sample consumer, and a blocking HTTP client
-//! (all three from `idemgate::testkit`). [`Harness`] puts them together;
-//! everything a test starts is stopped when its handle drops.
+//! (all three from the `testkit` crate, tests/testkit). [`Harness`] puts
+//! them together; everything a test starts is stopped when its handle drops.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -11,10 +11,11 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-pub use idemgate::testkit::{
+pub use testkit::{
     self as kit, wait_until, Client, Consumer, Ports, Reply, Request, Response, Serve, Server,
 };
 
+pub mod failpoints;
 pub mod pg_cluster;
 pub mod tmpfs;
 
@@ -82,6 +83,8 @@ pub fn free_port() -> u16 {
     kit::free_port().expect("a free loopback port")
 }
 
+/// The shipped binary (`cargo build` without features); the crash tests'
+/// armed one is [`failpoints::armed_bin`].
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_idemgate")
 }
