@@ -10,7 +10,7 @@
 //! the tests' included, is without it: there [`hit`] is empty and the
 //! variable is never read, so setting it by mistake in production does
 //! nothing. The crash tests build their own armed binary into
-//! `target/failpoints/` (tests/it/common/failpoints.rs), so
+//! `target/failpoints/` (tests/it/common/binaries.rs), so
 //! `target/release/idemgate` is always the shipped one.
 //!
 //! Read once at start; when unset a check costs one load and compare.

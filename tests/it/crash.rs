@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::failpoints::armed_bin;
+use common::binaries::armed;
 use common::*;
 
 /// A fixed-seed generator (xorshift), so every run takes the same path.
@@ -84,7 +84,7 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
             Crash::RandomKill(_) => "",
         };
         let mut doomed = Proxy::start_bin(
-            armed_bin(),
+            armed(),
             &dir,
             &store,
             &routes(&up),

@@ -15,7 +15,7 @@ pub use testkit::{
     self as kit, wait_until, Client, Consumer, Ports, Reply, Request, Response, Serve, Server,
 };
 
-pub mod failpoints;
+pub mod binaries;
 pub mod pg_cluster;
 pub mod tmpfs;
 
@@ -83,10 +83,10 @@ pub fn free_port() -> u16 {
     kit::free_port().expect("a free loopback port")
 }
 
-/// The shipped binary (`cargo build` without features); the crash tests'
-/// armed one is [`failpoints::armed_bin`].
+/// The shipped binary, as `cargo build` makes it ([`binaries::shipped`]);
+/// the crash tests' armed one is [`binaries::armed`].
 pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_idemgate")
+    binaries::shipped().to_str().expect("a UTF-8 path")
 }
 
 /// The PostgreSQL URL for tests: `IDEMGATE_TEST_PG_URL`, else the local
