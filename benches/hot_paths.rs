@@ -192,20 +192,25 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// A claim on the bench route with a 30 s lease and a day's retention.
+fn claim_req<'a>(id: &'a str, digest: &'a str, now: i64) -> ClaimRequest<'a> {
+    ClaimRequest {
+        route: "bench",
+        event_id: id,
+        digest,
+        now,
+        lease_ms: 30_000,
+        retention_ms: 86_400_000,
+    }
+}
+
 /// One claim of a fresh event, then its delivered settle: the two commits
 /// every first delivery makes.
 async fn claim_and_settle(store: &dyn ClaimStore, digest: &str) {
     let id = format!("bench-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
     let now = now_ms();
     let out = store
-        .claim(&ClaimRequest {
-            route: "bench",
-            event_id: &id,
-            digest,
-            now,
-            lease_ms: 30_000,
-            retention_ms: 86_400_000,
-        })
+        .claim(&claim_req(&id, digest, now))
         .await
         .expect("claim");
     let ClaimOutcome::Claimed { attempt, .. } = out else {
@@ -230,36 +235,20 @@ async fn claim_and_settle(store: &dyn ClaimStore, digest: &str) {
 
 /// A duplicate of a delivered event: what every replay asks the store.
 async fn claim_delivered(store: &dyn ClaimStore, id: &str, digest: &str) {
-    let out = store
-        .claim(&ClaimRequest {
-            route: "bench",
-            event_id: id,
-            digest,
-            now: now_ms(),
-            lease_ms: 30_000,
-            retention_ms: 86_400_000,
-        })
-        .await
-        .expect("claim");
-    assert!(
-        matches!(out, ClaimOutcome::Existing { .. }),
-        "not a replay: {out:?}"
-    );
+    let req = claim_req(id, digest, now_ms());
+    assert_replay(Some(store.claim(&req).await.expect("claim")));
 }
 
 /// The read the proxy makes first for a duplicate of an event it met: on
 /// SQLite answered from the cache of delivered records once it holds the
 /// record, on PostgreSQL a (batched) lookup.
 async fn read_delivered(store: &dyn ClaimStore, id: &str, digest: &str) {
-    let req = ClaimRequest {
-        route: "bench",
-        event_id: id,
-        digest,
-        now: now_ms(),
-        lease_ms: 30_000,
-        retention_ms: 86_400_000,
-    };
-    let out = store.peek(&req).await.expect("peek");
+    let req = claim_req(id, digest, now_ms());
+    assert_replay(store.peek(&req).await.expect("peek"));
+}
+
+/// The store answered with the delivered record: a replay.
+fn assert_replay(out: Option<ClaimOutcome>) {
     assert!(
         matches!(out, Some(ClaimOutcome::Existing { .. })),
         "not a replay: {out:?}"

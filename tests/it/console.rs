@@ -17,7 +17,7 @@ use crate::webdriver;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use admin_util::*;
 use common::*;
@@ -29,6 +29,15 @@ static ONE_BROWSER: Mutex<()> = Mutex::new(());
 
 fn screenshots() -> Option<PathBuf> {
     std::env::var_os("IDEMGATE_SCREENSHOTS").map(PathBuf::from)
+}
+
+/// The browser, taken in turn (`ONE_BROWSER`), and a setup on `tag`; `None`
+/// where no browser is installed. The caller binds the guard to a name
+/// (`_one`, not `_`), so that it is held until the test ends.
+fn browser_and_setup(tag: &str) -> Option<(MutexGuard<'static, ()>, Browser, Setup)> {
+    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let b = Browser::start()?;
+    Some((one, b, Setup::start(tag)))
 }
 
 /// A proxy with two guarded routes and the admin token, and its consumer.
@@ -114,9 +123,9 @@ fn expected_counters(metrics: &str) -> BTreeMap<(String, String, String), String
 
 #[test]
 fn the_overview_lists_the_routes_with_counters_that_match_metrics() {
-    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(b) = Browser::start() else { return };
-    let s = Setup::start("console-overview");
+    let Some((_one, b, s)) = browser_and_setup("console-overview") else {
+        return;
+    };
     let tag = eid("ov");
     for i in 0..4 {
         assert_eq!(
@@ -253,9 +262,9 @@ fn as_shown(v: &Value) -> String {
 
 #[test]
 fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
-    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(b) = Browser::start() else { return };
-    let s = Setup::start("console-search");
+    let Some((_one, b, s)) = browser_and_setup("console-search") else {
+        return;
+    };
     let tag = eid("se");
     let id = format!("{tag}/order-42");
     // other records around it: another route, other states, other IDs
@@ -336,9 +345,9 @@ fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
 
 #[test]
 fn a_forced_release_with_the_token_makes_the_next_delivery_forwarded() {
-    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(b) = Browser::start() else { return };
-    let s = Setup::start("console-release");
+    let Some((_one, b, s)) = browser_and_setup("console-release") else {
+        return;
+    };
     let id = format!("{}/redeliver-me", eid("rel"));
     assert_eq!(s.px.deliver("/hooks/orders", Some(&id), b"{}").status, 200);
     let dup = s.px.deliver("/hooks/orders", Some(&id), b"{}");
@@ -419,9 +428,9 @@ fn a_forced_release_with_the_token_makes_the_next_delivery_forwarded() {
 
 #[test]
 fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
-    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(b) = Browser::start() else { return };
-    let s = Setup::start("console-xss");
+    let Some((_one, b, s)) = browser_and_setup("console-xss") else {
+        return;
+    };
     let tag = eid("x");
     // what a sender can put in an event ID (visible ASCII, no spaces) ...
     let sent = [

@@ -4,18 +4,14 @@
 use crate::common;
 use crate::core_util;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
 use core_util::{deliver_in_flight, tally};
 
 /// `n` concurrent deliveries of one event, spread over `addrs` in turn.
-fn concurrent_over(
-    addrs: &[std::net::SocketAddr],
-    id: &str,
-    body: &'static [u8],
-    n: usize,
-) -> Vec<Response> {
+fn concurrent_over(addrs: &[SocketAddr], id: &str, body: &'static [u8], n: usize) -> Vec<Response> {
     let handles: Vec<_> = (0..n)
         .map(|i| {
             let (id, addr) = (id.to_string(), addrs[i % addrs.len()]);
@@ -36,12 +32,26 @@ fn concurrent(px: &Proxy, id: &str, body: &'static [u8], n: usize) -> Vec<Respon
     concurrent_over(&[px.addr], id, body, n)
 }
 
+/// `n` concurrent deliveries over `addrs` of a fresh event (its ID from
+/// `tag`, returned), the consumer holding its answer `(status, ms)`.
+fn held_burst(
+    h: &Harness,
+    addrs: &[SocketAddr],
+    tag: &str,
+    (status, ms): (u16, u64),
+    body: &'static [u8],
+    n: usize,
+) -> (String, Vec<Response>) {
+    let id = eid(tag);
+    h.up.hold(&id, status, Duration::from_millis(ms));
+    let answers = concurrent_over(addrs, &id, body, n);
+    (id, answers)
+}
+
 #[test]
 fn twenty_held_duplicates_get_one_forward_and_twenty_successes() {
     let h = waiting("wait", "");
-    let id = eid("held");
-    h.up.hold(&id, 202, Duration::from_millis(800));
-    let answers = concurrent(&h, &id, b"{\"x\":1}", 20);
+    let (id, answers) = held_burst(&h, &[h.addr], "held", (202, 800), b"{\"x\":1}", 20);
     assert_eq!(
         h.up.count(&id),
         1,
@@ -107,9 +117,7 @@ fn a_lease_that_runs_out_while_waiting_gives_409() {
 #[test]
 fn max_waiters_caps_held_requests() {
     let h = waiting("wait-cap", "    max_waiters: 2\n");
-    let id = eid("held-cap");
-    h.up.hold(&id, 200, Duration::from_millis(1000));
-    let answers = concurrent(&h, &id, b"{}", 6);
+    let (id, answers) = held_burst(&h, &[h.addr], "held-cap", (200, 1000), b"{}", 6);
     assert_eq!(
         tally(answers.iter().map(|r| r.status)),
         [(200, 3), (409, 3)].into(),
@@ -126,10 +134,8 @@ fn held_duplicates_across_two_replicas_on_postgres() {
     let h = h.route("w", "/hooks/w", "    in_flight: wait\n").start();
     let b = h.replica();
     let a = &h.px;
-    let id = eid("held-pg");
-    h.up.hold(&id, 202, Duration::from_millis(800));
     let addrs = [a.addr, b.addr];
-    let answers = concurrent_over(&addrs, &id, b"{}", 20);
+    let (id, answers) = held_burst(&h, &addrs, "held-pg", (202, 800), b"{}", 20);
     assert_eq!(
         h.up.count(&id),
         1,

@@ -233,6 +233,14 @@ fn setup_warm(tag: &str) -> Option<Setup> {
     Some(s)
 }
 
+/// [`setup_warm`], then its open connections stalled (`stall_open`), and
+/// the ID of an event not yet sent.
+fn setup_stalled_open(tag: &str) -> Option<(Setup, String)> {
+    let s = setup_warm(tag)?;
+    s.relay.stall_open();
+    Some((s, eid(tag)))
+}
+
 fn readyz(px: &Proxy) -> u16 {
     kit::get(px.admin, "/readyz").map(|r| r.status).unwrap_or(0)
 }
@@ -374,10 +382,10 @@ fn silent_database_fails_closed_then_recovers() {
 /// hold the event in flight (409s) until its lease ends.
 #[test]
 fn a_slow_database_that_still_answers_is_waited_for() {
-    let Some(s) = setup_warm("slow") else { return };
+    let Some((s, slow)) = setup_stalled_open("slow") else {
+        return;
+    };
     let (px, up) = (&s.px, &s.up);
-    s.relay.stall_open();
-    let slow = eid("slow");
     // past the 5 s after which a silent database's 503 comes (FAIL_FAST)
     let held = Duration::from_secs(8);
     let (answer, took) = std::thread::scope(|sc| {
@@ -411,10 +419,10 @@ fn a_slow_database_that_still_answers_is_waited_for() {
 /// same, at 30 s (`silence::LIMIT`), and the sender gets its 503.
 #[test]
 fn a_statement_held_while_the_server_answers_is_given_up_at_the_limit() {
-    let Some(s) = setup_warm("hung") else { return };
+    let Some((s, hung)) = setup_stalled_open("hung") else {
+        return;
+    };
     let (px, up) = (&s.px, &s.up);
-    s.relay.stall_open();
-    let hung = eid("hung");
     let t = Instant::now();
     let r = px.deliver(PATH, Some(&hung), br#"{"n":1}"#);
     let took = t.elapsed();

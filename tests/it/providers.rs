@@ -139,22 +139,30 @@ fn standard_webhooks_body(id: &str) -> String {
 
 /// `webhook-id` / `webhook-timestamp` / `webhook-signature: v1,<base64>` over `id.ts.body`.
 fn standard_webhooks(key: &[u8], id: &str, ts: i64) -> Delivery {
-    let body = standard_webhooks_body(id);
-    let sig = sign::standard_webhooks(key, id, ts, body.as_bytes());
-    Delivery::new(body)
-        .header("webhook-id", id)
-        .header("webhook-timestamp", ts.to_string())
-        .header("webhook-signature", sig)
+    signed_set("webhook", key, id, ts, |sig| sig.to_string())
 }
 
 /// What Svix sends unless white-labelled: the same scheme under `svix-*` names.
 fn svix(key: &[u8], id: &str, ts: i64) -> Delivery {
+    signed_set("svix", key, id, ts, |sig| sig.to_string())
+}
+
+/// The Standard Webhooks header set under `prefix` (`webhook` or `svix`),
+/// signed with `key`; `list` writes the signature header from the one
+/// valid `v1,` entry (several entries, skipped ones).
+fn signed_set(
+    prefix: &str,
+    key: &[u8],
+    id: &str,
+    ts: i64,
+    list: impl FnOnce(&str) -> String,
+) -> Delivery {
     let body = standard_webhooks_body(id);
     let sig = sign::standard_webhooks(key, id, ts, body.as_bytes());
     Delivery::new(body)
-        .header("svix-id", id)
-        .header("svix-timestamp", ts.to_string())
-        .header("svix-signature", sig)
+        .header(&format!("{prefix}-id"), id)
+        .header(&format!("{prefix}-timestamp"), ts.to_string())
+        .header(&format!("{prefix}-signature"), list(&sig))
 }
 
 // ------------------------------------------------------------ presets
@@ -211,6 +219,44 @@ fn provider_route(name: &str, upstream: &str, secrets: &str, extra: &str) -> Str
     )
 }
 
+/// A proxy with one provider route whose secret is the environment
+/// variable `var`, set to `secret`; `extra` route lines as in `provider_route`.
+fn provider_harness(test: &str, provider: &str, var: &str, secret: &str, extra: &str) -> Harness {
+    Harness::sqlite(test)
+        .yaml_with(|up| provider_route(provider, up, &format!("[env:{var}]"), extra))
+        .env(var, secret)
+        .start()
+}
+
+/// `provider_harness` for standard-webhooks or svix: the secret is
+/// `whsec_` + base64 of `key`.
+fn whsec_harness(test: &str, provider: &str, var: &str, key: &[u8]) -> Harness {
+    let secret = sign::standard_webhooks_secret(key);
+    provider_harness(test, provider, var, &secret, "")
+}
+
+/// An `hmac-sha256` verify block (route lines) on `header`, its secret in
+/// the environment variable `var`.
+fn hmac_verify(header: &str, var: &str) -> String {
+    format!("    verify:\n      scheme: hmac-sha256\n      header: {header}\n      secrets: [env:{var}]\n")
+}
+
+/// Each delivery is refused with a 401 whose detail names its needle, and
+/// the consumer has then seen `total` requests: none of the refused.
+#[track_caller]
+fn assert_refused(
+    h: &Harness,
+    path: &str,
+    refused: Vec<(Delivery, &str)>,
+    total: usize,
+    why: &str,
+) {
+    for (d, needle) in refused {
+        assert_invalid_signature(&d.post(h, path), needle);
+    }
+    assert_eq!(h.up.total(), total, "{why}");
+}
+
 /// Exit code of `events show` (0 found, 3 absent).
 fn show_code(store: &str, route: &str, id: &str) -> i32 {
     cli(&["events", "show", "--store", store, "--route", route, id]).0
@@ -233,11 +279,7 @@ fn assert_invalid_signature(r: &Response, needle: &str) {
 /// event ID is refused with 401, stores nothing and never reaches the
 /// consumer; the genuine delivery of that ID is then forwarded.
 fn preset_scenario(p: Preset) {
-    let var = p.var();
-    let h = Harness::sqlite(p.name)
-        .yaml_with(|up| provider_route(p.name, up, &format!("[env:{var}]"), ""))
-        .env(&var, &p.secret)
-        .start();
+    let h = provider_harness(p.name, p.name, &p.var(), &p.secret, "");
     let path = p.path();
     let ts = unix_now();
 
@@ -358,10 +400,7 @@ fn svix_preset() {
 #[test]
 fn svix_id_must_be_the_signed_id() {
     let key = b"svix-id-binding-key";
-    let h = Harness::sqlite("svixid")
-        .yaml_with(|up| provider_route("svix", up, "[env:SVIX_SECRET]", ""))
-        .env("SVIX_SECRET", &sign::standard_webhooks_secret(key))
-        .start();
+    let h = whsec_harness("svixid", "svix", "SVIX_SECRET", key);
     let captured = eid("msg-captured");
     let future = eid("msg-future");
     let replay = standard_webhooks(key, &captured, unix_now()).header("svix-id", &future);
@@ -464,19 +503,12 @@ fn rotation_accepts_any_listed_secret() {
 #[test]
 fn standard_webhooks_several_signatures_in_one_header() {
     let key = b"multi-sig-key";
-    let h = Harness::sqlite("multi")
-        .yaml_with(|up| provider_route("standard-webhooks", up, "[env:SW]", ""))
-        .env("SW", &sign::standard_webhooks_secret(key))
-        .start();
+    let h = whsec_harness("multi", "standard-webhooks", "SW", key);
     let id = eid("msg");
     let ts = unix_now();
     let body = standard_webhooks_body(&id);
     let other = sign::standard_webhooks(b"someone-else", &id, ts, body.as_bytes());
-    let good = sign::standard_webhooks(key, &id, ts, body.as_bytes());
-    let r = Delivery::new(body)
-        .header("webhook-id", &id)
-        .header("webhook-timestamp", ts.to_string())
-        .header("webhook-signature", format!("{other} {good}"))
+    let r = signed_set("webhook", key, &id, ts, |good| format!("{other} {good}"))
         .post(&h, "/hooks/standard-webhooks");
     assert_eq!(r.status, 200, "{}", h.log());
     assert_eq!(h.up.count(&id), 1);
@@ -512,14 +544,7 @@ fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
     for (route, prefix) in targets {
         let path = format!("/hooks/{route}");
         let deliver = |id: &str, list: &dyn Fn(&str) -> String| {
-            let ts = unix_now();
-            let body = standard_webhooks_body(id);
-            let good = sign::standard_webhooks(key, id, ts, body.as_bytes());
-            Delivery::new(body)
-                .header(&format!("{prefix}-id"), id)
-                .header(&format!("{prefix}-timestamp"), ts.to_string())
-                .header(&format!("{prefix}-signature"), list(&good))
-                .post(&h, &path)
+            signed_set(prefix, key, id, unix_now(), list).post(&h, &path)
         };
         for (what, list) in [
             (
@@ -576,25 +601,20 @@ fn signature_lists_skip_entries_that_are_not_32_byte_v1() {
 #[test]
 fn slack_url_verification_passes_unguarded_only_when_signed() {
     let secret = "slack-signing-secret";
-    let h = Harness::sqlite("slackuv")
-        .yaml_with(|up| provider_route("slack", up, "[env:SLACK_SIGNING_SECRET]", ""))
-        .env("SLACK_SIGNING_SECRET", secret)
-        .start();
+    let h = provider_harness("slackuv", "slack", "SLACK_SIGNING_SECRET", secret, "");
     let body = br#"{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
 
-    let unsigned = Delivery::new(body.as_slice()).post(&h, "/hooks/slack");
-    assert_invalid_signature(&unsigned, "missing signature header `x-slack-signature`");
-    let forged = slack_signed(b"guess", unix_now(), body.to_vec()).post(&h, "/hooks/slack");
-    assert_invalid_signature(&forged, "no signature matches");
+    let unsigned = Delivery::new(body.as_slice());
+    let forged = slack_signed(b"guess", unix_now(), body.to_vec());
     let no_ts = slack_signed(secret.as_bytes(), unix_now(), body.to_vec())
-        .without("X-Slack-Request-Timestamp")
-        .post(&h, "/hooks/slack");
-    assert_invalid_signature(&no_ts, "x-slack-request-timestamp");
-    assert_eq!(
-        h.up.total(),
-        0,
-        "refused handshakes never reach the consumer"
-    );
+        .without("X-Slack-Request-Timestamp");
+    let refused = vec![
+        (unsigned, "missing signature header `x-slack-signature`"),
+        (forged, "no signature matches"),
+        (no_ts, "x-slack-request-timestamp"),
+    ];
+    let why = "refused handshakes never reach the consumer";
+    assert_refused(&h, "/hooks/slack", refused, 0, why);
 
     let signed =
         slack_signed(secret.as_bytes(), unix_now(), body.to_vec()).post(&h, "/hooks/slack");
@@ -614,12 +634,9 @@ fn slack_url_verification_passes_unguarded_only_when_signed() {
 #[test]
 fn generic_hmac_sha256_with_a_custom_header() {
     let secret = "generic-hmac-secret";
+    let verify = hmac_verify("X-Acme-Signature", "ACME_SECRET");
     let h = Harness::sqlite("hmac")
-        .route(
-            "acme",
-            "/hooks/acme",
-            "    verify:\n      scheme: hmac-sha256\n      header: X-Acme-Signature\n      secrets: [env:ACME_SECRET]\n",
-        )
+        .route("acme", "/hooks/acme", &verify)
         .env("ACME_SECRET", secret)
         .start();
     let body = br#"{"event":"order.paid","order":42}"#;
@@ -696,18 +713,12 @@ fn file_secrets() {
 /// (`on_missing_id: forward`, `body_digest`) still checks the signature first.
 #[test]
 fn no_guarded_path_skips_verification() {
-    let verify = "    verify:\n      scheme: hmac-sha256\n      header: X-Sig\n      secrets: [env:PATHS_SECRET]\n";
+    let verify = hmac_verify("X-Sig", "PATHS_SECRET");
+    let forward = format!("    on_missing_id: forward\n{verify}");
+    let digest = format!("    on_missing_id: body_digest\n{verify}");
     let h = Harness::sqlite("paths")
-        .route(
-            "fwd",
-            "/hooks/fwd",
-            &format!("    on_missing_id: forward\n{verify}"),
-        )
-        .route(
-            "dig",
-            "/hooks/dig",
-            &format!("    on_missing_id: body_digest\n{verify}"),
-        )
+        .route("fwd", "/hooks/fwd", &forward)
+        .route("dig", "/hooks/dig", &digest)
         .env("PATHS_SECRET", "paths")
         .start();
     let body = br#"{"no":"id"}"#;
@@ -741,10 +752,8 @@ fn no_guarded_path_skips_verification() {
 /// never a request whose signature does not verify: the check comes first.
 #[test]
 fn store_error_forward_still_verifies() {
-    let h = Harness::sqlite("storeerr")
-        .yaml_with(|up| provider_route("github", up, "[env:GH]", "    on_store_error: forward\n"))
-        .env("GH", "store-error-secret")
-        .start();
+    let forward = "    on_store_error: forward\n";
+    let h = provider_harness("storeerr", "github", "GH", "store-error-secret", forward);
     let db = h.sqlite_path();
     // Break the store under the running proxy: every claim now fails.
     for suffix in ["", "-wal", "-shm"] {
@@ -765,17 +774,14 @@ fn store_error_forward_still_verifies() {
         h.log()
     );
     assert_eq!(h.up.total(), 1);
-    let r = github(b"forged", &eid("gh"), unix_now()).post(&h, "/hooks/github");
-    assert_invalid_signature(&r, "no signature matches");
-    let r = github(key, &eid("gh"), unix_now())
-        .without("X-Hub-Signature-256")
-        .post(&h, "/hooks/github");
-    assert_invalid_signature(&r, "missing signature header");
-    assert_eq!(
-        h.up.total(),
-        1,
-        "forged deliveries never reach the consumer"
-    );
+    let forged = github(b"forged", &eid("gh"), unix_now());
+    let unsigned = github(key, &eid("gh"), unix_now()).without("X-Hub-Signature-256");
+    let refused = vec![
+        (forged, "no signature matches"),
+        (unsigned, "missing signature header"),
+    ];
+    let why = "forged deliveries never reach the consumer";
+    assert_refused(&h, "/hooks/github", refused, 1, why);
 }
 
 // ------------------------------------------------------------ config errors (CLI)

@@ -90,16 +90,56 @@ async fn settle(
     now: Millis,
     outcome: SettleOutcome<'_>,
 ) -> SettleResult {
-    s.settle(&SettleRequest {
+    s.settle(&settle_req(event_id, attempt, now, outcome))
+        .await
+        .expect("settle")
+}
+
+fn settle_req<'a>(
+    event_id: &'a str,
+    attempt: i64,
+    now: Millis,
+    outcome: SettleOutcome<'a>,
+) -> SettleRequest<'a> {
+    SettleRequest {
         route: R,
         event_id,
         attempt,
         now,
         retention_ms: RETENTION,
         outcome,
+    }
+}
+
+/// Claims a fresh `event_id` at `now` and settles it then with `outcome`,
+/// both with `retention_ms`.
+async fn claim_and_settle(
+    s: &dyn ClaimStore,
+    event_id: &str,
+    now: Millis,
+    retention_ms: Millis,
+    outcome: SettleOutcome<'_>,
+) {
+    let claim = ClaimRequest {
+        retention_ms,
+        ..claim_req(event_id, D1, now)
+    };
+    assert_claimed(&s.claim(&claim).await.unwrap(), 1, ClaimKind::New);
+    s.settle(&SettleRequest {
+        retention_ms,
+        ..settle_req(event_id, 1, now, outcome)
     })
     .await
-    .expect("settle")
+    .unwrap();
+}
+
+/// `out` is a claim of attempt `attempt`, of kind `kind`.
+#[track_caller]
+fn assert_claimed(out: &ClaimOutcome, attempt: i64, kind: ClaimKind) {
+    assert!(
+        matches!(out, ClaimOutcome::Claimed { attempt: a, kind: k, .. } if (*a, *k) == (attempt, kind)),
+        "expected attempt {attempt} ({kind:?}), got {out:?}"
+    );
 }
 
 fn delivered(status: u16) -> SettleOutcome<'static> {
@@ -122,6 +162,13 @@ async fn get(s: &dyn ClaimStore, event_id: &str) -> Record {
         .await
         .expect("get")
         .unwrap_or_else(|| panic!("{event_id}: no record"))
+}
+
+/// An operator release (`force` for a delivered record) of `event_id`.
+async fn release(s: &dyn ClaimStore, event_id: &str, force: bool, now: Millis) -> ReleaseOutcome {
+    s.release(&common::release_req(R, event_id, force, now))
+        .await
+        .unwrap()
 }
 
 fn decision_of(outcome: &ClaimOutcome) -> Decision {
@@ -177,14 +224,7 @@ mod cases {
             })
             .await
             .unwrap();
-        assert!(matches!(
-            other,
-            ClaimOutcome::Claimed {
-                attempt: 1,
-                kind: ClaimKind::New,
-                ..
-            }
-        ));
+        assert_claimed(&other, 1, ClaimKind::New);
     }
 
     pub async fn replay_of_delivered(b: &Backend) {
@@ -283,9 +323,7 @@ mod cases {
         settle(s, "delivered", a, T0 + 1, delivered(200)).await;
         // failed by an operator's release
         own(s, "released", T0).await;
-        s.release(&common::release_req(R, "released", false, T0 + 1))
-            .await
-            .unwrap();
+        release(s, "released", false, T0 + 1).await;
 
         for (id, now) in [
             ("live", T0 + 1),
@@ -401,14 +439,7 @@ mod cases {
             (None, Some("connection refused"))
         );
         let out = claim(s, "e", D1, T0 + 13).await;
-        assert!(matches!(
-            out,
-            ClaimOutcome::Claimed {
-                attempt: 3,
-                kind: ClaimKind::RetryFailed,
-                ..
-            }
-        ));
+        assert_claimed(&out, 3, ClaimKind::RetryFailed);
         // After a delivery, the last error is gone.
         settle(s, "e", 3, T0 + 14, delivered(200)).await;
         let rec = get(s, "e").await;
@@ -472,14 +503,10 @@ mod cases {
             (State::Delivered, None, Some(t2 + 5))
         );
         // Delivered is final: the newer attempt neither releases nor re-delivers it.
-        assert_eq!(
-            settle(s, "e", a2, t2 + 6, failed(Some(500))).await,
-            SettleResult::Stale
-        );
-        assert_eq!(
-            settle(s, "e", a2, t2 + 7, delivered(201)).await,
-            SettleResult::Stale
-        );
+        for (now, outcome) in [(t2 + 6, failed(Some(500))), (t2 + 7, delivered(201))] {
+            let r = settle(s, "e", a2, now, outcome).await;
+            assert_eq!(r, SettleResult::Stale, "attempt {a2} at {now}");
+        }
         let rec = get(s, "e").await;
         assert_eq!(
             (rec.state, rec.last_status, rec.delivered_at),
@@ -545,9 +572,7 @@ mod cases {
         settle(s, "e", 3, t, delivered(200)).await;
         check(get(s, "e").await, t, "delivered");
         let t = t + 50;
-        s.release(&common::release_req(R, "e", true, t))
-            .await
-            .unwrap();
+        release(s, "e", true, t).await;
         check(get(s, "e").await, t, "operator release");
         assert_eq!(get(s, "e").await.first_seen_at, T0);
     }
@@ -557,9 +582,7 @@ mod cases {
         // processing → failed, lease cleared; the next delivery reclaims it.
         own(s, "p", T0).await;
         assert_eq!(
-            s.release(&common::release_req(R, "p", false, T0 + 1))
-                .await
-                .unwrap(),
+            release(s, "p", false, T0 + 1).await,
             ReleaseOutcome::Released {
                 previous: State::Processing
             }
@@ -570,14 +593,7 @@ mod cases {
             (State::Failed, None, 1)
         );
         assert!(rec.last_error.is_some());
-        assert!(matches!(
-            claim(s, "p", D1, T0 + 2).await,
-            ClaimOutcome::Claimed {
-                attempt: 2,
-                kind: ClaimKind::RetryFailed,
-                ..
-            }
-        ));
+        assert_claimed(&claim(s, "p", D1, T0 + 2).await, 2, ClaimKind::RetryFailed);
         // The released attempt's late failure does not undo the new claim.
         assert_eq!(
             settle(s, "p", 1, T0 + 3, failed(Some(500))).await,
@@ -587,9 +603,7 @@ mod cases {
         let a = own(s, "f", T0).await;
         settle(s, "f", a, T0 + 1, failed(Some(500))).await;
         assert_eq!(
-            s.release(&common::release_req(R, "f", false, T0 + 2))
-                .await
-                .unwrap(),
+            release(s, "f", false, T0 + 2).await,
             ReleaseOutcome::Released {
                 previous: State::Failed
             }
@@ -599,41 +613,26 @@ mod cases {
         settle(s, "d", a, T0 + 1, delivered(200)).await;
         let before = get(s, "d").await;
         assert_eq!(
-            s.release(&common::release_req(R, "d", false, T0 + 2))
-                .await
-                .unwrap(),
+            release(s, "d", false, T0 + 2).await,
             ReleaseOutcome::RefusedDelivered
         );
         assert_eq!(get(s, "d").await, before);
         assert_eq!(
-            s.release(&common::release_req(R, "d", true, T0 + 3))
-                .await
-                .unwrap(),
+            release(s, "d", true, T0 + 3).await,
             ReleaseOutcome::Released {
                 previous: State::Delivered
             }
         );
         let rec = get(s, "d").await;
         assert_eq!((rec.state, rec.lease_until), (State::Failed, None));
-        assert!(matches!(
-            claim(s, "d", D1, T0 + 4).await,
-            ClaimOutcome::Claimed {
-                attempt: 2,
-                kind: ClaimKind::RetryFailed,
-                ..
-            }
-        ));
+        assert_claimed(&claim(s, "d", D1, T0 + 4).await, 2, ClaimKind::RetryFailed);
         // absent
         assert_eq!(
-            s.release(&common::release_req(R, "absent", false, T0))
-                .await
-                .unwrap(),
+            release(s, "absent", false, T0).await,
             ReleaseOutcome::NotFound
         );
         assert_eq!(
-            s.release(&common::release_req(R, "absent", true, T0))
-                .await
-                .unwrap(),
+            release(s, "absent", true, T0).await,
             ReleaseOutcome::NotFound
         );
     }
@@ -648,42 +647,11 @@ mod cases {
         let now = T0 + 5_000;
         // Expired, settled: go.
         for id in ["del-1", "del-2", "del-3"] {
-            let out = s.claim(&mk(id, T0, short)).await.unwrap();
-            assert!(matches!(out, ClaimOutcome::Claimed { .. }));
-            s.settle(&SettleRequest {
-                route: R,
-                event_id: id,
-                attempt: 1,
-                now: T0,
-                retention_ms: short,
-                outcome: delivered(200),
-            })
-            .await
-            .unwrap();
+            claim_and_settle(s, id, T0, short, delivered(200)).await;
         }
-        s.claim(&mk("fail-1", T0, short)).await.unwrap();
-        s.settle(&SettleRequest {
-            route: R,
-            event_id: "fail-1",
-            attempt: 1,
-            now: T0,
-            retention_ms: short,
-            outcome: failed(None),
-        })
-        .await
-        .unwrap();
+        claim_and_settle(s, "fail-1", T0, short, failed(None)).await;
         // Expiring exactly now: goes.
-        s.claim(&mk("edge", now - short, short)).await.unwrap();
-        s.settle(&SettleRequest {
-            route: R,
-            event_id: "edge",
-            attempt: 1,
-            now: now - short,
-            retention_ms: short,
-            outcome: delivered(200),
-        })
-        .await
-        .unwrap();
+        claim_and_settle(s, "edge", now - short, short, delivered(200)).await;
         // Processing, retention over, lease over: goes.
         s.claim(&mk("dead-lease", now - LEASE, short))
             .await
@@ -732,12 +700,8 @@ mod cases {
         for (id, retention_ms) in [("late", 3_000), ("early", 1_000), ("middle", 2_000)] {
             let attempt = own(s, id, T0).await;
             s.settle(&SettleRequest {
-                route: R,
-                event_id: id,
-                attempt,
-                now: T0,
                 retention_ms,
-                outcome: delivered(200),
+                ..settle_req(id, attempt, T0, delivered(200))
             })
             .await
             .unwrap();
@@ -755,7 +719,6 @@ mod cases {
 
     pub async fn list_order_filters_and_limit(b: &Backend) {
         let s = &*b.store;
-        let mut put = Vec::new();
         for (i, (route, id)) in [
             ("a", "a1"),
             ("b", "b1"),
@@ -766,35 +729,18 @@ mod cases {
         .into_iter()
         .enumerate()
         {
-            let now = T0 + i as Millis * 10;
-            let out = s
-                .claim(&ClaimRequest {
-                    route,
-                    ..claim_req(id, D1, now)
-                })
-                .await
-                .unwrap();
-            assert!(matches!(out, ClaimOutcome::Claimed { .. }));
-            put.push((route, id, now));
+            put(s, route, id, T0 + i as Millis * 10).await;
         }
         // a2 delivered, b1 failed
         s.settle(&SettleRequest {
             route: "a",
-            event_id: "a2",
-            attempt: 1,
-            now: T0 + 100,
-            retention_ms: RETENTION,
-            outcome: delivered(200),
+            ..settle_req("a2", 1, T0 + 100, delivered(200))
         })
         .await
         .unwrap();
         s.settle(&SettleRequest {
             route: "b",
-            event_id: "b1",
-            attempt: 1,
-            now: T0 + 100,
-            retention_ms: RETENTION,
-            outcome: failed(None),
+            ..settle_req("b1", 1, T0 + 100, failed(None))
         })
         .await
         .unwrap();
@@ -823,46 +769,34 @@ mod cases {
             ["a/z-tie", "b/z-tie", "a/a3", "b/b2", "a/a2", "b/b1", "a/a1"],
             "newest first"
         );
-        assert_eq!(
-            ids(s.list(&list(Some("a"), None, 100)).await.unwrap()),
-            ["a/z-tie", "a/a3", "a/a2", "a/a1"]
+        // (route, state, limit): the IDs listed
+        type Case = (
+            Option<&'static str>,
+            Option<State>,
+            i64,
+            &'static [&'static str],
         );
-        assert_eq!(
-            ids(s
-                .list(&list(None, Some(State::Processing), 100))
-                .await
-                .unwrap()),
-            ["a/z-tie", "b/z-tie", "a/a3", "b/b2", "a/a1"]
-        );
-        assert_eq!(
-            ids(s
-                .list(&list(None, Some(State::Delivered), 100))
-                .await
-                .unwrap()),
-            ["a/a2"]
-        );
-        assert_eq!(
-            ids(s
-                .list(&list(Some("b"), Some(State::Failed), 100))
-                .await
-                .unwrap()),
-            ["b/b1"]
-        );
-        assert_eq!(
-            ids(s
-                .list(&list(Some("a"), Some(State::Failed), 100))
-                .await
-                .unwrap()),
-            Vec::<String>::new()
-        );
-        assert_eq!(
-            ids(s.list(&list(None, None, 2)).await.unwrap()),
-            ["a/z-tie", "b/z-tie"]
-        );
-        assert_eq!(
-            ids(s.list(&list(Some("nope"), None, 10)).await.unwrap()),
-            Vec::<String>::new()
-        );
+        let cases: [Case; 7] = [
+            (Some("a"), None, 100, &["a/z-tie", "a/a3", "a/a2", "a/a1"]),
+            (
+                None,
+                Some(State::Processing),
+                100,
+                &["a/z-tie", "b/z-tie", "a/a3", "b/b2", "a/a1"],
+            ),
+            (None, Some(State::Delivered), 100, &["a/a2"]),
+            (Some("b"), Some(State::Failed), 100, &["b/b1"]),
+            (Some("a"), Some(State::Failed), 100, &[]),
+            (None, None, 2, &["a/z-tie", "b/z-tie"]),
+            (Some("nope"), None, 10, &[]),
+        ];
+        for (route, state, limit, want) in cases {
+            assert_eq!(
+                ids(s.list(&list(route, state, limit)).await.unwrap()),
+                want,
+                "route {route:?}, state {state:?}, limit {limit}"
+            );
+        }
         // The listed record is the whole record.
         let all = s.list(&list(Some("a"), None, 100)).await.unwrap();
         assert_eq!(all[2], get_route(s, "a", "a2").await);
@@ -1055,11 +989,7 @@ mod cases {
         ] {
             s.settle(&SettleRequest {
                 route,
-                event_id: id,
-                attempt: 1,
-                now: T0 + 30,
-                retention_ms: RETENTION,
-                outcome,
+                ..settle_req(id, 1, T0 + 30, outcome)
             })
             .await
             .unwrap();
@@ -1132,14 +1062,7 @@ mod cases {
                 let store = b.store.clone();
                 tokio::spawn(async move {
                     store
-                        .settle(&SettleRequest {
-                            route: R,
-                            event_id: "hot",
-                            attempt: 2,
-                            now: T0 + LEASE + 1,
-                            retention_ms: RETENTION,
-                            outcome: failed(None),
-                        })
+                        .settle(&settle_req("hot", 2, T0 + LEASE + 1, failed(None)))
                         .await
                         .unwrap()
                 })
@@ -1189,18 +1112,14 @@ mod cases {
                             settle(s, &id, a, T0, failed(Some(500))).await;
                         }
                         Build::Released => {
-                            s.release(&common::release_req(R, &id, false, T0))
-                                .await
-                                .unwrap();
+                            release(s, &id, false, T0).await;
                         }
                         Build::Delivered => {
                             settle(s, &id, a, T0, delivered(200)).await;
                         }
                         Build::ForcedRelease => {
                             settle(s, &id, a, T0, delivered(200)).await;
-                            s.release(&common::release_req(R, &id, true, T0))
-                                .await
-                                .unwrap();
+                            release(s, &id, true, T0).await;
                         }
                     }
                     let before = s.get(R, &id).await.unwrap();
@@ -1345,215 +1264,192 @@ mod postgres_races {
         out
     }
 
-    /// A sweep that read a record as expired must not delete it once another
-    /// replica's reclaim commits first (READ COMMITTED re-checks only the
-    /// outer WHERE of the DELETE against the new row version).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn sweep_spares_a_record_reclaimed_under_it() {
-        let Some(b) = postgres_backend().await else {
-            return;
+    /// Runs each case on a fresh PostgreSQL database (skipped without one).
+    macro_rules! on_postgres {
+        ($($case:ident),* $(,)?) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let Some(b) = postgres_backend().await else { return };
+                    cases::$case(&b).await;
+                    b.store.close().await;
+                }
+            )*
         };
-        let s = &*b.store;
-        let short = 1_000;
-        s.claim(&ClaimRequest {
-            retention_ms: short,
-            ..claim_req("e", D1, T0)
-        })
-        .await
-        .unwrap();
-        s.settle(&SettleRequest {
-            route: R,
-            event_id: "e",
-            attempt: 1,
-            now: T0,
-            retention_ms: short,
-            outcome: failed(None),
-        })
-        .await
-        .unwrap();
-        let now = T0 + 5_000;
-        // Another replica reclaims it; its transaction is still open.
-        let deleted = race(
-            &b,
-            "UPDATE records SET state = 'processing', attempts = attempts + 1,
-                 lease_until = $1, updated_at = $2, expires_at = $3
-             WHERE route = 'r' AND event_id = 'e'",
-            &[now + LEASE, now, now + RETENTION],
-            "DELETE FROM records",
-            |store| async move { store.sweep_batch(now, 100).await },
-        )
-        .await
-        .expect("sweep");
-        assert_eq!(deleted, 0, "the sweep deleted a live claim");
-        let rec = get(s, "e").await;
-        assert_eq!((rec.state, rec.attempts), (State::Processing, 2));
-        b.store.close().await;
     }
 
-    /// The sweep keeps working after its table grew from empty to large: a
-    /// plan made while the table was empty and kept by the connection (a
-    /// nested loop over the whole primary key) outlasted the statement
-    /// timeout on every batch once the table held a few hundred thousand
-    /// records, and the sweeper never deleted anything again.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn sweep_plan_follows_the_table() {
-        let Some(b) = postgres_backend().await else {
-            return;
-        };
-        let now = T0 + 10 * RETENTION;
-        // First sweeps on the empty table, on every cold connection.
-        for _ in 0..3 {
-            for n in sweeps_at_once(&b, 4, now).await {
-                assert_eq!(n.expect("sweep of the empty table"), 0);
-            }
+    on_postgres!(
+        sweep_spares_a_record_reclaimed_under_it,
+        sweep_plan_follows_the_table,
+        sweep_takes_the_oldest_from_a_large_table,
+        fenced_release_waits_and_rechecks,
+        release_racing_a_delivery_reports_it,
+    );
+
+    /// Each case is an async fn over a PostgreSQL [`Backend`]; `on_postgres!`
+    /// runs it on a fresh database, or skips where there is none.
+    mod cases {
+        use super::*;
+
+        /// A sweep that read a record as expired must not delete it once another
+        /// replica's reclaim commits first (READ COMMITTED re-checks only the
+        /// outer WHERE of the DELETE against the new row version).
+        pub async fn sweep_spares_a_record_reclaimed_under_it(b: &Backend) {
+            let s = &*b.store;
+            claim_and_settle(s, "e", T0, 1_000, failed(None)).await;
+            let now = T0 + 5_000;
+            // Another replica reclaims it; its transaction is still open.
+            let deleted = race(
+                b,
+                "UPDATE records SET state = 'processing', attempts = attempts + 1,
+                 lease_until = $1, updated_at = $2, expires_at = $3
+             WHERE route = 'r' AND event_id = 'e'",
+                &[now + LEASE, now, now + RETENTION],
+                "DELETE FROM records",
+                |store| async move { store.sweep_batch(now, 100).await },
+            )
+            .await
+            .expect("sweep");
+            assert_eq!(deleted, 0, "the sweep deleted a live claim");
+            let rec = get(s, "e").await;
+            assert_eq!((rec.state, rec.attempts), (State::Processing, 2));
         }
-        // Then the table grows: 300,000 expired delivered records.
-        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
-        sqlx::query(
-            "INSERT INTO records (route, event_id, body_sha256, state, attempts, last_status,
+
+        /// The sweep keeps working after its table grew from empty to large: a
+        /// plan made while the table was empty and kept by the connection (a
+        /// nested loop over the whole primary key) outlasted the statement
+        /// timeout on every batch once the table held a few hundred thousand
+        /// records, and the sweeper never deleted anything again.
+        pub async fn sweep_plan_follows_the_table(b: &Backend) {
+            let now = T0 + 10 * RETENTION;
+            // First sweeps on the empty table, on every cold connection.
+            for _ in 0..3 {
+                for n in sweeps_at_once(b, 4, now).await {
+                    assert_eq!(n.expect("sweep of the empty table"), 0);
+                }
+            }
+            // Then the table grows: 300,000 expired delivered records.
+            let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
+            sqlx::query(
+                "INSERT INTO records (route, event_id, body_sha256, state, attempts, last_status,
                  first_seen_at, updated_at, delivered_at, expires_at)
              SELECT 'r', md5(i::text), md5(i::text) || md5(i::text), 'delivered', 1, 200,
                  $1 + i, $1 + i, $1 + i, $1 + RETENTION + i
              FROM generate_series(1, 300000) AS i"
-                .replace("RETENTION", &RETENTION.to_string())
-                .as_str(),
-        )
-        .bind(T0)
-        .execute(&raw)
-        .await
-        .unwrap();
-        raw.close().await;
-        for _ in 0..3 {
-            // Two at once may pick the same batch; one then deletes it.
-            let swept: u64 = sweeps_at_once(&b, 2, now)
-                .await
-                .into_iter()
-                .map(|n| n.expect("sweep of the grown table"))
-                .sum();
-            assert!(swept >= 1_000, "two sweeps deleted {swept}");
+                    .replace("RETENTION", &RETENTION.to_string())
+                    .as_str(),
+            )
+            .bind(T0)
+            .execute(&raw)
+            .await
+            .unwrap();
+            raw.close().await;
+            for _ in 0..3 {
+                // Two at once may pick the same batch; one then deletes it.
+                let swept: u64 = sweeps_at_once(b, 2, now)
+                    .await
+                    .into_iter()
+                    .map(|n| n.expect("sweep of the grown table"))
+                    .sum();
+                assert!(swept >= 1_000, "two sweeps deleted {swept}");
+            }
         }
-        b.store.close().await;
-    }
 
-    /// On a table the planner scans in physical order (many rows, all
-    /// expired, written in no order of expiry) a batch is still
-    /// the oldest expired records: the contract case above is too small to
-    /// show the plan that skipped them.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn sweep_takes_the_oldest_from_a_large_table() {
-        let Some(b) = postgres_backend().await else {
-            return;
-        };
-        let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
-        sqlx::query(
-            "INSERT INTO records (route, event_id, body_sha256, state, attempts, last_status,
+        /// On a table the planner scans in physical order (many rows, all
+        /// expired, written in no order of expiry) a batch is still
+        /// the oldest expired records: the contract case above is too small to
+        /// show the plan that skipped them.
+        pub async fn sweep_takes_the_oldest_from_a_large_table(b: &Backend) {
+            let raw = sqlx::PgPool::connect(&b.url).await.unwrap();
+            sqlx::query(
+                "INSERT INTO records (route, event_id, body_sha256, state, attempts, last_status,
                  first_seen_at, updated_at, delivered_at, expires_at)
              SELECT 'r', md5(i::text), md5(i::text) || md5(i::text), 'delivered', 1, 200,
                  $1, $1, $1, $1 + 50000 + (i * 7919) % 50000
              FROM generate_series(1, 50000) AS i",
-        )
-        .bind(T0)
-        .execute(&raw)
-        .await
-        .unwrap();
-        sqlx::query("ANALYZE records").execute(&raw).await.unwrap();
-        // all expired: the oldest 1,000 expire at T0 + 50,000 ..= T0 + 50,999
-        let now = T0 + 200_000;
-        assert_eq!(b.store.sweep_batch(now, 1_000).await.unwrap(), 1_000);
-        let oldest_left: i64 = sqlx::query_scalar("SELECT min(expires_at) FROM records")
-            .fetch_one(&raw)
+            )
+            .bind(T0)
+            .execute(&raw)
             .await
             .unwrap();
-        assert_eq!(oldest_left, T0 + 51_000, "the batch skipped older records");
-        raw.close().await;
-        b.store.close().await;
-    }
-
-    /// `n` sweep batches of 1,000 started together (so that they take
-    /// different connections), and what each did.
-    async fn sweeps_at_once(
-        b: &Backend,
-        n: usize,
-        now: Millis,
-    ) -> Vec<Result<u64, idemgate::store::StoreError>> {
-        let tasks: Vec<_> = (0..n)
-            .map(|_| {
-                let store = b.store.clone();
-                tokio::spawn(async move { store.sweep_batch(now, 1_000).await })
-            })
-            .collect();
-        let mut done = Vec::new();
-        for t in tasks {
-            done.push(t.await.unwrap());
+            sqlx::query("ANALYZE records").execute(&raw).await.unwrap();
+            // all expired: the oldest 1,000 expire at T0 + 50,000 ..= T0 + 50,999
+            let now = T0 + 200_000;
+            assert_eq!(b.store.sweep_batch(now, 1_000).await.unwrap(), 1_000);
+            let oldest_left: i64 = sqlx::query_scalar("SELECT min(expires_at) FROM records")
+                .fetch_one(&raw)
+                .await
+                .unwrap();
+            assert_eq!(oldest_left, T0 + 51_000, "the batch skipped older records");
+            raw.close().await;
         }
-        done
-    }
 
-    /// A settle waiting on a reclaim's row lock sees the new attempt number.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn fenced_release_waits_and_rechecks() {
-        let Some(b) = postgres_backend().await else {
-            return;
-        };
-        own(&*b.store, "e", T0).await;
-        let t2 = T0 + LEASE;
-        let settled = race(
-            &b,
-            "UPDATE records SET attempts = attempts + 1, lease_until = $1, updated_at = $2
+        /// `n` sweep batches of 1,000 started together (so that they take
+        /// different connections), and what each did.
+        async fn sweeps_at_once(
+            b: &Backend,
+            n: usize,
+            now: Millis,
+        ) -> Vec<Result<u64, idemgate::store::StoreError>> {
+            let tasks: Vec<_> = (0..n)
+                .map(|_| {
+                    let store = b.store.clone();
+                    tokio::spawn(async move { store.sweep_batch(now, 1_000).await })
+                })
+                .collect();
+            let mut done = Vec::new();
+            for t in tasks {
+                done.push(t.await.unwrap());
+            }
+            done
+        }
+
+        /// A settle waiting on a reclaim's row lock sees the new attempt number.
+        pub async fn fenced_release_waits_and_rechecks(b: &Backend) {
+            own(&*b.store, "e", T0).await;
+            let t2 = T0 + LEASE;
+            let settled = race(
+                b,
+                "UPDATE records SET attempts = attempts + 1, lease_until = $1, updated_at = $2
              WHERE route = 'r' AND event_id = 'e'",
-            &[t2 + LEASE, t2],
-            "UPDATE records SET state = 'failed'",
-            |store| async move {
-                store
-                    .settle(&SettleRequest {
-                        route: R,
-                        event_id: "e",
-                        attempt: 1,
-                        now: t2 + 1,
-                        retention_ms: RETENTION,
-                        outcome: failed(Some(500)),
-                    })
-                    .await
-            },
-        )
-        .await;
-        assert_eq!(settled.unwrap(), SettleResult::Stale);
-        let rec = get(&*b.store, "e").await;
-        assert_eq!((rec.state, rec.attempts), (State::Processing, 2));
-        b.store.close().await;
-    }
+                &[t2 + LEASE, t2],
+                "UPDATE records SET state = 'failed'",
+                |store| async move {
+                    store
+                        .settle(&settle_req("e", 1, t2 + 1, failed(Some(500))))
+                        .await
+                },
+            )
+            .await;
+            assert_eq!(settled.unwrap(), SettleResult::Stale);
+            let rec = get(&*b.store, "e").await;
+            assert_eq!((rec.state, rec.attempts), (State::Processing, 2));
+        }
 
-    /// An operator release that read `processing` while a delivery was
-    /// committing reports the delivered record it then finds, not "not found".
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn release_racing_a_delivery_reports_it() {
-        let Some(b) = postgres_backend().await else {
-            return;
-        };
-        own(&*b.store, "e", T0).await;
-        let released = race(
-            &b,
-            "UPDATE records SET state = 'delivered', lease_until = NULL, last_status = 200,
+        /// An operator release that read `processing` while a delivery was
+        /// committing reports the delivered record it then finds, not "not found".
+        pub async fn release_racing_a_delivery_reports_it(b: &Backend) {
+            own(&*b.store, "e", T0).await;
+            let released = race(
+                b,
+                "UPDATE records SET state = 'delivered', lease_until = NULL, last_status = 200,
                  delivered_at = $1, updated_at = $1
              WHERE route = 'r' AND event_id = 'e'",
-            &[T0 + 1],
-            "UPDATE records SET state = 'failed'",
-            |store| async move {
-                store
-                    .release(&common::release_req(R, "e", false, T0 + 2))
-                    .await
-            },
-        )
-        .await;
-        assert_eq!(released.unwrap(), ReleaseOutcome::RefusedDelivered);
-        assert_eq!(get(&*b.store, "e").await.state, State::Delivered);
-        b.store.close().await;
+                &[T0 + 1],
+                "UPDATE records SET state = 'failed'",
+                |store| async move {
+                    store
+                        .release(&common::release_req(R, "e", false, T0 + 2))
+                        .await
+                },
+            )
+            .await;
+            assert_eq!(released.unwrap(), ReleaseOutcome::RefusedDelivered);
+            assert_eq!(get(&*b.store, "e").await.state, State::Delivered);
+        }
     }
 }
 
-/// The SQLite writer runs the sweep's slices inside its batches of claims
-/// (one commit for both), counted in the change counter that every cache
-/// of delivered records on the file watches.
 mod sqlite_writer {
     use super::*;
     use std::time::Duration;

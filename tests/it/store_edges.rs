@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::pg_cluster::PgCluster;
-use common::tmpfs::Tmpfs;
+use common::tmpfs::SqliteOnTmpfs;
 use common::*;
 use core_util::wait_until;
 
@@ -178,25 +178,14 @@ fn postgres_a_claim_that_commits_late_is_not_reported_failed() {
 /// Now the batch ends at the rollback: nothing of it is on disk.
 #[test]
 fn sqlite_a_rolled_back_batch_runs_nothing_in_autocommit() {
-    let Some(disk) = Tmpfs::mount("edge-full", "24m") else {
+    let Some(full) = SqliteOnTmpfs::mount("edge-full", "24m") else {
         return;
     };
-    let dir = TempDir::new("edge-full-logs"); // logs and config off the small disk
-    let db = disk.path().join("full.db");
-    let store = format!("sqlite://{}", db.display());
-    let up = Consumer::start().unwrap();
-    let px = Proxy::start(
-        &dir,
-        &store,
-        &route(
-            "r",
-            PATH,
-            &up.url(),
-            "    replay_body: true\n    replay_body_limit: 8MiB\n",
-        ),
-    );
+    let up = &full.up;
+    let lines = "    replay_body: true\n    replay_body_limit: 8MiB\n";
+    let px = full.start(&route("r", PATH, &up.url(), lines));
     assert_eq!(px.deliver(PATH, Some(&eid("warm")), b"{}").status, 200);
-    disk.fill(1 << 20);
+    full.disk.fill(1 << 20);
 
     let big = eid("big");
     up.script(
@@ -213,7 +202,7 @@ fn sqlite_a_rolled_back_batch_runs_nothing_in_autocommit() {
     );
     // Hold the writer: a first claim's batch waits for this lock while the
     // big settle and then the small claims queue behind it, in one batch.
-    let other = rusqlite::Connection::open(&db).unwrap();
+    let other = rusqlite::Connection::open(&full.db).unwrap();
     other.execute_batch("BEGIN IMMEDIATE").unwrap();
     let blocker = eid("blocker");
     let blocker_sender = deliver_in_thread(px.addr, &blocker);
@@ -251,7 +240,7 @@ fn sqlite_a_rolled_back_batch_runs_nothing_in_autocommit() {
         "the small claims never shared the failing batch (test setup)\n{}",
         px.log()
     );
-    disk.free();
+    full.disk.free();
     // Every claim refused with a 503 must not exist: its retry is forwarded.
     for id in &refused {
         assert_eq!(up.count(id), 0, "{id} forwarded without a claim");
@@ -271,7 +260,7 @@ fn sqlite_a_rolled_back_batch_runs_nothing_in_autocommit() {
     }
     // its settle could not commit: not passed on as a delivery
     assert_eq!(big_answer.status, 503, "{:?}", big_answer.json());
-    let check = rusqlite::Connection::open(&db).unwrap();
+    let check = rusqlite::Connection::open(&full.db).unwrap();
     let ok: String = check
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap();

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::pg_cluster::PgCluster;
-use common::tmpfs::Tmpfs;
+use common::tmpfs::SqliteOnTmpfs;
 use common::*;
 use core_util::wait_until;
 
@@ -547,14 +547,11 @@ fn lost_records(
 #[test]
 // long: one scenario told in order: fill under load, free, fill again, SIGKILL, restart full, free
 fn sqlite_disk_fills_mid_load_then_frees() {
-    let Some(disk) = Tmpfs::mount("faults-full", "32m") else {
+    let Some(full) = SqliteOnTmpfs::mount("faults-full", "32m") else {
         return;
     };
-    let dir = TempDir::new("faults-full-logs"); // config and logs off the small disk
-    let db = disk.path().join("full.db");
-    let store = format!("sqlite://{}", db.display());
-    let up = Consumer::start().unwrap();
-    let mut px = Proxy::start(&dir, &store, &routes(&up));
+    let (disk, db, up) = (&full.disk, &full.db, &full.up);
+    let mut px = full.start(&routes(up));
     let answers: Answers = Mutex::new(Vec::new());
     let stop = AtomicBool::new(false);
     let fresh_refused = |from: Instant, to: Instant| -> Vec<(u16, String)> {
@@ -637,7 +634,7 @@ fn sqlite_disk_fills_mid_load_then_frees() {
     );
     // Nothing reached the consumer without a committed claim, and every
     // forwarded event whose settle did not commit was counted.
-    let records = records_of(&db);
+    let records = records_of(db);
     let forwarded: HashSet<String> = up
         .received()
         .iter()
@@ -664,7 +661,7 @@ fn sqlite_disk_fills_mid_load_then_frees() {
         unsettled as f64, settle_errors,
         "settles that did not commit (processing records, reclaims) vs settle errors counted"
     );
-    assert_eq!(integrity(&db), "ok");
+    assert_eq!(integrity(db), "ok");
     let (n_full, total) = (full_answers.len(), answers.lock().unwrap().len());
 
     // 2. Full again (under load until a claim is refused); SIGKILL while
@@ -681,7 +678,7 @@ fn sqlite_disk_fills_mid_load_then_frees() {
             "no claim was refused on a full disk again"
         );
     });
-    let before = records_of(&db);
+    let before = records_of(db);
     px.kill();
     px.spawn_answering();
     // The restarted process may find room in the WAL the dead one left
@@ -707,7 +704,7 @@ fn sqlite_disk_fills_mid_load_then_frees() {
     let late = eid("restarted-full");
     match attempt(px.addr, &late) {
         (503, _) => {}
-        (200, how) if how == "forwarded" => assert!(records_of(&db).contains_key(&late)),
+        (200, how) if how == "forwarded" => assert!(records_of(db).contains_key(&late)),
         other => panic!("{late} on a full disk: {other:?}"),
     }
     // reads still answer: a delivered event is replayed
@@ -723,10 +720,10 @@ fn sqlite_disk_fills_mid_load_then_frees() {
         "/readyz not ready after freeing\n{}",
         px.log()
     );
-    let after = records_of(&db);
+    let after = records_of(db);
     let (lost, forwarded_after) = lost_records(&before, &after, &answers, restarted);
     assert!(lost.is_empty(), "records lost or changed: {lost:?}");
-    assert_eq!(integrity(&db), "ok");
+    assert_eq!(integrity(db), "ok");
     let fresh = eid("end");
     assert_eq!(attempt(px.addr, &fresh), (200, "forwarded".into()));
     eprintln!(

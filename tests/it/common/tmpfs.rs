@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::TempDir;
+use super::{Consumer, Proxy, TempDir};
 
 pub struct Tmpfs {
     mount: PathBuf,
@@ -117,5 +117,38 @@ impl Drop for Tmpfs {
             }
             self.mounted = false;
         }
+    }
+}
+
+/// A SQLite store (`full.db`) on a small [`Tmpfs`], the config and logs in a
+/// directory off it (`{tag}-logs`), and a consumer. Fields drop in order:
+/// the consumer first, the disk last.
+pub struct SqliteOnTmpfs {
+    pub up: Consumer,
+    /// The store's URL.
+    pub store: String,
+    pub db: PathBuf,
+    pub dir: TempDir,
+    pub disk: Tmpfs,
+}
+
+impl SqliteOnTmpfs {
+    /// `None`, with a SKIP printed, where [`Tmpfs::mount`] is refused.
+    pub fn mount(tag: &str, size: &str) -> Option<SqliteOnTmpfs> {
+        let disk = Tmpfs::mount(tag, size)?;
+        let dir = TempDir::new(&format!("{tag}-logs"));
+        let db = disk.path().join("full.db");
+        Some(SqliteOnTmpfs {
+            up: Consumer::start().unwrap(),
+            store: format!("sqlite://{}", db.display()),
+            db,
+            dir,
+            disk,
+        })
+    }
+
+    /// `serve` on this store with `routes`, its config and log in `dir`.
+    pub fn start(&self, routes: &str) -> Proxy {
+        Proxy::start(&self.dir, &self.store, routes)
     }
 }
