@@ -236,6 +236,30 @@ impl Readback {
     }
 }
 
+/// A delivered settle's replay columns: the status and the content type,
+/// each only when a body is stored with it.
+pub(crate) fn replay_columns<'a>(
+    status: u16,
+    content_type: Option<&'a str>,
+    body: Option<&[u8]>,
+) -> (Option<i64>, Option<&'a str>) {
+    let stored = body.is_some();
+    (
+        stored.then_some(i64::from(status)),
+        content_type.filter(|_| stored),
+    )
+}
+
+/// What a settle statement did: `result` when it changed the record (one
+/// row), else `Stale` (the record moved on).
+pub(crate) fn settled(rows: u64, result: crate::claim::SettleResult) -> crate::claim::SettleResult {
+    if rows == 1 {
+        result
+    } else {
+        crate::claim::SettleResult::Stale
+    }
+}
+
 /// The outcome of a claim statement that returned its row.
 pub(crate) fn claimed(
     attempt: i64,

@@ -395,7 +395,7 @@ impl PostgresStore {
                 content_type,
                 body,
             } => {
-                let replay_status = body.map(|_| i64::from(status));
+                let (replay_status, replay_type) = sql::replay_columns(status, content_type, body);
                 let done = sqlx::query(sql::SETTLE_DELIVERED)
                     .bind(req.route)
                     .bind(req.event_id)
@@ -403,15 +403,11 @@ impl PostgresStore {
                     .bind(req.now)
                     .bind(expires_at)
                     .bind(replay_status)
-                    .bind(content_type.filter(|_| body.is_some()))
+                    .bind(replay_type)
                     .bind(body)
                     .execute(&mut *conn)
                     .await?;
-                Ok(if done.rows_affected() == 1 {
-                    SettleResult::Delivered
-                } else {
-                    SettleResult::Stale
-                })
+                Ok(sql::settled(done.rows_affected(), SettleResult::Delivered))
             }
             SettleOutcome::Failed { status, error } => {
                 let done = sqlx::query(sql::SETTLE_FAILED)
@@ -424,11 +420,7 @@ impl PostgresStore {
                     .bind(expires_at)
                     .execute(&mut *conn)
                     .await?;
-                Ok(if done.rows_affected() == 1 {
-                    SettleResult::Released
-                } else {
-                    SettleResult::Stale
-                })
+                Ok(sql::settled(done.rows_affected(), SettleResult::Released))
             }
         }
     }

@@ -213,7 +213,7 @@ pub(super) fn settle_in(
             body,
         } => {
             let mut st = conn.prepare_cached(sql::SETTLE_DELIVERED)?;
-            let replay_status = body.map(|_| i64::from(status));
+            let (replay_status, replay_type) = sql::replay_columns(status, content_type, body);
             bind_numbered(
                 &mut st,
                 &[
@@ -223,14 +223,14 @@ pub(super) fn settle_in(
                     &req.now,
                     &expires_at,
                     &replay_status,
-                    &content_type.filter(|_| body.is_some()),
+                    &replay_type,
                     &body,
                 ],
             )?;
-            Ok(match st.raw_execute()? {
-                1 => SettleResult::Delivered,
-                _ => SettleResult::Stale,
-            })
+            Ok(sql::settled(
+                st.raw_execute()? as u64,
+                SettleResult::Delivered,
+            ))
         }
         SettleOutcome::Failed { status, error } => {
             let mut st = conn.prepare_cached(sql::SETTLE_FAILED)?;
@@ -246,10 +246,10 @@ pub(super) fn settle_in(
                     &expires_at,
                 ],
             )?;
-            Ok(match st.raw_execute()? {
-                1 => SettleResult::Released,
-                _ => SettleResult::Stale,
-            })
+            Ok(sql::settled(
+                st.raw_execute()? as u64,
+                SettleResult::Released,
+            ))
         }
     }
 }
