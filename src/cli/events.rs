@@ -3,9 +3,7 @@
 
 use serde_json::Value;
 
-use super::{
-    block_on, exit, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ShowArgs, StoreArg, SweepArgs,
-};
+use super::{exit, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ShowArgs, StoreArg, SweepArgs};
 use crate::claim::now_ms;
 use crate::claim::State;
 use crate::store::json::{record_json, timestamp};
@@ -223,4 +221,13 @@ fn print_table(records: &[Record]) {
     for row in &rows {
         println!("{}", line(row));
     }
+}
+
+/// A small runtime for the one-shot commands.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(f)
 }

@@ -1,144 +1,16 @@
 //! The command line of SPEC §1. Each subcommand returns its exit code;
 //! `main` only parses, sets up logging ([`crate::telemetry`]) and exits with it.
 
+mod args;
 mod demo;
 mod events;
+pub mod exit;
 mod serve;
 
-use std::path::PathBuf;
-
-use clap::{Args, Parser, Subcommand};
-
-use crate::telemetry::LogFormat;
-
-/// Exit codes of SPEC §1.
-pub mod exit {
-    pub const OK: i32 = 0;
-    pub const FAILURE: i32 = 1;
-    pub const BAD_CONFIG: i32 = 2;
-    pub const NOT_FOUND: i32 = 3;
-}
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "idemgate",
-    version,
-    about = "Webhook-deduplication reverse proxy: claim before forwarding, replay duplicates, settle from the upstream's outcome."
-)]
-pub struct Cli {
-    /// Log format (level from RUST_LOG).
-    #[arg(long, global = true, env = "IDEMGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum Command {
-    /// Run the proxy and the admin listener (migrates the store first).
-    Serve(ServeArgs),
-    /// Validate a config and print one line per route.
-    Check(ConfigArg),
-    /// Apply pending migrations to a store.
-    Migrate(StoreArg),
-    /// Inspect and release records.
-    #[command(subcommand)]
-    Events(EventsCommand),
-    /// Delete records past their retention once, in batches; prints how many.
-    Sweep(SweepArgs),
-    /// Self-contained demonstration on loopback ports with a temporary SQLite store.
-    Demo,
-}
-
-#[derive(Args, Debug)]
-pub struct ConfigArg {
-    /// The YAML config file.
-    #[arg(long, env = "IDEMGATE_CONFIG")]
-    pub config: PathBuf,
-}
-
-#[derive(Args, Debug)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    pub config: ConfigArg,
-    /// Do not apply pending migrations at start.
-    #[arg(long)]
-    pub no_migrate: bool,
-    /// Take the listening sockets over from the running `serve` that shares
-    /// `upgrade_sock` (send that one SIGQUIT); see the README's "Reloading".
-    #[arg(long)]
-    pub upgrade: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct StoreArg {
-    /// sqlite://PATH or postgres://USER:PASS@HOST:PORT/DB
-    #[arg(long, env = "IDEMGATE_STORE_URL")]
-    pub store: String,
-}
-
-#[derive(Args, Debug)]
-pub struct SweepArgs {
-    #[command(flatten)]
-    pub store: StoreArg,
-    /// Records deleted per statement.
-    #[arg(long, default_value_t = 1000)]
-    pub batch_size: i64,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum EventsCommand {
-    /// List records, newest first.
-    List(ListArgs),
-    /// Show one record, every field (exit 3 when absent).
-    Show(ShowArgs),
-    /// Make a processing or failed record reclaimable (delivered needs --force).
-    Release(ReleaseArgs),
-}
-
-#[derive(Args, Debug)]
-pub struct ListArgs {
-    #[command(flatten)]
-    pub store: StoreArg,
-    #[arg(long)]
-    pub route: Option<String>,
-    /// processing | delivered | failed
-    #[arg(long)]
-    pub state: Option<String>,
-    #[arg(long, default_value_t = 100)]
-    pub limit: i64,
-    /// One JSON array of records.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// One record: the store, its route and its event ID.
-#[derive(Args, Debug)]
-pub struct RecordArg {
-    #[command(flatten)]
-    pub store: StoreArg,
-    #[arg(long)]
-    pub route: String,
-    pub event_id: String,
-}
-
-#[derive(Args, Debug)]
-pub struct ShowArgs {
-    #[command(flatten)]
-    pub record: RecordArg,
-    /// One JSON object with the record's fields.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Args, Debug)]
-pub struct ReleaseArgs {
-    #[command(flatten)]
-    pub record: RecordArg,
-    /// Also release a delivered record (a deliberate manual redelivery).
-    #[arg(long)]
-    pub force: bool,
-}
+pub use args::{
+    Cli, Command, ConfigArg, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ServeArgs, ShowArgs,
+    StoreArg, SweepArgs,
+};
 
 /// Runs a parsed command; returns the process exit code.
 pub fn run(cli: Cli) -> i32 {
@@ -150,13 +22,4 @@ pub fn run(cli: Cli) -> i32 {
         Command::Sweep(args) => events::sweep(args),
         Command::Demo => demo::demo(),
     }
-}
-
-/// A small runtime for the one-shot commands.
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(f)
 }

@@ -43,6 +43,7 @@
 mod admin;
 mod ctx;
 mod de;
+mod error;
 mod fields;
 mod layer;
 mod model;
@@ -58,11 +59,11 @@ mod yaml;
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
 use std::path::Path;
 
 /// The store's URL type is the store's own.
 pub use crate::store::{StoreKind, StoreUrl};
+pub use error::{ConfigError, ConfigErrors};
 pub use model::{
     AdminConfig, AdminToken, Config, DigestMode, Downstream, DurationMs, EventIdSource, InFlight,
     OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Tls,
@@ -79,51 +80,6 @@ pub struct Loaded {
     pub config: Config,
     /// Non-fatal findings, one readable line each, `file:line:col: path: message`.
     pub warnings: Vec<String>,
-}
-
-/// One problem in the config file.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}:{col}: {path}: {message}")]
-pub struct ConfigError {
-    /// The file name as given to the loader.
-    pub file: String,
-    /// 1-based.
-    pub line: usize,
-    /// 1-based.
-    pub col: usize,
-    /// Where in the document, e.g. `routes[1].lease`; `(root)` for the top level.
-    pub path: String,
-    /// What is wrong. Never contains a secret or an expanded URL.
-    pub message: String,
-}
-
-impl ConfigError {
-    /// An error at `pos`; an empty `path` is the root.
-    fn new(file: &str, pos: Pos, path: &str, message: String) -> ConfigError {
-        ConfigError {
-            file: file.to_string(),
-            line: pos.line,
-            col: pos.col,
-            path: if path.is_empty() { "(root)" } else { path }.to_string(),
-            message,
-        }
-    }
-}
-
-/// Every problem found, sorted by position. `Display` prints one per line.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
 }
 
 /// Reads and validates `path`; environment lookups use the process

@@ -2,6 +2,9 @@
 //! `INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING`, `$N` parameters and
 //! row-value `IN`, so each transition is written once, here.
 
+use super::{SettleOutcome, SettleRequest};
+use crate::claim::SettleResult;
+
 /// The start of every claim statement: the columns a new record gets.
 macro_rules! claim_insert {
     () => {
@@ -99,10 +102,15 @@ pub const SELECT_RECORD: &str = select_record!();
 /// One record. $1 route, $2 event_id
 pub const GET_RECORD: &str = concat!(select_record!(), " WHERE route = $1 AND event_id = $2");
 
-/// A value bound to a [`list_statement`].
-pub(crate) enum ListParam<'a> {
+/// A value bound to a statement built here ([`list_statement`],
+/// [`settle_statement`]); each store binds it with its own driver.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Param<'a> {
     Text(&'a str),
     Int(i64),
+    OptText(Option<&'a str>),
+    OptInt(Option<i64>),
+    OptBlob(Option<&'a [u8]>),
 }
 
 /// The list statement for `filter` and the values to bind, in order. Only
@@ -115,39 +123,39 @@ pub(crate) enum ListParam<'a> {
 /// `LIKE`, whose `%` and `_` an event ID may hold. The page key's comparison is spelled out
 /// because the order mixes DESC and ASC; it uses the `ORDER BY`'s collation,
 /// so pages agree with the order on PostgreSQL too.
-pub(crate) fn list_statement<'a>(filter: &'a super::ListFilter) -> (String, Vec<ListParam<'a>>) {
+pub(crate) fn list_statement<'a>(filter: &'a super::ListFilter) -> (String, Vec<Param<'a>>) {
     let mut params = Vec::new();
-    let mut bind = |p: ListParam<'a>| -> String {
+    let mut bind = |p: Param<'a>| -> String {
         params.push(p);
         format!("${}", params.len())
     };
     let mut conds: Vec<String> = Vec::new();
     if let Some(route) = &filter.route {
-        conds.push(format!("route = {}", bind(ListParam::Text(route))));
+        conds.push(format!("route = {}", bind(Param::Text(route))));
     }
     if let Some(state) = filter.state {
         // a closed set of words, never the caller's text
         conds.push(format!("state = '{}'", state.as_str()));
     }
     if let Some(prefix) = &filter.id_prefix {
-        let p = bind(ListParam::Text(prefix));
+        let p = bind(Param::Text(prefix));
         conds.push(format!("substr(event_id, 1, length({p})) = {p}"));
     }
     if let Some(at) = filter.lease_ended_by {
-        let t = bind(ListParam::Int(at));
+        let t = bind(Param::Int(at));
         conds.push(format!(
             "state = 'processing' AND (lease_until IS NULL OR lease_until <= {t})"
         ));
     }
     if let Some(key) = &filter.after {
-        let t = bind(ListParam::Int(key.first_seen_at));
-        let r = bind(ListParam::Text(&key.route));
-        let e = bind(ListParam::Text(&key.event_id));
+        let t = bind(Param::Int(key.first_seen_at));
+        let r = bind(Param::Text(&key.route));
+        let e = bind(Param::Text(&key.event_id));
         conds.push(format!(
             "(first_seen_at < {t} OR (first_seen_at = {t} AND (route > {r} OR (route = {r} AND event_id > {e}))))"
         ));
     }
-    let limit = bind(ListParam::Int(filter.limit));
+    let limit = bind(Param::Int(filter.limit));
     let filter = if conds.is_empty() {
         String::new()
     } else {
@@ -236,27 +244,81 @@ impl Readback {
     }
 }
 
-/// A delivered settle's replay columns: the status and the content type,
-/// each only when a body is stored with it.
-pub(crate) fn replay_columns<'a>(
-    status: u16,
-    content_type: Option<&'a str>,
-    body: Option<&[u8]>,
-) -> (Option<i64>, Option<&'a str>) {
-    let stored = body.is_some();
-    (
-        stored.then_some(i64::from(status)),
-        content_type.filter(|_| stored),
-    )
+/// A settle as a statement: the one list of a settle's columns, for both
+/// stores. No allocation: a settle is on every delivery's path.
+pub(crate) struct SettleStatement<'a> {
+    pub(crate) sql: &'static str,
+    params: [Param<'a>; 8],
+    len: usize,
+    /// What the settle did when it changed the record ([`settled`]).
+    pub(crate) changed: SettleResult,
+}
+
+impl<'a> SettleStatement<'a> {
+    /// The values to bind, in order.
+    pub(crate) fn params(&self) -> &[Param<'a>] {
+        &self.params[..self.len]
+    }
+}
+
+/// The statement that settles `req`, with its values.
+pub(crate) fn settle_statement<'a>(req: &SettleRequest<'a>) -> SettleStatement<'a> {
+    use Param::*;
+    let (route, event_id, now) = (Text(req.route), Text(req.event_id), Int(req.now));
+    let expires_at = Int(req.now + req.retention_ms);
+    match req.outcome {
+        SettleOutcome::Delivered {
+            status,
+            content_type,
+            body,
+        } => {
+            // the replay's status and type only beside a stored body
+            let stored = body.is_some();
+            let params = [
+                route,
+                event_id,
+                Int(i64::from(status)),
+                now,
+                expires_at,
+                OptInt(stored.then_some(i64::from(status))),
+                OptText(content_type.filter(|_| stored)),
+                OptBlob(body),
+            ];
+            SettleStatement {
+                sql: SETTLE_DELIVERED,
+                params,
+                len: 8,
+                changed: SettleResult::Delivered,
+            }
+        }
+        SettleOutcome::Failed { status, error } => {
+            let params = [
+                route,
+                event_id,
+                Int(req.attempt),
+                OptInt(status.map(i64::from)),
+                OptText(error),
+                now,
+                expires_at,
+                OptInt(None), // not bound: SETTLE_FAILED has seven
+            ];
+            SettleStatement {
+                sql: SETTLE_FAILED,
+                params,
+                len: 7,
+                changed: SettleResult::Released,
+            }
+        }
+    }
 }
 
 /// What a settle statement did: `result` when it changed the record (one
 /// row), else `Stale` (the record moved on).
-pub(crate) fn settled(rows: u64, result: crate::claim::SettleResult) -> crate::claim::SettleResult {
+pub(crate) fn settled(rows: u64, result: SettleResult) -> SettleResult {
     if rows == 1 {
         result
     } else {
-        crate::claim::SettleResult::Stale
+        SettleResult::Stale
     }
 }
 
@@ -319,7 +381,7 @@ mod tests {
         };
         let (plain, params) = list_statement(&none);
         assert!(!plain.contains("WHERE"), "{plain}");
-        assert!(matches!(params.as_slice(), [ListParam::Int(3)]));
+        assert!(matches!(params.as_slice(), [Param::Int(3)]));
     }
 
     /// The lists the console asks for every few seconds find their rows by
@@ -337,8 +399,9 @@ mod tests {
         let plan = |filter: ListFilter| -> String {
             let (sql, params) = list_statement(&filter);
             let values = params.into_iter().map(|p| match p {
-                ListParam::Text(t) => rusqlite::types::Value::Text(t.to_owned()),
-                ListParam::Int(n) => rusqlite::types::Value::Integer(n),
+                Param::Text(t) => rusqlite::types::Value::Text(t.to_owned()),
+                Param::Int(n) => rusqlite::types::Value::Integer(n),
+                other => panic!("a list binds text and integers only: {other:?}"),
             });
             let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
             let rows = stmt

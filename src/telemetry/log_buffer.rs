@@ -11,17 +11,21 @@
 //! The log never blocks the proxy (SPEC §9): a line that finds
 //! [`HARD_LIMIT`] bytes waiting (the output is stuck: a pipe nobody reads, a
 //! paused terminal) is dropped and counted
-//! ([`crate::telemetry::LOG_LINES_DROPPED`], `idemgate_log_lines_dropped_total`),
+//! ([`LOG_LINES_DROPPED`], `idemgate_log_lines_dropped_total`),
 //! and once the output takes lines again one warning says how many were
 //! dropped. Lines reach the output in the order they were appended, at most
 //! [`LINGER`] late; [`LogGuard`]'s drop writes out the rest, and lines after
 //! that go straight to the output.
 
 use std::io::{self, Write};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// Log lines dropped because the log's output stalled (the writer counts
+/// here; every `Metrics` of the process shows it at its next scrape).
+pub static LOG_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// How long lines may gather before they are written out.
 pub const LINGER: Duration = Duration::from_millis(5);
@@ -78,7 +82,7 @@ impl Shared {
             // the output is stuck: never wait for it (a request would)
             p.dropped += 1;
             drop(p);
-            crate::telemetry::LOG_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
+            LOG_LINES_DROPPED.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         if p.closed {
@@ -473,7 +477,7 @@ mod tests {
             })
         };
         let line = vec![b'x'; 64 * 1024];
-        let before = crate::telemetry::LOG_LINES_DROPPED.load(Ordering::Relaxed);
+        let before = LOG_LINES_DROPPED.load(Ordering::Relaxed);
         let lines = 3 * HARD_LIMIT / line.len();
         let t = Instant::now();
         for _ in 0..lines {
@@ -489,7 +493,7 @@ mod tests {
             dropped as usize >= lines - 2 * (HARD_LIMIT / line.len()) - 2,
             "{dropped}"
         );
-        assert!(crate::telemetry::LOG_LINES_DROPPED.load(Ordering::Relaxed) >= before + dropped);
+        assert!(LOG_LINES_DROPPED.load(Ordering::Relaxed) >= before + dropped);
         assert!(
             lock(&reported).is_empty(),
             "no report while the output is stuck"

@@ -7,12 +7,9 @@ pub mod log_buffer;
 mod log_line;
 pub mod registry;
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 
-/// Log lines dropped because the log's output stalled (the log writer
-/// counts here; every `Metrics` of the process shows it at its next scrape).
-pub static LOG_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
+pub use log_buffer::LOG_LINES_DROPPED;
 
 /// The log's format (its level comes from `RUST_LOG`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

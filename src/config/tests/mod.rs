@@ -1,6 +1,7 @@
 //! Config tests: every rule with its reported position.
 
 mod admin;
+mod depth;
 mod resolve;
 mod rules;
 mod secrets;

@@ -36,7 +36,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, Postgres};
 use sqlx::{Connection, PgConnection, Row};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{silence, PostgresStore};
+use super::rows::{claim_on, readback, settle_on};
+use super::silence;
 use crate::claim::SettleResult;
 use crate::store::owned::{OwnedClaim, OwnedSettle};
 use crate::store::sql::{self, Readback};
@@ -357,7 +358,7 @@ async fn read_many(
     rows.iter()
         .map(|row| {
             let key = (row.try_get("route")?, row.try_get("event_id")?);
-            Ok((key, super::readback(row)?))
+            Ok((key, readback(row)?))
         })
         .collect()
 }
@@ -396,7 +397,7 @@ async fn claim_batch_on(
         tracing::debug!(error = %e, "batched claim refused; claiming one by one");
     }
     single_for_the_rest(conn, &items, results, async |conn, c| {
-        PostgresStore::claim_on(conn, &c.req()).await
+        claim_on(conn, &c.req()).await
     })
     .await
 }
@@ -493,7 +494,7 @@ async fn deliver_batch_on(
         Err(e) => tracing::debug!(error = %e, "batched settle refused; settling one by one"),
     }
     single_for_the_rest(conn, &items, results, async |conn, s| {
-        PostgresStore::settle_on(conn, &s.req()).await
+        settle_on(conn, &s.req()).await
     })
     .await
 }

@@ -17,16 +17,17 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, Row};
 
 use super::owned::{OwnedClaim, OwnedSettle};
-use super::sql::{self, ListParam, Readback};
+use super::sql;
 use super::{
     Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
     SettleOutcome, SettleRequest, StoreError,
 };
 use crate::claim::{Millis, SettleResult, State};
+use rows::{bind_all, record_from_row};
 
 /// Server side: a stuck database (a lock, an overloaded server) must not hold
 /// a request forever. Every statement here touches one row or one bounded
@@ -81,6 +82,7 @@ fn split_connections(max: u32) -> (u32, u32) {
 }
 
 mod batch;
+mod rows;
 mod silence;
 
 impl PostgresStore {
@@ -207,7 +209,7 @@ impl Backend for PostgresStore {
                         Ok(_) if !ticket.take() => return,
                         Ok(mut conn) => {
                             let req = owned.req();
-                            let run = Self::settle_on(&mut conn, &req);
+                            let run = rows::settle_on(&mut conn, &req);
                             let server = hot.connect_options();
                             match silence::unless_silent(&server, run).await {
                                 Ok(res) => res,
@@ -315,14 +317,9 @@ impl Backend for PostgresStore {
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
         let (sql, params) = sql::list_statement(filter);
-        let mut query = sqlx::query(&sql);
-        for p in params {
-            query = match p {
-                ListParam::Text(t) => query.bind(t),
-                ListParam::Int(n) => query.bind(n),
-            };
-        }
-        let rows = query.fetch_all(&self.cold).await?;
+        let rows = bind_all(sqlx::query(&sql), &params)
+            .fetch_all(&self.cold)
+            .await?;
         rows.iter().map(record_from_row).collect()
     }
 
@@ -339,136 +336,6 @@ impl Backend for PostgresStore {
         self.hot.close().await;
         self.cold.close().await;
     }
-}
-
-/// The two hot transitions on one pooled connection.
-impl PostgresStore {
-    pub(crate) async fn claim_on(
-        conn: &mut PgConnection,
-        req: &ClaimRequest<'_>,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let lease_until = req.now + req.lease_ms;
-        let expires_at = req.now + req.retention_ms;
-        // A refused claim is read back and decided; if the record became
-        // claimable in between (released, lease ran out), claim again.
-        for _ in 0..4 {
-            let row = sqlx::query(sql::CLAIM)
-                .bind(req.route)
-                .bind(req.event_id)
-                .bind(req.digest)
-                .bind(lease_until)
-                .bind(req.now)
-                .bind(expires_at)
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(row) = row {
-                let prev: Option<String> = row.try_get("claimed_from")?;
-                return Ok(sql::claimed(
-                    row.try_get("attempts")?,
-                    prev.as_deref(),
-                    lease_until,
-                ));
-            }
-            let row = sqlx::query(sql::CLAIM_READBACK)
-                .bind(req.route)
-                .bind(req.event_id)
-                .fetch_optional(&mut *conn)
-                .await?;
-            let Some(row) = row else { continue };
-            if let Some(outcome) = readback_outcome(&row, req.digest, req.now)? {
-                return Ok(outcome);
-            }
-        }
-        Err(StoreError::Unavailable(
-            "claim kept racing with other writers".into(),
-        ))
-    }
-
-    pub(crate) async fn settle_on(
-        conn: &mut PgConnection,
-        req: &SettleRequest<'_>,
-    ) -> Result<SettleResult, StoreError> {
-        let expires_at = req.now + req.retention_ms;
-        match req.outcome {
-            SettleOutcome::Delivered {
-                status,
-                content_type,
-                body,
-            } => {
-                let (replay_status, replay_type) = sql::replay_columns(status, content_type, body);
-                let done = sqlx::query(sql::SETTLE_DELIVERED)
-                    .bind(req.route)
-                    .bind(req.event_id)
-                    .bind(i64::from(status))
-                    .bind(req.now)
-                    .bind(expires_at)
-                    .bind(replay_status)
-                    .bind(replay_type)
-                    .bind(body)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(sql::settled(done.rows_affected(), SettleResult::Delivered))
-            }
-            SettleOutcome::Failed { status, error } => {
-                let done = sqlx::query(sql::SETTLE_FAILED)
-                    .bind(req.route)
-                    .bind(req.event_id)
-                    .bind(req.attempt)
-                    .bind(status.map(i64::from))
-                    .bind(error)
-                    .bind(req.now)
-                    .bind(expires_at)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(sql::settled(done.rows_affected(), SettleResult::Released))
-            }
-        }
-    }
-}
-
-/// Decides a delivery from a [`sql::CLAIM_READBACK`] row read from PostgreSQL.
-fn readback_outcome(
-    row: &PgRow,
-    digest: &str,
-    now: Millis,
-) -> Result<Option<ClaimOutcome>, StoreError> {
-    readback(row)?.outcome(digest, now)
-}
-
-/// The decisive columns of a record ([`sql::CLAIM_READBACK`]'s).
-fn readback(row: &PgRow) -> Result<Readback, StoreError> {
-    Ok(Readback {
-        state: super::state_of(row.try_get("state")?)?,
-        lease_until: row.try_get("lease_until")?,
-        body_sha256: row.try_get("body_sha256")?,
-        last_status: row.try_get("last_status")?,
-        replay_status: row.try_get("replay_status")?,
-        replay_content_type: row.try_get("replay_content_type")?,
-        replay_body: row.try_get("replay_body")?,
-    })
-}
-
-/// Decodes a full record row of [`sql::SELECT_RECORD`]:
-/// the read-back's columns and the rest.
-fn record_from_row(row: &PgRow) -> Result<Record, StoreError> {
-    let rb = readback(row)?;
-    Ok(Record {
-        route: row.try_get("route")?,
-        event_id: row.try_get("event_id")?,
-        body_sha256: rb.body_sha256,
-        state: rb.state,
-        attempts: row.try_get("attempts")?,
-        lease_until: rb.lease_until,
-        last_status: rb.last_status,
-        last_error: row.try_get("last_error")?,
-        first_seen_at: row.try_get("first_seen_at")?,
-        updated_at: row.try_get("updated_at")?,
-        delivered_at: row.try_get("delivered_at")?,
-        expires_at: row.try_get("expires_at")?,
-        replay_status: rb.replay_status,
-        replay_content_type: rb.replay_content_type,
-        replay_body_bytes: rb.replay_body.map(|b| b.len() as i64),
-    })
 }
 
 #[cfg(test)]

@@ -10,13 +10,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use rusqlite::types::ToSqlOutput;
 use rusqlite::{Connection, OpenFlags, Statement, ToSql};
 
 use super::changes::ChangeCounter;
 use crate::claim::{Millis, SettleResult, State};
 use crate::store::sql::{self, Readback};
 use crate::store::{
-    state_of, ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleOutcome, SettleRequest, StoreError,
+    state_of, ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleRequest, StoreError,
 };
 
 /// How a connection will be used.
@@ -87,6 +88,11 @@ pub(super) fn create(path: &Path) -> Result<Connection, StoreError> {
 
 /// Binds `args[N-1]` to every `$N` of the statement, wherever it appears.
 pub(super) fn bind_numbered(st: &mut Statement<'_>, args: &[&dyn ToSql]) -> rusqlite::Result<()> {
+    bind_each(st, args)
+}
+
+/// [`bind_numbered`] for values of one type ([`sql::Param`]s).
+pub(super) fn bind_each<T: ToSql>(st: &mut Statement<'_>, args: &[T]) -> rusqlite::Result<()> {
     for i in 1..=st.parameter_count() {
         let n = st
             .parameter_name(i)
@@ -94,7 +100,7 @@ pub(super) fn bind_numbered(st: &mut Statement<'_>, args: &[&dyn ToSql]) -> rusq
             .and_then(|n| n.parse::<usize>().ok())
             .filter(|n| (1..=args.len()).contains(n))
             .ok_or(rusqlite::Error::InvalidParameterCount(i, args.len()))?;
-        st.raw_bind_parameter(i, args[n - 1])?;
+        st.raw_bind_parameter(i, &args[n - 1])?;
     }
     Ok(())
 }
@@ -205,51 +211,22 @@ pub(super) fn settle_in(
     conn: &Connection,
     req: &SettleRequest<'_>,
 ) -> Result<SettleResult, StoreError> {
-    let expires_at = req.now + req.retention_ms;
-    match req.outcome {
-        SettleOutcome::Delivered {
-            status,
-            content_type,
-            body,
-        } => {
-            let mut st = conn.prepare_cached(sql::SETTLE_DELIVERED)?;
-            let (replay_status, replay_type) = sql::replay_columns(status, content_type, body);
-            bind_numbered(
-                &mut st,
-                &[
-                    &req.route,
-                    &req.event_id,
-                    &i64::from(status),
-                    &req.now,
-                    &expires_at,
-                    &replay_status,
-                    &replay_type,
-                    &body,
-                ],
-            )?;
-            Ok(sql::settled(
-                st.raw_execute()? as u64,
-                SettleResult::Delivered,
-            ))
-        }
-        SettleOutcome::Failed { status, error } => {
-            let mut st = conn.prepare_cached(sql::SETTLE_FAILED)?;
-            bind_numbered(
-                &mut st,
-                &[
-                    &req.route,
-                    &req.event_id,
-                    &req.attempt,
-                    &status.map(i64::from),
-                    &error,
-                    &req.now,
-                    &expires_at,
-                ],
-            )?;
-            Ok(sql::settled(
-                st.raw_execute()? as u64,
-                SettleResult::Released,
-            ))
+    let settle = sql::settle_statement(req);
+    let mut st = conn.prepare_cached(settle.sql)?;
+    bind_each(&mut st, settle.params())?;
+    Ok(sql::settled(st.raw_execute()? as u64, settle.changed))
+}
+
+/// A statement's value as SQLite binds it.
+impl ToSql for sql::Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        use sql::Param::*;
+        match self {
+            Text(t) => t.to_sql(),
+            Int(n) => n.to_sql(),
+            OptText(t) => t.to_sql(),
+            OptInt(n) => n.to_sql(),
+            OptBlob(b) => b.to_sql(),
         }
     }
 }

@@ -4,11 +4,11 @@
 //! that serves requests (a list may read many rows).
 
 use rusqlite::types::ValueRef;
-use rusqlite::{Connection, Row, ToSql};
+use rusqlite::{Connection, Row};
 
-use super::direct::{bind_numbered, first_row, state_at};
+use super::direct::{bind_each, first_row, state_at};
 use crate::claim::Millis;
-use crate::store::sql::{self, ListParam};
+use crate::store::sql;
 use crate::store::{ListFilter, Record, StoreError};
 
 /// One cheap read that touches the database file itself, not just the
@@ -32,15 +32,8 @@ pub(super) fn get(
 /// The records `filter` asks for, newest first.
 pub(super) fn list(conn: &Connection, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
     let (text, params) = sql::list_statement(filter);
-    let args: Vec<&dyn ToSql> = params
-        .iter()
-        .map(|p| match p {
-            ListParam::Text(t) => t as &dyn ToSql,
-            ListParam::Int(n) => n as &dyn ToSql,
-        })
-        .collect();
     let mut st = conn.prepare_cached(&text)?;
-    bind_numbered(&mut st, &args)?;
+    bind_each(&mut st, &params)?;
     let mut rows = st.raw_query();
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {

@@ -1,0 +1,129 @@
+//! The command line as clap parses it (SPEC §1): every command, its
+//! arguments and their environment variables.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::telemetry::LogFormat;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "idemgate",
+    version,
+    about = "Webhook-deduplication reverse proxy: claim before forwarding, replay duplicates, settle from the upstream's outcome."
+)]
+pub struct Cli {
+    /// Log format (level from RUST_LOG).
+    #[arg(long, global = true, env = "IDEMGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the proxy and the admin listener (migrates the store first).
+    Serve(ServeArgs),
+    /// Validate a config and print one line per route.
+    Check(ConfigArg),
+    /// Apply pending migrations to a store.
+    Migrate(StoreArg),
+    /// Inspect and release records.
+    #[command(subcommand)]
+    Events(EventsCommand),
+    /// Delete records past their retention once, in batches; prints how many.
+    Sweep(SweepArgs),
+    /// Self-contained demonstration on loopback ports with a temporary SQLite store.
+    Demo,
+}
+
+#[derive(Args, Debug)]
+pub struct ConfigArg {
+    /// The YAML config file.
+    #[arg(long, env = "IDEMGATE_CONFIG")]
+    pub config: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Do not apply pending migrations at start.
+    #[arg(long)]
+    pub no_migrate: bool,
+    /// Take the listening sockets over from the running `serve` that shares
+    /// `upgrade_sock` (send that one SIGQUIT); see the README's "Reloading".
+    #[arg(long)]
+    pub upgrade: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StoreArg {
+    /// sqlite://PATH or postgres://USER:PASS@HOST:PORT/DB
+    #[arg(long, env = "IDEMGATE_STORE_URL")]
+    pub store: String,
+}
+
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// Records deleted per statement.
+    #[arg(long, default_value_t = 1000)]
+    pub batch_size: i64,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EventsCommand {
+    /// List records, newest first.
+    List(ListArgs),
+    /// Show one record, every field (exit 3 when absent).
+    Show(ShowArgs),
+    /// Make a processing or failed record reclaimable (delivered needs --force).
+    Release(ReleaseArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[arg(long)]
+    pub route: Option<String>,
+    /// processing | delivered | failed
+    #[arg(long)]
+    pub state: Option<String>,
+    #[arg(long, default_value_t = 100)]
+    pub limit: i64,
+    /// One JSON array of records.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One record: the store, its route and its event ID.
+#[derive(Args, Debug)]
+pub struct RecordArg {
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[arg(long)]
+    pub route: String,
+    pub event_id: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    pub record: RecordArg,
+    /// One JSON object with the record's fields.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub record: RecordArg,
+    /// Also release a delivered record (a deliberate manual redelivery).
+    #[arg(long)]
+    pub force: bool,
+}

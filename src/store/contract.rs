@@ -1,0 +1,330 @@
+//! The store's contract with the rest of idemgate: the [`ClaimStore`]
+//! trait, the requests it takes and the outcomes it answers, its records
+//! and its errors. Both backends and the bounds wrapper build on it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
+
+/// A store error: the proxy fails closed on it (503) unless told otherwise.
+/// A driver's error is kept as the [`source`](std::error::Error::source),
+/// never flattened into text.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL names no backend (shown redacted).
+    #[error("unsupported store URL (expected sqlite://PATH or postgres://…): {0}")]
+    UnsupportedUrl(String),
+    /// What the store found itself: a time limit passed, a writer stopped.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store unavailable: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL's driver.
+    #[error("store unavailable: {0}")]
+    Sqlx(#[from] sqlx::Error),
+    /// A file beside the database: its directory, the change counter.
+    #[error("store unavailable: {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// One failure answered to every operation of a batch: each waiter
+    /// gets its own error, sharing the one cause (and its source).
+    #[error(transparent)]
+    Batch(Arc<StoreError>),
+    #[error("store migration failed: {0}")]
+    Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("store returned an unexpected value: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    /// A file operation on `what` failed.
+    pub(crate) fn io(what: impl fmt::Display, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            what: what.to_string(),
+            source,
+        }
+    }
+}
+
+/// A record's state as the stores write it.
+pub(crate) fn state_of(text: &str) -> Result<State, StoreError> {
+    State::parse(text).ok_or_else(|| StoreError::Corrupt(format!("state {text:?}")))
+}
+
+/// A delivery asking for the claim on its event ID.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    pub route: &'a str,
+    pub event_id: &'a str,
+    /// Hex sha256 of the payload (raw or canonical).
+    pub digest: &'a str,
+    pub now: Millis,
+    pub lease_ms: Millis,
+    pub retention_ms: Millis,
+}
+
+/// An operator's release of one record (`events release`, the API).
+#[derive(Debug, Clone, Copy)]
+pub struct ReleaseRequest<'a> {
+    pub route: &'a str,
+    pub event_id: &'a str,
+    /// A `delivered` record too.
+    pub force: bool,
+    pub now: Millis,
+}
+
+/// The recorded answer replayed to duplicates of a delivered event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Recorded {
+    pub status: Option<u16>,
+    /// With `replay_body`: the settled response's content type and body.
+    pub content_type: Option<String>,
+    pub body: Option<Vec<u8>>,
+}
+
+/// The store's answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// This delivery owns the event now, as attempt number `attempt`.
+    Claimed {
+        attempt: i64,
+        kind: ClaimKind,
+        lease_until: Millis,
+    },
+    /// Somebody else decided it already: the record refuses this claim.
+    Existing {
+        decision: Refusal,
+        recorded: Recorded,
+    },
+}
+
+/// How an attempt is settled.
+#[derive(Debug, Clone)]
+pub struct SettleRequest<'a> {
+    pub route: &'a str,
+    pub event_id: &'a str,
+    pub attempt: i64,
+    pub now: Millis,
+    pub retention_ms: Millis,
+    pub outcome: SettleOutcome<'a>,
+}
+
+#[derive(Debug, Clone)]
+pub enum SettleOutcome<'a> {
+    /// A status in `settle_on`: close the claim as delivered (final).
+    Delivered {
+        status: u16,
+        content_type: Option<&'a str>,
+        body: Option<&'a [u8]>,
+    },
+    /// Anything else: release the claim, fenced by the attempt number.
+    Failed {
+        status: Option<u16>,
+        error: Option<&'a str>,
+    },
+}
+
+/// One record, every field (SPEC §3). The replay body is never printed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Record {
+    pub route: String,
+    pub event_id: String,
+    pub body_sha256: String,
+    #[serde(serialize_with = "state_text")]
+    pub state: State,
+    pub attempts: i64,
+    pub lease_until: Option<Millis>,
+    pub last_status: Option<i64>,
+    pub last_error: Option<String>,
+    pub first_seen_at: Millis,
+    pub updated_at: Millis,
+    pub delivered_at: Option<Millis>,
+    pub expires_at: Millis,
+    pub replay_status: Option<i64>,
+    pub replay_content_type: Option<String>,
+    pub replay_body_bytes: Option<i64>,
+}
+
+fn state_text<S: serde::Serializer>(state: &State, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(state.as_str())
+}
+
+/// Filter of `events list` and `GET /api/events`.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub route: Option<String>,
+    pub state: Option<State>,
+    pub limit: i64,
+    /// Only event IDs that start with this text (compared byte for byte:
+    /// `%` and `_` are plain characters).
+    pub id_prefix: Option<String>,
+    /// Only `processing` records whose lease had ended by this time: claims
+    /// whose attempt died or hangs.
+    pub lease_ended_by: Option<Millis>,
+    /// Only records after this one in the list's order (a page's last).
+    pub after: Option<ListKey>,
+}
+
+/// A record's place in the list's order (newest first, then route, then event
+/// ID). Records only ever join the list at its top (`first_seen_at` never
+/// changes), so the records after a key stay the same while others arrive:
+/// a page that starts after the previous page's last record neither repeats
+/// nor skips one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListKey {
+    pub first_seen_at: Millis,
+    pub route: String,
+    pub event_id: String,
+}
+
+impl Record {
+    /// This record's place in the list's order.
+    pub fn list_key(&self) -> ListKey {
+        ListKey {
+            first_seen_at: self.first_seen_at,
+            route: self.route.clone(),
+            event_id: self.event_id.clone(),
+        }
+    }
+}
+
+/// What an operator's release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    Released {
+        previous: State,
+    },
+    NotFound,
+    /// The record is delivered and `--force` was not given.
+    RefusedDelivered,
+}
+
+#[async_trait]
+pub trait ClaimStore: Send + Sync {
+    /// Applies pending migrations.
+    async fn migrate(&self) -> Result<(), StoreError>;
+    /// One cheap round trip: `/readyz`.
+    async fn ping(&self) -> Result<(), StoreError>;
+    /// Claims the event atomically, or says why not. An error means the
+    /// claim did not commit, or (said in the error) that the store could not
+    /// learn whether it did; a claim not yet run when the store's own time
+    /// limit passes is not run at all (SPEC §6).
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
+    /// Closes or releases an attempt's claim; errors as for `claim`.
+    async fn settle(&self, req: &SettleRequest<'_>) -> Result<SettleResult, StoreError>;
+    /// Like `settle`, not run at all unless it is under way within `limit`
+    /// (then its result is waited for). Dropping the future before it
+    /// answers has the same effect; cutting it off with a timeout from
+    /// outside instead would lose the result of a settle under way.
+    async fn settle_within(
+        &self,
+        req: &SettleRequest<'_>,
+        limit: Duration,
+    ) -> Result<SettleResult, StoreError>;
+    /// The claim's answer from a plain read, when the record alone decides it
+    /// (delivered: replay; other digest: mismatch; live lease: in flight);
+    /// `None` when the claim statement must run. Never writes, so duplicates
+    /// of settled events do not queue behind claims.
+    async fn peek(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError>;
+    async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError>;
+    /// Newest first (then by route and event ID), at most `filter.limit`.
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError>;
+    /// Operator release: `processing`/`failed` (or, forced, `delivered`) to `failed` with no lease.
+    async fn release(&self, req: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, StoreError>;
+    /// Deletes at most `limit` expired records (never a live lease); returns how many.
+    async fn sweep_batch(&self, now: Millis, limit: i64) -> Result<u64, StoreError>;
+    /// Per route, the `updated_at` of the oldest `processing` record.
+    async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError>;
+    /// Closes the pool (flushes the SQLite WAL).
+    async fn close(&self);
+}
+
+/// Builds a [`ClaimOutcome::Existing`] from a record read back after a refused
+/// claim, using the same `decide` rules as the SQL. `None` means the record
+/// became claimable in between: try the claim again.
+pub(crate) fn existing_outcome(
+    state: State,
+    lease_until: Option<Millis>,
+    same_digest: bool,
+    now: Millis,
+    recorded: Recorded,
+) -> Result<Option<ClaimOutcome>, StoreError> {
+    let decision = crate::claim::decide(
+        Some(crate::claim::Existing {
+            state,
+            lease_until,
+            same_digest,
+        }),
+        now,
+    );
+    Ok(match decision {
+        Decision::Claim(_) => None,
+        Decision::Refuse(refusal) => Some(ClaimOutcome::Existing {
+            decision: refusal,
+            recorded,
+        }),
+    })
+}
+
+pub(crate) fn claim_kind_from_previous(prev: Option<&str>) -> ClaimKind {
+    match prev {
+        None => ClaimKind::New,
+        Some("failed") => ClaimKind::RetryFailed,
+        Some(_) => ClaimKind::RetryExpired,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// A driver's error stays reachable through `source()`, through a
+    /// batch's shared error too, and prints as it did.
+    #[test]
+    fn errors_keep_their_sources() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let driver = conn.execute_batch("SELECT FROM nowhere").unwrap_err();
+        let text = driver.to_string();
+        let e = StoreError::from(driver);
+        assert_eq!(e.to_string(), format!("store unavailable: {text}"));
+        let source = e.source().expect("a source");
+        assert!(
+            source.downcast_ref::<rusqlite::Error>().is_some(),
+            "{source:?}"
+        );
+
+        let shared = StoreError::Batch(Arc::new(e));
+        assert_eq!(shared.to_string(), format!("store unavailable: {text}"));
+        let source = shared.source().expect("the shared cause's source");
+        assert!(
+            source.downcast_ref::<rusqlite::Error>().is_some(),
+            "{source:?}"
+        );
+
+        let pool = StoreError::from(sqlx::Error::PoolTimedOut);
+        assert!(pool
+            .source()
+            .unwrap()
+            .downcast_ref::<sqlx::Error>()
+            .is_some());
+        let io = StoreError::io("/x", std::io::Error::other("gone"));
+        assert_eq!(io.to_string(), "store unavailable: /x: gone");
+        assert!(io
+            .source()
+            .unwrap()
+            .downcast_ref::<std::io::Error>()
+            .is_some());
+        let plain = StoreError::Unavailable("no answer within 1s".into());
+        assert!(plain.source().is_none());
+    }
+}
