@@ -185,11 +185,18 @@ fn main() {
     if s.attack > 0 {
         under_attack(&s, &w, &mut rep, &mut serial, top);
     }
+    let section = |rep, serial| scale::Section {
+        s: &s,
+        w: &w,
+        logs: &logs,
+        rep,
+        serial,
+    };
     if !s.scale.preload.is_empty() {
-        scale::store_sizes(&s, &w, &logs, &mut rep, &mut serial);
+        scale::store_sizes(section(&mut rep, &mut serial));
     }
     if s.scale.steady > 0 {
-        scale::steady(&s, &w, &logs, &mut rep, &mut serial);
+        scale::steady(section(&mut rep, &mut serial));
     }
 
     final_report(&mut rep, &s, &runs, &w, &logs);

@@ -321,35 +321,6 @@ impl Builder {
 mod tests {
     use super::*;
 
-    fn block_maps(depth: usize) -> String {
-        (0..depth)
-            .map(|i| format!("{}k{i}:\n", " ".repeat(i)))
-            .collect()
-    }
-
-    #[test]
-    fn nesting_up_to_the_limit_is_indexed() {
-        let doc = Doc::parse(&block_maps(MAX_DEPTH)).unwrap();
-        let deepest = (0..MAX_DEPTH - 1)
-            .map(|i| format!("k{i}"))
-            .collect::<Vec<_>>()
-            .join(".");
-        let line = MAX_DEPTH - 1;
-        assert_eq!(doc.key_pos(&deepest), Pos { line, col: line });
-    }
-
-    #[test]
-    fn nesting_past_the_limit_is_refused_where_it_starts() {
-        // The mapping at depth MAX_DEPTH + 1 starts at its first key.
-        let err = Doc::parse(&block_maps(MAX_DEPTH + 1)).unwrap_err();
-        let line = MAX_DEPTH + 1;
-        assert_eq!(err.pos, Pos { line, col: line });
-        assert!(err.message.contains("nested too deeply"), "{err:?}");
-        let flow = format!("routes: {}{}", "[".repeat(200), "]".repeat(200));
-        let col = "routes: ".len() + MAX_DEPTH;
-        assert_eq!(Doc::parse(&flow).unwrap_err().pos, Pos { line: 1, col });
-    }
-
     #[test]
     fn paths_find_keys_values_and_their_nearest_ancestor() {
         let doc = Doc::parse("a:\n  - x: 1\n    y: [2, 3]\nb: 4\n").unwrap();

@@ -394,15 +394,21 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
     )
 }
 
+/// What a scale section runs with: the settings, the running world, the
+/// log directory, the report it writes to and the run counter.
+pub(crate) struct Section<'a> {
+    pub s: &'a crate::settings::Settings,
+    pub w: &'a World,
+    pub logs: &'a Path,
+    pub rep: &'a mut Report,
+    pub serial: &'a mut usize,
+}
+
 /// `LOAD_PRELOAD`: (r) and (p) against the empty store and the preloaded
 /// ones, interleaved in rounds; ratios to the empty store of the same round.
-pub(super) fn store_sizes(
-    s: &crate::settings::Settings,
-    w: &World,
-    logs: &Path,
-    rep: &mut Report,
-    serial: &mut usize,
-) {
+pub(super) fn store_sizes(section: Section<'_>) {
+    let (s, w, logs) = (section.s, section.w, section.logs);
+    let (rep, serial) = (section.rep, section.serial);
     let sc = &s.scale;
     rep.line("");
     rep.line(format!(

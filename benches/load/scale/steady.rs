@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use super::{
-    fresh_store, gib, median, now_ms, opt, start_on, world_with, Extra, Report, Sized, Store,
+    fresh_store, gib, median, now_ms, opt, start_on, world_with, Extra, Report, Section, Sized,
+    Store,
 };
 use crate::runs::{run_wrk, World};
 use crate::wrk::{parse_wrk, Pace};
@@ -77,13 +78,9 @@ fn new_lines_saying(log: &Path, offset: &mut u64, needle: &str) -> usize {
         .count()
 }
 
-pub(crate) fn steady(
-    s: &crate::settings::Settings,
-    w: &World,
-    logs: &Path,
-    rep: &mut Report,
-    serial: &mut usize,
-) {
+pub(crate) fn steady(section: Section<'_>) {
+    let (s, w, logs) = (section.s, section.w, section.logs);
+    let (rep, serial) = (section.rep, section.serial);
     let sc = &s.scale;
     for &store in &sc.steady_stores {
         let st = match fresh_store(s, w, store, "steady") {

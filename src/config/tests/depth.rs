@@ -1,8 +1,9 @@
 //! The whole loader against documents built to exhaust it: deep nesting
 //! and long keys are refused with a message, on a small stack, in bounded
-//! time (the parser's own limits are tested in `yaml.rs`).
+//! time; the parser's own depth limit, where it is reported.
 
 use crate::config::load_str;
+use crate::config::yaml::{Doc, Pos, MAX_DEPTH};
 
 /// Runs `load_str` on a 2 MiB stack; the message of its first error.
 fn refuse_on_small_stack(text: String) -> String {
@@ -50,4 +51,27 @@ fn a_long_key_over_many_descendants_stays_within_budget() {
     }
     let msg = refuse_on_small_stack(text);
     assert!(msg.contains("unknown field"), "{}", &msg[..200]);
+}
+
+#[test]
+fn nesting_up_to_the_limit_is_indexed() {
+    let doc = Doc::parse(&block_maps(MAX_DEPTH)).unwrap();
+    let deepest = (0..MAX_DEPTH - 1)
+        .map(|i| format!("k{i}"))
+        .collect::<Vec<_>>()
+        .join(".");
+    let line = MAX_DEPTH - 1;
+    assert_eq!(doc.key_pos(&deepest), Pos { line, col: line });
+}
+
+#[test]
+fn nesting_past_the_limit_is_refused_where_it_starts() {
+    // The mapping at depth MAX_DEPTH + 1 starts at its first key.
+    let err = Doc::parse(&block_maps(MAX_DEPTH + 1)).unwrap_err();
+    let line = MAX_DEPTH + 1;
+    assert_eq!(err.pos, Pos { line, col: line });
+    assert!(err.message.contains("nested too deeply"), "{err:?}");
+    let flow = format!("routes: {}{}", "[".repeat(200), "]".repeat(200));
+    let col = "routes: ".len() + MAX_DEPTH;
+    assert_eq!(Doc::parse(&flow).unwrap_err().pos, Pos { line: 1, col });
 }

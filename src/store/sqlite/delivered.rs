@@ -252,6 +252,11 @@ mod tests {
         })
     }
 
+    /// Whether the cache answers for `route`/`id` with digest `d`.
+    fn holds(cache: &DeliveredCache, route: &str, id: &str) -> bool {
+        cache.answer(route, id, "d", now()).is_some()
+    }
+
     #[test]
     fn a_delivered_record_answers_replay_or_mismatch() {
         let cache = DeliveredCache::new(counter("answers"));
@@ -274,14 +279,8 @@ mod tests {
             decision(cache.answer("r", "e1", "other", now())),
             Some(Refusal::Mismatch)
         );
-        assert!(
-            cache.answer("r", "e2", "d", now()).is_none(),
-            "another event"
-        );
-        assert!(
-            cache.answer("s", "e1", "d", now()).is_none(),
-            "another route"
-        );
+        assert!(!holds(&cache, "r", "e2"), "another event");
+        assert!(!holds(&cache, "s", "e1"), "another route");
     }
 
     #[test]
@@ -345,14 +344,8 @@ mod tests {
         let bytes: usize = cache.shards.iter().map(|s| s.lock().unwrap().bytes).sum();
         assert!(bytes <= (16 * 16) << 10, "{bytes}");
         assert!(cache.len() > 100, "{}", cache.len());
-        assert!(
-            cache.answer("r", "e1999", "d", now()).is_some(),
-            "the newest stays"
-        );
-        assert!(
-            cache.answer("r", "e0", "d", now()).is_none(),
-            "the oldest went"
-        );
+        assert!(holds(&cache, "r", "e1999"), "the newest stays");
+        assert!(!holds(&cache, "r", "e0"), "the oldest went");
         // too large for a shard: not kept at all
         cache.fill("r", "big", &delivered("d", 8 << 10), tag);
         assert!(cache.answer("r", "big", "d", now()).is_none());
