@@ -14,8 +14,10 @@
 //!   directory (`CARGO_BUILD_BUILD_DIR`, cargo ≥ 1.91), where the dependencies
 //!   are compiled already: only idemgate itself compiles again.
 //!
-//! A second test process building at the same time waits on cargo's lock
-//! and then finds the build fresh.
+//! Both builds run with the environment the user's cargo had, not the one
+//! cargo gave this test process, so neither makes a dependency dirty. A
+//! second test process building at the same time waits on cargo's lock and
+//! then finds the build fresh.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -69,8 +71,18 @@ fn cargo_build(extra: &[&str], target_dir: &Path, build_dir: Option<&Path>, prof
         .args(["build", "--bin", "idemgate"])
         .args(extra)
         .args(["--profile", profile, "--target-dir"])
-        .arg(target_dir)
-        .env_remove("CARGO_TARGET_DIR");
+        .arg(target_dir);
+    // The variables cargo set for this test process (CARGO_PKG_NAME,
+    // CARGO_MANIFEST_DIR, …) are not the user's: build scripts that watch
+    // them (ring's `rerun-if-env-changed=CARGO_PKG_NAME`) would run again,
+    // and every crate above them would compile anew, in this build and in
+    // the user's next `cargo build`.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if (name.starts_with("CARGO_") && name != "CARGO_HOME") || name == "OUT_DIR" {
+            cargo.env_remove(&*name);
+        }
+    }
     if let Some(dir) = build_dir {
         cargo.env("CARGO_BUILD_BUILD_DIR", dir);
     }
