@@ -77,9 +77,23 @@ fn cargo_build(extra: &[&str], target_dir: &Path, build_dir: Option<&Path>, prof
     // them (ring's `rerun-if-env-changed=CARGO_PKG_NAME`) would run again,
     // and every crate above them would compile anew, in this build and in
     // the user's next `cargo build`.
+    const SET_BY_CARGO: [&str; 4] = [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_BIN_",
+        "CARGO_CRATE_",
+    ];
+    const SET_BY_CARGO_EXACT: [&str; 5] = [
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_DIR",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
     for (name, _) in std::env::vars_os() {
         let name = name.to_string_lossy();
-        if (name.starts_with("CARGO_") && name != "CARGO_HOME") || name == "OUT_DIR" {
+        if SET_BY_CARGO.iter().any(|p| name.starts_with(p)) || SET_BY_CARGO_EXACT.contains(&&*name)
+        {
             cargo.env_remove(&*name);
         }
     }
