@@ -56,7 +56,7 @@ impl Delivery<'_> {
         let key = cfg
             .idempotency_key_header
             .as_ref()
-            .map(|h| (h, self.event_id()));
+            .map(|h| (h, self.event_id.as_str()));
         let req = steps::upstream_request(session, self.route, body.len(), key)?;
         crate::failpoint::hit("after_claim");
         let mut answered = match steps::exchange(self.shared, self.route, req, body).await {
@@ -99,7 +99,7 @@ impl Delivery<'_> {
     /// released, the sender gets 502 or 504.
     async fn upstream_failed(&self, failure: UpstreamFailure) -> Stop {
         let route = self.route;
-        let refused = Refused::upstream_failed(&failure, Some(self.event_id()));
+        let refused = Refused::upstream_failed(&failure, Some(self.event_id.as_str()));
         let error = match failure {
             UpstreamFailure::Connect(e) => e,
             UpstreamFailure::Timeout => format!(
@@ -110,7 +110,7 @@ impl Delivery<'_> {
         // where and why go to the log and the record, not to the sender
         tracing::warn!(
             route = route.name(),
-            event_id = self.event_id(),
+            event_id = self.event_id.as_str(),
             attempt = self.attempt.unwrap_or(0),
             upstream = %route.cfg.upstream.original,
             error = %error,
@@ -146,7 +146,7 @@ impl Delivery<'_> {
         if !whole {
             tracing::info!(
                 route = self.route.name(),
-                event_id = self.event_id(),
+                event_id = self.event_id.as_str(),
                 limit = cfg.replay_body_limit,
                 "response body over replay_body_limit: not stored"
             );

@@ -8,13 +8,13 @@ use crate::proxy::shared::Shared;
 
 /// A guarded request with its event ID, from the claim to the settle.
 pub struct Delivery<'a> {
-    pub shared: &'a Shared,
-    pub route: &'a RouteRt,
-    pub event_id: String,
+    pub(super) shared: &'a Shared,
+    pub(super) route: &'a RouteRt,
+    pub(super) event_id: String,
     /// The body's digest, hex: what a duplicate must match.
-    pub digest: String,
+    pub(super) digest: String,
     /// Set once this delivery holds the claim.
-    pub attempt: Option<i64>,
+    pub(super) attempt: Option<i64>,
 }
 
 impl<'a> Delivery<'a> {
@@ -26,13 +26,5 @@ impl<'a> Delivery<'a> {
             digest,
             attempt: None,
         }
-    }
-
-    pub fn event_id(&self) -> &str {
-        &self.event_id
-    }
-
-    pub fn attempt(&self) -> Option<i64> {
-        self.attempt
     }
 }

@@ -52,8 +52,8 @@ pub async fn run(shared: &Shared, session: &mut Session, route: &RouteRt) -> Han
     };
     let log = LogLine {
         started,
-        event_id: delivery.as_ref().map(|d| d.event_id()),
-        attempt: delivery.as_ref().and_then(|d| d.attempt()),
+        event_id: delivery.as_ref().map(|d| d.event_id.as_str()),
+        attempt: delivery.as_ref().and_then(|d| d.attempt),
     };
     exit::answer(shared, session, route, ending, Some(log)).await
 }
