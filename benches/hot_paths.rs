@@ -165,7 +165,7 @@ fn claim_steps(c: &mut Criterion) {
     let mut g = c.benchmark_group("claim");
     for (name, input) in inputs {
         g.bench_with_input(BenchmarkId::new("decide", name), &input, |b, i| {
-            b.iter(|| decide(black_box(*i), black_box(now)))
+            b.iter(|| decide(black_box(*i), black_box(now), false))
         });
     }
     let cur = Some(Current {
@@ -201,6 +201,8 @@ fn claim_req<'a>(id: &'a str, digest: &'a str, now: i64) -> ClaimRequest<'a> {
         now,
         lease_ms: 30_000,
         retention_ms: 86_400_000,
+        hold: false,
+        instance: "test",
     }
 }
 
@@ -228,6 +230,9 @@ async fn claim_and_settle(store: &dyn ClaimStore, digest: &str) {
                 content_type: None,
                 body: None,
             },
+            started_at: 0,
+            instance: "test",
+            attempt_error: None,
         })
         .await
         .expect("settle");

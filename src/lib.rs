@@ -37,6 +37,7 @@ mod failpoint;
 pub mod listener;
 pub mod metrics;
 pub mod path;
+pub mod paused;
 pub mod problem;
 pub mod proxy;
 pub mod server;

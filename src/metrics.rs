@@ -28,6 +28,10 @@ pub enum Outcome {
     Unguarded,
     /// The path has no normal form (SPEC §4, "Paths"): no route was chosen.
     InvalidPath,
+    /// The event's record is `ambiguous` (SPEC §12).
+    OutcomeUnknown,
+    /// The route is paused (SPEC §14).
+    Paused,
     /// Stays last: [`RequestCounters`] has one slot per outcome up to it.
     NoRoute,
 }
@@ -47,6 +51,8 @@ impl Outcome {
             Outcome::StoreUnavailable => "store_unavailable",
             Outcome::Unguarded => "unguarded",
             Outcome::InvalidPath => "invalid_path",
+            Outcome::OutcomeUnknown => "outcome_unknown",
+            Outcome::Paused => "paused",
             Outcome::NoRoute => "no_route",
         }
     }
@@ -116,6 +122,26 @@ pub struct Metrics {
     /// Requests sent once more after a kept upstream connection failed
     /// before answering (SPEC §4, "Hop-by-hop").
     upstream_retries: IntCounterVec,
+    /// Records waiting for an operator's decision (SPEC §12), per route.
+    ambiguous_records: GaugeVec,
+    /// 1 while a route is paused (SPEC §14).
+    route_paused: GaugeVec,
+}
+
+/// `idemgate_ambiguous_records` and `idemgate_route_paused` (SPEC §12, §14).
+fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
+    let ambiguous = r.gauges(
+        "idemgate_ambiguous_records",
+        "Records whose outcome idemgate cannot know, waiting for an operator's decision, per \
+         route (counted at most every 30 s).",
+        &["route"],
+    );
+    let paused = r.gauges(
+        "idemgate_route_paused",
+        "1 while the route is paused: nothing is forwarded, delivered events are still replayed.",
+        &["route"],
+    );
+    (ambiguous, paused)
 }
 
 /// Outcomes there are, for [`RequestCounters`].
@@ -143,6 +169,7 @@ impl Metrics {
             &["operation"],
             DURATION_BUCKETS,
         );
+        let (ambiguous_records, route_paused) = route_state_gauges(&r);
         let m = Metrics {
             requests: r.counters(
                 "idemgate_requests_total",
@@ -161,7 +188,7 @@ impl Metrics {
             ),
             settles: r.counters(
                 "idemgate_settles_total",
-                "Claims settled: delivered, released, stale (a newer attempt owns it), error.",
+                "Claims settled: delivered, released, ambiguous (held for an operator), stale (a newer attempt owns it), error.",
                 &["route", "result"],
             ),
             upstream_duration: r.histograms(
@@ -203,16 +230,24 @@ impl Metrics {
                 "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
                 &["route"],
             ),
+            ambiguous_records,
+            route_paused,
             registry: registry.clone(),
         };
         process_metrics(&r);
+        m.init_connection_series();
+        m
+    }
+
+    /// The connection series exist from the start, at zero.
+    fn init_connection_series(&self) {
         for state in ["active", "idle", "reading"] {
-            m.connections.with_label_values(&[state]);
+            self.connections.with_label_values(&[state]);
         }
         for reason in CloseReason::ALL {
-            m.connections_closed.with_label_values(&[reason.as_str()]);
+            self.connections_closed
+                .with_label_values(&[reason.as_str()]);
         }
-        m
     }
 
     /// Counts a connection idemgate closed for `reason`.
@@ -236,6 +271,8 @@ impl Metrics {
             self.processing_oldest_age
                 .with_label_values(&[route])
                 .set(0.0);
+            self.ambiguous_records.with_label_values(&[route]);
+            self.route_paused.with_label_values(&[route]);
         }
         for op in ["claim", "settle", "lookup", "sweep"] {
             self.store_duration.with_label_values(&[op]);
@@ -301,6 +338,20 @@ impl Metrics {
         self.processing_oldest_age
             .with_label_values(&[route])
             .set(age_secs);
+    }
+
+    /// How many of `route`'s records are `ambiguous`.
+    pub fn ambiguous(&self, route: &str, count: i64) {
+        self.ambiguous_records
+            .with_label_values(&[route])
+            .set(count as f64);
+    }
+
+    /// Whether `route` is paused.
+    pub fn paused(&self, route: &str, paused: bool) {
+        self.route_paused
+            .with_label_values(&[route])
+            .set(if paused { 1.0 } else { 0.0 });
     }
 
     /// `idemgate_connections{state}`, resolved once by the connection table.
@@ -455,6 +506,8 @@ mod tests {
             Outcome::StoreUnavailable,
             Outcome::Unguarded,
             Outcome::InvalidPath,
+            Outcome::OutcomeUnknown,
+            Outcome::Paused,
             Outcome::NoRoute,
         ];
         assert_eq!(all.len(), OUTCOMES);

@@ -23,12 +23,16 @@ pub enum ProblemKind {
     InvalidPath,
     /// Not in SPEC §4 (proposed): a header section over idemgate's limit.
     HeadersTooLarge,
+    /// The event's record is `ambiguous` (SPEC §12): held for an operator.
+    OutcomeUnknown,
+    /// The route is paused (SPEC §14): nothing is forwarded.
+    RoutePaused,
 }
 
 impl ProblemKind {
     pub fn status(self) -> u16 {
         match self {
-            ProblemKind::InFlight => 409,
+            ProblemKind::InFlight | ProblemKind::OutcomeUnknown => 409,
             ProblemKind::DigestMismatch => 422,
             ProblemKind::MissingEventId
             | ProblemKind::InvalidEventId
@@ -37,7 +41,7 @@ impl ProblemKind {
             ProblemKind::BodyTimeout => 408,
             ProblemKind::BodyTooLarge => 413,
             ProblemKind::InvalidSignature => 401,
-            ProblemKind::StoreUnavailable => 503,
+            ProblemKind::StoreUnavailable | ProblemKind::RoutePaused => 503,
             ProblemKind::UpstreamUnreachable => 502,
             ProblemKind::UpstreamTimeout => 504,
             ProblemKind::NoRoute => 404,
@@ -61,6 +65,8 @@ impl ProblemKind {
             ProblemKind::NoRoute => "no-route",
             ProblemKind::InvalidPath => "invalid-path",
             ProblemKind::HeadersTooLarge => "headers-too-large",
+            ProblemKind::OutcomeUnknown => "outcome-unknown",
+            ProblemKind::RoutePaused => "route-paused",
         }
     }
 
@@ -80,6 +86,8 @@ impl ProblemKind {
             ProblemKind::NoRoute => "No route",
             ProblemKind::InvalidPath => "Invalid request path",
             ProblemKind::HeadersTooLarge => "Request header fields too large",
+            ProblemKind::OutcomeUnknown => "Event outcome unknown",
+            ProblemKind::RoutePaused => "Route paused",
         }
     }
 
@@ -100,6 +108,8 @@ impl ProblemKind {
             ProblemKind::InvalidPath => Outcome::InvalidPath,
             // the closest of SPEC §5's fixed outcome labels
             ProblemKind::HeadersTooLarge => Outcome::InvalidBody,
+            ProblemKind::OutcomeUnknown => Outcome::OutcomeUnknown,
+            ProblemKind::RoutePaused => Outcome::Paused,
         }
     }
 }

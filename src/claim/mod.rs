@@ -33,16 +33,25 @@ pub enum State {
     Delivered,
     /// The last attempt failed or was released: the next delivery reclaims it.
     Failed,
+    /// The consumer may have acted and no answer was learned, on a route
+    /// with `on_ambiguous: hold`: held for an operator (SPEC §12).
+    Ambiguous,
 }
 
 impl State {
-    pub const ALL: [State; 3] = [State::Processing, State::Delivered, State::Failed];
+    pub const ALL: [State; 4] = [
+        State::Processing,
+        State::Delivered,
+        State::Failed,
+        State::Ambiguous,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             State::Processing => "processing",
             State::Delivered => "delivered",
             State::Failed => "failed",
+            State::Ambiguous => "ambiguous",
         }
     }
 
@@ -51,6 +60,7 @@ impl State {
             "processing" => Some(State::Processing),
             "delivered" => Some(State::Delivered),
             "failed" => Some(State::Failed),
+            "ambiguous" => Some(State::Ambiguous),
             _ => None,
         }
     }
@@ -97,6 +107,10 @@ pub enum Decision {
     Claim(ClaimKind),
     /// An existing record stands; the delivery does not claim.
     Refuse(Refusal),
+    /// Under `on_ambiguous: hold`, a `processing` record whose lease ended:
+    /// its attempt's outcome is unknown. The record turns `ambiguous` and
+    /// the delivery is answered as [`Refusal::OutcomeUnknown`].
+    Hold,
 }
 
 /// Why an existing record refuses a delivery its claim: what a store
@@ -110,11 +124,14 @@ pub enum Refusal {
     InFlight { retry_after_ms: Millis },
     /// The event ID was already used with another payload.
     Mismatch,
+    /// The record is `ambiguous`: nothing is sent until an operator decides.
+    OutcomeUnknown,
 }
 
 /// The claim table of SPEC §3. A digest mismatch wins in every state; a lease
-/// that ends exactly at `now` is expired.
-pub fn decide(existing: Option<Existing>, now: Millis) -> Decision {
+/// that ends exactly at `now` is expired. `hold`: the route's
+/// `on_ambiguous` is `hold` (an expired lease is not reclaimed).
+pub fn decide(existing: Option<Existing>, now: Millis, hold: bool) -> Decision {
     let Some(rec) = existing else {
         return Decision::Claim(ClaimKind::New);
     };
@@ -124,10 +141,12 @@ pub fn decide(existing: Option<Existing>, now: Millis) -> Decision {
     match rec.state {
         State::Delivered => Decision::Refuse(Refusal::Replay),
         State::Failed => Decision::Claim(ClaimKind::RetryFailed),
+        State::Ambiguous => Decision::Refuse(Refusal::OutcomeUnknown),
         State::Processing => match rec.lease_until {
             Some(until) if until > now => Decision::Refuse(Refusal::InFlight {
                 retry_after_ms: until - now,
             }),
+            _ if hold => Decision::Hold,
             _ => Decision::Claim(ClaimKind::RetryExpired),
         },
     }
@@ -146,6 +165,9 @@ pub enum AttemptEnd {
     Settled,
     /// Any other status, a connect error or a timeout.
     Failed,
+    /// The consumer may have acted and no answer came (SPEC §12), on a
+    /// route with `on_ambiguous: hold`.
+    Ambiguous,
 }
 
 /// The facts about the current record that `settle` needs.
@@ -161,6 +183,8 @@ pub struct Current {
 pub enum SettleResult {
     Delivered,
     Released,
+    /// Held for an operator: the record is `ambiguous` now.
+    Ambiguous,
     /// Nothing changed: the record moved on (delivered already, or a newer
     /// attempt owns it, or it is gone).
     Stale,
@@ -171,25 +195,28 @@ impl SettleResult {
         match self {
             SettleResult::Delivered => "delivered",
             SettleResult::Released => "released",
+            SettleResult::Ambiguous => "ambiguous",
             SettleResult::Stale => "stale",
         }
     }
 }
 
 /// The settle rules of SPEC §3: delivered is final and may come from any
-/// attempt; a release is fenced by the attempt number and only undoes a live
-/// `processing` claim of that very attempt.
+/// attempt (an answer that arrives after the record was held as ambiguous
+/// is the knowledge the hold waited for); a release or a hold is fenced by
+/// the attempt number and only ends a live `processing` claim of that very
+/// attempt.
 pub fn settle(current: Option<Current>, attempt: i64, end: AttemptEnd) -> SettleResult {
     let Some(cur) = current else {
         return SettleResult::Stale;
     };
-    match (end, cur.state) {
-        (AttemptEnd::Settled, State::Delivered) => SettleResult::Stale,
-        (AttemptEnd::Settled, State::Processing | State::Failed) => SettleResult::Delivered,
-        (AttemptEnd::Failed, State::Processing) if cur.attempts == attempt => {
-            SettleResult::Released
-        }
-        (AttemptEnd::Failed, _) => SettleResult::Stale,
+    let mine = cur.state == State::Processing && cur.attempts == attempt;
+    match end {
+        AttemptEnd::Settled if cur.state == State::Delivered => SettleResult::Stale,
+        AttemptEnd::Settled => SettleResult::Delivered,
+        AttemptEnd::Failed if mine => SettleResult::Released,
+        AttemptEnd::Ambiguous if mine => SettleResult::Ambiguous,
+        AttemptEnd::Failed | AttemptEnd::Ambiguous => SettleResult::Stale,
     }
 }
 
@@ -207,43 +234,84 @@ mod tests {
         })
     }
 
+    /// Every state, digest and lease position, under both `on_ambiguous`
+    /// settings: the whole table of SPEC §3.
     #[test]
     fn decide_full_table() {
-        use Decision::{Claim, Refuse};
-        use Refusal::{InFlight, Mismatch, Replay};
+        use Decision::{Claim, Hold, Refuse};
+        use Refusal::{InFlight, Mismatch, OutcomeUnknown, Replay};
         let live = Some(NOW + 2_500);
         let expired = Some(NOW - 1);
+        let in_flight = Refuse(InFlight {
+            retry_after_ms: 2_500,
+        });
+        let expired_claim = Claim(ClaimKind::RetryExpired);
+        // (record, want under release, want under hold)
         let cases = [
-            (None, Claim(ClaimKind::New)),
+            (None, Claim(ClaimKind::New), Claim(ClaimKind::New)),
+            (ex(State::Processing, live, true), in_flight, in_flight),
             (
-                ex(State::Processing, live, true),
-                Refuse(InFlight {
-                    retry_after_ms: 2_500,
-                }),
+                ex(State::Processing, live, false),
+                Refuse(Mismatch),
+                Refuse(Mismatch),
             ),
-            (ex(State::Processing, live, false), Refuse(Mismatch)),
+            (ex(State::Processing, expired, true), expired_claim, Hold),
             (
-                ex(State::Processing, expired, true),
-                Claim(ClaimKind::RetryExpired),
+                ex(State::Processing, expired, false),
+                Refuse(Mismatch),
+                Refuse(Mismatch),
             ),
-            (ex(State::Processing, expired, false), Refuse(Mismatch)),
+            (ex(State::Processing, Some(NOW), true), expired_claim, Hold),
+            (ex(State::Processing, None, true), expired_claim, Hold),
             (
-                ex(State::Processing, Some(NOW), true),
-                Claim(ClaimKind::RetryExpired),
+                ex(State::Failed, None, true),
+                Claim(ClaimKind::RetryFailed),
+                Claim(ClaimKind::RetryFailed),
             ),
             (
-                ex(State::Processing, None, true),
-                Claim(ClaimKind::RetryExpired),
+                ex(State::Failed, live, true),
+                Claim(ClaimKind::RetryFailed),
+                Claim(ClaimKind::RetryFailed),
             ),
-            (ex(State::Failed, None, true), Claim(ClaimKind::RetryFailed)),
-            (ex(State::Failed, live, true), Claim(ClaimKind::RetryFailed)),
-            (ex(State::Failed, None, false), Refuse(Mismatch)),
-            (ex(State::Delivered, None, true), Refuse(Replay)),
-            (ex(State::Delivered, live, true), Refuse(Replay)),
-            (ex(State::Delivered, None, false), Refuse(Mismatch)),
+            (
+                ex(State::Failed, None, false),
+                Refuse(Mismatch),
+                Refuse(Mismatch),
+            ),
+            (
+                ex(State::Delivered, None, true),
+                Refuse(Replay),
+                Refuse(Replay),
+            ),
+            (
+                ex(State::Delivered, live, true),
+                Refuse(Replay),
+                Refuse(Replay),
+            ),
+            (
+                ex(State::Delivered, None, false),
+                Refuse(Mismatch),
+                Refuse(Mismatch),
+            ),
+            (
+                ex(State::Ambiguous, None, true),
+                Refuse(OutcomeUnknown),
+                Refuse(OutcomeUnknown),
+            ),
+            (
+                ex(State::Ambiguous, expired, true),
+                Refuse(OutcomeUnknown),
+                Refuse(OutcomeUnknown),
+            ),
+            (
+                ex(State::Ambiguous, None, false),
+                Refuse(Mismatch),
+                Refuse(Mismatch),
+            ),
         ];
-        for (input, want) in cases {
-            assert_eq!(decide(input, NOW), want, "decide({input:?})");
+        for (input, release, hold) in cases {
+            assert_eq!(decide(input, NOW, false), release, "release: {input:?}");
+            assert_eq!(decide(input, NOW, true), hold, "hold: {input:?}");
         }
     }
 
@@ -254,27 +322,31 @@ mod tests {
         for state in State::ALL {
             for attempts in [mine - 1, mine, mine + 1] {
                 let cur = Some(Current { state, attempts });
-                let delivered = settle(cur, mine, AttemptEnd::Settled);
-                let failed = settle(cur, mine, AttemptEnd::Failed);
+                let own_live_claim = state == State::Processing && attempts == mine;
                 let want_delivered = if state == State::Delivered {
                     Stale
                 } else {
                     Delivered
                 };
-                let want_failed = if state == State::Processing && attempts == mine {
-                    Released
+                let (want_failed, want_ambiguous) = if own_live_claim {
+                    (Released, Ambiguous)
                 } else {
-                    Stale
+                    (Stale, Stale)
                 };
-                assert_eq!(
-                    delivered, want_delivered,
-                    "{state} attempts={attempts} settled"
-                );
-                assert_eq!(failed, want_failed, "{state} attempts={attempts} failed");
+                let got = |end| settle(cur, mine, end);
+                let at = format!("{state} attempts={attempts}");
+                assert_eq!(got(AttemptEnd::Settled), want_delivered, "{at} settled");
+                assert_eq!(got(AttemptEnd::Failed), want_failed, "{at} failed");
+                assert_eq!(got(AttemptEnd::Ambiguous), want_ambiguous, "{at} ambiguous");
             }
         }
-        assert_eq!(settle(None, 1, AttemptEnd::Settled), Stale);
-        assert_eq!(settle(None, 1, AttemptEnd::Failed), Stale);
+        for end in [
+            AttemptEnd::Settled,
+            AttemptEnd::Failed,
+            AttemptEnd::Ambiguous,
+        ] {
+            assert_eq!(settle(None, 1, end), Stale);
+        }
     }
 
     #[test]
@@ -291,7 +363,7 @@ mod tests {
     fn lease_arithmetic_is_consistent_for_every_offset() {
         // The live/expired boundary and Retry-After agree for any lease end.
         for offset in -3_000i64..3_000 {
-            let d = decide(ex(State::Processing, Some(NOW + offset), true), NOW);
+            let d = decide(ex(State::Processing, Some(NOW + offset), true), NOW, false);
             if offset > 0 {
                 let Decision::Refuse(Refusal::InFlight { retry_after_ms }) = d else {
                     panic!("{offset}: {d:?}")

@@ -41,6 +41,22 @@ pub enum InFlight {
     Wait,
 }
 
+/// `Retry-After` of a delivery of an `ambiguous` event (SPEC §4).
+pub const OUTCOME_UNKNOWN_RETRY_AFTER_SECS: u64 = 60;
+/// `Retry-After` of a delivery to a paused route (SPEC §14).
+pub const ROUTE_PAUSED_RETRY_AFTER_SECS: u64 = 30;
+
+/// `on_ambiguous`: what an attempt whose outcome idemgate cannot know (the
+/// consumer may have acted, no answer came) does to the claim (SPEC §12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnAmbiguous {
+    /// Release it (at least once): the next delivery is forwarded again.
+    Release,
+    /// Hold the record `ambiguous` until an operator decides (at most once).
+    Hold,
+}
+
 /// What keys a guarded delivery's claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Key<T> {
@@ -101,8 +117,9 @@ pub fn without_store(on_store_error: OnStoreError, step: StoreStep) -> WithoutSt
         // that records it. Forwarding again is no way out: it went already.
         (StoreStep::Settle(AttemptEnd::Settled), _) => WithoutStore::Refuse,
         // A release that failed: the sender gets the failure either way, and
-        // the claim becomes reclaimable when its lease ends.
-        (StoreStep::Settle(AttemptEnd::Failed), _) => WithoutStore::GoOn,
+        // the claim becomes reclaimable when its lease ends. A hold that
+        // failed likewise: its lease's end is found and held (SPEC §12).
+        (StoreStep::Settle(AttemptEnd::Failed | AttemptEnd::Ambiguous), _) => WithoutStore::GoOn,
     }
 }
 
@@ -281,6 +298,8 @@ mod tests {
             (Forward, StoreStep::Settle(Settled), Refuse),
             (Reject, StoreStep::Settle(Failed), GoOn),
             (Forward, StoreStep::Settle(Failed), GoOn),
+            (Reject, StoreStep::Settle(Ambiguous), GoOn),
+            (Forward, StoreStep::Settle(Ambiguous), GoOn),
         ];
         for (policy, step, want) in cases {
             assert_eq!(without_store(policy, step), want, "{policy:?} {step:?}");

@@ -29,9 +29,12 @@ pub enum Command {
     Check(ConfigArg),
     /// Apply pending migrations to a store.
     Migrate(StoreArg),
-    /// Inspect and release records.
+    /// Inspect, release and resolve records.
     #[command(subcommand)]
     Events(EventsCommand),
+    /// Pause, resume and list paused routes (for every process on the store).
+    #[command(subcommand)]
+    Routes(RoutesCommand),
     /// Delete records past their retention once, in batches; prints how many.
     Sweep(SweepArgs),
     /// Self-contained demonstration on loopback ports with a temporary SQLite store.
@@ -80,8 +83,50 @@ pub enum EventsCommand {
     List(ListArgs),
     /// Show one record, every field (exit 3 when absent).
     Show(ShowArgs),
-    /// Make a processing or failed record reclaimable (delivered needs --force).
+    /// Make a processing, failed or ambiguous record reclaimable (delivered
+    /// needs --force); or, with --state instead of an event ID, every record
+    /// of the route in that state (bulk).
     Release(ReleaseArgs),
+    /// Settle an ambiguous record by hand, once you know what the consumer did.
+    Resolve(ResolveArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RoutesCommand {
+    /// Pause a route: what would be forwarded gets 503, delivered events are still replayed.
+    Pause(RouteArg),
+    /// Resume a paused route.
+    Resume(RouteArg),
+    /// List the paused routes.
+    List(StoreArg),
+}
+
+#[derive(Args, Debug)]
+pub struct RouteArg {
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// The route's name.
+    pub name: String,
+}
+
+/// How an operator settles an ambiguous record.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResolveAs {
+    /// The consumer did act: later deliveries are replayed with --status.
+    Delivered,
+    /// It did not: the next delivery is forwarded.
+    Failed,
+}
+
+#[derive(Args, Debug)]
+pub struct ResolveArgs {
+    #[command(flatten)]
+    pub record: RecordArg,
+    #[arg(long = "as", value_enum)]
+    pub resolve_as: ResolveAs,
+    /// With --as delivered: the status replayed to later deliveries.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(100..=599))]
+    pub status: Option<u16>,
 }
 
 #[derive(Args, Debug)]
@@ -122,8 +167,26 @@ pub struct ShowArgs {
 #[derive(Args, Debug)]
 pub struct ReleaseArgs {
     #[command(flatten)]
-    pub record: RecordArg,
-    /// Also release a delivered record (a deliberate manual redelivery).
+    pub store: StoreArg,
     #[arg(long)]
+    pub route: String,
+    /// One record; or none, with --state (bulk).
+    #[arg(required_unless_present = "state", conflicts_with = "state")]
+    pub event_id: Option<String>,
+    /// Also release a delivered record (a deliberate manual redelivery).
+    #[arg(long, conflicts_with = "state")]
     pub force: bool,
+    /// Bulk: every record of the route in this state (failed, ambiguous, or
+    /// processing whose lease ended).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Bulk: only records updated at or after this time (RFC 3339, UTC).
+    #[arg(long, requires = "state")]
+    pub updated_after: Option<String>,
+    /// Bulk: only records updated before this time (RFC 3339, UTC).
+    #[arg(long, requires = "state")]
+    pub updated_before: Option<String>,
+    /// Bulk: only count what would be released.
+    #[arg(long, requires = "state")]
+    pub dry_run: bool,
 }

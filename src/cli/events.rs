@@ -1,12 +1,16 @@
-//! `migrate`, `events list|show|release` and `sweep`: the operator's view of
-//! the store.
+//! `migrate`, `events list|show|release|resolve`, `routes pause|resume|list`
+//! and `sweep`: the operator's view of the store.
 
 use serde_json::Value;
 
-use super::{exit, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ShowArgs, StoreArg, SweepArgs};
+use super::{
+    exit, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ResolveArgs, ResolveAs, RouteArg,
+    RoutesCommand, ShowArgs, StoreArg, SweepArgs,
+};
 use crate::claim::now_ms;
 use crate::claim::State;
 use crate::store::json::{record_json, timestamp};
+use crate::store::operator::{self, BulkRelease, Resolution, ResolveOutcome};
 use crate::store::{
     self, ClaimStore, ListFilter, Record, ReleaseOutcome, ReleaseRequest, StoreError,
 };
@@ -62,7 +66,9 @@ pub fn events(cmd: EventsCommand) -> i32 {
     match cmd {
         EventsCommand::List(a) => list(a),
         EventsCommand::Show(a) => show(a),
+        EventsCommand::Release(a) if a.state.is_some() => release_bulk(a),
         EventsCommand::Release(a) => release(a),
+        EventsCommand::Resolve(a) => resolve(a),
     }
 }
 
@@ -109,7 +115,7 @@ fn show(args: ShowArgs) -> i32 {
     let rec = &args.record;
     let res = block_on(async {
         let s = open(&rec.store.store).await?;
-        let r = s.get(&rec.route, &rec.event_id).await;
+        let r = operator::show(s.as_ref(), &rec.route, &rec.event_id).await;
         s.close().await;
         r
     });
@@ -123,7 +129,7 @@ fn show(args: ShowArgs) -> i32 {
         }
         Ok(Some(found)) => {
             if let Value::Object(fields) = record_json(&found) {
-                for (k, v) in fields {
+                for (k, v) in fields.into_iter().filter(|(k, _)| k != "history") {
                     let v = match v {
                         Value::Null => "-".to_string(),
                         Value::String(s) => s,
@@ -132,6 +138,7 @@ fn show(args: ShowArgs) -> i32 {
                     println!("{k:<20} {v}");
                 }
             }
+            print_history(found.history.as_deref().unwrap_or_default());
             exit::OK
         }
         Ok(None) => not_found(rec),
@@ -140,7 +147,14 @@ fn show(args: ShowArgs) -> i32 {
 }
 
 fn release(args: ReleaseArgs) -> i32 {
-    let rec = &args.record;
+    let Some(event_id) = args.event_id.clone() else {
+        return fail("an event ID, or --state for a bulk release, is required");
+    };
+    let rec = RecordArg {
+        store: args.store,
+        route: args.route,
+        event_id,
+    };
     let res = block_on(async {
         let s = open(&rec.store.store).await?;
         let r = s
@@ -162,7 +176,7 @@ fn release(args: ReleaseArgs) -> i32 {
             );
             exit::OK
         }
-        Ok(ReleaseOutcome::NotFound) => not_found(rec),
+        Ok(ReleaseOutcome::NotFound) => not_found(&rec),
         Ok(ReleaseOutcome::RefusedDelivered) => fail(format!(
             "{} on route {} is delivered: releasing it makes the next delivery reach the consumer again; \
              pass --force if that is what you want",
@@ -170,6 +184,148 @@ fn release(args: ReleaseArgs) -> i32 {
         )),
         Err(e) => fail(e),
     }
+}
+
+/// `events release --route R --state S [...]` (SPEC §14).
+fn release_bulk(args: ReleaseArgs) -> i32 {
+    let state = match args.state.as_deref().map(State::parse) {
+        Some(Some(s)) if s != State::Delivered => s,
+        _ => {
+            return fail(
+                "--state must be failed, ambiguous or processing (a delivered record is never released in bulk)",
+            )
+        }
+    };
+    let after = match args.updated_after.as_deref().map(parse_time).transpose() {
+        Ok(t) => t,
+        Err(e) => return fail(format!("--updated-after: {e}")),
+    };
+    let before = match args.updated_before.as_deref().map(parse_time).transpose() {
+        Ok(t) => t,
+        Err(e) => return fail(format!("--updated-before: {e}")),
+    };
+    let req = BulkRelease {
+        route: &args.route,
+        state,
+        updated_after: after,
+        updated_before: before,
+        dry_run: args.dry_run,
+        now: now_ms(),
+    };
+    let res = block_on(async {
+        let s = open(&args.store.store).await?;
+        let r = operator::release_bulk(s.as_ref(), &req).await;
+        s.close().await;
+        r
+    });
+    match res {
+        Ok(n) if args.dry_run => {
+            println!(
+                "{n} {state} records of route {} would be released",
+                args.route
+            );
+            exit::OK
+        }
+        Ok(n) => {
+            println!("{n} {state} records of route {} released", args.route);
+            exit::OK
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// An RFC 3339 time (UTC: `2026-12-06T10:00:00Z`) in the store's
+/// milliseconds.
+pub fn parse_time(text: &str) -> Result<crate::claim::Millis, String> {
+    let t = humantime::parse_rfc3339_weak(text.trim_end_matches('Z'))
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time in UTC ({e})"))?;
+    let ms = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| format!("{text:?} is before 1970"))?
+        .as_millis();
+    Ok(ms as crate::claim::Millis)
+}
+
+/// `events resolve` (SPEC §12).
+fn resolve(args: ResolveArgs) -> i32 {
+    let rec = &args.record;
+    let how = match (args.resolve_as, args.status) {
+        (ResolveAs::Delivered, status) => Resolution::Delivered {
+            status: status.unwrap_or(200),
+        },
+        (ResolveAs::Failed, None) => Resolution::Failed,
+        (ResolveAs::Failed, Some(_)) => return fail("--status goes with --as delivered only"),
+    };
+    let res = block_on(async {
+        let s = open(&rec.store.store).await?;
+        let r = operator::resolve(s.as_ref(), &rec.route, &rec.event_id, how, now_ms()).await;
+        s.close().await;
+        r
+    });
+    match res {
+        Ok(ResolveOutcome::Resolved) => {
+            match how {
+                Resolution::Delivered { status } => println!(
+                    "resolved {} on route {} as delivered: later deliveries are replayed with {status}",
+                    rec.event_id, rec.route
+                ),
+                Resolution::Failed => println!(
+                    "resolved {} on route {} as failed: the next delivery will be forwarded",
+                    rec.event_id, rec.route
+                ),
+            }
+            exit::OK
+        }
+        Ok(ResolveOutcome::NotFound) => not_found(rec),
+        Ok(ResolveOutcome::NotAmbiguous(state)) => fail(format!(
+            "{} on route {} is {state}, not ambiguous: only an ambiguous record can be resolved",
+            rec.event_id, rec.route
+        )),
+        Err(e) => fail(e),
+    }
+}
+
+/// `routes pause|resume|list` (SPEC §14).
+pub fn routes(cmd: RoutesCommand) -> i32 {
+    let (store_url, change) = match &cmd {
+        RoutesCommand::Pause(RouteArg { store, name }) => (&store.store, Some((name, true))),
+        RoutesCommand::Resume(RouteArg { store, name }) => (&store.store, Some((name, false))),
+        RoutesCommand::List(store) => (&store.store, None),
+    };
+    if let Some((name, _)) = change {
+        if let Err(e) = crate::config::route_name(name) {
+            return fail(e);
+        }
+    }
+    let res = block_on(async {
+        let s = open(store_url).await?;
+        let r = async {
+            if let Some((name, paused)) = change {
+                operator::set_paused(s.as_ref(), name, paused, now_ms()).await?;
+            }
+            operator::paused(s.as_ref()).await
+        }
+        .await;
+        s.close().await;
+        r
+    });
+    let paused = match res {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    match change {
+        Some((name, true)) => println!(
+            "route {name} paused: every process on this store refuses what it would forward within 2 s"
+        ),
+        Some((name, false)) => println!("route {name} resumed"),
+        None if paused.is_empty() => println!("no route is paused"),
+        None => {
+            for (route, since) in &paused {
+                println!("{route}  paused since {}", timestamp(*since));
+            }
+        }
+    }
+    exit::OK
 }
 
 fn not_found(rec: &RecordArg) -> i32 {
@@ -220,6 +376,27 @@ fn print_table(records: &[Record]) {
     println!("{}", line(&head.map(String::from)));
     for row in &rows {
         println!("{}", line(row));
+    }
+}
+
+/// A record's attempts as a table (SPEC §13).
+fn print_history(history: &[store::Attempt]) {
+    if history.is_empty() {
+        return;
+    }
+    println!("\nATTEMPT  STARTED                   STATUS  RESULT        MS       INSTANCE  ERROR");
+    for a in history {
+        let opt = |v: Option<i64>| v.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<7}  {:<24}  {:<6}  {:<12}  {:<7}  {}  {}",
+            a.attempt,
+            timestamp(a.started_at),
+            opt(a.status),
+            a.result,
+            opt(a.duration_ms),
+            a.instance.as_deref().unwrap_or("-"),
+            a.error.as_deref().unwrap_or("-"),
+        );
     }
 }
 

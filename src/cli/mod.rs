@@ -8,8 +8,8 @@ pub mod exit;
 mod serve;
 
 pub use args::{
-    Cli, Command, ConfigArg, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ServeArgs, ShowArgs,
-    StoreArg, SweepArgs,
+    Cli, Command, ConfigArg, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ResolveArgs,
+    ResolveAs, RouteArg, RoutesCommand, ServeArgs, ShowArgs, StoreArg, SweepArgs,
 };
 
 /// Runs a parsed command; returns the process exit code.
@@ -19,6 +19,7 @@ pub fn run(cli: Cli) -> i32 {
         Command::Check(args) => serve::check(args),
         Command::Migrate(args) => events::migrate(args),
         Command::Events(cmd) => events::events(cmd),
+        Command::Routes(cmd) => events::routes(cmd),
         Command::Sweep(args) => events::sweep(args),
         Command::Demo => demo::demo(),
     }

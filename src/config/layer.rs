@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::ctx::Ctx;
 use super::fields;
 use super::model::{
-    DigestMode, DurationMs, EventIdSource, InFlight, OnMissingId, OnStoreError, SettleOn,
+    DigestMode, DurationMs, EventIdSource, InFlight, OnAmbiguous, OnMissingId, OnStoreError,
+    SettleOn,
 };
 use super::raw::{RawDefaults, RawEventId, Text};
 use super::route_fields::route_fields;

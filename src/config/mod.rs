@@ -64,10 +64,11 @@ use std::path::Path;
 /// The store's URL type is the store's own.
 pub use crate::store::{StoreKind, StoreUrl};
 pub use error::{ConfigError, ConfigErrors};
+pub use fields::route_name;
 pub use model::{
     AdminConfig, AdminToken, Config, DigestMode, Downstream, DurationMs, EventIdSource, InFlight,
-    OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Tls,
-    UpstreamUrl, Verifier,
+    OnAmbiguous, OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn, StoreConfig,
+    SweeperConfig, Tls, UpstreamUrl, Verifier,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 

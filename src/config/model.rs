@@ -38,6 +38,9 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Where a new `serve --upgrade` waits for the listening sockets (SPEC §10).
     pub upgrade_sock: std::path::PathBuf,
+    /// This process's name in attempt records (SPEC §13): the config's
+    /// `instance`, else the host name and pid.
+    pub instance: String,
 }
 
 /// The `downstream` section: the bounds on client connections (SPEC §9).
@@ -288,7 +291,7 @@ pub enum DigestMode {
 
 // The guard's policies are the claim protocol's (claim::policy decides by them),
 // read from the file as their snake_case names.
-pub use crate::claim::policy::{InFlight, OnMissingId, OnStoreError};
+pub use crate::claim::policy::{InFlight, OnAmbiguous, OnMissingId, OnStoreError};
 
 /// Statuses that settle a claim as delivered: whole classes and single codes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,9 @@ use std::fmt;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use super::model::{DigestMode, InFlight, OnMissingId, OnStoreError, Provider, Scheme};
+use super::model::{
+    DigestMode, InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Scheme,
+};
 use super::route_fields::route_fields;
 
 /// A scalar kept as text (`30s`, `409`, `2xx`); numbers and booleans are
@@ -72,6 +74,7 @@ pub struct RawConfig {
     pub tls: Option<RawTls>,
     pub admin: Option<RawAdmin>,
     pub upgrade_sock: Option<String>,
+    pub instance: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -47,6 +47,8 @@ macro_rules! route_fields {
             on_store_error: OnStoreError => OnStoreError = OnStoreError::Reject, parse plain;
             /// What a duplicate gets while the first delivery is in flight.
             in_flight: InFlight => InFlight = InFlight::Conflict, parse plain;
+            /// What an outcome idemgate cannot know does to the claim (SPEC §12).
+            on_ambiguous: OnAmbiguous => OnAmbiguous = OnAmbiguous::Release, parse plain;
             /// Most duplicates held at once on this route (all its events together)
             /// with `in_flight: wait`; past it a duplicate gets 409.
             max_waiters: u64 => usize = 64, parse max_waiters;

@@ -29,6 +29,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         tls,
         admin,
         upgrade_sock,
+        instance,
     } = raw;
 
     let listen = socket_addr(ctx, "listen", listen.as_ref());
@@ -63,6 +64,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
     let admin = super::admin::admin_config(ctx, admin);
     let threads = threads_config(ctx, threads);
     let upgrade_sock = upgrade_sock_path(ctx, upgrade_sock);
+    let instance = instance_name(ctx, instance);
 
     let downstream = downstream_config(ctx, downstream);
     let tls = match tls {
@@ -85,6 +87,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         tls: tls?,
         admin: admin?,
         upgrade_sock: upgrade_sock?,
+        instance: instance?,
     })
 }
 
@@ -168,6 +171,33 @@ fn threads_config(ctx: &mut Ctx, threads: Option<u64>) -> Option<Option<usize>> 
             }
         },
     }
+}
+
+/// `instance` (SPEC §13): this process's name in attempt records, 1 to 64
+/// visible ASCII characters; unset or empty, the host name and pid.
+fn instance_name(ctx: &mut Ctx, raw: Option<String>) -> Option<String> {
+    let name = match raw {
+        Some(name) if !name.is_empty() => name,
+        _ => return Some(default_instance()),
+    };
+    if name.len() <= 64 && name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Some(name);
+    }
+    ctx.at_value(
+        "instance",
+        "instance must be 1 to 64 visible ASCII characters (no spaces)".to_string(),
+    );
+    None
+}
+
+/// `host:pid`: tells replicas and restarts apart in attempt records.
+fn default_instance() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_graphic()))
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
 }
 
 /// `upgrade_sock` (SPEC §10): a Unix socket path, default

@@ -4,6 +4,7 @@
 //! claim must be settled between the upstream's answer and the response to the
 //! sender, so this path drives pingora's client connector directly.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -25,28 +26,56 @@ use crate::problem::ProblemKind;
 /// and `Expect`, which idemgate answered.
 const REFRAMED: [&str; 2] = ["transfer-encoding", "expect"];
 
-/// Why the upstream gave no usable answer.
+/// Why the upstream gave no usable answer, and whether the consumer may
+/// have acted on the request all the same (SPEC §12).
 #[derive(Debug)]
 pub enum UpstreamFailure {
-    /// No connection (refused, unreachable, TLS failure), or it broke before a response.
-    Connect(String),
-    /// No response header within `upstream_timeout`.
-    Timeout,
+    /// Not reached, or the connection broke before the request's last byte
+    /// was written, or the answer was unusable: the consumer cannot have
+    /// acted on an incomplete request. `why` is the attempt's record of it
+    /// (no address); `error` the connector's words, for the log.
+    Failed { why: &'static str, error: String },
+    /// No response header within `upstream_timeout`; `written`: the
+    /// request's last byte had been written by then (ambiguous).
+    Timeout { written: bool },
+    /// The connection closed or reset after the request's last byte was
+    /// written and before a complete response head arrived (ambiguous).
+    Lost { why: &'static str, error: String },
 }
 
 impl UpstreamFailure {
     pub fn class(&self) -> &'static str {
         match self {
-            UpstreamFailure::Connect(_) => "connect_error",
-            UpstreamFailure::Timeout => "timeout",
+            UpstreamFailure::Failed { .. } | UpstreamFailure::Lost { .. } => "connect_error",
+            UpstreamFailure::Timeout { .. } => "timeout",
         }
     }
 
     /// The problem a sender gets for it.
     pub fn kind(&self) -> ProblemKind {
         match self {
-            UpstreamFailure::Connect(_) => ProblemKind::UpstreamUnreachable,
-            UpstreamFailure::Timeout => ProblemKind::UpstreamTimeout,
+            UpstreamFailure::Failed { .. } | UpstreamFailure::Lost { .. } => {
+                ProblemKind::UpstreamUnreachable
+            }
+            UpstreamFailure::Timeout { .. } => ProblemKind::UpstreamTimeout,
+        }
+    }
+
+    /// Whether the consumer may have acted without idemgate learning the
+    /// answer (SPEC §12).
+    pub fn ambiguous(&self) -> bool {
+        matches!(
+            self,
+            UpstreamFailure::Lost { .. } | UpstreamFailure::Timeout { written: true }
+        )
+    }
+
+    /// What the attempt's row says happened: never the upstream's address.
+    pub fn attempt_error(&self) -> &'static str {
+        match self {
+            UpstreamFailure::Failed { why, .. } | UpstreamFailure::Lost { why, .. } => why,
+            UpstreamFailure::Timeout { written: true } => "timeout after the request was written",
+            UpstreamFailure::Timeout { written: false } => "timeout before the request was written",
         }
     }
 }
@@ -123,22 +152,31 @@ const COALESCE_LIMIT: usize = 64 * 1024;
 /// closed or reset while idle, or the consumer closed it after the liveness
 /// check ([`IdleConnections::take`]) — gets the request once more, on a new
 /// connection, with the same header (so the same idempotency key):
-/// `on_retry` counts it. Nothing is retried once the upstream has answered
-/// anything, nor on a new connection.
+/// `on_retry` counts it. With `hold` (SPEC §12) only while the request's
+/// last byte was not written yet: after that the consumer may have acted.
+/// Nothing is retried once the upstream has answered anything, nor on a
+/// new connection.
 pub async fn exchange(
-    connector: &Connector,
-    idle: &IdleConnections,
-    peer: &HttpPeer,
+    upstream: Upstream<'_>,
     req: RequestHeader,
     body: Bytes,
-    timeout: Duration,
+    hold: bool,
     on_retry: &(dyn Fn() + Sync),
 ) -> Result<Answered, UpstreamFailure> {
+    let Upstream {
+        connector,
+        idle,
+        peer,
+        timeout,
+    } = upstream;
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
+    // set once the request's last byte is written, read if the time runs out
+    let written = AtomicBool::new(false);
     let attempt = async {
         let mut retried = false;
         loop {
+            written.store(false, Ordering::Relaxed);
             let kept = if retried { None } else { idle.take() };
             let (client, reused) = match kept {
                 Some(stream) => (
@@ -150,23 +188,34 @@ pub async fn exchange(
                     .await
                     .map_err(|e| connect_failure(&e))?,
             };
-            let client = match try_once(client, peer, &req, &body, timeout).await {
+            let client = match try_once(client, peer, &req, &body, timeout, &written).await {
                 Ok(client) => client,
-                Err(Try::Gone(_)) if reused && !retried => {
+                Err(Try::Gone(_))
+                    if reused && !retried && !(hold && written.load(Ordering::Relaxed)) =>
+                {
                     retried = true;
                     on_retry();
                     continue;
                 }
-                Err(Try::Gone(e) | Try::Failed(e)) => return Err(connect_failure(&e)),
+                Err(Try::Gone(e) | Try::Failed(e)) => {
+                    return Err(failure(&e, written.load(Ordering::Relaxed)))
+                }
             };
-            let header = client.response_header().cloned().ok_or_else(|| {
-                UpstreamFailure::Connect("upstream sent no response header".into())
-            })?;
+            let header =
+                client
+                    .response_header()
+                    .cloned()
+                    .ok_or_else(|| UpstreamFailure::Failed {
+                        why: "no response header",
+                        error: "upstream sent no response header".into(),
+                    })?;
             if header.status == http::StatusCode::SWITCHING_PROTOCOLS {
                 // idemgate never asks for an upgrade (hop::strip_request)
-                return Err(UpstreamFailure::Connect(
-                    "upstream answered 101 Switching Protocols to a request without Upgrade".into(),
-                ));
+                return Err(UpstreamFailure::Failed {
+                    why: "answered 101 Switching Protocols",
+                    error: "upstream answered 101 Switching Protocols to a request without Upgrade"
+                        .into(),
+                });
             }
             return Ok((client, header));
         }
@@ -179,8 +228,20 @@ pub async fn exchange(
             broken: None,
         }),
         Ok(Err(e)) => Err(e),
-        Err(_) => Err(UpstreamFailure::Timeout),
+        Err(_) => Err(UpstreamFailure::Timeout {
+            written: written.load(Ordering::Relaxed),
+        }),
     }
+}
+
+/// Where a request goes: the route's connector, kept connections, peer and
+/// `upstream_timeout`.
+#[derive(Clone, Copy)]
+pub struct Upstream<'a> {
+    pub connector: &'a Connector,
+    pub idle: &'a IdleConnections,
+    pub peer: &'a HttpPeer,
+    pub timeout: Duration,
 }
 
 /// How one try of a request on one connection failed.
@@ -193,16 +254,17 @@ enum Try {
 
 /// Writes the request on `client` and reads up to the final response
 /// header (1xx interim answers are not passed on; 101 is refused by the
-/// caller).
+/// caller). `written` is set once the request's last byte is written.
 async fn try_once(
     client: HttpSession,
     peer: &HttpPeer,
     req: &RequestHeader,
     body: &Bytes,
     timeout: Duration,
+    written: &AtomicBool,
 ) -> Result<HttpSession, Try> {
     let whole = matches!(client, HttpSession::H1(_)) && coalesces(req, body);
-    let written = match client {
+    let sent = match client {
         HttpSession::H1(h1) if whole => write_whole(h1, req, body, peer, timeout).await,
         mut client => {
             client.set_read_timeout(Some(timeout));
@@ -218,13 +280,14 @@ async fn try_once(
             sent.await.map(|()| client)
         }
     };
-    let mut client = written.map_err(|e| {
+    let mut client = sent.map_err(|e| {
         // the kept connection was gone before the request was written
         match e.etype() {
             ErrorType::WriteError | ErrorType::ConnectionClosed => Try::Gone(e),
             _ => Try::Failed(e),
         }
     })?;
+    written.store(true, Ordering::Relaxed);
     let mut interim = false;
     loop {
         if let Err(e) = client.read_response_header().await {
@@ -302,13 +365,48 @@ async fn write_whole(
     Ok(client)
 }
 
-fn connect_failure(e: &pingora::Error) -> UpstreamFailure {
+/// A failed connect, write or read, as an [`UpstreamFailure`]: after the
+/// request's last byte was `written`, one the consumer may have acted on.
+fn failure(e: &pingora::Error, written: bool) -> UpstreamFailure {
+    if !written {
+        return connect_failure(e);
+    }
     match e.etype() {
+        ErrorType::ReadTimedout | ErrorType::WriteTimedout => UpstreamFailure::Timeout { written },
+        ErrorType::ConnectionClosed => UpstreamFailure::Lost {
+            why: "connection closed before the answer",
+            error: e.to_string(),
+        },
+        ErrorType::ReadError => UpstreamFailure::Lost {
+            why: "connection reset before the answer",
+            error: e.to_string(),
+        },
+        _ => UpstreamFailure::Lost {
+            why: "the answer broke off before its head was complete",
+            error: e.to_string(),
+        },
+    }
+}
+
+/// A failure before the request's last byte was written.
+fn connect_failure(e: &pingora::Error) -> UpstreamFailure {
+    let why = match e.etype() {
         ErrorType::ConnectTimedout
         | ErrorType::ReadTimedout
         | ErrorType::WriteTimedout
-        | ErrorType::TLSHandshakeTimedout => UpstreamFailure::Timeout,
-        _ => UpstreamFailure::Connect(e.to_string()),
+        | ErrorType::TLSHandshakeTimedout => return UpstreamFailure::Timeout { written: false },
+        ErrorType::ConnectRefused => "connect refused",
+        ErrorType::TLSHandshakeFailure | ErrorType::InvalidCert | ErrorType::HandshakeError => {
+            "TLS failure"
+        }
+        ErrorType::WriteError | ErrorType::ConnectionClosed => {
+            "connection failed while the request was written"
+        }
+        _ => "connect failed",
+    };
+    UpstreamFailure::Failed {
+        why,
+        error: e.to_string(),
     }
 }
 

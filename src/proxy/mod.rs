@@ -143,6 +143,12 @@ impl ProxyHttp for Gate {
         let guarded = route.guards(method);
         let verified = route.verifies(method);
         ctx.route = Some(route.clone());
+        if !guarded && self.shared.paused.contains(route.name()) {
+            // a paused route forwards nothing (SPEC §14); the body is not read
+            let p = delivery::route_paused(None);
+            let refused = Refused::new(p).closing(true);
+            return exit::refuse(&self.shared, session, Some(&route), refused).await;
+        }
         if !guarded {
             if verified {
                 // read, verified, then forwarded unguarded (SPEC §8)
@@ -371,6 +377,8 @@ mod tests {
                 connector: pingora::connectors::http::Connector::new(None),
                 in_flight: Default::default(),
                 seen: Default::default(),
+                paused: Default::default(),
+                instance: "test".into(),
             },
         };
         let (stream, _peer) = tokio::io::duplex(64);

@@ -69,7 +69,7 @@ pub async fn forward(
     body: Bytes,
 ) -> Ending {
     let req = steps::upstream_request(session, route, body.len(), None)?;
-    match steps::exchange(shared, route, req, body).await {
+    match steps::exchange(shared, route, req, body, false).await {
         Ok(answered) => Ok(Verdict::Relay(Relay {
             answered,
             prefix: None,

@@ -1,5 +1,6 @@
 //! What every request handler takes by reference: the store, the metrics,
-//! the upstream connector, the in-flight table and the seen cache.
+//! the upstream connector, the in-flight table, the seen cache, the paused
+//! routes and this process's name.
 
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use pingora::connectors::http::Connector;
 use super::in_flight::InFlightRequests;
 use super::seen::SeenEvents;
 use crate::metrics::Metrics;
+use crate::paused::PausedRoutes;
 use crate::store::ClaimStore;
 
 /// The parts of the proxy that outlive a request and are the same for
@@ -20,4 +22,8 @@ pub struct Shared {
     pub in_flight: Arc<InFlightRequests>,
     /// Events met lately: they read the store before claiming.
     pub seen: SeenEvents,
+    /// The routes an operator paused, as last read from the store.
+    pub paused: Arc<PausedRoutes>,
+    /// This process's name in attempt records (config `instance`).
+    pub instance: String,
 }

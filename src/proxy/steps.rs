@@ -94,25 +94,25 @@ pub fn upstream_request(
 }
 
 /// Sends `req` and `body` to the route's upstream and waits for its
-/// answer (see [`forward::exchange`]); counts the answer, or the failure.
+/// answer (see [`forward::exchange`]; `hold`: never send it again once its
+/// last byte was written); counts the answer, or the failure.
 pub async fn exchange(
     shared: &Shared,
     route: &RouteRt,
     req: RequestHeader,
     body: Bytes,
+    hold: bool,
 ) -> Result<Answered, UpstreamFailure> {
     let name = route.name();
     let metrics = &shared.metrics;
-    let exchanged = forward::exchange(
-        &shared.connector,
-        &route.idle,
-        &route.peer,
-        req,
-        body,
-        route.cfg.upstream_timeout,
-        &|| metrics.upstream_retry(name),
-    )
-    .await;
+    let upstream = forward::Upstream {
+        connector: &shared.connector,
+        idle: &route.idle,
+        peer: &route.peer,
+        timeout: route.cfg.upstream_timeout,
+    };
+    let exchanged =
+        forward::exchange(upstream, req, body, hold, &|| metrics.upstream_retry(name)).await;
     match &exchanged {
         Ok(answered) => {
             metrics.upstream_answered(name, answered.header.status.as_u16(), answered.elapsed)

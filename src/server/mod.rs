@@ -27,7 +27,7 @@ use crate::proxy::routes::PruneIdle;
 use crate::proxy::routes::{RouteError, RouteTable};
 use crate::proxy::{Gate, InFlightRequests, Shared};
 use crate::store::ClaimStore;
-use crate::sweeper::Sweeper;
+use crate::sweeper::{RouteState, Sweeper};
 use upgrade::{KeepFds, SharedFds, SignalError, Signals};
 
 /// Why the server could not start. `Display` is the line the CLI prints.
@@ -91,6 +91,8 @@ pub fn gate(
             connector: Connector::new(Some(ConnectorOptions::from_server_conf(conf))),
             in_flight: Arc::new(InFlightRequests::default()),
             seen: Default::default(),
+            paused: Default::default(),
+            instance: config.instance.clone(),
         },
     })
 }
@@ -198,6 +200,7 @@ fn add_services(
     let prune_idle = PruneIdle {
         routes: gate.routes.iter().cloned().collect(),
     };
+    let paused = gate.shared.paused.clone();
     let downstream = Downstream::new(
         pingora::proxy::http_proxy(&conf, gate),
         &config.downstream,
@@ -228,6 +231,13 @@ fn add_services(
     admin.add_tcp(&config.admin_listen.to_string());
     server.add_service(admin);
 
+    let route_state = RouteState {
+        store: store.clone(),
+        metrics: metrics.clone(),
+        routes: config.routes.iter().map(|r| r.name.clone()).collect(),
+        paused,
+    };
+    server.add_service(background_service("route state", route_state));
     let sweeper = Sweeper {
         store,
         metrics,

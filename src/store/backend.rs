@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::sql::{Statement, Value};
 use super::{
     ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
     SettleRequest, StoreError,
@@ -116,6 +117,19 @@ pub trait Backend: Send + Sync {
         &self,
     ) -> impl Future<Output = Result<Vec<(String, Millis)>, StoreError>> + Send;
 
+    /// Runs `statements` in one transaction; the rows each changed. A
+    /// change of records that caches may hold counts itself (SQLite).
+    fn write(
+        &self,
+        statements: &[Statement<'_>],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
+    /// The rows of one read, as values.
+    fn read(
+        &self,
+        statement: &Statement<'_>,
+    ) -> impl Future<Output = Result<Vec<Vec<Value>>, StoreError>> + Send;
+
     /// Closes every connection (the last one flushes SQLite's WAL).
     fn close(&self) -> impl Future<Output = ()> + Send;
 }
@@ -186,6 +200,14 @@ impl<B: Backend> ClaimStore for Bounded<B> {
 
     async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError> {
         bounded(B::OP_TIMEOUT, self.0.oldest_processing()).await
+    }
+
+    async fn write(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError> {
+        self.0.write(statements).await
+    }
+
+    async fn read(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError> {
+        bounded(B::OP_TIMEOUT, self.0.read(statement)).await
     }
 
     async fn close(&self) {

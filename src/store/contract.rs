@@ -69,6 +69,12 @@ pub struct ClaimRequest<'a> {
     pub now: Millis,
     pub lease_ms: Millis,
     pub retention_ms: Millis,
+    /// The route's `on_ambiguous` is `hold`: an ended lease is not taken
+    /// over (SPEC §12).
+    pub hold: bool,
+    /// This process's name (config `instance`), kept with the claim for
+    /// the attempt history.
+    pub instance: &'a str,
 }
 
 /// An operator's release of one record (`events release`, the API).
@@ -112,6 +118,13 @@ pub struct SettleRequest<'a> {
     pub route: &'a str,
     pub event_id: &'a str,
     pub attempt: i64,
+    /// When the attempt began (its claim), for its row in the history.
+    pub started_at: Millis,
+    /// This process's name, for the attempt's row.
+    pub instance: &'a str,
+    /// What the attempt's row says went wrong, without the upstream's
+    /// address (the record's `last_error` may hold the connector's words).
+    pub attempt_error: Option<&'a str>,
     pub now: Millis,
     pub retention_ms: Millis,
     pub outcome: SettleOutcome<'a>,
@@ -130,6 +143,24 @@ pub enum SettleOutcome<'a> {
         status: Option<u16>,
         error: Option<&'a str>,
     },
+    /// An outcome idemgate cannot know, under `on_ambiguous: hold`: hold
+    /// the record for an operator, fenced by the attempt number.
+    Ambiguous { error: Option<&'a str> },
+}
+
+/// One forward of a guarded request (SPEC §13), as recorded beside its
+/// record. No payload, no header value, no upstream address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Attempt {
+    pub attempt: i64,
+    pub started_at: Millis,
+    pub ended_at: Option<Millis>,
+    pub status: Option<i64>,
+    /// delivered, released, ambiguous, stale or settle_error.
+    pub result: String,
+    pub error: Option<String>,
+    pub duration_ms: Option<i64>,
+    pub instance: Option<String>,
 }
 
 /// One record, every field (SPEC §3). The replay body is never printed.
@@ -151,6 +182,10 @@ pub struct Record {
     pub replay_status: Option<i64>,
     pub replay_content_type: Option<String>,
     pub replay_body_bytes: Option<i64>,
+    /// The newest attempts, oldest first: read for one record (`get`),
+    /// not for a list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<Vec<Attempt>>,
 }
 
 fn state_text<S: serde::Serializer>(state: &State, s: S) -> Result<S::Ok, S::Error> {
@@ -243,20 +278,83 @@ pub trait ClaimStore: Send + Sync {
     async fn sweep_batch(&self, now: Millis, limit: i64) -> Result<u64, StoreError>;
     /// Per route, the `updated_at` of the oldest `processing` record.
     async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError>;
+    /// Runs `statements` in one transaction and says how many rows each
+    /// changed: the operator's actions and the sweeper's holds
+    /// (`store::operator`), never the hot path. Not cut off from outside:
+    /// an error means nothing committed.
+    async fn write(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError>;
+    /// The rows one read answers, each as its columns' values: the
+    /// operator's reads (`store::operator`).
+    async fn read(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError>;
     /// Closes the pool (flushes the SQLite WAL).
     async fn close(&self);
 }
 
-/// Builds a [`ClaimOutcome::Existing`] from a record read back after a refused
-/// claim, using the same `decide` rules as the SQL. `None` means the record
-/// became claimable in between: try the claim again.
+/// A value bound to a statement (`sql`'s, `operator`'s); each store binds
+/// it with its own driver.
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    Text(&'a str),
+    Int(i64),
+    OptText(Option<&'a str>),
+    OptInt(Option<i64>),
+    OptBlob(Option<&'a [u8]>),
+}
+
+/// One statement and its values, for the operator's actions and reads
+/// (`store::operator`), which both stores run as they are.
+#[derive(Debug, Clone)]
+pub struct Statement<'a> {
+    pub sql: &'static str,
+    pub params: Vec<Param<'a>>,
+}
+
+/// A column's value as an operator's read returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+}
+
+impl Value {
+    pub fn int(&self) -> Option<i64> {
+        match self {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Value::Text(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// What a record read back decides for a claim.
+#[derive(Debug)]
+pub(crate) enum Found {
+    /// The record refuses the claim with this answer.
+    Answer(ClaimOutcome),
+    /// The record is claimable: run the claim statement (again).
+    Claim,
+    /// Its lease ended under `hold`: turn it `ambiguous`, then answer
+    /// outcome-unknown.
+    Hold,
+}
+
+/// Decides a claim from a record read back, with the same `decide` rules as
+/// the SQL.
 pub(crate) fn existing_outcome(
     state: State,
     lease_until: Option<Millis>,
     same_digest: bool,
     now: Millis,
+    hold: bool,
     recorded: Recorded,
-) -> Result<Option<ClaimOutcome>, StoreError> {
+) -> Found {
     let decision = crate::claim::decide(
         Some(crate::claim::Existing {
             state,
@@ -264,14 +362,25 @@ pub(crate) fn existing_outcome(
             same_digest,
         }),
         now,
+        hold,
     );
-    Ok(match decision {
-        Decision::Claim(_) => None,
-        Decision::Refuse(refusal) => Some(ClaimOutcome::Existing {
+    match decision {
+        Decision::Claim(_) => Found::Claim,
+        Decision::Hold => Found::Hold,
+        Decision::Refuse(refusal) => Found::Answer(ClaimOutcome::Existing {
             decision: refusal,
             recorded,
         }),
-    })
+    }
+}
+
+/// The answer to the delivery that found a record [`Found::Hold`], once
+/// the record is `ambiguous`.
+pub(crate) fn outcome_unknown() -> ClaimOutcome {
+    ClaimOutcome::Existing {
+        decision: Refusal::OutcomeUnknown,
+        recorded: Recorded::default(),
+    }
 }
 
 pub(crate) fn claim_kind_from_previous(prev: Option<&str>) -> ClaimKind {

@@ -5,7 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::Record;
+use super::{Attempt, Record};
 use crate::claim::Millis;
 
 /// RFC 3339 UTC with milliseconds.
@@ -37,5 +37,22 @@ pub fn record_json(r: &Record) -> Value {
         doc["replay_content_type"] = json!(r.replay_content_type);
         doc["replay_body_bytes"] = json!(r.replay_body_bytes);
     }
+    if let Some(history) = &r.history {
+        doc["history"] = Value::Array(history.iter().map(attempt_json).collect());
+    }
     doc
+}
+
+/// One attempt (SPEC §13) as JSON, times as the record's are.
+pub fn attempt_json(a: &Attempt) -> Value {
+    json!({
+        "attempt": a.attempt,
+        "started_at": timestamp(a.started_at),
+        "ended_at": a.ended_at.map(timestamp),
+        "status": a.status,
+        "result": a.result,
+        "error": a.error,
+        "duration_ms": a.duration_ms,
+        "instance": a.instance,
+    })
 }

@@ -12,6 +12,7 @@
 mod backend;
 mod contract;
 pub mod json;
+pub mod operator;
 mod owned;
 pub mod postgres;
 pub(crate) mod sql;
@@ -22,11 +23,14 @@ mod url;
 use std::sync::Arc;
 
 pub use backend::{Backend, Bounded};
-pub(crate) use contract::{claim_kind_from_previous, existing_outcome, state_of};
-pub use contract::{
-    ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, ListKey, Record, Recorded, ReleaseOutcome,
-    ReleaseRequest, SettleOutcome, SettleRequest, StoreError,
+pub(crate) use contract::{
+    claim_kind_from_previous, existing_outcome, outcome_unknown, state_of, Found,
 };
+pub use contract::{
+    Attempt, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, ListKey, Record, Recorded,
+    ReleaseOutcome, ReleaseRequest, SettleOutcome, SettleRequest, StoreError,
+};
+pub use contract::{Param, Statement, Value};
 pub use url::{redact_url, StoreKind, StoreUrl};
 
 /// Opens the store a URL names; `max_connections` sizes the pool.

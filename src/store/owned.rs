@@ -11,16 +11,36 @@ pub(crate) struct OwnedClaim {
     pub(crate) now: Millis,
     pub(crate) lease_ms: Millis,
     pub(crate) retention_ms: Millis,
+    pub(crate) hold: bool,
+    pub(crate) instance: String,
 }
 
 pub(crate) struct OwnedSettle {
     pub(crate) route: String,
     pub(crate) event_id: String,
     pub(crate) attempt: i64,
+    pub(crate) started_at: Millis,
+    pub(crate) instance: String,
+    pub(crate) attempt_error: Option<String>,
     pub(crate) now: Millis,
     pub(crate) retention_ms: Millis,
-    pub(crate) delivered: Option<(u16, Option<String>, Option<Vec<u8>>)>,
-    pub(crate) failed: Option<(Option<u16>, Option<String>)>,
+    pub(crate) outcome: OwnedOutcome,
+}
+
+/// [`SettleOutcome`], owned.
+pub(crate) enum OwnedOutcome {
+    Delivered {
+        status: u16,
+        content_type: Option<String>,
+        body: Option<Vec<u8>>,
+    },
+    Failed {
+        status: Option<u16>,
+        error: Option<String>,
+    },
+    Ambiguous {
+        error: Option<String>,
+    },
 }
 
 impl OwnedClaim {
@@ -32,6 +52,8 @@ impl OwnedClaim {
             now: r.now,
             lease_ms: r.lease_ms,
             retention_ms: r.retention_ms,
+            hold: r.hold,
+            instance: r.instance.to_owned(),
         }
     }
     pub(crate) fn req(&self) -> ClaimRequest<'_> {
@@ -42,59 +64,70 @@ impl OwnedClaim {
             now: self.now,
             lease_ms: self.lease_ms,
             retention_ms: self.retention_ms,
+            hold: self.hold,
+            instance: &self.instance,
         }
     }
 }
 
 impl OwnedSettle {
     pub(crate) fn new(r: &SettleRequest<'_>) -> Self {
-        let (delivered, failed) = match &r.outcome {
+        let outcome = match r.outcome {
             SettleOutcome::Delivered {
                 status,
                 content_type,
                 body,
-            } => (
-                Some((
-                    *status,
-                    content_type.map(str::to_owned),
-                    body.map(<[u8]>::to_vec),
-                )),
-                None,
-            ),
-            SettleOutcome::Failed { status, error } => {
-                (None, Some((*status, error.map(str::to_owned))))
-            }
+            } => OwnedOutcome::Delivered {
+                status,
+                content_type: content_type.map(str::to_owned),
+                body: body.map(<[u8]>::to_vec),
+            },
+            SettleOutcome::Failed { status, error } => OwnedOutcome::Failed {
+                status,
+                error: error.map(str::to_owned),
+            },
+            SettleOutcome::Ambiguous { error } => OwnedOutcome::Ambiguous {
+                error: error.map(str::to_owned),
+            },
         };
         OwnedSettle {
             route: r.route.to_owned(),
             event_id: r.event_id.to_owned(),
             attempt: r.attempt,
+            started_at: r.started_at,
+            instance: r.instance.to_owned(),
+            attempt_error: r.attempt_error.map(str::to_owned),
             now: r.now,
             retention_ms: r.retention_ms,
-            delivered,
-            failed,
+            outcome,
         }
     }
     pub(crate) fn req(&self) -> SettleRequest<'_> {
-        let outcome = match (&self.delivered, &self.failed) {
-            (Some((status, ct, body)), _) => SettleOutcome::Delivered {
+        let outcome = match &self.outcome {
+            OwnedOutcome::Delivered {
+                status,
+                content_type,
+                body,
+            } => SettleOutcome::Delivered {
                 status: *status,
-                content_type: ct.as_deref(),
+                content_type: content_type.as_deref(),
                 body: body.as_deref(),
             },
-            (None, Some((status, error))) => SettleOutcome::Failed {
+            OwnedOutcome::Failed { status, error } => SettleOutcome::Failed {
                 status: *status,
                 error: error.as_deref(),
             },
-            (None, None) => SettleOutcome::Failed {
-                status: None,
-                error: None,
+            OwnedOutcome::Ambiguous { error } => SettleOutcome::Ambiguous {
+                error: error.as_deref(),
             },
         };
         SettleRequest {
             route: &self.route,
             event_id: &self.event_id,
             attempt: self.attempt,
+            started_at: self.started_at,
+            instance: &self.instance,
+            attempt_error: self.attempt_error.as_deref(),
             now: self.now,
             retention_ms: self.retention_ms,
             outcome,

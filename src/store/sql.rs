@@ -2,6 +2,7 @@
 //! `INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING`, `$N` parameters and
 //! row-value `IN`, so each transition is written once, here.
 
+pub use super::contract::{Param, Statement, Value};
 use super::{SettleOutcome, SettleRequest};
 use crate::claim::SettleResult;
 
@@ -9,7 +10,7 @@ use crate::claim::SettleResult;
 macro_rules! claim_insert {
     () => {
         "INSERT INTO records (route, event_id, body_sha256, state, attempts, lease_until,
-                     first_seen_at, updated_at, expires_at)\n"
+                     first_seen_at, updated_at, expires_at, hold, claimed_by)\n"
     };
 }
 pub(crate) use claim_insert;
@@ -17,14 +18,16 @@ pub(crate) use claim_insert;
 /// A new record's values for [`claim_insert!`], from the claim's parameters.
 macro_rules! claim_values {
     () => {
-        "VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6)\n"
+        "VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6, $7, $8)\n"
     };
 }
 pub(crate) use claim_values;
 
 /// The reclaim rule every claim statement ends with (before `RETURNING`):
 /// take over a record with the same digest that failed, or is processing
-/// with an expired lease. Mirrors `claim::decide`.
+/// with an expired lease unless the claim is made under `on_ambiguous:
+/// hold` (`excluded.hold`). Mirrors `claim::decide`. Taking over an expired
+/// lease records the lost attempt (the trigger `records_lease_lost`).
 macro_rules! claim_on_conflict {
     () => {
         "ON CONFLICT (route, event_id) DO UPDATE SET
@@ -33,10 +36,12 @@ macro_rules! claim_on_conflict {
     lease_until = excluded.lease_until,
     updated_at = excluded.updated_at,
     expires_at = excluded.expires_at,
-    claimed_from = records.state
+    claimed_from = records.state,
+    hold = excluded.hold,
+    claimed_by = excluded.claimed_by
 WHERE records.body_sha256 = excluded.body_sha256
   AND (records.state = 'failed'
-       OR (records.state = 'processing'
+       OR (records.state = 'processing' AND excluded.hold = 0
            AND (records.lease_until IS NULL OR records.lease_until <= excluded.updated_at)))\n"
     };
 }
@@ -45,7 +50,8 @@ pub(crate) use claim_on_conflict;
 /// Claim: insert a fresh record, or take over one that is reclaimable with the
 /// same digest (failed, or processing with an expired lease). Mirrors
 /// `claim::decide`; a refused claim returns no row.
-/// $1 route, $2 event_id, $3 digest, $4 lease_until, $5 now, $6 expires_at
+/// $1 route, $2 event_id, $3 digest, $4 lease_until, $5 now, $6 expires_at,
+/// $7 hold (0/1), $8 instance
 pub const CLAIM: &str = concat!(
     claim_insert!(),
     claim_values!(),
@@ -58,21 +64,120 @@ pub const CLAIM_READBACK: &str = "\
 SELECT state, lease_until, body_sha256, last_status, replay_status, replay_content_type, replay_body
 FROM records WHERE route = $1 AND event_id = $2";
 
-/// Delivered is final and may come from any attempt; the first one wins.
-/// $1 route, $2 event_id, $3 status, $4 now, $5 expires_at, $6 replay status,
-/// $7 replay content type, $8 replay body
-pub const SETTLE_DELIVERED: &str = "\
-UPDATE records SET state = 'delivered', last_status = $3, last_error = NULL, lease_until = NULL,
+/// Every settle statement takes the same values ([`settle_statement`]):
+/// $1 route, $2 event_id, $3 attempt, $4 now (the attempt's end),
+/// $5 expires_at, $6 status, $7 error, $8 replay status, $9 replay content
+/// type, $10 replay body, $11 the attempt's start, $12 instance, $13 the
+/// attempt's result when the settle changed the record, $14 the attempt's
+/// error (no upstream address: SPEC §13).
+macro_rules! settle_delivered {
+    () => {
+        "UPDATE records SET state = 'delivered', last_status = $6, last_error = NULL, lease_until = NULL,
     delivered_at = $4, updated_at = $4, expires_at = $5,
-    replay_status = $6, replay_content_type = $7, replay_body = $8
-WHERE route = $1 AND event_id = $2 AND state <> 'delivered'";
+    replay_status = $8, replay_content_type = $9, replay_body = $10
+WHERE route = $1 AND event_id = $2 AND state <> 'delivered'"
+    };
+}
+pub(crate) use settle_delivered;
+
+/// Delivered is final and may come from any attempt; the first one wins.
+pub const SETTLE_DELIVERED: &str = settle_delivered!();
 
 /// A release is fenced: only the attempt that holds the claim may undo it.
-/// $1 route, $2 event_id, $3 attempt, $4 status, $5 error, $6 now, $7 expires_at
-pub const SETTLE_FAILED: &str = "\
-UPDATE records SET state = 'failed', last_status = $4, last_error = $5, lease_until = NULL,
-    updated_at = $6, expires_at = $7
-WHERE route = $1 AND event_id = $2 AND state = 'processing' AND attempts = $3";
+macro_rules! settle_failed {
+    () => {
+        "UPDATE records SET state = 'failed', last_status = $6, last_error = $7, lease_until = NULL,
+    updated_at = $4, expires_at = $5
+WHERE route = $1 AND event_id = $2 AND state = 'processing' AND attempts = $3"
+    };
+}
+pub(crate) use settle_failed;
+pub const SETTLE_FAILED: &str = settle_failed!();
+
+/// An outcome idemgate cannot know, under `on_ambiguous: hold`: fenced as
+/// a release is; the record waits for an operator.
+macro_rules! settle_ambiguous {
+    () => {
+        "UPDATE records SET state = 'ambiguous', last_status = $6, last_error = $7, lease_until = NULL,
+    updated_at = $4, expires_at = $5
+WHERE route = $1 AND event_id = $2 AND state = 'processing' AND attempts = $3"
+    };
+}
+pub(crate) use settle_ambiguous;
+pub const SETTLE_AMBIGUOUS: &str = settle_ambiguous!();
+
+/// The attempt's row, written in the settle's commit (SPEC §13). Its real
+/// outcome replaces a row written for it as lost (an ended lease found
+/// before its answer came). The values of [`settle_delivered!`]; `result`
+/// is the expression given.
+macro_rules! attempt_upsert {
+    ($result:literal) => {
+        concat!(
+            "INSERT INTO record_attempts
+    (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
+SELECT $1, $2, $3, $11, $4, $6, ",
+            $result,
+            ", $14, $4 - $11, $12
+WHERE EXISTS (SELECT 1 FROM records WHERE route = $1 AND event_id = $2)
+ON CONFLICT (route, event_id, attempt) DO UPDATE SET
+    started_at = excluded.started_at, ended_at = excluded.ended_at, status = excluded.status,
+    result = excluded.result, error = excluded.error, duration_ms = excluded.duration_ms,
+    instance = excluded.instance"
+        )
+    };
+}
+pub(crate) use attempt_upsert;
+
+/// The attempt's row where the store knows the result ($13) beforehand.
+pub const ATTEMPT_UPSERT: &str = attempt_upsert!("$13");
+
+/// How many attempts a record keeps (SPEC §13).
+pub const ATTEMPTS_KEPT: i64 = 20;
+
+/// Drops a record's attempts older than the newest [`ATTEMPTS_KEPT`].
+/// Settle values ($1 route, $2 event_id, $3 attempt).
+macro_rules! attempts_trim {
+    () => {
+        "DELETE FROM record_attempts WHERE route = $1 AND event_id = $2 AND attempt <= $3 - 20"
+    };
+}
+pub(crate) use attempts_trim;
+pub const ATTEMPTS_TRIM: &str = attempts_trim!();
+
+/// What an attempt's `error` says when its lease ended without an answer.
+pub const LEASE_LOST: &str = "lease ended without an answer";
+
+/// The condition of a `processing` record whose lease ended by $3.
+macro_rules! lease_ended {
+    () => {
+        "state = 'processing' AND (lease_until IS NULL OR lease_until <= $3)"
+    };
+}
+
+/// Under `hold`, the lost attempt of a record whose lease ended, before
+/// [`HOLD_EXPIRED`] turns it `ambiguous` (same transaction).
+/// $1 route, $2 event_id, $3 now
+pub const HOLD_LOST_ATTEMPT: &str = concat!(
+    "INSERT INTO record_attempts
+    (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
+SELECT route, event_id, attempts, updated_at, lease_until, NULL, 'ambiguous', '",
+    "lease ended without an answer",
+    "', NULL, claimed_by
+FROM records WHERE route = $1 AND event_id = $2 AND ",
+    lease_ended!(),
+    "\nON CONFLICT DO NOTHING"
+);
+
+/// Under `hold`, a record whose lease ended turns `ambiguous` (SPEC §12).
+/// $1 route, $2 event_id, $3 now
+pub const HOLD_EXPIRED: &str = concat!(
+    "UPDATE records SET state = 'ambiguous', lease_until = NULL, last_error = '",
+    "lease ended without an answer",
+    "',
+    expires_at = $3 + (expires_at - updated_at), updated_at = $3
+WHERE route = $1 AND event_id = $2 AND ",
+    lease_ended!()
+);
 
 /// For telling a stale settle's reason apart. $1 route, $2 event_id
 pub const STATE_OF: &str = "SELECT state FROM records WHERE route = $1 AND event_id = $2";
@@ -102,15 +207,24 @@ pub const SELECT_RECORD: &str = select_record!();
 /// One record. $1 route, $2 event_id
 pub const GET_RECORD: &str = concat!(select_record!(), " WHERE route = $1 AND event_id = $2");
 
-/// A value bound to a statement built here ([`list_statement`],
-/// [`settle_statement`]); each store binds it with its own driver.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Param<'a> {
-    Text(&'a str),
-    Int(i64),
-    OptText(Option<&'a str>),
-    OptInt(Option<i64>),
-    OptBlob(Option<&'a [u8]>),
+/// A [`Param`] owned, to cross to a blocking thread.
+#[derive(Debug, Clone)]
+pub(crate) enum OwnedParam {
+    Text(Option<String>),
+    Int(Option<i64>),
+    Blob(Option<Vec<u8>>),
+}
+
+impl From<&Param<'_>> for OwnedParam {
+    fn from(p: &Param<'_>) -> Self {
+        match *p {
+            Param::Text(t) => OwnedParam::Text(Some(t.to_owned())),
+            Param::OptText(t) => OwnedParam::Text(t.map(str::to_owned)),
+            Param::Int(n) => OwnedParam::Int(Some(n)),
+            Param::OptInt(n) => OwnedParam::Int(n),
+            Param::OptBlob(b) => OwnedParam::Blob(b.map(<[u8]>::to_vec)),
+        }
+    }
 }
 
 /// The list statement for `filter` and the values to bind, in order. Only
@@ -222,13 +336,13 @@ impl Readback {
             .and_then(|s| u16::try_from(s).ok())
     }
 
-    /// Decides a delivery with `claim::decide`: `None` when the record is
-    /// claimable (the claim statement must run).
+    /// Decides a delivery with `claim::decide`.
     pub(crate) fn outcome(
         self,
         digest: &str,
         now: crate::claim::Millis,
-    ) -> Result<Option<super::ClaimOutcome>, super::StoreError> {
+        hold: bool,
+    ) -> super::Found {
         let recorded = super::Recorded {
             status: self.replay_status(),
             content_type: self.replay_content_type,
@@ -239,76 +353,87 @@ impl Readback {
             self.lease_until,
             self.body_sha256 == digest,
             now,
+            hold,
             recorded,
         )
     }
 }
 
-/// A settle as a statement: the one list of a settle's columns, for both
-/// stores. No allocation: a settle is on every delivery's path.
+/// A settle as a statement: the one list of a settle's values, for both
+/// stores, in the layout of [`settle_delivered!`]. No allocation: a settle
+/// is on every delivery's path.
 pub(crate) struct SettleStatement<'a> {
     pub(crate) sql: &'static str,
-    params: [Param<'a>; 8],
-    len: usize,
+    params: [Param<'a>; 14],
     /// What the settle did when it changed the record ([`settled`]).
     pub(crate) changed: SettleResult,
 }
 
 impl<'a> SettleStatement<'a> {
-    /// The values to bind, in order.
+    /// The values to bind, in order; the last is the attempt's result when
+    /// the settle changes the record.
     pub(crate) fn params(&self) -> &[Param<'a>] {
-        &self.params[..self.len]
+        &self.params
+    }
+
+    /// The values of [`ATTEMPT_UPSERT`] once the settle ran: `result` is
+    /// what it did.
+    pub(crate) fn attempt_params(&self, result: SettleResult) -> [Param<'a>; 14] {
+        let mut params = self.params;
+        params[12] = Param::Text(result.as_str());
+        params
     }
 }
 
 /// The statement that settles `req`, with its values.
 pub(crate) fn settle_statement<'a>(req: &SettleRequest<'a>) -> SettleStatement<'a> {
     use Param::*;
-    let (route, event_id, now) = (Text(req.route), Text(req.event_id), Int(req.now));
-    let expires_at = Int(req.now + req.retention_ms);
-    match req.outcome {
+    let (mut status, mut error) = (None, None);
+    let (mut replay_status, mut content_type, mut body) = (None, None, None);
+    let (sql, changed) = match req.outcome {
         SettleOutcome::Delivered {
-            status,
-            content_type,
-            body,
+            status: s,
+            content_type: ct,
+            body: b,
         } => {
+            status = Some(i64::from(s));
             // the replay's status and type only beside a stored body
-            let stored = body.is_some();
-            let params = [
-                route,
-                event_id,
-                Int(i64::from(status)),
-                now,
-                expires_at,
-                OptInt(stored.then_some(i64::from(status))),
-                OptText(content_type.filter(|_| stored)),
-                OptBlob(body),
-            ];
-            SettleStatement {
-                sql: SETTLE_DELIVERED,
-                params,
-                len: 8,
-                changed: SettleResult::Delivered,
+            if b.is_some() {
+                (replay_status, content_type, body) = (status, ct, b);
             }
+            (SETTLE_DELIVERED, SettleResult::Delivered)
         }
-        SettleOutcome::Failed { status, error } => {
-            let params = [
-                route,
-                event_id,
-                Int(req.attempt),
-                OptInt(status.map(i64::from)),
-                OptText(error),
-                now,
-                expires_at,
-                OptInt(None), // not bound: SETTLE_FAILED has seven
-            ];
-            SettleStatement {
-                sql: SETTLE_FAILED,
-                params,
-                len: 7,
-                changed: SettleResult::Released,
-            }
+        SettleOutcome::Failed {
+            status: s,
+            error: e,
+        } => {
+            (status, error) = (s.map(i64::from), e);
+            (SETTLE_FAILED, SettleResult::Released)
         }
+        SettleOutcome::Ambiguous { error: e } => {
+            error = e;
+            (SETTLE_AMBIGUOUS, SettleResult::Ambiguous)
+        }
+    };
+    SettleStatement {
+        sql,
+        params: [
+            Text(req.route),
+            Text(req.event_id),
+            Int(req.attempt),
+            Int(req.now),
+            Int(req.now + req.retention_ms),
+            OptInt(status),
+            OptText(error),
+            OptInt(replay_status),
+            OptText(content_type),
+            OptBlob(body),
+            Int(req.started_at),
+            Text(req.instance),
+            Text(changed.as_str()),
+            OptText(req.attempt_error),
+        ],
+        changed,
     }
 }
 

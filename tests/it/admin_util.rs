@@ -31,6 +31,8 @@ pub fn stuck_claim(store: &str, route: &str, id: &str, age_ms: i64, lease_ms: i6
                 now: now - age_ms,
                 lease_ms,
                 retention_ms: 86_400_000,
+                hold: false,
+                instance: "test",
             })
             .await
             .unwrap();

@@ -45,6 +45,7 @@ mod raw_upstream;
 mod webdriver;
 
 mod admin_api;
+mod ambiguous;
 mod console;
 mod core;
 mod core_http;

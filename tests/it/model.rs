@@ -74,6 +74,8 @@ enum End {
     Delivered(u16),
     /// An upstream status that does not settle, or `None` for a connect error or timeout.
     Failed(Option<u16>),
+    /// An outcome idemgate cannot know, held (`on_ambiguous: hold`).
+    Ambiguous,
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -81,6 +83,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     let end = prop_oneof![
         prop::sample::select(vec![200u16, 202, 204]).prop_map(End::Delivered),
         prop::sample::select(vec![Some(500u16), Some(503), Some(404), None]).prop_map(End::Failed),
+        Just(End::Ambiguous),
     ];
     prop_oneof![
         6 => (ev.clone(), prop::bool::weighted(0.15))
@@ -150,12 +153,17 @@ struct Stats {
     released: usize,
     stale_settles: usize,
     stale_releases_refused: usize,
+    /// Attempts held as ambiguous, by a settle or by an ended lease.
+    held: usize,
+    outcome_unknown: usize,
     swept: u64,
     operator_releases: usize,
 }
 
 struct Run<'a> {
     s: &'a dyn ClaimStore,
+    /// The route's `on_ambiguous` is `hold` in this scenario.
+    hold: bool,
     stats: &'a std::sync::Mutex<Stats>,
     now: Millis,
     model: [Option<MRec>; 3],
@@ -223,7 +231,7 @@ impl Run<'_> {
             lease_until: r.lease_until,
             same_digest: r.digest == digest,
         });
-        let want = claim::decide(existing, now);
+        let want = claim::decide(existing, now, self.hold);
         // The read the proxy makes first for an event it met lately
         // (on SQLite answered from the cache of delivered records
         // when it holds one) decides as the claim would, or defers.
@@ -232,7 +240,7 @@ impl Run<'_> {
             "peek",
         )?;
         match (&want, peeked) {
-            (Decision::Claim(_), None) => {}
+            (Decision::Claim(_) | Decision::Hold, None) => {}
             (Decision::Refuse(want), Some(ClaimOutcome::Existing { decision, .. })) => {
                 prop_assert_eq!(&decision, want, "decision of the read");
             }
@@ -249,6 +257,8 @@ impl Run<'_> {
                     now,
                     lease_ms: LEASE,
                     retention_ms: RETENTION,
+                    hold: self.hold,
+                    instance: "test",
                 })
                 .await,
             "claim",
@@ -272,6 +282,7 @@ impl Run<'_> {
                         Refusal::Replay => stats.replays += 1,
                         Refusal::InFlight { .. } => stats.in_flight += 1,
                         Refusal::Mismatch => stats.mismatches += 1,
+                        Refusal::OutcomeUnknown => stats.outcome_unknown += 1,
                     }
                 }
                 if decision == Refusal::Replay {
@@ -282,6 +293,24 @@ impl Run<'_> {
                         "replayed status"
                     );
                 }
+            }
+            (
+                Decision::Hold,
+                ClaimOutcome::Existing {
+                    decision: Refusal::OutcomeUnknown,
+                    ..
+                },
+            ) => {
+                // the lease ended under hold: the record waits for an operator
+                let rec = self.model[ev].as_mut().expect("held a known record");
+                rec.state = State::Ambiguous;
+                rec.lease_until = None;
+                rec.expires_at = now + (rec.expires_at - rec.updated_at);
+                rec.updated_at = now;
+                self.close_grants(ev, None);
+                let mut stats = self.stats.lock().unwrap();
+                stats.held += 1;
+                stats.outcome_unknown += 1;
             }
             (want, got) => return Err(fail(format!("model decided {want:?}, store said {got:?}"))),
         }
@@ -368,6 +397,12 @@ impl Run<'_> {
                     error: Some("upstream failed"),
                 },
             ),
+            End::Ambiguous => (
+                AttemptEnd::Ambiguous,
+                SettleOutcome::Ambiguous {
+                    error: Some("timeout after the request was written"),
+                },
+            ),
         };
         let want = claim::settle(current, attempt, pure_end);
         let before = self.get(ev).await?;
@@ -380,6 +415,9 @@ impl Run<'_> {
                     now,
                     retention_ms: RETENTION,
                     outcome,
+                    started_at: 0,
+                    instance: "test",
+                    attempt_error: None,
                 })
                 .await,
             "settle",
@@ -412,6 +450,12 @@ impl Run<'_> {
                 rec.settle(State::Failed, status.map(i64::from), now);
                 self.close_grants(ev, Some(attempt));
                 self.stats.lock().unwrap().released += 1;
+            }
+            SettleResult::Ambiguous => {
+                let rec = self.model[ev].as_mut().expect("held a known record");
+                rec.settle(State::Ambiguous, None, now);
+                self.close_grants(ev, Some(attempt));
+                self.stats.lock().unwrap().held += 1;
             }
             SettleResult::Stale => {
                 self.stats.lock().unwrap().stale_settles += 1;
@@ -574,11 +618,13 @@ fn run_model(tag: &str, rt: &tokio::runtime::Runtime, store: Arc<dyn ClaimStore>
     let mut runner = runner(tag);
     let steps = std::sync::atomic::AtomicUsize::new(0);
     let stats = std::sync::Mutex::new(Stats::default());
-    let result = runner.run(&prop::collection::vec(op_strategy(), 1..64), |ops| {
+    let scenario = (any::<bool>(), prop::collection::vec(op_strategy(), 1..64));
+    let result = runner.run(&scenario, |(hold, ops)| {
         rt.block_on(async {
             reset(&*store).await;
             let mut run = Run {
                 s: &*store,
+                hold,
                 stats: &stats,
                 now: T0,
                 model: [None, None, None],
@@ -594,14 +640,18 @@ fn run_model(tag: &str, rt: &tokio::runtime::Runtime, store: Arc<dyn ClaimStore>
             Ok(())
         })
     });
+    let stats = stats.into_inner().unwrap();
     eprintln!(
-        "{tag}: {} steps in {:.1?}; {:?}",
+        "{tag}: {} steps in {:.1?}; {stats:?}",
         steps.into_inner(),
         started.elapsed(),
-        stats.into_inner().unwrap()
     );
     match result {
-        Ok(()) => {}
+        // the scenarios reached the ambiguous state both ways, and met it
+        Ok(()) => assert!(
+            stats.held > 0 && stats.outcome_unknown > 0,
+            "{tag}: no scenario held an ambiguous outcome: {stats:?}"
+        ),
         Err(TestError::Fail(why, ops)) => {
             panic!("{tag}: the store disagrees with the model: {why}\nminimal scenario: {ops:#?}")
         }

@@ -66,6 +66,8 @@ fn claim_req<'a>(event_id: &'a str, digest: &'a str, now: Millis) -> ClaimReques
         now,
         lease_ms: LEASE,
         retention_ms: RETENTION,
+        hold: false,
+        instance: "test",
     }
 }
 
@@ -108,6 +110,9 @@ fn settle_req<'a>(
         now,
         retention_ms: RETENTION,
         outcome,
+        started_at: 0,
+        instance: "test",
+        attempt_error: None,
     }
 }
 
@@ -211,6 +216,7 @@ mod cases {
             replay_status: None,
             replay_content_type: None,
             replay_body_bytes: None,
+            history: None,
         };
         assert_eq!(rec, want);
         assert_eq!(rec.state, State::Processing);
@@ -1130,7 +1136,7 @@ mod cases {
                         lease_until: r.lease_until,
                         same_digest: r.body_sha256 == digest,
                     });
-                    let want = claim::decide(existing, now);
+                    let want = claim::decide(existing, now, false);
                     let out = claim(s, &id, digest, now).await;
                     let what = format!("{build:?} same_digest={same} +{dt}ms: {out:?}");
                     assert_eq!(decision_of(&out), want, "{what}");

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::claim::policy::{Busy, Hold, InFlight, InFlightRefusal};
+use crate::claim::policy::{self, Busy, Hold, InFlight, InFlightRefusal, OnAmbiguous};
 use crate::claim::{now_ms, Refusal, State};
 use crate::problem::{Problem, ProblemKind};
 use crate::store::{ClaimOutcome, ClaimRequest, Recorded, StoreError};
@@ -38,7 +38,9 @@ impl Delivery<'_> {
         // is most likely new: it claims at once, and the claim decides the
         // rare duplicate just as the read would have.
         let mut decided = None;
-        if shared.seen.check_and_record(name, event_id) {
+        // A paused route still replays delivered events: always read first.
+        let paused = shared.paused.contains(name);
+        if shared.seen.check_and_record(name, event_id) || paused {
             let t = Instant::now();
             let peeked = shared.store.peek(&self.claim_request()).await;
             shared
@@ -52,14 +54,23 @@ impl Delivery<'_> {
         loop {
             let outcome = match decided.take() {
                 Some(outcome) => outcome,
+                // what would be forwarded is refused while the route is paused
+                None if shared.paused.contains(name) => {
+                    return Err(ClaimStop::Refused(route_paused(Some(event_id))))
+                }
                 None => self.try_claim().await?,
             };
             let retry_after_ms = match outcome {
                 ClaimOutcome::Claimed { attempt, kind, .. } => {
                     shared.metrics.claimed(name, kind.as_str());
                     self.attempt = Some(attempt);
+                    self.started_at = now_ms();
                     return Ok(Claimed::Own);
                 }
+                ClaimOutcome::Existing {
+                    decision: Refusal::OutcomeUnknown,
+                    ..
+                } => return Err(ClaimStop::Refused(outcome_unknown(event_id))),
                 ClaimOutcome::Existing {
                     decision: Refusal::Replay,
                     recorded,
@@ -97,6 +108,8 @@ impl Delivery<'_> {
             now: now_ms(),
             lease_ms: cfg.lease.ms(),
             retention_ms: cfg.retention.ms(),
+            hold: cfg.on_ambiguous == OnAmbiguous::Hold,
+            instance: &self.shared.instance,
         }
     }
 
@@ -148,6 +161,28 @@ fn in_flight(event_id: &str, r: InFlightRefusal) -> Problem {
     )
     .with_event_id(Some(event_id))
     .with_retry_after(r.retry_after_secs)
+}
+
+/// The record is `ambiguous`: the sender keeps retrying while an operator
+/// finds out what the consumer did (SPEC §12).
+fn outcome_unknown(event_id: &str) -> Problem {
+    Problem::new(
+        ProblemKind::OutcomeUnknown,
+        "an earlier delivery of this event may have reached the consumer and its answer was \
+         lost; it waits for an operator's decision",
+    )
+    .with_event_id(Some(event_id))
+    .with_retry_after(policy::OUTCOME_UNKNOWN_RETRY_AFTER_SECS)
+}
+
+/// The route is paused: nothing is claimed, the sender retries (SPEC §14).
+pub fn route_paused(event_id: Option<&str>) -> Problem {
+    Problem::new(
+        ProblemKind::RoutePaused,
+        "deliveries to this route are paused by an operator; retry later",
+    )
+    .with_event_id(event_id)
+    .with_retry_after(policy::ROUTE_PAUSED_RETRY_AFTER_SECS)
 }
 
 fn mismatch(event_id: &str) -> Problem {

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use pingora::proxy::Session;
 
-use crate::claim::policy::{self, StoreStep};
+use crate::claim::policy::{self, OnAmbiguous, StoreStep};
 use crate::metrics::Outcome;
 use crate::proxy::exit::{Ending, Refused, Relay, Stop, Verdict};
 use crate::proxy::forward::{self, Answered, UpstreamFailure};
@@ -59,7 +59,8 @@ impl Delivery<'_> {
             .map(|h| (h, self.event_id.as_str()));
         let req = steps::upstream_request(session, self.route, body.len(), key)?;
         crate::failpoint::hit("after_claim");
-        let mut answered = match steps::exchange(self.shared, self.route, req, body).await {
+        let hold = cfg.on_ambiguous == OnAmbiguous::Hold;
+        let mut answered = match steps::exchange(self.shared, self.route, req, body, hold).await {
             Ok(a) => a,
             Err(failure) => return Err(self.upstream_failed(failure).await),
         };
@@ -79,14 +80,14 @@ impl Delivery<'_> {
                 content_type,
                 body,
             };
-            self.settle(delivered).await?;
+            self.settle(delivered, None).await?;
         } else {
             let error = format!("upstream answered {status}");
             let failed = SettleOutcome::Failed {
                 status: Some(status),
                 error: Some(&error),
             };
-            self.settle(failed).await?;
+            self.settle(failed, Some(&error)).await?;
         }
         Ok(Verdict::Relay(Relay {
             answered,
@@ -96,14 +97,19 @@ impl Delivery<'_> {
     }
 
     /// The upstream gave no answer to the claimed delivery: the claim is
-    /// released, the sender gets 502 or 504.
+    /// released, or under `on_ambiguous: hold` held for an operator when
+    /// the consumer may have acted (SPEC §12); the sender gets 502 or 504.
     async fn upstream_failed(&self, failure: UpstreamFailure) -> Stop {
         let route = self.route;
         let refused = Refused::upstream_failed(&failure, Some(self.event_id.as_str()));
-        let error = match failure {
-            UpstreamFailure::Connect(e) => e,
-            UpstreamFailure::Timeout => format!(
-                "no response within {}",
+        let held = failure.ambiguous() && route.cfg.on_ambiguous == OnAmbiguous::Hold;
+        let error = match &failure {
+            UpstreamFailure::Failed { error, .. } | UpstreamFailure::Lost { error, .. } => {
+                error.clone()
+            }
+            UpstreamFailure::Timeout { .. } => format!(
+                "{} (no response within {})",
+                failure.attempt_error(),
                 humantime::format_duration(route.cfg.upstream_timeout)
             ),
         };
@@ -114,13 +120,21 @@ impl Delivery<'_> {
             attempt = self.attempt.unwrap_or(0),
             upstream = %route.cfg.upstream.original,
             error = %error,
-            "upstream failed; releasing the claim"
+            ambiguous = failure.ambiguous(),
+            "upstream failed; {}",
+            if held { "holding the event for an operator" } else { "releasing the claim" }
         );
-        let failed = SettleOutcome::Failed {
-            status: None,
-            error: Some(&error),
+        let outcome = if held {
+            SettleOutcome::Ambiguous {
+                error: Some(failure.attempt_error()),
+            }
+        } else {
+            SettleOutcome::Failed {
+                status: None,
+                error: Some(&error),
+            }
         };
-        match self.settle(failed).await {
+        match self.settle(outcome, Some(failure.attempt_error())).await {
             Ok(()) => refused.into(),
             Err(r) => r.into(),
         }

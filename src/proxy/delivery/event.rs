@@ -3,6 +3,7 @@
 //! files beside this one: [`Delivery::claim`], [`Delivery::deliver`] (and
 //! forward), [`Delivery::settle`].
 
+use crate::claim::Millis;
 use crate::proxy::routes::RouteRt;
 use crate::proxy::shared::Shared;
 
@@ -15,6 +16,8 @@ pub struct Delivery<'a> {
     pub(super) digest: String,
     /// Set once this delivery holds the claim.
     pub(super) attempt: Option<i64>,
+    /// When the claim was taken: the attempt's start in its record.
+    pub(super) started_at: Millis,
 }
 
 impl<'a> Delivery<'a> {
@@ -25,6 +28,7 @@ impl<'a> Delivery<'a> {
             event_id,
             digest,
             attempt: None,
+            started_at: 0,
         }
     }
 }

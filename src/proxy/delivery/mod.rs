@@ -27,6 +27,7 @@ use crate::claim::policy::Key;
 use crate::config::DigestMode;
 use crate::metrics::CloseReason;
 use crate::problem::{Problem, ProblemKind};
+pub use claim::route_paused;
 use event::Delivery;
 use key::{header_key, json_body, json_key};
 

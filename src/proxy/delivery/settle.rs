@@ -16,12 +16,18 @@ impl Delivery<'_> {
     /// Settles the attempt ([`Delivery::commit`]); when the store does not
     /// take it, [`policy::without_store`] says whether the sender still gets
     /// the upstream's answer.
-    pub async fn settle(&self, outcome: SettleOutcome<'_>) -> Result<(), Refused> {
+    /// `attempt_error` is what the attempt's row says went wrong.
+    pub async fn settle(
+        &self,
+        outcome: SettleOutcome<'_>,
+        attempt_error: Option<&str>,
+    ) -> Result<(), Refused> {
         let (end, status) = match &outcome {
             SettleOutcome::Delivered { status, .. } => (AttemptEnd::Settled, Some(*status)),
             SettleOutcome::Failed { status, .. } => (AttemptEnd::Failed, *status),
+            SettleOutcome::Ambiguous { .. } => (AttemptEnd::Ambiguous, None),
         };
-        if self.commit(outcome).await.is_some() {
+        if self.commit(outcome, attempt_error).await.is_some() {
             return Ok(());
         }
         let on_store_error = self.route.cfg.on_store_error;
@@ -38,7 +44,11 @@ impl Delivery<'_> {
 
     /// Commits the settle, retrying a failing store ([`SettleRetry`]). A
     /// settle that still fails leaves the claim to its lease.
-    async fn commit(&self, outcome: SettleOutcome<'_>) -> Option<SettleResult> {
+    async fn commit(
+        &self,
+        outcome: SettleOutcome<'_>,
+        attempt_error: Option<&str>,
+    ) -> Option<SettleResult> {
         let (shared, route, event_id) = (self.shared, self.route, self.event_id.as_str());
         // only a claimed delivery settles
         let attempt = self.attempt.unwrap_or(0);
@@ -52,6 +62,9 @@ impl Delivery<'_> {
                 route: name,
                 event_id,
                 attempt,
+                started_at: self.started_at,
+                instance: &shared.instance,
+                attempt_error,
                 now: now_ms(),
                 retention_ms: route.cfg.retention.ms(),
                 outcome: outcome.clone(),

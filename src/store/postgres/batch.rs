@@ -39,10 +39,10 @@ use tokio::sync::{mpsc, oneshot};
 use super::rows::{claim_on, readback, settle_on};
 use super::silence;
 use crate::claim::SettleResult;
-use crate::store::owned::{OwnedClaim, OwnedSettle};
+use crate::store::owned::{OwnedClaim, OwnedOutcome, OwnedSettle};
 use crate::store::sql::{self, Readback};
 use crate::store::ticket::{self, Ticket};
-use crate::store::{ClaimOutcome, StoreError};
+use crate::store::{ClaimOutcome, Found, StoreError};
 
 /// Most operations in one statement.
 const MAX_BATCH: usize = 128;
@@ -52,12 +52,14 @@ pub(super) const KEPT_CONNECTIONS: u32 = 3;
 
 /// Claims of keys not in the table yet, or reclaimable: [`sql::CLAIM`] over
 /// arrays. $1 routes, $2 event_ids, $3 digests, $4 lease_until, $5 now,
-/// $6 expires_at — one element per claim, sorted by (route, event_id).
+/// $6 expires_at, $7 hold, $8 instance — one element per claim, sorted by
+/// (route, event_id).
 const CLAIM_MANY: &str = concat!(
     sql::claim_insert!(),
-    "SELECT r, e, d, 'processing', 1, l, n, n, x
-FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[])
-     WITH ORDINALITY AS u(r, e, d, l, n, x, i)
+    "SELECT r, e, d, 'processing', 1, l, n, n, x, h, c
+FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[],
+            $7::int8[], $8::text[])
+     WITH ORDINALITY AS u(r, e, d, l, n, x, h, c, i)
 ORDER BY i\n",
     sql::claim_on_conflict!(),
     "RETURNING route, event_id, attempts, claimed_from"
@@ -70,17 +72,37 @@ SELECT records.route, records.event_id, state, lease_until, body_sha256, last_st
 FROM records JOIN UNNEST($1::text[], $2::text[]) AS u(r, e)
   ON records.route = u.r AND records.event_id = u.e";
 
-/// [`sql::SETTLE_DELIVERED`] for many keys. $1 routes, $2 event_ids,
-/// $3 statuses, $4 now, $5 expires_at, $6 replay statuses, $7 replay
-/// content types, $8 replay bodies
+/// [`sql::SETTLE_DELIVERED`] for many keys, with each attempt's row
+/// (SPEC §13) in the same statement. $1 routes, $2 event_ids, $3 statuses,
+/// $4 now, $5 expires_at, $6 replay statuses, $7 replay content types,
+/// $8 replay bodies, $9 attempts, $10 attempts' starts, $11 instances
 const DELIVER_MANY: &str = "\
-UPDATE records SET state = 'delivered', last_status = u.s, last_error = NULL,
-    lease_until = NULL, delivered_at = u.n, updated_at = u.n, expires_at = u.x,
-    replay_status = u.rs, replay_content_type = u.rct, replay_body = u.rb
-FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
-            $7::text[], $8::bytea[]) AS u(r, e, s, n, x, rs, rct, rb)
-WHERE records.route = u.r AND records.event_id = u.e AND records.state <> 'delivered'
-RETURNING records.route, records.event_id";
+WITH u AS (
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
+                         $7::text[], $8::bytea[], $9::int8[], $10::int8[], $11::text[])
+        AS u(r, e, s, n, x, rs, rct, rb, a, st, c)),
+d AS (
+    UPDATE records SET state = 'delivered', last_status = u.s, last_error = NULL,
+        lease_until = NULL, delivered_at = u.n, updated_at = u.n, expires_at = u.x,
+        replay_status = u.rs, replay_content_type = u.rct, replay_body = u.rb
+    FROM u
+    WHERE records.route = u.r AND records.event_id = u.e AND records.state <> 'delivered'
+    RETURNING records.route, records.event_id),
+w AS (
+    INSERT INTO record_attempts
+        (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
+    SELECT u.r, u.e, u.a, u.st, u.n, u.s,
+           CASE WHEN d.route IS NULL THEN 'stale' ELSE 'delivered' END, NULL, u.n - u.st, u.c
+    FROM u LEFT JOIN d ON d.route = u.r AND d.event_id = u.e
+    WHERE EXISTS (SELECT 1 FROM records WHERE records.route = u.r AND records.event_id = u.e)
+    ON CONFLICT (route, event_id, attempt) DO UPDATE SET
+        started_at = excluded.started_at, ended_at = excluded.ended_at, status = excluded.status,
+        result = excluded.result, error = excluded.error, duration_ms = excluded.duration_ms,
+        instance = excluded.instance),
+t AS (
+    DELETE FROM record_attempts a USING u
+    WHERE u.a > 20 AND a.route = u.r AND a.event_id = u.e AND a.attempt <= u.a - 20)
+SELECT route, event_id FROM d";
 
 type Key = (String, String);
 type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
@@ -424,6 +446,13 @@ async fn claim_many(
         .bind(pick(&|c| c.now + c.lease_ms))
         .bind(pick(&|c| c.now))
         .bind(pick(&|c| c.now + c.retention_ms))
+        .bind(pick(&|c| i64::from(c.hold)))
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].instance.as_str())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?;
     let mut claimed: HashMap<Key, (i64, Option<String>)> = HashMap::with_capacity(rows.len());
@@ -460,8 +489,8 @@ async fn claim_many(
     for &i in &refused {
         let c = &items[i];
         if let Some(record) = found.remove(&(c.route.clone(), c.event_id.clone())) {
-            if let Some(outcome) = record.outcome(&c.digest, c.now).transpose() {
-                results[i] = Some(outcome);
+            if let Found::Answer(outcome) = record.outcome(&c.digest, c.now, c.hold) {
+                results[i] = Some(Ok(outcome));
             }
         }
     }
@@ -510,10 +539,16 @@ async fn deliver_many(
     let mut content_types = Vec::with_capacity(which.len());
     let mut bodies = Vec::with_capacity(which.len());
     for &i in which {
-        let (status, content_type, body) = items[i]
-            .delivered
-            .as_ref()
-            .ok_or_else(|| StoreError::Corrupt("a failed settle in a delivered batch".into()))?;
+        let OwnedOutcome::Delivered {
+            status,
+            content_type,
+            body,
+        } = &items[i].outcome
+        else {
+            return Err(StoreError::Corrupt(
+                "a failed settle in a delivered batch".into(),
+            ));
+        };
         statuses.push(i64::from(*status));
         replay_statuses.push(body.as_ref().map(|_| i64::from(*status)));
         content_types.push(content_type.as_deref().filter(|_| body.is_some()));
@@ -534,6 +569,19 @@ async fn deliver_many(
         .bind(replay_statuses)
         .bind(content_types)
         .bind(bodies)
+        .bind(which.iter().map(|&i| items[i].attempt).collect::<Vec<_>>())
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].started_at)
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].instance.as_str())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?;
     rows.iter()

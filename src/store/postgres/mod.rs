@@ -21,9 +21,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Connection, Row};
 
 use super::owned::{OwnedClaim, OwnedSettle};
-use super::sql;
+use super::sql::{self, Statement, Value};
 use super::{
-    Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
+    Backend, ClaimOutcome, ClaimRequest, Found, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
     SettleOutcome, SettleRequest, StoreError,
 };
 use crate::claim::{Millis, SettleResult, State};
@@ -40,7 +40,7 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `migrations/postgres`, in order: version, description, SQL.
-const MIGRATIONS: [(i64, &str, &str); 3] = [
+const MIGRATIONS: [(i64, &str, &str); 4] = [
     (
         1,
         "records",
@@ -55,6 +55,11 @@ const MIGRATIONS: [(i64, &str, &str); 3] = [
         3,
         "vacuum settings",
         include_str!("../../../migrations/postgres/0003_vacuum_settings.sql"),
+    ),
+    (
+        4,
+        "ambiguous attempts pauses",
+        include_str!("../../../migrations/postgres/0004_ambiguous_attempts_pauses.sql"),
     ),
 ];
 
@@ -198,7 +203,7 @@ impl Backend for PostgresStore {
             SettleOutcome::Delivered { .. } => {
                 self.batchers.deliver(OwnedSettle::new(req), limit).await
             }
-            SettleOutcome::Failed { .. } => {
+            SettleOutcome::Failed { .. } | SettleOutcome::Ambiguous { .. } => {
                 // on the store's runtime, like the batches (see `hot`); run
                 // only if taken before the requester withdrew it (`ticket`)
                 let (hot, owned) = (self.hot.clone(), OwnedSettle::new(req));
@@ -238,7 +243,10 @@ impl Backend for PostgresStore {
             event_id: req.event_id.to_owned(),
         };
         match self.batchers.lookup(lookup, Self::OP_TIMEOUT).await? {
-            Some(found) => found.outcome(req.digest, req.now),
+            Some(found) => Ok(match found.outcome(req.digest, req.now, req.hold) {
+                Found::Answer(outcome) => Some(outcome),
+                Found::Claim | Found::Hold => None,
+            }),
             None => Ok(None),
         }
     }
@@ -330,6 +338,26 @@ impl Backend for PostgresStore {
         rows.iter()
             .map(|r| Ok((r.try_get("route")?, r.try_get("oldest")?)))
             .collect()
+    }
+
+    async fn write(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError> {
+        let mut tx = self.cold.begin().await?;
+        let mut changed = Vec::with_capacity(statements.len());
+        for s in statements {
+            let done = bind_all(sqlx::query(s.sql), &s.params)
+                .execute(&mut *tx)
+                .await?;
+            changed.push(done.rows_affected());
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    async fn read(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError> {
+        let rows = bind_all(sqlx::query(statement.sql), &statement.params)
+            .fetch_all(&self.cold)
+            .await?;
+        rows.iter().map(rows::values).collect()
     }
 
     async fn close(&self) {

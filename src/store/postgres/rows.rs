@@ -3,11 +3,14 @@
 
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{PgConnection, Postgres, Row};
+use sqlx::{Connection, PgConnection, Postgres, Row};
 
 use crate::claim::{Millis, SettleResult};
-use crate::store::sql::{self, Param, Readback};
-use crate::store::{ClaimOutcome, ClaimRequest, Record, SettleRequest, StoreError};
+use crate::store::sql::{self, Param, Readback, Value};
+use crate::store::{
+    outcome_unknown, ClaimOutcome, ClaimRequest, Found, Record, SettleOutcome, SettleRequest,
+    StoreError,
+};
 
 /// The claim, on one pooled connection (a batch's or its own).
 pub(crate) async fn claim_on(
@@ -26,6 +29,8 @@ pub(crate) async fn claim_on(
             .bind(lease_until)
             .bind(req.now)
             .bind(expires_at)
+            .bind(i64::from(req.hold))
+            .bind(req.instance)
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(row) = row {
@@ -42,8 +47,14 @@ pub(crate) async fn claim_on(
             .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = row else { continue };
-        if let Some(outcome) = readback_outcome(&row, req.digest, req.now)? {
-            return Ok(outcome);
+        match readback(&row)?.outcome(req.digest, req.now, req.hold) {
+            Found::Answer(outcome) => return Ok(outcome),
+            Found::Claim => {}
+            Found::Hold => {
+                if hold_expired(conn, req.route, req.event_id, req.now).await? {
+                    return Ok(outcome_unknown());
+                }
+            }
         }
     }
     Err(StoreError::Unavailable(
@@ -51,25 +62,69 @@ pub(crate) async fn claim_on(
     ))
 }
 
+/// Under `hold`, turns a record whose lease ended `ambiguous` and records
+/// its lost attempt, in one transaction; whether it did (the record may
+/// have moved on meanwhile).
+async fn hold_expired(
+    conn: &mut PgConnection,
+    route: &str,
+    event_id: &str,
+    now: Millis,
+) -> Result<bool, StoreError> {
+    let mut tx = conn.begin().await?;
+    sqlx::query(sql::HOLD_LOST_ATTEMPT)
+        .bind(route)
+        .bind(event_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    let done = sqlx::query(sql::HOLD_EXPIRED)
+        .bind(route)
+        .bind(event_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A settle statement with its attempt's row and the trim of old ones, as
+/// one statement (SPEC §13: no extra round trip). Its one row counts the
+/// records the settle changed.
+macro_rules! settle_with_attempt {
+    ($settle:ident) => {
+        concat!(
+            "WITH s AS (",
+            sql::$settle!(),
+            "\n    RETURNING 1),\nw AS (",
+            sql::attempt_upsert!("CASE WHEN EXISTS (SELECT 1 FROM s) THEN $13 ELSE 'stale' END"),
+            "),\nt AS (",
+            sql::attempts_trim!(),
+            ")\nSELECT count(*) AS settled FROM s"
+        )
+    };
+}
+
+const SETTLE_DELIVERED: &str = settle_with_attempt!(settle_delivered);
+const SETTLE_FAILED: &str = settle_with_attempt!(settle_failed);
+const SETTLE_AMBIGUOUS: &str = settle_with_attempt!(settle_ambiguous);
+
 /// The settle, on one pooled connection.
 pub(crate) async fn settle_on(
     conn: &mut PgConnection,
     req: &SettleRequest<'_>,
 ) -> Result<SettleResult, StoreError> {
     let st = sql::settle_statement(req);
-    let done = bind_all(sqlx::query(st.sql), st.params())
-        .execute(&mut *conn)
+    let statement = match req.outcome {
+        SettleOutcome::Delivered { .. } => SETTLE_DELIVERED,
+        SettleOutcome::Failed { .. } => SETTLE_FAILED,
+        SettleOutcome::Ambiguous { .. } => SETTLE_AMBIGUOUS,
+    };
+    let row = bind_all(sqlx::query(statement), st.params())
+        .fetch_one(&mut *conn)
         .await?;
-    Ok(sql::settled(done.rows_affected(), st.changed))
-}
-
-/// Decides a delivery from a [`sql::CLAIM_READBACK`] row read from PostgreSQL.
-fn readback_outcome(
-    row: &PgRow,
-    digest: &str,
-    now: Millis,
-) -> Result<Option<ClaimOutcome>, StoreError> {
-    readback(row)?.outcome(digest, now)
+    let settled: i64 = row.try_get("settled")?;
+    Ok(sql::settled(settled as u64, st.changed))
 }
 
 /// The decisive columns of a record ([`sql::CLAIM_READBACK`]'s).
@@ -105,6 +160,7 @@ pub(crate) fn record_from_row(row: &PgRow) -> Result<Record, StoreError> {
         replay_status: rb.replay_status,
         replay_content_type: rb.replay_content_type,
         replay_body_bytes: rb.replay_body.map(|b| b.len() as i64),
+        history: None,
     })
 }
 
@@ -123,4 +179,31 @@ pub(crate) fn bind_all<'q>(
         };
     }
     query
+}
+
+/// A row of an operator's read, as values: integers and text are all
+/// idemgate's tables hold besides the replay body, which no such read
+/// selects.
+pub(crate) fn values(row: &PgRow) -> Result<Vec<Value>, StoreError> {
+    use sqlx::{Column, TypeInfo, ValueRef};
+    let mut out = Vec::with_capacity(row.len());
+    for (i, column) in row.columns().iter().enumerate() {
+        if row.try_get_raw(i)?.is_null() {
+            out.push(Value::Null);
+            continue;
+        }
+        out.push(match column.type_info().name() {
+            "INT8" => Value::Int(row.try_get::<i64, _>(i)?),
+            "INT4" => Value::Int(i64::from(row.try_get::<i32, _>(i)?)),
+            "INT2" => Value::Int(i64::from(row.try_get::<i16, _>(i)?)),
+            "TEXT" | "VARCHAR" | "NAME" => Value::Text(row.try_get::<String, _>(i)?),
+            other => {
+                return Err(StoreError::Corrupt(format!(
+                    "column {} of type {other}",
+                    column.name()
+                )))
+            }
+        });
+    }
+    Ok(out)
 }

@@ -115,9 +115,17 @@ impl DeliveredCache {
         let recorded = entry.recorded.clone();
         drop(shard);
         // "delivered" with the same digest replays, with another is refused
-        crate::store::existing_outcome(State::Delivered, None, same_digest, now, recorded)
-            .ok()
-            .flatten()
+        match crate::store::existing_outcome(
+            State::Delivered,
+            None,
+            same_digest,
+            now,
+            false,
+            recorded,
+        ) {
+            crate::store::Found::Answer(outcome) => Some(outcome),
+            crate::store::Found::Claim | crate::store::Found::Hold => None,
+        }
     }
 
     /// The change count to tag a fill with: take it *before* the read.

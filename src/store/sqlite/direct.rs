@@ -17,7 +17,8 @@ use super::changes::ChangeCounter;
 use crate::claim::{Millis, SettleResult, State};
 use crate::store::sql::{self, Readback};
 use crate::store::{
-    state_of, ClaimOutcome, ClaimRequest, ReleaseOutcome, SettleRequest, StoreError,
+    outcome_unknown, state_of, ClaimOutcome, ClaimRequest, Found, ReleaseOutcome, SettleRequest,
+    StoreError,
 };
 
 /// How a connection will be used.
@@ -161,13 +162,16 @@ pub(super) fn claim_in(
 ) -> Result<ClaimOutcome, StoreError> {
     let lease_until = req.now + req.lease_ms;
     let expires_at = req.now + req.retention_ms;
-    let params: [&dyn ToSql; 6] = [
+    let hold = i64::from(req.hold);
+    let params: [&dyn ToSql; 8] = [
         &req.route,
         &req.event_id,
         &req.digest,
         &lease_until,
         &req.now,
         &expires_at,
+        &hold,
+        &req.instance,
     ];
     // Most claims are of events never seen, which a plain insert decides;
     // a refused one (a duplicate in flight or delivered) is decided by the
@@ -187,8 +191,15 @@ pub(super) fn claim_in(
         let Some(found) = read_back(conn, req.route, req.event_id)? else {
             continue;
         };
-        if let Some(outcome) = found.outcome(req.digest, req.now)? {
-            return Ok(outcome);
+        match found.outcome(req.digest, req.now, req.hold) {
+            Found::Answer(outcome) => return Ok(outcome),
+            Found::Hold => {
+                if hold_expired(conn, req.route, req.event_id, req.now)? {
+                    return Ok(outcome_unknown());
+                }
+                continue;
+            }
+            Found::Claim => {}
         }
         let mut st = conn.prepare_cached(sql::CLAIM)?;
         bind_numbered(&mut st, &params)?;
@@ -206,7 +217,25 @@ pub(super) fn claim_in(
     ))
 }
 
-/// The settle, on the writer's connection inside its batch transaction.
+/// Under `hold`, turns a record whose lease ended `ambiguous` and records
+/// its lost attempt (inside the writer's transaction); whether it did.
+fn hold_expired(
+    conn: &Connection,
+    route: &str,
+    event_id: &str,
+    now: Millis,
+) -> Result<bool, StoreError> {
+    let args: [&dyn ToSql; 3] = [&route, &event_id, &now];
+    let mut st = conn.prepare_cached(sql::HOLD_LOST_ATTEMPT)?;
+    bind_numbered(&mut st, &args)?;
+    st.raw_execute()?;
+    let mut st = conn.prepare_cached(sql::HOLD_EXPIRED)?;
+    bind_numbered(&mut st, &args)?;
+    Ok(st.raw_execute()? == 1)
+}
+
+/// The settle and its attempt's row (SPEC §13), on the writer's connection
+/// inside its batch transaction: one commit for both.
 pub(super) fn settle_in(
     conn: &Connection,
     req: &SettleRequest<'_>,
@@ -214,7 +243,16 @@ pub(super) fn settle_in(
     let settle = sql::settle_statement(req);
     let mut st = conn.prepare_cached(settle.sql)?;
     bind_each(&mut st, settle.params())?;
-    Ok(sql::settled(st.raw_execute()? as u64, settle.changed))
+    let result = sql::settled(st.raw_execute()? as u64, settle.changed);
+    let mut st = conn.prepare_cached(sql::ATTEMPT_UPSERT)?;
+    bind_each(&mut st, &settle.attempt_params(result))?;
+    st.raw_execute()?;
+    if req.attempt > sql::ATTEMPTS_KEPT {
+        let mut st = conn.prepare_cached(sql::ATTEMPTS_TRIM)?;
+        bind_each(&mut st, settle.params())?;
+        st.raw_execute()?;
+    }
+    Ok(result)
 }
 
 /// A statement's value as SQLite binds it.
@@ -229,6 +267,74 @@ impl ToSql for sql::Param<'_> {
             OptBlob(b) => b.to_sql(),
         }
     }
+}
+
+/// [`sql::OwnedParam`]s bound as SQLite binds them.
+impl ToSql for sql::OwnedParam {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        match self {
+            sql::OwnedParam::Text(t) => t.to_sql(),
+            sql::OwnedParam::Int(n) => n.to_sql(),
+            sql::OwnedParam::Blob(b) => b.to_sql(),
+        }
+    }
+}
+
+/// An operator's statement, owned to cross to a blocking thread.
+pub(super) type OwnedStatement = (&'static str, Vec<sql::OwnedParam>);
+
+/// Runs `statements` in one transaction (`ClaimStore::write`); run it
+/// [`counted`].
+pub(super) fn write_all(
+    conn: &Connection,
+    statements: &[OwnedStatement],
+) -> Result<Vec<u64>, StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let run = || -> Result<Vec<u64>, StoreError> {
+        let mut changed = Vec::with_capacity(statements.len());
+        for (sql, params) in statements {
+            let mut st = conn.prepare_cached(sql)?;
+            bind_each(&mut st, params)?;
+            changed.push(st.raw_execute()? as u64);
+        }
+        conn.execute_batch("COMMIT")?;
+        Ok(changed)
+    };
+    run().inspect_err(|_| {
+        let _ = conn.execute_batch("ROLLBACK");
+    })
+}
+
+/// The rows of one read (`ClaimStore::read`).
+pub(super) fn read_rows(
+    conn: &Connection,
+    (sql, params): &OwnedStatement,
+) -> Result<Vec<Vec<sql::Value>>, StoreError> {
+    let mut st = conn.prepare_cached(sql)?;
+    bind_each(&mut st, params)?;
+    let columns = st.column_count();
+    let mut rows = st.raw_query();
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let mut values = Vec::with_capacity(columns);
+        for i in 0..columns {
+            values.push(match row.get_ref(i)? {
+                rusqlite::types::ValueRef::Null => sql::Value::Null,
+                rusqlite::types::ValueRef::Integer(n) => sql::Value::Int(n),
+                rusqlite::types::ValueRef::Text(t) => {
+                    sql::Value::Text(String::from_utf8_lossy(t).into_owned())
+                }
+                other => {
+                    return Err(StoreError::Corrupt(format!(
+                        "a value of type {}",
+                        other.data_type()
+                    )))
+                }
+            });
+        }
+        out.push(values);
+    }
+    Ok(out)
 }
 
 /// Runs `change` (a release or a sweep: what can change a delivered

@@ -30,7 +30,7 @@ impl Migration {
 
 /// In order; a new file gets the next version, and a file once released
 /// never changes (its checksum is on record in every store).
-const MIGRATIONS: [Migration; 3] = [
+const MIGRATIONS: [Migration; 4] = [
     Migration {
         version: 1,
         description: "records",
@@ -45,6 +45,11 @@ const MIGRATIONS: [Migration; 3] = [
         version: 3,
         description: "rowid records",
         sql: include_str!("../../../migrations/sqlite/0003_rowid_records.sql"),
+    },
+    Migration {
+        version: 4,
+        description: "ambiguous attempts pauses",
+        sql: include_str!("../../../migrations/sqlite/0004_ambiguous_attempts_pauses.sql"),
     },
 ];
 
@@ -183,6 +188,45 @@ mod tests {
             .unwrap();
     }
 
+    /// Migration 4 widens the state's CHECK in place: a connection opened
+    /// before it (a running process of the release before) and one opened
+    /// after both see the new rule, the old rows stay, and a state outside
+    /// the rule is still refused.
+    #[test]
+    fn the_wider_state_check_reaches_every_connection() {
+        let dir = std::env::temp_dir().join(format!("idemgate-m4-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m4.db");
+        let _ = std::fs::remove_file(&path);
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL").unwrap();
+        for m in &MIGRATIONS[..3] {
+            conn.execute_batch(m.sql).unwrap();
+        }
+        let insert = |c: &Connection, id: &str, state: &str| {
+            c.execute(
+                "INSERT INTO records (route, event_id, body_sha256, state, attempts, first_seen_at, updated_at, expires_at)
+                 VALUES ('r', ?1, 'd', ?2, 1, 1, 1, 2)",
+                params![id, state],
+            )
+        };
+        insert(&conn, "old", "failed").unwrap();
+        let before = Connection::open(&path).unwrap();
+        assert!(insert(&before, "x", "ambiguous").is_err(), "the old rule");
+        conn.execute_batch(MIGRATIONS[3].sql).unwrap();
+        let after = Connection::open(&path).unwrap();
+        insert(&before, "a", "ambiguous").unwrap();
+        insert(&after, "b", "ambiguous").unwrap();
+        assert!(insert(&after, "c", "gone").is_err(), "still a CHECK");
+        assert_eq!(count(&after, "records"), 3);
+        let check: String = after
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        drop((conn, before, after));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_file_sqlx_migrated_keeps_what_it_has_and_gets_the_rest() {
         let mut conn = migrated_by_sqlx_to_version_1();
@@ -194,7 +238,7 @@ mod tests {
         .unwrap();
         run(&mut conn).unwrap();
         let got = versions(&conn);
-        assert_eq!(got.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(got.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
         assert_eq!(got[0].3.to_lowercase(), SQLX_CHECKSUMS[0]);
         assert_eq!(count(&conn, "records"), 1, "version 1 is not run again");
         let index = count(&conn, "sqlite_master WHERE name = 'records_failed'");
@@ -270,6 +314,7 @@ mod tests {
         assert_eq!(
             indexes,
             [
+                "records_ambiguous",
                 "records_expires_at",
                 "records_failed",
                 "records_first_seen_at",

@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
+use super::sql::{OwnedParam, Statement, Value};
 use super::{
-    Backend, ClaimOutcome, ClaimRequest, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
+    Backend, ClaimOutcome, ClaimRequest, Found, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
     SettleRequest, StoreError, StoreUrl,
 };
 use crate::claim::{Millis, SettleResult};
@@ -125,6 +126,13 @@ impl SqliteStore {
     }
 }
 
+fn owned_statements(statements: &[Statement<'_>]) -> Vec<direct::OwnedStatement> {
+    statements
+        .iter()
+        .map(|s| (s.sql, s.params.iter().map(OwnedParam::from).collect()))
+        .collect()
+}
+
 /// Runs blocking SQLite work on a blocking thread, to its end even if the
 /// caller stops waiting.
 async fn blocking<T: Send + 'static>(
@@ -178,6 +186,7 @@ impl Backend for SqliteStore {
     /// indexed read of a local file.
     async fn peek(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
         let (route, event_id, digest, now) = (req.route, req.event_id, req.digest, req.now);
+        let hold = req.hold;
         let cache = self.delivered.as_ref().ok();
         if let Some(hit) = cache.and_then(|c| c.answer(route, event_id, digest, now)) {
             return Ok(Some(hit));
@@ -190,7 +199,10 @@ impl Backend for SqliteStore {
         if let (Some(cache), Some(tag)) = (cache, tag) {
             cache.fill(route, event_id, &found, tag);
         }
-        found.outcome(digest, now)
+        Ok(match found.outcome(digest, now, hold) {
+            Found::Answer(outcome) => Some(outcome),
+            Found::Claim | Found::Hold => None,
+        })
     }
 
     async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
@@ -248,6 +260,20 @@ impl Backend for SqliteStore {
 
     async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError> {
         self.cold_read(reads::oldest_processing).await
+    }
+
+    /// On a connection of its own, counted: a resolve or a bulk release
+    /// changes records a cache may hold the state of.
+    async fn write(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError> {
+        let owned = owned_statements(statements);
+        self.counted(move |conn| direct::write_all(conn, &owned))
+            .await
+    }
+
+    async fn read(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError> {
+        let owned = owned_statements(std::slice::from_ref(statement)).remove(0);
+        self.cold_read(move |conn| direct::read_rows(conn, &owned))
+            .await
     }
 
     /// The idle readers first, the writer last: the last connection to

@@ -78,5 +78,6 @@ fn record(row: &Row<'_>) -> Result<Record, StoreError> {
         replay_status: row.get(12)?,
         replay_content_type: row.get(13)?,
         replay_body_bytes,
+        history: None,
     })
 }

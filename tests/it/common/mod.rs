@@ -641,6 +641,8 @@ pub async fn peek(
         now,
         lease_ms: 0,
         retention_ms: 0,
+        hold: false,
+        instance: "test",
     };
     store.peek(&req).await
 }

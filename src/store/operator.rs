@@ -1,0 +1,341 @@
+//! The operator's actions and reads (SPEC §12–14) and the sweeper's hold of
+//! ended leases, each written once for both stores as statements that
+//! [`ClaimStore::write`] runs in one transaction and [`ClaimStore::read`]
+//! reads: resolving an ambiguous record, the bulk release, pausing a route,
+//! a record's attempt history, the ambiguous records per route.
+
+use super::sql::{Param, Statement, Value, LEASE_LOST};
+use super::{state_of, Attempt, ClaimStore, Record, StoreError};
+use crate::claim::{Millis, State};
+
+/// How an operator settles an `ambiguous` record (SPEC §12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The consumer did act: replay `status` to later deliveries.
+    Delivered { status: u16 },
+    /// It did not: the next delivery is forwarded.
+    Failed,
+}
+
+/// What a resolve did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResolveOutcome {
+    Resolved,
+    NotFound,
+    /// Only an `ambiguous` record can be resolved.
+    NotAmbiguous(State),
+}
+
+/// The record's columns an operator's resolve sets. $1 route, $2 event_id,
+/// $3 now, $4 status
+const RESOLVE_DELIVERED: &str = "\
+UPDATE records SET state = 'delivered', last_status = $4, last_error = NULL, lease_until = NULL,
+    delivered_at = $3, expires_at = $3 + (expires_at - updated_at), updated_at = $3
+WHERE route = $1 AND event_id = $2 AND state = 'ambiguous'";
+
+/// $1 route, $2 event_id, $3 now
+const RESOLVE_FAILED: &str = "\
+UPDATE records SET state = 'failed', lease_until = NULL,
+    last_error = 'resolved by an operator as not done',
+    expires_at = $3 + (expires_at - updated_at), updated_at = $3
+WHERE route = $1 AND event_id = $2 AND state = 'ambiguous'";
+
+/// Settles an `ambiguous` record by hand; any other record is left as it is.
+pub async fn resolve(
+    store: &dyn ClaimStore,
+    route: &str,
+    event_id: &str,
+    how: Resolution,
+    now: Millis,
+) -> Result<ResolveOutcome, StoreError> {
+    let mut params = vec![Param::Text(route), Param::Text(event_id), Param::Int(now)];
+    let sql = match how {
+        Resolution::Delivered { status } => {
+            params.push(Param::Int(i64::from(status)));
+            RESOLVE_DELIVERED
+        }
+        Resolution::Failed => RESOLVE_FAILED,
+    };
+    let changed = store.write(&[Statement { sql, params }]).await?;
+    if changed.first() == Some(&1) {
+        return Ok(ResolveOutcome::Resolved);
+    }
+    let rows = store
+        .read(&Statement {
+            sql: super::sql::STATE_OF,
+            params: vec![Param::Text(route), Param::Text(event_id)],
+        })
+        .await?;
+    match rows.first().and_then(|r| r.first()).and_then(Value::text) {
+        None => Ok(ResolveOutcome::NotFound),
+        Some(state) => Ok(ResolveOutcome::NotAmbiguous(state_of(state)?)),
+    }
+}
+
+/// One record with its attempt history (`events show`, the API).
+pub async fn show(
+    store: &dyn ClaimStore,
+    route: &str,
+    event_id: &str,
+) -> Result<Option<Record>, StoreError> {
+    let Some(mut record) = store.get(route, event_id).await? else {
+        return Ok(None);
+    };
+    record.history = Some(history(store, route, event_id).await?);
+    Ok(Some(record))
+}
+
+/// A record's attempts, oldest first. $1 route, $2 event_id
+const HISTORY: &str = "\
+SELECT attempt, started_at, ended_at, status, result, error, duration_ms, instance
+FROM record_attempts WHERE route = $1 AND event_id = $2 ORDER BY attempt";
+
+/// A record's attempts (SPEC §13), oldest first.
+pub async fn history(
+    store: &dyn ClaimStore,
+    route: &str,
+    event_id: &str,
+) -> Result<Vec<Attempt>, StoreError> {
+    let rows = store
+        .read(&Statement {
+            sql: HISTORY,
+            params: vec![Param::Text(route), Param::Text(event_id)],
+        })
+        .await?;
+    rows.into_iter().map(attempt_from).collect()
+}
+
+fn attempt_from(row: Vec<Value>) -> Result<Attempt, StoreError> {
+    let corrupt = || StoreError::Corrupt(format!("an attempt row: {row:?}"));
+    let [attempt, started_at, ended_at, status, result, error, duration_ms, instance] =
+        <[Value; 8]>::try_from(row.clone()).map_err(|_| corrupt())?;
+    Ok(Attempt {
+        attempt: attempt.int().ok_or_else(corrupt)?,
+        started_at: started_at.int().ok_or_else(corrupt)?,
+        ended_at: ended_at.int(),
+        status: status.int(),
+        result: result.text().ok_or_else(corrupt)?.to_owned(),
+        error: error.text().map(str::to_owned),
+        duration_ms: duration_ms.int(),
+        instance: instance.text().map(str::to_owned),
+    })
+}
+
+/// What the bulk release takes (SPEC §14).
+#[derive(Debug, Clone)]
+pub struct BulkRelease<'a> {
+    pub route: &'a str,
+    /// `failed`, `ambiguous`, or `processing` (only those whose lease ended).
+    pub state: State,
+    /// Only records whose `updated_at` is at or after this.
+    pub updated_after: Option<Millis>,
+    /// Only records whose `updated_at` is before this.
+    pub updated_before: Option<Millis>,
+    pub dry_run: bool,
+    pub now: Millis,
+}
+
+/// The records a bulk release takes, for each state it accepts: of the
+/// route ($1), in the window ($3, $4; either may be NULL), changed before
+/// the release began ($2: what it released itself is not taken again).
+macro_rules! bulk_condition {
+    ($state:literal) => {
+        concat!(
+            "route = $1 AND ",
+            $state,
+            " AND ($3 IS NULL OR updated_at >= $3) AND ($4 IS NULL OR updated_at < $4)
+  AND updated_at < $2"
+        )
+    };
+}
+
+macro_rules! bulk_statements {
+    ($state:literal) => {
+        (
+            concat!(
+                "SELECT count(*) FROM records WHERE ",
+                bulk_condition!($state)
+            ),
+            concat!(
+                "UPDATE records SET state = 'failed', lease_until = NULL,
+    last_error = 'released by operator', expires_at = $2 + (expires_at - updated_at),
+    updated_at = $2
+WHERE (route, event_id) IN (SELECT route, event_id FROM records WHERE ",
+                bulk_condition!($state),
+                " LIMIT $5)\n  AND ",
+                bulk_condition!($state)
+            ),
+        )
+    };
+}
+
+/// Records released per transaction.
+const BULK_BATCH: i64 = 500;
+
+/// Releases (or, dry, counts) every record `req` selects, in batches;
+/// each record with the fencing of a single release: one that changed
+/// meanwhile is left as it is. Never a delivered record, never a live claim.
+pub async fn release_bulk(
+    store: &dyn ClaimStore,
+    req: &BulkRelease<'_>,
+) -> Result<u64, StoreError> {
+    let (count, release) = match req.state {
+        State::Failed => bulk_statements!("state = 'failed'"),
+        State::Ambiguous => bulk_statements!("state = 'ambiguous'"),
+        State::Processing => {
+            bulk_statements!("state = 'processing' AND (lease_until IS NULL OR lease_until <= $2)")
+        }
+        State::Delivered => {
+            return Err(StoreError::Unavailable(
+                "a delivered record is never released in bulk".into(),
+            ))
+        }
+    };
+    let mut params = vec![
+        Param::Text(req.route),
+        Param::Int(req.now),
+        Param::OptInt(req.updated_after),
+        Param::OptInt(req.updated_before),
+    ];
+    if req.dry_run {
+        let rows = store.read(&Statement { sql: count, params }).await?;
+        let n = rows.first().and_then(|r| r.first()).and_then(Value::int);
+        return Ok(n.unwrap_or(0) as u64);
+    }
+    params.push(Param::Int(BULK_BATCH));
+    let mut released = 0;
+    loop {
+        let changed = store
+            .write(&[Statement {
+                sql: release,
+                params: params.clone(),
+            }])
+            .await?;
+        let n = changed.first().copied().unwrap_or(0);
+        released += n;
+        if n == 0 {
+            return Ok(released);
+        }
+    }
+}
+
+/// $1 route, $2 now
+const PAUSE: &str = "\
+INSERT INTO route_pauses (route, paused_at) VALUES ($1, $2) ON CONFLICT (route) DO NOTHING";
+/// $1 route
+const RESUME: &str = "DELETE FROM route_pauses WHERE route = $1";
+const PAUSED: &str = "SELECT route, paused_at FROM route_pauses ORDER BY route";
+
+/// Pauses (or resumes) `route` for every process on the store (SPEC §14).
+/// Pausing a paused route keeps its first `paused_at`.
+pub async fn set_paused(
+    store: &dyn ClaimStore,
+    route: &str,
+    paused: bool,
+    now: Millis,
+) -> Result<(), StoreError> {
+    let statement = if paused {
+        Statement {
+            sql: PAUSE,
+            params: vec![Param::Text(route), Param::Int(now)],
+        }
+    } else {
+        Statement {
+            sql: RESUME,
+            params: vec![Param::Text(route)],
+        }
+    };
+    store.write(&[statement]).await.map(drop)
+}
+
+/// The paused routes and since when, by name.
+pub async fn paused(store: &dyn ClaimStore) -> Result<Vec<(String, Millis)>, StoreError> {
+    let rows = store
+        .read(&Statement {
+            sql: PAUSED,
+            params: Vec::new(),
+        })
+        .await?;
+    rows.iter()
+        .map(|r| text_and_int(r, "route_pauses"))
+        .collect()
+}
+
+const AMBIGUOUS_COUNTS: &str = "\
+SELECT route, count(*) FROM records WHERE state = 'ambiguous' GROUP BY route ORDER BY route";
+
+/// How many records of each route are `ambiguous` (routes with none are
+/// absent).
+pub async fn ambiguous_counts(store: &dyn ClaimStore) -> Result<Vec<(String, i64)>, StoreError> {
+    let rows = store
+        .read(&Statement {
+            sql: AMBIGUOUS_COUNTS,
+            params: Vec::new(),
+        })
+        .await?;
+    rows.iter().map(|r| text_and_int(r, "a count")).collect()
+}
+
+fn text_and_int(row: &[Value], what: &str) -> Result<(String, i64), StoreError> {
+    match row {
+        [Value::Text(t), Value::Int(n)] => Ok((t.clone(), *n)),
+        other => Err(StoreError::Corrupt(format!("{what}: {other:?}"))),
+    }
+}
+
+/// The `processing` records claimed under `hold` whose lease ended by $1,
+/// at most $2, the same ones in both statements below.
+macro_rules! held_and_ended {
+    () => {
+        "SELECT route, event_id FROM records
+    WHERE state = 'processing' AND hold = 1 AND (lease_until IS NULL OR lease_until <= $1)
+    ORDER BY updated_at, route, event_id LIMIT $2"
+    };
+}
+
+/// Their lost attempts, before they turn `ambiguous`.
+const HELD_LOST_ATTEMPTS: &str = concat!(
+    "INSERT INTO record_attempts
+    (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
+SELECT route, event_id, attempts, updated_at, lease_until, NULL, 'ambiguous', '",
+    "lease ended without an answer",
+    "', NULL, claimed_by
+FROM records WHERE (route, event_id) IN (",
+    held_and_ended!(),
+    ")\nON CONFLICT DO NOTHING"
+);
+
+const HELD_ENDED: &str = concat!(
+    "UPDATE records SET state = 'ambiguous', lease_until = NULL, last_error = '",
+    "lease ended without an answer",
+    "',
+    expires_at = $1 + (expires_at - updated_at), updated_at = $1
+WHERE (route, event_id) IN (",
+    held_and_ended!(),
+    ")\n  AND state = 'processing' AND hold = 1 AND (lease_until IS NULL OR lease_until <= $1)"
+);
+
+/// The sweeper's part of SPEC §12: records claimed under `hold` whose lease
+/// ended turn `ambiguous` (their attempt recorded as lost), at most `limit`;
+/// how many did.
+pub async fn hold_ended_leases(
+    store: &dyn ClaimStore,
+    now: Millis,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    debug_assert!(HELD_ENDED.contains(LEASE_LOST));
+    let params = vec![Param::Int(now), Param::Int(limit)];
+    let changed = store
+        .write(&[
+            Statement {
+                sql: HELD_LOST_ATTEMPTS,
+                params: params.clone(),
+            },
+            Statement {
+                sql: HELD_ENDED,
+                params,
+            },
+        ])
+        .await?;
+    Ok(changed.get(1).copied().unwrap_or(0))
+}
