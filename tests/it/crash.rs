@@ -34,22 +34,32 @@ enum Crash {
 
 const LEASE: Duration = Duration::from_millis(1500);
 
-fn routes(up: &Consumer) -> String {
+fn routes(up: &Consumer, on_ambiguous: &str) -> String {
     route(
         "c",
         "/hooks/c",
         &up.url(),
-        "    lease: 1500ms\n    upstream_timeout: 1s\n",
+        &format!("    lease: 1500ms\n    upstream_timeout: 1s\n    on_ambiguous: {on_ambiguous}\n"),
     )
 }
 
-/// Redelivers until the sender sees a success; returns how many tries.
-fn redeliver(px: &Proxy, id: &str) -> usize {
+/// How a redelivery ended.
+#[derive(Debug, PartialEq)]
+enum Ended {
+    /// 200: the sender saw a success after this many tries.
+    Delivered(usize),
+    /// 409 outcome-unknown (`on_ambiguous: hold`): held for an operator.
+    Held(usize),
+}
+
+/// Redelivers until the sender sees a success, or the event is held.
+fn redeliver(px: &Proxy, id: &str) -> Ended {
     let deadline = Instant::now() + Duration::from_secs(15);
     for tries in 1.. {
         let r = px.deliver("/hooks/c", Some(id), b"{\"crash\":true}");
         match r.status {
-            200 => return tries,
+            200 => return Ended::Delivered(tries),
+            409 if r.text().contains("outcome-unknown") => return Ended::Held(tries),
             409 => std::thread::sleep(Duration::from_millis(200)),
             other => panic!("{id}: unexpected {other} {}", r.text()),
         }
@@ -58,17 +68,34 @@ fn redeliver(px: &Proxy, id: &str) -> usize {
     unreachable!()
 }
 
-#[test]
-fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome() {
-    let dir = TempDir::new("crash");
+/// What the suite saw.
+#[derive(Debug, Default)]
+struct Tally {
+    runs: usize,
+    sent: usize,
+    side_effects: usize,
+    /// Events the consumer applied twice.
+    duplicates: usize,
+    /// Events left `ambiguous` for an operator.
+    held: usize,
+    /// Per crash point: (runs, side effects, held).
+    by_kind: std::collections::BTreeMap<String, (usize, usize, usize)>,
+}
+
+/// 56 runs: a process dies at each point in turn (or is killed at a random
+/// moment); the sender redelivers through a healthy process on the store.
+fn crash_suite(on_ambiguous: &str) -> Tally {
+    let dir = TempDir::new(&format!("crash-{on_ambiguous}"));
     let up = Consumer::start().unwrap();
     let store = dir.sqlite_url("crash.db");
-    let healthy = Proxy::start(&dir, &store, &routes(&up));
+    let routes = routes(&up, on_ambiguous);
+    let healthy = Proxy::start(&dir, &store, &routes);
     let mut rng = Rng(0x1de_9a7e);
-    let runs = 56;
-    let (mut sent, mut duplicates) = (0usize, 0usize);
-    let mut by_kind = std::collections::BTreeMap::<String, (usize, usize)>::new();
-    for run in 0..runs {
+    let mut tally = Tally {
+        runs: 56,
+        ..Tally::default()
+    };
+    for run in 0..tally.runs {
         let crash = match run % 4 {
             0 => Crash::BeforeClaim,
             1 => Crash::AfterClaim,
@@ -83,13 +110,8 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
             Crash::AfterUpstream => "after_upstream",
             Crash::RandomKill(_) => "",
         };
-        let mut doomed = Proxy::start_bin(
-            armed(),
-            &dir,
-            &store,
-            &routes(&up),
-            &[("IDEMGATE_FAILPOINT", failpoint)],
-        );
+        let env = [("IDEMGATE_FAILPOINT", failpoint)];
+        let mut doomed = Proxy::start_bin(armed(), &dir, &store, &routes, &env);
         let addr = doomed.addr;
         let sender = {
             let id = id.clone();
@@ -103,11 +125,15 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
         }
         let first = sender.join().unwrap();
         doomed.kill(); // reaps an aborted process; no-op otherwise
-        sent += 1;
-        let first_ok = first.as_ref().is_ok_and(|r| r.status == 200);
-        if !first_ok {
-            sent += redeliver(&healthy, &id);
-        }
+        tally.sent += 1;
+        let ended = if first.as_ref().is_ok_and(|r| r.status == 200) {
+            Ended::Delivered(0)
+        } else {
+            redeliver(&healthy, &id)
+        };
+        tally.sent += match ended {
+            Ended::Delivered(n) | Ended::Held(n) => n,
+        };
         let seen = up.count(&id);
         let keys: Vec<String> = up
             .received()
@@ -120,26 +146,15 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
             "{crash:?}: every attempt carries the same key: {keys:?}"
         );
         let rec = show(&store, "c", &id);
-        assert_eq!(rec["state"], "delivered", "{crash:?}: {rec}");
-        match crash {
-            Crash::BeforeClaim | Crash::AfterClaim => {
-                assert_eq!(seen, 1, "{crash:?}: exactly once")
-            }
-            // the consumer applied the effect but nobody learned it: one re-attempt after the lease
-            Crash::AfterUpstream => assert_eq!(seen, 2, "{crash:?}: the one allowed re-attempt"),
-            Crash::RandomKill(_) => assert!((1..=2).contains(&seen), "{crash:?}: seen {seen}"),
-        }
-        if seen == 2 {
-            assert_eq!(
-                rec["attempts"], 2,
-                "{crash:?}: the duplicate is a reclaim after the lease"
-            );
-            duplicates += 1;
-        }
+        let held = matches!(ended, Ended::Held(_));
+        check_run(crash, on_ambiguous, held, seen, &rec);
+        tally.duplicates += usize::from(seen == 2);
+        tally.held += usize::from(held);
         let kind = format!("{crash:?}").split('(').next().unwrap().to_string();
-        let e = by_kind.entry(kind).or_default();
+        let e = tally.by_kind.entry(kind).or_default();
         e.0 += 1;
         e.1 += seen;
+        e.2 += usize::from(held);
     }
     // nothing stays processing
     let (code, out, _) = cli(&[
@@ -156,10 +171,70 @@ fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome(
         serde_json::from_str::<serde_json::Value>(&out).unwrap(),
         serde_json::json!([])
     );
+    tally.side_effects = up.total();
+    tally
+}
+
+/// One run's record and the consumer's count, as the mode promises.
+#[track_caller]
+fn check_run(crash: Crash, on_ambiguous: &str, held: bool, seen: usize, rec: &serde_json::Value) {
+    if on_ambiguous == "hold" {
+        // at most once: what release re-attempted waits for an operator
+        assert!(seen <= 1, "{crash:?}: seen {seen} under hold");
+        let want = if held { "ambiguous" } else { "delivered" };
+        assert_eq!(rec["state"], want, "{crash:?}: {rec}");
+        match crash {
+            Crash::BeforeClaim => assert!(!held && seen == 1, "{crash:?}: {rec}"),
+            // the lease ended with the outcome unknown to idemgate
+            Crash::AfterClaim => assert!(held && seen == 0, "{crash:?}: {rec}"),
+            Crash::AfterUpstream => assert!(held && seen == 1, "{crash:?}: {rec}"),
+            Crash::RandomKill(_) => assert!(held || seen == 1, "{crash:?}: {rec}"),
+        }
+        return;
+    }
+    assert_eq!(rec["state"], "delivered", "{crash:?}: {rec}");
+    match crash {
+        Crash::BeforeClaim | Crash::AfterClaim => assert_eq!(seen, 1, "{crash:?}: exactly once"),
+        // the consumer applied the effect but nobody learned it: one re-attempt after the lease
+        Crash::AfterUpstream => assert_eq!(seen, 2, "{crash:?}: the one allowed re-attempt"),
+        Crash::RandomKill(_) => assert!((1..=2).contains(&seen), "{crash:?}: seen {seen}"),
+    }
+    if seen == 2 {
+        assert_eq!(
+            rec["attempts"], 2,
+            "{crash:?}: the duplicate is a reclaim after the lease"
+        );
+    }
+}
+
+#[test]
+fn crashes_at_every_point_lose_nothing_and_double_only_after_an_unknown_outcome() {
+    let t = crash_suite("release");
     eprintln!(
-        "crash runs: {runs}, deliveries sent: {sent}, upstream side effects: {}, duplicates at the upstream: {duplicates} \
-         (all re-attempts after an expired lease with the same Idempotency-Key); by crash point (runs, side effects): {by_kind:?}; lease {LEASE:?}",
-        up.total()
+        "crash runs (on_ambiguous: release): {}, deliveries sent: {}, upstream side effects: {}, \
+         duplicates at the upstream: {} (all re-attempts after an expired lease with the same \
+         Idempotency-Key); by crash point (runs, side effects, held): {:?}; lease {LEASE:?}",
+        t.runs, t.sent, t.side_effects, t.duplicates, t.by_kind
+    );
+    assert_eq!(t.held, 0);
+}
+
+/// The same crashes with `on_ambiguous: hold`: no event reaches the
+/// consumer twice; every one whose outcome idemgate could not know is held
+/// `ambiguous` for an operator instead of re-attempted.
+#[test]
+fn crashes_under_hold_double_nothing_and_hold_every_unknown_outcome() {
+    let t = crash_suite("hold");
+    eprintln!(
+        "crash runs (on_ambiguous: hold): {}, deliveries sent: {}, upstream side effects: {}, \
+         duplicates at the upstream: {}, held ambiguous: {}; by crash point (runs, side effects, \
+         held): {:?}; lease {LEASE:?}",
+        t.runs, t.sent, t.side_effects, t.duplicates, t.held, t.by_kind
+    );
+    assert_eq!(t.duplicates, 0, "no duplicate side effect under hold");
+    assert!(
+        t.held >= 28,
+        "AfterClaim and AfterUpstream runs are all held: {t:?}"
     );
 }
 
@@ -179,7 +254,7 @@ fn the_shipped_binary_ignores_failpoints() {
             &shipped,
             &dir,
             &store,
-            &routes(&up),
+            &routes(&up, "release"),
             &[("IDEMGATE_FAILPOINT", failpoint)],
         );
         let id = eid("shipped");

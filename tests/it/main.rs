@@ -69,6 +69,7 @@ mod replicas;
 mod store_contract;
 mod store_edges;
 mod store_faults;
+mod store_upgrade;
 mod svix;
 mod tls;
 mod upgrade;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use idemgate::claim::{self, ClaimKind, Decision, Existing, Millis, Refusal, SettleResult, State};
 use idemgate::store::{
-    self, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, Recorded, ReleaseOutcome,
-    SettleOutcome, SettleRequest,
+    self, operator, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, Recorded,
+    ReleaseOutcome, SettleOutcome, SettleRequest,
 };
 
 const T0: Millis = 1_700_000_000_000;
@@ -1164,6 +1164,345 @@ mod cases {
             }
         }
     }
+
+    /// The attempt rows of one record, as `(attempt, result, status, error)`.
+    async fn attempts(
+        s: &dyn ClaimStore,
+        event_id: &str,
+    ) -> Vec<(i64, String, Option<i64>, Option<String>)> {
+        let history = operator::history(s, R, event_id).await.expect("history");
+        history
+            .into_iter()
+            .map(|a| (a.attempt, a.result, a.status, a.error))
+            .collect()
+    }
+
+    fn held_claim<'a>(event_id: &'a str, now: Millis) -> ClaimRequest<'a> {
+        ClaimRequest {
+            hold: true,
+            instance: "held-by",
+            ..claim_req(event_id, D1, now)
+        }
+    }
+
+    /// Under `hold`, an ended lease is not taken over: the delivery that
+    /// finds it turns the record `ambiguous` (its lost attempt recorded) and
+    /// is answered outcome-unknown, as is every later one; a late answer of
+    /// that attempt is still the knowledge the hold waited for.
+    pub async fn hold_turns_an_ended_lease_ambiguous(b: &Backend) {
+        let s = &*b.store;
+        let first = s.claim(&held_claim("h", T0)).await.unwrap();
+        assert_claimed(&first, 1, ClaimKind::New);
+        let live = s.claim(&held_claim("h", T0 + 1)).await.unwrap();
+        assert!(
+            matches!(
+                live,
+                ClaimOutcome::Existing {
+                    decision: Refusal::InFlight { .. },
+                    ..
+                }
+            ),
+            "{live:?}"
+        );
+        for now in [T0 + LEASE, T0 + LEASE + 5] {
+            let out = s.claim(&held_claim("h", now)).await.unwrap();
+            assert!(
+                matches!(
+                    out,
+                    ClaimOutcome::Existing {
+                        decision: Refusal::OutcomeUnknown,
+                        ..
+                    }
+                ),
+                "{out:?}"
+            );
+        }
+        let rec = get(s, "h").await;
+        assert_eq!(
+            (rec.state, rec.attempts, rec.lease_until),
+            (State::Ambiguous, 1, None)
+        );
+        assert_eq!(
+            rec.last_error.as_deref(),
+            Some("lease ended without an answer")
+        );
+        assert_eq!(rec.updated_at, T0 + LEASE);
+        let history = operator::history(s, R, "h").await.unwrap();
+        assert_eq!(history.len(), 1, "{history:?}");
+        assert_eq!(
+            (history[0].result.as_str(), history[0].instance.as_deref()),
+            ("ambiguous", Some("held-by"))
+        );
+        // a release-mode claim takes nothing from an ambiguous record either
+        let out = claim(s, "h", D1, T0 + LEASE + 9).await;
+        assert!(
+            matches!(
+                out,
+                ClaimOutcome::Existing {
+                    decision: Refusal::OutcomeUnknown,
+                    ..
+                }
+            ),
+            "{out:?}"
+        );
+        assert!(matches!(
+            claim(s, "h", D2, T0 + LEASE + 9).await,
+            ClaimOutcome::Existing {
+                decision: Refusal::Mismatch,
+                ..
+            }
+        ));
+        // the attempt's answer arrives after all: delivered is final
+        assert_eq!(
+            settle(s, "h", 1, T0 + LEASE + 10, delivered(200)).await,
+            SettleResult::Delivered
+        );
+        assert_eq!(attempts(s, "h").await[0].1, "delivered");
+    }
+
+    /// An ambiguous settle is fenced like a release: only the attempt that
+    /// holds the claim may hold it; every settle writes its attempt's row in
+    /// its own commit, with the result it had.
+    pub async fn settles_write_their_attempts(b: &Backend) {
+        let s = &*b.store;
+        own(s, "f", T0).await;
+        let req = SettleRequest {
+            started_at: T0,
+            instance: "i-1",
+            attempt_error: Some("upstream answered 500"),
+            ..settle_req("f", 1, T0 + 40, failed(Some(500)))
+        };
+        assert_eq!(s.settle(&req).await.unwrap(), SettleResult::Released);
+        assert_eq!(
+            attempts(s, "f").await,
+            [(
+                1,
+                "released".to_string(),
+                Some(500),
+                Some("upstream answered 500".to_string())
+            )]
+        );
+        // attempt 1's lease ends and attempt 2 takes over; attempt 1's late
+        // settle is stale and says so in its row (it replaces the "lost" guess)
+        own(s, "a", T0).await;
+        own(s, "a", T0 + LEASE).await;
+        let ambiguous = SettleOutcome::Ambiguous {
+            error: Some("timeout after the request was written"),
+        };
+        let late = SettleRequest {
+            attempt_error: Some("timeout after the request was written"),
+            ..settle_req("a", 1, T0 + LEASE + 1, ambiguous.clone())
+        };
+        assert_eq!(s.settle(&late).await.unwrap(), SettleResult::Stale);
+        assert_eq!(
+            settle(s, "a", 2, T0 + LEASE + 2, ambiguous).await,
+            SettleResult::Ambiguous
+        );
+        let rec = get(s, "a").await;
+        assert_eq!((rec.state, rec.lease_until), (State::Ambiguous, None));
+        let got = attempts(s, "a").await;
+        assert_eq!(
+            got.iter().map(|a| (a.0, a.1.as_str())).collect::<Vec<_>>(),
+            [(1, "stale"), (2, "ambiguous")],
+            "{got:?}"
+        );
+        assert_eq!(
+            got[0].3.as_deref(),
+            Some("timeout after the request was written")
+        );
+        // a delivered settle of a batch (PostgreSQL) writes its row too
+        own(s, "d", T0).await;
+        let req = SettleRequest {
+            started_at: T0,
+            instance: "i-2",
+            ..settle_req("d", 1, T0 + 25, delivered(201))
+        };
+        assert_eq!(s.settle(&req).await.unwrap(), SettleResult::Delivered);
+        let history = operator::history(s, R, "d").await.unwrap();
+        assert_eq!(history.len(), 1);
+        let a = &history[0];
+        assert_eq!(
+            (
+                a.result.as_str(),
+                a.status,
+                a.duration_ms,
+                a.instance.as_deref(),
+                a.started_at,
+                a.ended_at
+            ),
+            (
+                "delivered",
+                Some(201),
+                Some(25),
+                Some("i-2"),
+                T0,
+                Some(T0 + 25)
+            )
+        );
+    }
+
+    /// Taking over an ended lease (`release`) records the attempt that held
+    /// it as lost, with the instance that held it.
+    pub async fn a_lost_lease_is_recorded_when_taken_over(b: &Backend) {
+        let s = &*b.store;
+        let lost = ClaimRequest {
+            instance: "died",
+            ..claim_req("l", D1, T0)
+        };
+        assert_claimed(&s.claim(&lost).await.unwrap(), 1, ClaimKind::New);
+        assert_claimed(
+            &claim(s, "l", D1, T0 + LEASE).await,
+            2,
+            ClaimKind::RetryExpired,
+        );
+        let history = operator::history(s, R, "l").await.unwrap();
+        assert_eq!(history.len(), 1, "{history:?}");
+        let a = &history[0];
+        assert_eq!(
+            (
+                a.attempt,
+                a.result.as_str(),
+                a.error.as_deref(),
+                a.instance.as_deref(),
+                a.ended_at
+            ),
+            (
+                1,
+                "released",
+                Some("lease ended without an answer"),
+                Some("died"),
+                Some(T0 + LEASE)
+            )
+        );
+    }
+
+    /// The newest 20 attempts are kept; they go with the record.
+    pub async fn attempts_keep_the_newest_and_go_with_the_record(b: &Backend) {
+        let s = &*b.store;
+        for n in 1..=23 {
+            let now = T0 + n * 100;
+            assert_eq!(own(s, "k", now).await, n);
+            settle(s, "k", n, now + 1, failed(Some(503))).await;
+        }
+        let got = attempts(s, "k").await;
+        assert_eq!(got.len(), 20);
+        assert_eq!((got[0].0, got[19].0), (4, 23));
+        while s.sweep_batch(Millis::MAX, 100).await.unwrap() > 0 {}
+        assert!(attempts(s, "k").await.is_empty(), "swept with the record");
+    }
+
+    /// Resolving, the bulk release and pauses, as the operator module
+    /// writes them once for both stores.
+    pub async fn operator_actions(b: &Backend) {
+        use operator::{BulkRelease, Resolution, ResolveOutcome};
+        let s = &*b.store;
+        for id in ["x", "y", "z"] {
+            s.claim(&held_claim(id, T0)).await.unwrap();
+            s.claim(&held_claim(id, T0 + LEASE)).await.unwrap();
+        }
+        claim_and_settle(s, "done", T0, RETENTION, delivered(200)).await;
+        let resolve = |id: &'static str, how| operator::resolve(s, R, id, how, T0 + LEASE + 1);
+        assert_eq!(
+            resolve("done", Resolution::Failed).await.unwrap(),
+            ResolveOutcome::NotAmbiguous(State::Delivered)
+        );
+        assert_eq!(
+            resolve("none", Resolution::Failed).await.unwrap(),
+            ResolveOutcome::NotFound
+        );
+        assert_eq!(
+            resolve("x", Resolution::Delivered { status: 202 })
+                .await
+                .unwrap(),
+            ResolveOutcome::Resolved
+        );
+        let rec = get(s, "x").await;
+        assert_eq!((rec.state, rec.last_status), (State::Delivered, Some(202)));
+        let replay = claim(s, "x", D1, T0 + LEASE + 2).await;
+        assert!(
+            matches!(replay, ClaimOutcome::Existing { decision: Refusal::Replay, ref recorded } if recorded.status == Some(202)),
+            "{replay:?}"
+        );
+        assert_eq!(
+            resolve("y", Resolution::Failed).await.unwrap(),
+            ResolveOutcome::Resolved
+        );
+        assert_claimed(
+            &claim(s, "y", D1, T0 + LEASE + 3).await,
+            2,
+            ClaimKind::RetryFailed,
+        );
+        let bulk = |state, dry_run, updated_before| BulkRelease {
+            route: R,
+            state,
+            updated_after: None,
+            updated_before,
+            dry_run,
+            now: T0 + LEASE + 10,
+        };
+        assert_eq!(
+            operator::release_bulk(s, &bulk(State::Ambiguous, true, None))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            operator::release_bulk(s, &bulk(State::Ambiguous, false, Some(T0)))
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            operator::release_bulk(s, &bulk(State::Ambiguous, false, None))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(get(s, "z").await.state, State::Failed);
+        assert!(
+            operator::release_bulk(s, &bulk(State::Delivered, false, None))
+                .await
+                .is_err()
+        );
+        assert_eq!(get(s, "done").await.state, State::Delivered);
+        operator::set_paused(s, "r", true, T0).await.unwrap();
+        operator::set_paused(s, "r", true, T0 + 5).await.unwrap();
+        operator::set_paused(s, "q", true, T0 + 6).await.unwrap();
+        assert_eq!(
+            operator::paused(s).await.unwrap(),
+            [("q".to_string(), T0 + 6), ("r".to_string(), T0)]
+        );
+        operator::set_paused(s, "q", false, T0 + 7).await.unwrap();
+        assert_eq!(operator::paused(s).await.unwrap(), [("r".to_string(), T0)]);
+        assert_eq!(operator::ambiguous_counts(s).await.unwrap(), []);
+    }
+
+    /// The sweeper's part: held claims whose lease ended turn ambiguous;
+    /// released ones and live leases are left alone.
+    pub async fn held_ended_leases_turn_ambiguous(b: &Backend) {
+        let s = &*b.store;
+        s.claim(&held_claim("ended", T0)).await.unwrap();
+        s.claim(&held_claim("live", T0 + LEASE)).await.unwrap();
+        own(s, "released-mode", T0).await;
+        let n = operator::hold_ended_leases(s, T0 + LEASE + 1, 100)
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        assert_eq!(get(s, "ended").await.state, State::Ambiguous);
+        assert_eq!(get(s, "live").await.state, State::Processing);
+        assert_eq!(get(s, "released-mode").await.state, State::Processing);
+        assert_eq!(attempts(s, "ended").await[0].1, "ambiguous");
+        assert_eq!(
+            operator::ambiguous_counts(s).await.unwrap(),
+            [("r".to_string(), 1)]
+        );
+        assert_eq!(
+            operator::hold_ended_leases(s, T0 + LEASE + 2, 100)
+                .await
+                .unwrap(),
+            0
+        );
+    }
 }
 
 /// Runs every case once per backend, each on a fresh database.
@@ -1213,6 +1552,12 @@ contract!(
     migrations_are_idempotent,
     concurrent_claims_one_winner,
     sql_agrees_with_decide,
+    hold_turns_an_ended_lease_ambiguous,
+    settles_write_their_attempts,
+    a_lost_lease_is_recorded_when_taken_over,
+    attempts_keep_the_newest_and_go_with_the_record,
+    operator_actions,
+    held_ended_leases_turn_ambiguous,
 );
 
 /// PostgreSQL-only races that need a second session holding a row lock.
@@ -1419,7 +1764,8 @@ mod postgres_races {
                 "UPDATE records SET attempts = attempts + 1, lease_until = $1, updated_at = $2
              WHERE route = 'r' AND event_id = 'e'",
                 &[t2 + LEASE, t2],
-                "UPDATE records SET state = 'failed'",
+                // the settle with its attempt's row, one statement
+                "WITH s AS (UPDATE records SET state = 'failed'",
                 |store| async move {
                     store
                         .settle(&settle_req("e", 1, t2 + 1, failed(Some(500))))
