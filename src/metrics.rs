@@ -28,6 +28,8 @@ pub enum Outcome {
     Unguarded,
     /// The path has no normal form (SPEC §4, "Paths"): no route was chosen.
     InvalidPath,
+    /// A request RFC 9112 says a server must reject (SPEC §4, "Strictness").
+    InvalidRequest,
     /// Stays last: [`RequestCounters`] has one slot per outcome up to it.
     NoRoute,
 }
@@ -47,6 +49,7 @@ impl Outcome {
             Outcome::StoreUnavailable => "store_unavailable",
             Outcome::Unguarded => "unguarded",
             Outcome::InvalidPath => "invalid_path",
+            Outcome::InvalidRequest => "invalid_request",
             Outcome::NoRoute => "no_route",
         }
     }
@@ -116,7 +119,13 @@ pub struct Metrics {
     /// Requests sent once more after a kept upstream connection failed
     /// before answering (SPEC §4, "Hop-by-hop").
     upstream_retries: IntCounterVec,
+    /// `idemgate_headers_dropped_total{reason}`: request header fields
+    /// not forwarded (SPEC §4, "Strictness": a name holding `_`).
+    headers_dropped: IntCounterVec,
 }
+
+/// The `reason` of `idemgate_headers_dropped_total` for a field name holding `_`.
+const UNDERSCORE: &str = "underscore";
 
 /// Outcomes there are, for [`RequestCounters`].
 const OUTCOMES: usize = Outcome::NoRoute as usize + 1;
@@ -203,6 +212,12 @@ impl Metrics {
                 "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
                 &["route"],
             ),
+            headers_dropped: r.counters(
+                "idemgate_headers_dropped_total",
+                "Request header fields dropped before forwarding: underscore (a name holding `_`, \
+                 which a consumer might read as `-`).",
+                &["reason"],
+            ),
             registry: registry.clone(),
         };
         process_metrics(&r);
@@ -212,7 +227,15 @@ impl Metrics {
         for reason in CloseReason::ALL {
             m.connections_closed.with_label_values(&[reason.as_str()]);
         }
+        m.headers_dropped.with_label_values(&[UNDERSCORE]);
         m
+    }
+
+    /// `n` request header fields whose names hold `_` were dropped.
+    pub fn underscore_headers_dropped(&self, n: u64) {
+        self.headers_dropped
+            .with_label_values(&[UNDERSCORE])
+            .inc_by(n);
     }
 
     /// Counts a connection idemgate closed for `reason`.
@@ -393,6 +416,8 @@ mod tests {
             "# TYPE idemgate_connections gauge",
             "# TYPE idemgate_connections_closed_total counter",
             "# TYPE idemgate_log_lines_dropped_total counter",
+            "# TYPE idemgate_headers_dropped_total counter",
+            "idemgate_headers_dropped_total{reason=\"underscore\"} 0",
             "# TYPE idemgate_build_info gauge",
             "# TYPE process_resident_memory_bytes gauge",
             "# TYPE process_open_fds gauge",
@@ -455,6 +480,7 @@ mod tests {
             Outcome::StoreUnavailable,
             Outcome::Unguarded,
             Outcome::InvalidPath,
+            Outcome::InvalidRequest,
             Outcome::NoRoute,
         ];
         assert_eq!(all.len(), OUTCOMES);

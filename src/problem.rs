@@ -23,6 +23,12 @@ pub enum ProblemKind {
     InvalidPath,
     /// Not in SPEC §4 (proposed): a header section over idemgate's limit.
     HeadersTooLarge,
+    /// SPEC §4, "Strictness": a head (or chunked framing) RFC 9112 says a
+    /// server must reject.
+    InvalidRequest,
+    /// `invalid-request` with 501: a transfer coding or method idemgate
+    /// does not implement (RFC 9112 §6.1).
+    NotImplemented,
 }
 
 impl ProblemKind {
@@ -33,7 +39,9 @@ impl ProblemKind {
             ProblemKind::MissingEventId
             | ProblemKind::InvalidEventId
             | ProblemKind::InvalidBody
-            | ProblemKind::InvalidPath => 400,
+            | ProblemKind::InvalidPath
+            | ProblemKind::InvalidRequest => 400,
+            ProblemKind::NotImplemented => 501,
             ProblemKind::BodyTimeout => 408,
             ProblemKind::BodyTooLarge => 413,
             ProblemKind::InvalidSignature => 401,
@@ -61,6 +69,7 @@ impl ProblemKind {
             ProblemKind::NoRoute => "no-route",
             ProblemKind::InvalidPath => "invalid-path",
             ProblemKind::HeadersTooLarge => "headers-too-large",
+            ProblemKind::InvalidRequest | ProblemKind::NotImplemented => "invalid-request",
         }
     }
 
@@ -80,6 +89,8 @@ impl ProblemKind {
             ProblemKind::NoRoute => "No route",
             ProblemKind::InvalidPath => "Invalid request path",
             ProblemKind::HeadersTooLarge => "Request header fields too large",
+            ProblemKind::InvalidRequest => "Invalid request",
+            ProblemKind::NotImplemented => "Not implemented",
         }
     }
 
@@ -98,8 +109,9 @@ impl ProblemKind {
             ProblemKind::UpstreamUnreachable | ProblemKind::UpstreamTimeout => Outcome::Forwarded,
             ProblemKind::NoRoute => Outcome::NoRoute,
             ProblemKind::InvalidPath => Outcome::InvalidPath,
-            // the closest of SPEC §5's fixed outcome labels
-            ProblemKind::HeadersTooLarge => Outcome::InvalidBody,
+            ProblemKind::HeadersTooLarge
+            | ProblemKind::InvalidRequest
+            | ProblemKind::NotImplemented => Outcome::InvalidRequest,
         }
     }
 }
@@ -209,7 +221,9 @@ mod tests {
             (UpstreamTimeout, 504, "forwarded"),
             (NoRoute, 404, "no_route"),
             (InvalidPath, 400, "invalid_path"),
-            (HeadersTooLarge, 431, "invalid_body"),
+            (HeadersTooLarge, 431, "invalid_request"),
+            (InvalidRequest, 400, "invalid_request"),
+            (NotImplemented, 501, "invalid_request"),
         ];
         for (kind, status, outcome) in table {
             assert_eq!(kind.status(), status, "{kind:?}");
