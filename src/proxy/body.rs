@@ -184,10 +184,32 @@ pub fn is_framing_error(e: &pingora::Error) -> bool {
                 return true;
             }
         }
-        cause = match c.downcast_ref::<pingora::Error>() {
-            Some(p) => of(p),
-            None => c.source(),
+        // a pingora error wrapping another holds it as itself or boxed
+        cause = match (
+            c.downcast_ref::<pingora::Error>(),
+            c.downcast_ref::<Box<pingora::Error>>(),
+        ) {
+            (Some(p), _) => of(p),
+            (None, Some(p)) => of(p),
+            (None, None) => c.source(),
         };
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_errors_are_found_however_deep() {
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, ChunkError("x"));
+        let read = pingora::Error::because(pingora::ErrorType::ReadError, "when reading body", io);
+        assert!(is_framing_error(&read));
+        let wrapped = pingora::Error::because(pingora::ErrorType::ReadError, "peer", read);
+        assert!(is_framing_error(&wrapped));
+        let other = std::io::Error::new(std::io::ErrorKind::InvalidData, "tls");
+        let other = pingora::Error::because(pingora::ErrorType::ReadError, "x", other);
+        assert!(!is_framing_error(&other));
+    }
 }
