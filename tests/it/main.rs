@@ -68,6 +68,7 @@ mod replicas;
 mod store_contract;
 mod store_edges;
 mod store_faults;
+mod strict;
 mod svix;
 mod tls;
 mod upgrade;
