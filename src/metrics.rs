@@ -214,21 +214,26 @@ impl Metrics {
             ),
             headers_dropped: r.counters(
                 "idemgate_headers_dropped_total",
-                "Request header fields dropped before forwarding: underscore (a name holding `_`, \
-                 which a consumer might read as `-`).",
+                "Request header fields dropped before forwarding (underscore: a name with `_`).",
                 &["reason"],
             ),
             registry: registry.clone(),
         };
         process_metrics(&r);
+        m.init_fixed_series();
+        m
+    }
+
+    /// The series whose labels are fixed words, at zero from the start.
+    fn init_fixed_series(&self) {
         for state in ["active", "idle", "reading"] {
-            m.connections.with_label_values(&[state]);
+            self.connections.with_label_values(&[state]);
         }
         for reason in CloseReason::ALL {
-            m.connections_closed.with_label_values(&[reason.as_str()]);
+            self.connections_closed
+                .with_label_values(&[reason.as_str()]);
         }
-        m.headers_dropped.with_label_values(&[UNDERSCORE]);
-        m
+        self.headers_dropped.with_label_values(&[UNDERSCORE]);
     }
 
     /// `n` request header fields whose names hold `_` were dropped.

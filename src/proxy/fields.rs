@@ -1,11 +1,42 @@
 //! Request header fields judged after routing (SPEC §4, "Strictness"):
-//! names holding `_`, which are dropped before anything is forwarded, and
+//! names holding `_`, which are dropped before anything is forwarded;
 //! values holding bytes outside ASCII (`obs-text`), which are refused —
 //! but for the route's own event-ID header, whose invalid values are the
-//! route's `invalid-event-id` (SPEC §4's table).
+//! route's `invalid-event-id` (SPEC §4's table); and the section's size.
 
 use http::HeaderName;
 use pingora::http::RequestHeader;
+
+use super::routes::RouteRt;
+use crate::problem::{Problem, ProblemKind};
+
+/// Largest request header section accepted (pingora's own limit is far higher).
+pub const MAX_HEADER_SECTION: usize = 64 * 1024;
+
+/// What the header fields refuse once the route (if any) is known: a
+/// section over [`MAX_HEADER_SECTION`] (431), a value outside ASCII (400).
+pub fn refusal(req: &RequestHeader, route: Option<&RouteRt>) -> Option<Problem> {
+    let bytes: usize = req
+        .headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if bytes > MAX_HEADER_SECTION {
+        return Some(Problem::new(
+            ProblemKind::HeadersTooLarge,
+            format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
+        ));
+    }
+    let exempt = route
+        .filter(|r| r.guards(&req.method))
+        .and_then(|r| r.cfg.event_id.header_for(&req.headers));
+    has_obs_text(req, exempt).then(|| {
+        Problem::new(
+            ProblemKind::InvalidRequest,
+            "a header value holds a byte outside ASCII",
+        )
+    })
+}
 
 /// Drops the fields whose names hold `_`: a consumer stack that reads `_`
 /// as `-` (CGI-style frameworks do) would see a second `Content-Length` or

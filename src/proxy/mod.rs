@@ -44,8 +44,7 @@ pub use in_flight::InFlightRequests;
 use routes::{RouteRt, RouteTable};
 pub use shared::Shared;
 
-/// Largest request header section accepted (pingora's own limit is far higher).
-pub const MAX_HEADER_SECTION: usize = 64 * 1024;
+pub use fields::MAX_HEADER_SECTION;
 
 /// The proxy: its routes and what every request shares. Its hooks gather
 /// facts and hand the request to [`delivery`] (guarded), [`pass_through`]
@@ -120,35 +119,9 @@ impl ProxyHttp for Gate {
             }
         }
         let req = session.req_header();
-        let header_bytes: usize = req
-            .headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 4)
-            .sum();
-        if header_bytes > MAX_HEADER_SECTION {
-            let route = self
-                .routes
-                .find(routes::request_host(req).as_deref(), req.uri.path());
-            let p = Problem::new(
-                ProblemKind::HeadersTooLarge,
-                format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
-            );
-            let refused = Refused::new(p).closing(true);
-            return exit::refuse(&self.shared, session, route.map(|r| &**r), refused).await;
-        }
         let host = routes::request_host(req);
         let found = self.routes.find(host.as_deref(), req.uri.path()).cloned();
-        // a guarded route's event-ID header judges its own bytes (400
-        // invalid-event-id); any other value outside ASCII is refused
-        let exempt = found
-            .as_ref()
-            .filter(|r| r.guards(&req.method))
-            .and_then(|r| r.cfg.event_id.header_for(&req.headers));
-        if fields::has_obs_text(req, exempt) {
-            let p = Problem::new(
-                ProblemKind::InvalidRequest,
-                "a header value holds a byte outside ASCII",
-            );
+        if let Some(p) = fields::refusal(req, found.as_deref()) {
             let refused = Refused::new(p).closing(true);
             return exit::refuse(&self.shared, session, found.as_deref(), refused).await;
         }

@@ -47,6 +47,7 @@ fn ordinary_heads_pass_with_their_framing() {
     ok(b"GET / HTTP/1.1\r\nHost:\r\n\r\n");
 }
 
+// long: one table, a line per case
 #[test]
 fn what_rfc_9112_refuses_is_400() {
     let cases: Vec<(&str, Vec<u8>)> = vec![

@@ -130,6 +130,24 @@ fn post(extra: &str, body: &str) -> Vec<u8> {
 #[test]
 fn malformed_heads_get_idemgates_own_refusal() {
     let h = start("strict-heads", "");
+    let cases = malformed_heads();
+    for (what, bytes, status) in &cases {
+        let got = exchange(h.addr, bytes);
+        let name = match status {
+            431 => "headers-too-large",
+            _ => "invalid-request",
+        };
+        assert_own_refusal(what, &got, *status, name, "invalid_request");
+    }
+    assert_eq!(h.up.total(), 0, "a refused request reached the consumer");
+    assert_eq!(h.requests("", "invalid_request"), cases.len() as f64);
+    // the proxy serves others all along
+    assert_eq!(h.deliver("/h", Some(&eid("after")), b"{}").status, 200);
+}
+
+/// (what, the bytes, the status idemgate answers)
+// long: one table, a line per case
+fn malformed_heads() -> Vec<(&'static str, Vec<u8>, u16)> {
     let cl = "Content-Length: 2\r\n";
     let mut cases: Vec<(&str, Vec<u8>, u16)> = vec![
         (
@@ -210,7 +228,7 @@ fn malformed_heads_get_idemgates_own_refusal() {
         ),
         (
             "space before the colon",
-            post(&format!("Content-Length : 2\r\n"), "{}"),
+            post("Content-Length : 2\r\n", "{}"),
             400,
         ),
         ("no colon", post(&format!("X-A 1\r\n{cl}"), "{}"), 400),
@@ -286,18 +304,7 @@ fn malformed_heads_get_idemgates_own_refusal() {
         many.push_str(&format!("X-{i}: 1\r\n"));
     }
     cases.push(("300 header fields", format!("{many}\r\n").into_bytes(), 431));
-    for (what, bytes, status) in &cases {
-        let got = exchange(h.addr, bytes);
-        let name = match status {
-            431 => "headers-too-large",
-            _ => "invalid-request",
-        };
-        assert_own_refusal(what, &got, *status, name, "invalid_request");
-    }
-    assert_eq!(h.up.total(), 0, "a refused request reached the consumer");
-    assert_eq!(h.requests("", "invalid_request"), cases.len() as f64);
-    // the proxy serves others all along
-    assert_eq!(h.deliver("/h", Some(&eid("after")), b"{}").status, 200);
+    cases
 }
 
 /// Lenient chunked framing that pingora's parser accepts: refused with 400
