@@ -40,7 +40,7 @@ use pingora::protocols::Stream;
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config;
 use crate::metrics::Metrics;
@@ -115,9 +115,34 @@ impl Downstream {
         let out = crate::proxy::respond::problem_closing_wire(&p, outcome.as_str());
         let write = async {
             stream.write_all(&out).await?;
-            stream.flush().await
+            stream.flush().await?;
+            stream.shutdown().await
         };
-        let _ = tokio::time::timeout(self.limits.write_timeout, write).await;
+        if let Ok(Ok(())) = tokio::time::timeout(self.limits.write_timeout, write).await {
+            // A lingering close, as nginx's: closing with the rest of the
+            // request unread would reset the connection, and a sender's
+            // stack may drop the answer it has not read yet on a reset.
+            // What it still sends is read and dropped, for a short while.
+            let _ = tokio::time::timeout(LINGER, drain(stream)).await;
+        }
+    }
+}
+
+/// How long a refused connection is read from after its answer (see
+/// `Downstream::refuse`), and how many bytes at most.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+const LINGER_BYTES: usize = 64 * 1024;
+
+/// Reads and drops what the peer sends, up to [`LINGER_BYTES`], until it
+/// closes.
+async fn drain(stream: &mut Stream) {
+    let mut buf = [0u8; 4096];
+    let mut read = 0;
+    while read < LINGER_BYTES {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => read += n,
+        }
     }
 }
 
@@ -203,7 +228,10 @@ impl Downstream {
         next: BytesMut,
         first: bool,
     ) -> Option<(BytesMut, usize)> {
-        let mut got = match next.is_empty() {
+        // empty lines after a body (old senders add a CRLF after a POST's
+        // body; RFC 9112 §2.2) are no head: wait for one as on a fresh read
+        let blank = next.iter().all(|&b| b == b'\r' || b == b'\n');
+        let mut got = match blank {
             true => head::first_bytes(stream).await,
             false => head::started(next),
         };

@@ -57,9 +57,10 @@ pub fn is_tchar(b: u8) -> bool {
 }
 
 /// A byte allowed in a request-target: RFC 3986's unreserved, sub-delims,
-/// `:`, `@`, `/`, `?`, `%` (checked for two hex digits apart), and `[` `]`
-/// of an IP literal in an absolute-form authority. No space, no control
-/// byte, no `#`, nothing outside ASCII.
+/// `:`, `@`, `/`, `?`, `%` (in the query, checked for two hex digits), and
+/// `[` `]` of an IP literal in an absolute-form authority. No space, no
+/// control byte, no `#`, nothing outside ASCII. (A `\` in the path is let
+/// through for the path's own check.)
 fn is_target_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%[]".contains(&b)
 }
@@ -171,14 +172,21 @@ fn request_line(line: &[u8]) -> Result<RequestLine<'_>, Refusal> {
 /// Checks a request-target; the authority of an absolute-form one.
 fn target_authority<'a>(method: &[u8], target: &'a [u8]) -> Result<Option<&'a [u8]>, Refusal> {
     let bad = Refusal::BadRequest;
-    if target.is_empty() || !target.iter().all(|&b| is_target_byte(b)) {
+    // the path's own faults (a literal `\`, a malformed escape) are its
+    // normal form's to judge: 400 `invalid-path` (SPEC §4, "Paths")
+    let (path, query) = match target.iter().position(|&b| b == b'?') {
+        Some(q) => target.split_at(q),
+        None => (target, &b""[..]),
+    };
+    if target.is_empty()
+        || !path.iter().all(|&b| is_target_byte(b) || b == b'\\')
+        || !query.iter().all(|&b| is_target_byte(b))
+    {
         return Err(bad("the request target holds a byte a URI may not"));
     }
-    let mut pct = target.split(|&b| b == b'%').skip(1);
+    let mut pct = query.split(|&b| b == b'%').skip(1);
     if pct.any(|after| after.len() < 2 || !after[..2].iter().all(u8::is_ascii_hexdigit)) {
-        return Err(bad(
-            "a % in the request target is not followed by two hex digits",
-        ));
+        return Err(bad("a % in the query is not followed by two hex digits"));
     }
     if target == b"*" {
         return match method {

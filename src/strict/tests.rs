@@ -45,6 +45,8 @@ fn ordinary_heads_pass_with_their_framing() {
     ok(b"GET http://a:1/x?y HTTP/1.1\r\nHost: a:1\r\n\r\n");
     ok(b"GET /%2e%41?q=%7e HTTP/1.1\r\nHost: [::1]:80\r\n\r\n");
     ok(b"GET / HTTP/1.1\r\nHost:\r\n\r\n");
+    // the path's faults are the path's (400 invalid-path, after routing)
+    ok(b"GET /a\\b/%zz/%4 HTTP/1.1\r\nHost: a\r\n\r\n");
 }
 
 // long: one table, a line per case
@@ -86,12 +88,16 @@ fn what_rfc_9112_refuses_is_400() {
         ),
         ("fragment", b"GET /#x HTTP/1.1\r\nHost: a\r\n\r\n".to_vec()),
         (
+            "backslash in the query",
+            b"GET /?a\\b HTTP/1.1\r\nHost: a\r\n\r\n".to_vec(),
+        ),
+        (
             "bad percent",
-            b"GET /%zz HTTP/1.1\r\nHost: a\r\n\r\n".to_vec(),
+            b"GET /?q=%zz HTTP/1.1\r\nHost: a\r\n\r\n".to_vec(),
         ),
         (
             "short percent",
-            b"GET /% HTTP/1.1\r\nHost: a\r\n\r\n".to_vec(),
+            b"GET /?% HTTP/1.1\r\nHost: a\r\n\r\n".to_vec(),
         ),
         (
             "relative target",
