@@ -65,6 +65,7 @@ mod paths;
 mod properties;
 mod providers;
 mod replicas;
+mod smuggling;
 mod store_contract;
 mod store_edges;
 mod store_faults;
