@@ -184,8 +184,11 @@ fn corpus() -> Vec<(&'static str, Vec<u8>)> {
     out
 }
 
+/// One answer: status, header fields, body.
+type Answer = (u16, Vec<(String, String)>, Vec<u8>);
+
 /// Every answer on a connection until it closes (or `wait` passes).
-fn answers(s: &mut TcpStream, wait: Duration) -> Vec<(u16, Vec<(String, String)>, Vec<u8>)> {
+fn answers(s: &mut TcpStream, wait: Duration) -> Vec<Answer> {
     let deadline = Instant::now() + wait;
     let mut buf = Vec::new();
     let mut out = Vec::new();
