@@ -13,6 +13,7 @@
 //! - [`store`]: the `ClaimStore` trait; the `Backend` trait, with SQLite and
 //!   PostgreSQL implementations, made a `ClaimStore` by `Bounded`.
 //! - [`path`]: RFC 3986 normalisation of request paths (routes match, and requests carry, the normal form).
+//! - [`strict`]: the strict HTTP/1.1 request grammar: heads and chunked framing (SPEC §4).
 //! - [`proxy`]: the pingora hooks, route matching and guarded forwarding.
 //! - [`listener`]: client connections: limits, timeouts, TLS, head reading.
 //! - [`problem`]: problem+json responses and request outcomes.
@@ -42,6 +43,7 @@ pub mod problem;
 pub mod proxy;
 pub mod server;
 pub mod store;
+pub mod strict;
 pub mod sweeper;
 pub mod sys;
 pub mod telemetry;

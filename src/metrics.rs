@@ -32,6 +32,8 @@ pub enum Outcome {
     OutcomeUnknown,
     /// The route is paused (SPEC §14).
     Paused,
+    /// A request RFC 9112 says a server must reject (SPEC §4, "Strictness").
+    InvalidRequest,
     /// Stays last: [`RequestCounters`] has one slot per outcome up to it.
     NoRoute,
 }
@@ -53,6 +55,7 @@ impl Outcome {
             Outcome::InvalidPath => "invalid_path",
             Outcome::OutcomeUnknown => "outcome_unknown",
             Outcome::Paused => "paused",
+            Outcome::InvalidRequest => "invalid_request",
             Outcome::NoRoute => "no_route",
         }
     }
@@ -122,6 +125,9 @@ pub struct Metrics {
     /// Requests sent once more after a kept upstream connection failed
     /// before answering (SPEC §4, "Hop-by-hop").
     upstream_retries: IntCounterVec,
+    /// `idemgate_headers_dropped_total{reason}`: request header fields
+    /// not forwarded (SPEC §4, "Strictness": a name holding `_`).
+    headers_dropped: IntCounterVec,
     /// Records waiting for an operator's decision (SPEC §12), per route.
     ambiguous_records: GaugeVec,
     /// 1 while a route is paused (SPEC §14).
@@ -143,6 +149,18 @@ fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
     );
     (ambiguous, paused)
 }
+
+/// `idemgate_headers_dropped_total{reason}` (SPEC §4, "Strictness").
+fn headers_dropped_counter(r: &Registrar) -> IntCounterVec {
+    r.counters(
+        "idemgate_headers_dropped_total",
+        "Request header fields dropped before forwarding (underscore: a name with `_`).",
+        &["reason"],
+    )
+}
+
+/// The `reason` of `idemgate_headers_dropped_total` for a field name holding `_`.
+const UNDERSCORE: &str = "underscore";
 
 /// Outcomes there are, for [`RequestCounters`].
 const OUTCOMES: usize = Outcome::NoRoute as usize + 1;
@@ -230,17 +248,18 @@ impl Metrics {
                 "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
                 &["route"],
             ),
+            headers_dropped: headers_dropped_counter(&r),
             ambiguous_records,
             route_paused,
             registry: registry.clone(),
         };
         process_metrics(&r);
-        m.init_connection_series();
+        m.init_fixed_series();
         m
     }
 
-    /// The connection series exist from the start, at zero.
-    fn init_connection_series(&self) {
+    /// The series whose labels are fixed words, at zero from the start.
+    fn init_fixed_series(&self) {
         for state in ["active", "idle", "reading"] {
             self.connections.with_label_values(&[state]);
         }
@@ -248,6 +267,14 @@ impl Metrics {
             self.connections_closed
                 .with_label_values(&[reason.as_str()]);
         }
+        self.headers_dropped.with_label_values(&[UNDERSCORE]);
+    }
+
+    /// `n` request header fields whose names hold `_` were dropped.
+    pub fn underscore_headers_dropped(&self, n: u64) {
+        self.headers_dropped
+            .with_label_values(&[UNDERSCORE])
+            .inc_by(n);
     }
 
     /// Counts a connection idemgate closed for `reason`.
@@ -444,6 +471,8 @@ mod tests {
             "# TYPE idemgate_connections gauge",
             "# TYPE idemgate_connections_closed_total counter",
             "# TYPE idemgate_log_lines_dropped_total counter",
+            "# TYPE idemgate_headers_dropped_total counter",
+            "idemgate_headers_dropped_total{reason=\"underscore\"} 0",
             "# TYPE idemgate_build_info gauge",
             "# TYPE process_resident_memory_bytes gauge",
             "# TYPE process_open_fds gauge",
@@ -508,6 +537,7 @@ mod tests {
             Outcome::InvalidPath,
             Outcome::OutcomeUnknown,
             Outcome::Paused,
+            Outcome::InvalidRequest,
             Outcome::NoRoute,
         ];
         assert_eq!(all.len(), OUTCOMES);

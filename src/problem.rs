@@ -27,6 +27,12 @@ pub enum ProblemKind {
     OutcomeUnknown,
     /// The route is paused (SPEC §14): nothing is forwarded.
     RoutePaused,
+    /// SPEC §4, "Strictness": a head (or chunked framing) RFC 9112 says a
+    /// server must reject.
+    InvalidRequest,
+    /// `invalid-request` with 501: a transfer coding or method idemgate
+    /// does not implement (RFC 9112 §6.1).
+    NotImplemented,
 }
 
 impl ProblemKind {
@@ -37,7 +43,9 @@ impl ProblemKind {
             ProblemKind::MissingEventId
             | ProblemKind::InvalidEventId
             | ProblemKind::InvalidBody
-            | ProblemKind::InvalidPath => 400,
+            | ProblemKind::InvalidPath
+            | ProblemKind::InvalidRequest => 400,
+            ProblemKind::NotImplemented => 501,
             ProblemKind::BodyTimeout => 408,
             ProblemKind::BodyTooLarge => 413,
             ProblemKind::InvalidSignature => 401,
@@ -67,6 +75,7 @@ impl ProblemKind {
             ProblemKind::HeadersTooLarge => "headers-too-large",
             ProblemKind::OutcomeUnknown => "outcome-unknown",
             ProblemKind::RoutePaused => "route-paused",
+            ProblemKind::InvalidRequest | ProblemKind::NotImplemented => "invalid-request",
         }
     }
 
@@ -88,6 +97,8 @@ impl ProblemKind {
             ProblemKind::HeadersTooLarge => "Request header fields too large",
             ProblemKind::OutcomeUnknown => "Event outcome unknown",
             ProblemKind::RoutePaused => "Route paused",
+            ProblemKind::InvalidRequest => "Invalid request",
+            ProblemKind::NotImplemented => "Not implemented",
         }
     }
 
@@ -106,8 +117,9 @@ impl ProblemKind {
             ProblemKind::UpstreamUnreachable | ProblemKind::UpstreamTimeout => Outcome::Forwarded,
             ProblemKind::NoRoute => Outcome::NoRoute,
             ProblemKind::InvalidPath => Outcome::InvalidPath,
-            // the closest of SPEC §5's fixed outcome labels
-            ProblemKind::HeadersTooLarge => Outcome::InvalidBody,
+            ProblemKind::HeadersTooLarge
+            | ProblemKind::InvalidRequest
+            | ProblemKind::NotImplemented => Outcome::InvalidRequest,
             ProblemKind::OutcomeUnknown => Outcome::OutcomeUnknown,
             ProblemKind::RoutePaused => Outcome::Paused,
         }
@@ -219,7 +231,9 @@ mod tests {
             (UpstreamTimeout, 504, "forwarded"),
             (NoRoute, 404, "no_route"),
             (InvalidPath, 400, "invalid_path"),
-            (HeadersTooLarge, 431, "invalid_body"),
+            (HeadersTooLarge, 431, "invalid_request"),
+            (InvalidRequest, 400, "invalid_request"),
+            (NotImplemented, 501, "invalid_request"),
         ];
         for (kind, status, outcome) in table {
             assert_eq!(kind.status(), status, "{kind:?}");

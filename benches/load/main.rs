@@ -185,18 +185,28 @@ fn main() {
     if s.attack > 0 {
         under_attack(&s, &w, &mut rep, &mut serial, top);
     }
-    let section = |rep, serial| scale::Section {
-        s: &s,
-        w: &w,
-        logs: &logs,
-        rep,
-        serial,
-    };
+    // a fn, not a closure: a closure's inferred signature ties every
+    // call's borrows to one lifetime, and the second call did not compile
+    fn section<'a>(
+        s: &'a Settings,
+        w: &'a World,
+        logs: &'a std::path::Path,
+        rep: &'a mut Report,
+        serial: &'a mut usize,
+    ) -> scale::Section<'a> {
+        scale::Section {
+            s,
+            w,
+            logs,
+            rep,
+            serial,
+        }
+    }
     if !s.scale.preload.is_empty() {
-        scale::store_sizes(section(&mut rep, &mut serial));
+        scale::store_sizes(section(&s, &w, &logs, &mut rep, &mut serial));
     }
     if s.scale.steady > 0 {
-        scale::steady(section(&mut rep, &mut serial));
+        scale::steady(section(&s, &w, &logs, &mut rep, &mut serial));
     }
 
     final_report(&mut rep, &s, &runs, &w, &logs);

@@ -62,6 +62,16 @@ pub async fn first_bytes(stream: &mut Stream) -> Head {
     }
 }
 
+/// The first bytes of a head that were read with the previous request
+/// (a pipelined request), as [`first_bytes`] would have found them.
+pub fn started(buf: BytesMut) -> Head {
+    match head_end(&buf, 0) {
+        Some(end) => Head::Complete(buf, end),
+        None if buf.len() > MAX_HEAD => Head::TooLarge,
+        None => Head::Started(buf),
+    }
+}
+
 /// Reads on until the head in `buf` is complete.
 pub async fn read_rest(stream: &mut Stream, mut buf: BytesMut) -> Head {
     // the end of the head cannot be before the last bytes already scanned
@@ -85,40 +95,13 @@ pub async fn read_rest(stream: &mut Stream, mut buf: BytesMut) -> Head {
 }
 
 /// Largest body read here before pingora sees the request (as large as the
-/// unguarded bodies idemgate reads whole).
-pub const MAX_PREREAD_BODY: usize = 64 * 1024;
-
-/// The length of a body worth reading before pingora sees the request: one
-/// `Content-Length` of 1 to [`MAX_PREREAD_BODY`] bytes, and neither
-/// `Transfer-Encoding` nor `Expect` (a sender waiting for `100 Continue`
-/// sends nothing more). Anything else — no body, a chunked one, several or
-/// odd lengths — is left to pingora's own reading, which judges it.
+/// unguarded bodies idemgate reads whole): one `Content-Length` body,
+/// without `Expect` (a sender waiting for `100 Continue` sends nothing
+/// more).
 ///
 /// Why: a request waiting for its body inside pingora holds the proxy's
 /// whole per-request state (~30 KiB); waiting here it holds its bytes.
-pub fn preread_len(head: &[u8]) -> Option<usize> {
-    let mut len = None;
-    for line in head.split(|&b| b == b'\n').skip(1) {
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let name = &line[..colon];
-        if name.eq_ignore_ascii_case(b"transfer-encoding") || name.eq_ignore_ascii_case(b"expect") {
-            return None;
-        }
-        if name.eq_ignore_ascii_case(b"content-length") {
-            if len.is_some() {
-                return None;
-            }
-            let v = line[colon + 1..].trim_ascii();
-            if v.is_empty() || v.len() > 7 || !v.iter().all(u8::is_ascii_digit) {
-                return None;
-            }
-            len = Some(std::str::from_utf8(v).ok()?.parse::<usize>().ok()?);
-        }
-    }
-    len.filter(|&n| n > 0 && n <= MAX_PREREAD_BODY)
-}
+pub const MAX_PREREAD_BODY: usize = 64 * 1024;
 
 /// Reads on until `buf` holds `want` bytes (never past them: what follows
 /// is the next request's). `false` when the connection closed first.
@@ -179,45 +162,6 @@ mod tests {
         assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n", 0), None);
         assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\r", 0), None);
         assert_eq!(head_end(b"", 0), None);
-    }
-
-    #[test]
-    fn bodies_read_before_pingora() {
-        let h = |extra: &str| format!("POST /h HTTP/1.1\r\nHost: a\r\n{extra}\r\n");
-        assert_eq!(
-            preread_len(h("Content-Length: 10\r\n").as_bytes()),
-            Some(10)
-        );
-        assert_eq!(
-            preread_len(h("content-length:  65536 \r\n").as_bytes()),
-            Some(65536)
-        );
-        assert_eq!(preread_len(h("Content-Length: 65537\r\n").as_bytes()), None);
-        assert_eq!(preread_len(h("Content-Length: 0\r\n").as_bytes()), None);
-        assert_eq!(preread_len(h("").as_bytes()), None);
-        for odd in ["+5", "5 5", "0x10", "", "99999999999"] {
-            let head = h(&format!("Content-Length: {odd}\r\n"));
-            assert_eq!(preread_len(head.as_bytes()), None, "{odd:?}");
-        }
-        let two = h("Content-Length: 5\r\nContent-Length: 5\r\n");
-        assert_eq!(
-            preread_len(two.as_bytes()),
-            None,
-            "pingora judges duplicates"
-        );
-        let te = h("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n");
-        assert_eq!(preread_len(te.as_bytes()), None);
-        let expect = h("Content-Length: 5\r\nExpect: 100-continue\r\n");
-        assert_eq!(
-            preread_len(expect.as_bytes()),
-            None,
-            "the sender waits for 100"
-        );
-        // the request line is not a header
-        assert_eq!(
-            preread_len(b"POST /content-length:5 HTTP/1.1\r\n\r\n"),
-            None
-        );
     }
 
     #[test]

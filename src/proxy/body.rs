@@ -7,6 +7,7 @@ use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 
 use crate::problem::ProblemKind;
+use crate::strict::chunked::ChunkError;
 
 /// Longest time for the whole body when the session names none (SPEC §2's
 /// `downstream.body_timeout` default). The listener sets the session's read
@@ -19,6 +20,9 @@ pub enum BodyError {
     TooLarge,
     /// The body did not arrive within the body timeout.
     Timeout,
+    /// Chunked framing that a strict parser refuses (the listener's
+    /// check, `crate::strict::chunked`): 400 `invalid-request`.
+    Framing,
     /// Malformed framing or a broken connection.
     Broken(Box<pingora::Error>),
 }
@@ -30,6 +34,7 @@ impl BodyError {
     pub fn invalid_detail(&self) -> &'static str {
         match self {
             BodyError::Timeout => "the request body did not arrive in time",
+            BodyError::Framing => "the chunked framing of the request body is malformed",
             BodyError::TooLarge | BodyError::Broken(_) => {
                 "the request body is malformed or its framing is inconsistent"
             }
@@ -37,10 +42,12 @@ impl BodyError {
     }
 
     /// The problem for a body that could not be read: 408 when it did not
-    /// arrive in time (SPEC §9), else 400; `invalid-body` either way.
+    /// arrive in time (SPEC §9), else 400; `invalid-body` but for malformed
+    /// chunked framing, `invalid-request` (SPEC §4, "Strictness").
     pub fn invalid_kind(&self) -> ProblemKind {
         match self {
             BodyError::Timeout => ProblemKind::BodyTimeout,
+            BodyError::Framing => ProblemKind::InvalidRequest,
             BodyError::TooLarge | BodyError::Broken(_) => ProblemKind::InvalidBody,
         }
     }
@@ -154,6 +161,55 @@ pub async fn read_full(session: &mut Session, max_body: u64) -> Result<Bytes, Bo
 fn classify(e: Box<pingora::Error>) -> BodyError {
     match e.etype() {
         pingora::ErrorType::ReadTimedout => BodyError::Timeout,
+        _ if is_framing_error(&e) => BodyError::Framing,
         _ => BodyError::Broken(e),
+    }
+}
+
+/// Whether `e` was caused by chunked framing that the listener's stream
+/// refused ([`ChunkError`], inside the `io::Error` of a read).
+pub fn is_framing_error(e: &pingora::Error) -> bool {
+    fn of(e: &pingora::Error) -> Option<&(dyn std::error::Error + 'static)> {
+        e.cause
+            .as_deref()
+            .map(|c| c as &(dyn std::error::Error + 'static))
+    }
+    let mut cause = of(e);
+    while let Some(c) = cause {
+        if c.is::<ChunkError>() {
+            return true;
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if io.get_ref().is_some_and(|inner| inner.is::<ChunkError>()) {
+                return true;
+            }
+        }
+        // a pingora error wrapping another holds it as itself or boxed
+        cause = match (
+            c.downcast_ref::<pingora::Error>(),
+            c.downcast_ref::<Box<pingora::Error>>(),
+        ) {
+            (Some(p), _) => of(p),
+            (None, Some(p)) => of(p),
+            (None, None) => c.source(),
+        };
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_errors_are_found_however_deep() {
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, ChunkError("x"));
+        let read = pingora::Error::because(pingora::ErrorType::ReadError, "when reading body", io);
+        assert!(is_framing_error(&read));
+        let wrapped = pingora::Error::because(pingora::ErrorType::ReadError, "peer", read);
+        assert!(is_framing_error(&wrapped));
+        let other = std::io::Error::new(std::io::ErrorKind::InvalidData, "tls");
+        let other = pingora::Error::because(pingora::ErrorType::ReadError, "x", other);
+        assert!(!is_framing_error(&other));
     }
 }

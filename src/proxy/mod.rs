@@ -14,6 +14,7 @@
 pub mod body;
 mod delivery;
 mod exit;
+mod fields;
 pub mod forward;
 pub mod hop;
 pub mod idle;
@@ -43,8 +44,7 @@ pub use in_flight::InFlightRequests;
 use routes::{RouteRt, RouteTable};
 pub use shared::Shared;
 
-/// Largest request header section accepted (pingora's own limit is far higher).
-pub const MAX_HEADER_SECTION: usize = 64 * 1024;
+pub use fields::MAX_HEADER_SECTION;
 
 /// The proxy: its routes and what every request shares. Its hooks gather
 /// facts and hand the request to [`delivery`] (guarded), [`pass_through`]
@@ -90,6 +90,10 @@ impl ProxyHttp for Gate {
             // relay an upstream's)
             session.set_ignore_info_resp(true);
         }
+        let dropped = fields::drop_underscored(session.req_header_mut());
+        if dropped > 0 {
+            self.shared.metrics.underscore_headers_dropped(dropped);
+        }
         // Routes see, and upstreams get, the normal form of the path (the
         // common, already normal path costs a scan and no allocation).
         let changed = match crate::path::normalise(session.req_header().uri.path()) {
@@ -115,24 +119,13 @@ impl ProxyHttp for Gate {
             }
         }
         let req = session.req_header();
-        let header_bytes: usize = req
-            .headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 4)
-            .sum();
-        if header_bytes > MAX_HEADER_SECTION {
-            let route = self
-                .routes
-                .find(routes::request_host(req).as_deref(), req.uri.path());
-            let p = Problem::new(
-                ProblemKind::HeadersTooLarge,
-                format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
-            );
-            let refused = Refused::new(p).closing(true);
-            return exit::refuse(&self.shared, session, route.map(|r| &**r), refused).await;
-        }
         let host = routes::request_host(req);
-        let Some(route) = self.routes.find(host.as_deref(), req.uri.path()).cloned() else {
+        let found = self.routes.find(host.as_deref(), req.uri.path()).cloned();
+        if let Some(p) = fields::refusal(req, found.as_deref()) {
+            let refused = Refused::new(p).closing(true);
+            return exit::refuse(&self.shared, session, found.as_deref(), refused).await;
+        }
+        let Some(route) = found else {
             let p = Problem::new(
                 ProblemKind::NoRoute,
                 format!("no route matches {}", req.uri.path()),
@@ -266,25 +259,50 @@ impl ProxyHttp for Gate {
         e
     }
 
-    /// Unguarded requests only: the upstream failed before answering.
+    /// Unguarded requests only, on pingora's path: the upstream failed
+    /// before answering (502, 504), or the sender's streamed body did (408
+    /// for a stall past `body_timeout`, 400 for a body that broke off or
+    /// was malformed) — answered here while no byte of a response went out.
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         self.count_unguarded(session, ctx, None, Some(e));
-        let kind = match e.etype() {
-            ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
-                ProblemKind::UpstreamTimeout
-            }
-            _ if e.esource() == &pingora::ErrorSource::Upstream => ProblemKind::UpstreamUnreachable,
-            _ => {
-                return FailToProxy {
-                    error_code: 0,
-                    can_reuse_downstream: false,
-                };
+        let from_upstream = e.esource() == &pingora::ErrorSource::Upstream;
+        let kind = if e.esource() == &pingora::ErrorSource::Downstream {
+            downstream_failure(e)
+        } else {
+            match e.etype() {
+                ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
+                    Some(ProblemKind::UpstreamTimeout)
+                }
+                _ if from_upstream => Some(ProblemKind::UpstreamUnreachable),
+                _ => None,
             }
         };
+        let Some(kind) = kind else {
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        };
+        if kind == ProblemKind::BodyTimeout {
+            // a 408 closes its connection, as on idemgate's own path
+            self.shared
+                .metrics
+                .connection_closed(crate::metrics::CloseReason::BodyTimeout);
+        }
         if let (Some(route), None) = (&ctx.route, session.response_written()) {
             // the detail names nothing of the upstream; the log has it
-            tracing::warn!(route = route.name(), upstream = %route.cfg.upstream.original, error = %e, "unguarded request: upstream failed");
-            let p = Problem::new(kind, forward::failure_detail(kind));
+            tracing::warn!(route = route.name(), upstream = %route.cfg.upstream.original, error = %e, "unguarded request: proxying failed");
+            let detail = match kind {
+                ProblemKind::UpstreamTimeout | ProblemKind::UpstreamUnreachable => {
+                    forward::failure_detail(kind)
+                }
+                ProblemKind::BodyTimeout => "the request body did not arrive in time",
+                ProblemKind::InvalidRequest => {
+                    "the chunked framing of the request body is malformed"
+                }
+                _ => "the request body broke off before its end",
+            };
+            let p = Problem::new(kind, detail);
             let _ = respond::problem(session, &p, Outcome::Unguarded.as_str(), true).await;
         }
         FailToProxy {
@@ -305,6 +323,17 @@ impl ProxyHttp for Gate {
                 .metrics
                 .connection_closed(crate::metrics::CloseReason::WriteTimeout);
         }
+    }
+}
+
+/// What a failure of the sender's side of a streamed request is answered
+/// with; `None` when the sender cannot be answered (its writes failed).
+fn downstream_failure(e: &Error) -> Option<ProblemKind> {
+    match e.etype() {
+        ErrorType::ReadTimedout => Some(ProblemKind::BodyTimeout),
+        ErrorType::WriteTimedout | ErrorType::WriteError => None,
+        _ if body::is_framing_error(e) => Some(ProblemKind::InvalidRequest),
+        _ => Some(ProblemKind::InvalidBody),
     }
 }
 
@@ -331,13 +360,18 @@ impl Gate {
         let class = match (status, failure) {
             (Some(s), _) => status_class(s),
             (None, Some(e))
-                if matches!(
-                    e.etype(),
-                    ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
-                ) =>
+                if e.esource() != &pingora::ErrorSource::Downstream
+                    && matches!(
+                        e.etype(),
+                        ErrorType::ConnectTimedout
+                            | ErrorType::ReadTimedout
+                            | ErrorType::WriteTimedout
+                    ) =>
             {
                 "timeout"
             }
+            // the sender's side failed: no upstream outcome to count
+            (None, Some(e)) if e.esource() == &pingora::ErrorSource::Downstream => return,
             (None, Some(_)) => "connect_error",
             (None, None) => return,
         };

@@ -50,8 +50,8 @@ fn dashboard_and_alerts_reference_only_exported_metrics() {
         .filter(|n| n.starts_with("idemgate_"))
         .count();
     assert_eq!(
-        own, 13,
-        "SPEC §5 has thirteen idemgate_ metrics: {exported:?}"
+        own, 14,
+        "SPEC §5's thirteen idemgate_ metrics, and headers_dropped (issue 44): {exported:?}"
     );
     for process in [
         "process_cpu_seconds_total",

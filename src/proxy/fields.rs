@@ -1,0 +1,102 @@
+//! Request header fields judged after routing (SPEC §4, "Strictness"):
+//! names holding `_`, which are dropped before anything is forwarded;
+//! values holding bytes outside ASCII (`obs-text`), which are refused —
+//! but for the route's own event-ID header, whose invalid values are the
+//! route's `invalid-event-id` (SPEC §4's table); and the section's size.
+
+use http::HeaderName;
+use pingora::http::RequestHeader;
+
+use super::routes::RouteRt;
+use crate::problem::{Problem, ProblemKind};
+
+/// Largest request header section accepted (pingora's own limit is far higher).
+pub const MAX_HEADER_SECTION: usize = 64 * 1024;
+
+/// What the header fields refuse once the route (if any) is known: a
+/// section over [`MAX_HEADER_SECTION`] (431), a value outside ASCII (400).
+pub fn refusal(req: &RequestHeader, route: Option<&RouteRt>) -> Option<Problem> {
+    let bytes: usize = req
+        .headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if bytes > MAX_HEADER_SECTION {
+        return Some(Problem::new(
+            ProblemKind::HeadersTooLarge,
+            format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
+        ));
+    }
+    let exempt = route
+        .filter(|r| r.guards(&req.method))
+        .and_then(|r| r.cfg.event_id.header_for(&req.headers));
+    has_obs_text(req, exempt).then(|| {
+        Problem::new(
+            ProblemKind::InvalidRequest,
+            "a header value holds a byte outside ASCII",
+        )
+    })
+}
+
+/// Drops the fields whose names hold `_`: a consumer stack that reads `_`
+/// as `-` (CGI-style frameworks do) would see a second `Content-Length` or
+/// `Transfer-Encoding` beside idemgate's framing. nginx drops them too
+/// (`underscores_in_headers off`). How many fields were dropped.
+pub fn drop_underscored(req: &mut RequestHeader) -> u64 {
+    if !req.headers.keys().any(|k| k.as_str().contains('_')) {
+        return 0; // the common case: no allocation
+    }
+    let names: Vec<HeaderName> = req
+        .headers
+        .keys()
+        .filter(|k| k.as_str().contains('_'))
+        .cloned()
+        .collect();
+    let mut dropped = 0;
+    for name in names {
+        dropped += req.headers.get_all(&name).iter().count() as u64;
+        req.remove_header(&name);
+    }
+    dropped
+}
+
+/// Whether a field other than `exempt` has a byte outside ASCII in its value.
+pub fn has_obs_text(req: &RequestHeader, exempt: Option<&HeaderName>) -> bool {
+    req.headers
+        .iter()
+        .any(|(name, value)| Some(name) != exempt && !value.as_bytes().is_ascii())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn underscored_fields_are_dropped_and_counted() {
+        let mut req = RequestHeader::build("POST", b"/h", None).unwrap();
+        req.append_header("Transfer_Encoding", "chunked").unwrap();
+        req.append_header("content_length", "5").unwrap();
+        req.append_header("Content_Length", "6").unwrap();
+        req.append_header("X-Event-ID", "e").unwrap();
+        assert_eq!(drop_underscored(&mut req), 3);
+        let names: Vec<&str> = req.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["x-event-id"]);
+        assert_eq!(drop_underscored(&mut req), 0);
+    }
+
+    #[test]
+    fn obs_text_outside_the_exempt_field() {
+        let mut req = RequestHeader::build("POST", b"/h", None).unwrap();
+        req.append_header(
+            "X-Event-ID",
+            http::HeaderValue::from_bytes(b"\xe9vt").unwrap(),
+        )
+        .unwrap();
+        let id = HeaderName::from_static("x-event-id");
+        assert!(has_obs_text(&req, None));
+        assert!(!has_obs_text(&req, Some(&id)));
+        req.append_header("X-Note", http::HeaderValue::from_bytes(b"caf\xe9").unwrap())
+            .unwrap();
+        assert!(has_obs_text(&req, Some(&id)));
+    }
+}

@@ -1,0 +1,389 @@
+//! The strict HTTP/1.1 request grammar (SPEC §4, "Strictness"), pure: what
+//! RFC 9112 says a server must reject, judged on the bytes as they arrived,
+//! before any parser that forgives (pingora's, httparse's) sees them.
+//!
+//! - [`check`]: a request head → how its body is framed, or why it is refused.
+//! - [`chunked`]: the chunked framing of a body, byte by byte.
+//!
+//! Both are stricter than httparse and pingora on every point where those
+//! forgive (a unit test holds `check` to that), so a head passed here is one
+//! pingora parses without answering by itself.
+
+pub mod chunked;
+
+/// Why a head is refused: the status and a detail that names the rule and
+/// never echoes the request's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// 400: the head breaks RFC 9112's grammar or its framing rules.
+    BadRequest(&'static str),
+    /// 501: a transfer coding or a method idemgate does not implement
+    /// (RFC 9112 §6.1, RFC 9110 §15.6.2).
+    NotImplemented(&'static str),
+    /// 431: more header fields than [`MAX_FIELDS`].
+    TooManyFields,
+}
+
+/// How the body of an accepted request is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    /// No `Content-Length` and no `Transfer-Encoding`: no body.
+    None,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// What an accepted head says about what follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Framing {
+    pub body: Body,
+    /// The head has an `Expect` field (its sender may wait before the body).
+    pub expect: bool,
+}
+
+/// Most header fields in a head: pingora's own limit (it answers by itself
+/// past it).
+pub const MAX_FIELDS: usize = 256;
+
+/// Longest `Content-Length` value: 18 digits always fit a u64.
+const MAX_LENGTH_DIGITS: usize = 18;
+
+/// `tchar` of RFC 9110 §5.6.2: the bytes of a token (method, field name,
+/// transfer coding).
+pub fn is_tchar(b: u8) -> bool {
+    TCHAR[usize::from(b)]
+}
+
+/// A table of 256 entries, true for the alphanumerics and `extra`: a head
+/// is checked a byte at a time, and a lookup is cheaper than a search.
+const fn table(extra: &[u8]) -> [bool; 256] {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = (b as u8).is_ascii_alphanumeric();
+        b += 1;
+    }
+    let mut i = 0;
+    while i < extra.len() {
+        t[extra[i] as usize] = true;
+        i += 1;
+    }
+    t
+}
+
+const TCHAR: [bool; 256] = table(b"!#$%&'*+-.^_`|~");
+const TARGET: [bool; 256] = table(b"-._~!$&'()*+,;=:@/?%[]");
+
+/// A byte allowed in a request-target: RFC 3986's unreserved, sub-delims,
+/// `:`, `@`, `/`, `?`, `%` (in the query, checked for two hex digits), and
+/// `[` `]` of an IP literal in an absolute-form authority. No space, no
+/// control byte, no `#`, nothing outside ASCII. (A `\` in the path is let
+/// through for the path's own check.)
+fn is_target_byte(b: u8) -> bool {
+    TARGET[usize::from(b)]
+}
+
+/// A byte of a field value: VCHAR, SP, HTAB, or obs-text (bytes ≥ 0x80,
+/// which the proxy refuses after routing: a route's event-ID header judges
+/// its own).
+fn is_value_byte(b: u8) -> bool {
+    b == b'\t' || (0x20..0x7f).contains(&b) || b >= 0x80
+}
+
+/// `s` without the optional whitespace (SP, HTAB) around it: not
+/// `trim_ascii`, which also takes form feeds and would let one through.
+fn trim_ows(s: &[u8]) -> &[u8] {
+    let start = s
+        .iter()
+        .position(|&b| b != b' ' && b != b'\t')
+        .unwrap_or(s.len());
+    let end = s
+        .iter()
+        .rposition(|&b| b != b' ' && b != b'\t')
+        .map_or(start, |i| i + 1);
+    &s[start..end]
+}
+
+/// Checks a request head: `head` runs from the first byte received to the
+/// end of the empty line that closes it. Lines end in CRLF or in a bare LF
+/// (RFC 9112 §2.2 lets a recipient accept it); empty lines before the
+/// request line are skipped (§2.2).
+pub fn check(head: &[u8]) -> Result<Framing, Refusal> {
+    let mut lines = Lines { rest: head };
+    let first = loop {
+        match lines.next()? {
+            Some([]) => continue,
+            Some(line) => break line,
+            None => return Err(Refusal::BadRequest("the head has no request line")),
+        }
+    };
+    let line = request_line(first)?;
+    let mut fields = Fields::default();
+    loop {
+        match lines.next()? {
+            Some([]) => return fields.finish(&line),
+            Some(l) => fields.add(l)?,
+            None => {
+                return Err(Refusal::BadRequest(
+                    "the head does not end in an empty line",
+                ))
+            }
+        }
+    }
+}
+
+/// The head's lines, each without its terminator.
+struct Lines<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Lines<'a> {
+    fn next(&mut self) -> Result<Option<&'a [u8]>, Refusal> {
+        let Some(lf) = self.rest.iter().position(|&b| b == b'\n') else {
+            return Ok(None);
+        };
+        let mut line = &self.rest[..lf];
+        self.rest = &self.rest[lf + 1..];
+        if let [before @ .., b'\r'] = line {
+            line = before;
+        }
+        if line.contains(&b'\r') {
+            return Err(Refusal::BadRequest("a bare CR in the head"));
+        }
+        Ok(Some(line))
+    }
+}
+
+/// What the request line says.
+struct RequestLine<'a> {
+    http11: bool,
+    /// The authority of an absolute-form target.
+    authority: Option<&'a [u8]>,
+}
+
+/// `method SP request-target SP HTTP-version`, one space each.
+fn request_line(line: &[u8]) -> Result<RequestLine<'_>, Refusal> {
+    let bad = Refusal::BadRequest;
+    let mut parts = line.split(|&b| b == b' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad(
+            "the request line is not three parts parted by one space each",
+        ));
+    };
+    if method.is_empty() || !method.iter().all(|&b| is_tchar(b)) {
+        return Err(bad("the method is not a token"));
+    }
+    let http11 = match version {
+        b"HTTP/1.1" => true,
+        b"HTTP/1.0" => false,
+        _ => return Err(bad("the HTTP version is neither HTTP/1.1 nor HTTP/1.0")),
+    };
+    if method == b"CONNECT" {
+        return Err(Refusal::NotImplemented("CONNECT is not supported"));
+    }
+    let authority = target_authority(method, target)?;
+    Ok(RequestLine { http11, authority })
+}
+
+/// Checks a request-target; the authority of an absolute-form one.
+fn target_authority<'a>(method: &[u8], target: &'a [u8]) -> Result<Option<&'a [u8]>, Refusal> {
+    let bad = Refusal::BadRequest;
+    // the path's own faults (a literal `\`, a malformed escape) are its
+    // normal form's to judge: 400 `invalid-path` (SPEC §4, "Paths")
+    let (path, query) = match target.iter().position(|&b| b == b'?') {
+        Some(q) => target.split_at(q),
+        None => (target, &b""[..]),
+    };
+    if target.is_empty()
+        || !path.iter().all(|&b| is_target_byte(b) || b == b'\\')
+        || !query.iter().all(|&b| is_target_byte(b))
+    {
+        return Err(bad("the request target holds a byte a URI may not"));
+    }
+    let mut pct = query.split(|&b| b == b'%').skip(1);
+    if pct.any(|after| after.len() < 2 || !after[..2].iter().all(u8::is_ascii_hexdigit)) {
+        return Err(bad("a % in the query is not followed by two hex digits"));
+    }
+    if target == b"*" {
+        return match method {
+            b"OPTIONS" => Ok(None),
+            _ => Err(bad("the asterisk-form is for OPTIONS only")),
+        };
+    }
+    if target.starts_with(b"/") {
+        return Ok(None);
+    }
+    let scheme_end = target.iter().position(|&b| b == b':').unwrap_or(0);
+    let scheme = &target[..scheme_end];
+    if !(scheme.eq_ignore_ascii_case(b"http") || scheme.eq_ignore_ascii_case(b"https"))
+        || !target[scheme_end..].starts_with(b"://")
+    {
+        return Err(bad(
+            "the request target is neither a path nor an http(s) URI",
+        ));
+    }
+    let rest = &target[scheme_end + 3..];
+    let end = rest
+        .iter()
+        .position(|&b| b == b'/' || b == b'?')
+        .unwrap_or(rest.len());
+    let authority = &rest[..end];
+    if authority.is_empty() || authority.contains(&b'@') {
+        return Err(bad(
+            "the request target's authority is empty or has userinfo",
+        ));
+    }
+    Ok(Some(authority))
+}
+
+/// The header fields seen so far, as far as framing and routing need them.
+#[derive(Default)]
+struct Fields<'a> {
+    count: usize,
+    hosts: usize,
+    host: &'a [u8],
+    length: Option<&'a [u8]>,
+    /// `Transfer-Encoding` seen, its codings so far and the last one.
+    te: bool,
+    chunked: usize,
+    unknown_coding: bool,
+    last_coding: &'a [u8],
+    expect: bool,
+}
+
+impl<'a> Fields<'a> {
+    fn add(&mut self, line: &'a [u8]) -> Result<(), Refusal> {
+        let bad = Refusal::BadRequest;
+        self.count += 1;
+        if self.count > MAX_FIELDS {
+            return Err(Refusal::TooManyFields);
+        }
+        if matches!(line.first(), Some(b' ' | b'\t')) {
+            return Err(bad("a folded header line (obs-fold)"));
+        }
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            return Err(bad("a header line without a colon"));
+        };
+        let name = &line[..colon];
+        if matches!(name.last(), Some(b' ' | b'\t')) {
+            return Err(bad("whitespace between a header name and its colon"));
+        }
+        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
+            return Err(bad("a header name that is not a token"));
+        }
+        let value = trim_ows(&line[colon + 1..]);
+        if !value.iter().all(|&b| is_value_byte(b)) {
+            return Err(bad("a control byte in a header value"));
+        }
+        self.field(name, value)
+    }
+
+    /// The fields that frame the request or name its host.
+    fn field(&mut self, name: &[u8], value: &'a [u8]) -> Result<(), Refusal> {
+        let bad = Refusal::BadRequest;
+        if name.eq_ignore_ascii_case(b"host") {
+            self.hosts += 1;
+            self.host = value;
+            if !value
+                .iter()
+                .all(|&b| is_target_byte(b) && !b"@/?".contains(&b))
+            {
+                return Err(bad("the Host is not an authority"));
+            }
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            if value.is_empty()
+                || value.len() > MAX_LENGTH_DIGITS
+                || !value.iter().all(u8::is_ascii_digit)
+            {
+                return Err(bad("a Content-Length that is not one decimal number"));
+            }
+            if self.length.is_some_and(|seen| seen != value) {
+                return Err(bad("several different Content-Length values"));
+            }
+            self.length = Some(value);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            self.te = true;
+            for coding in value.split(|&b| b == b',') {
+                self.coding(trim_ows(coding))?;
+            }
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            self.expect = true;
+        }
+        Ok(())
+    }
+
+    fn coding(&mut self, coding: &'a [u8]) -> Result<(), Refusal> {
+        let name_end = coding
+            .iter()
+            .position(|&b| !is_tchar(b))
+            .unwrap_or(coding.len());
+        let name = &coding[..name_end];
+        if name.is_empty() {
+            return Err(Refusal::BadRequest("an empty or malformed transfer coding"));
+        }
+        if name.eq_ignore_ascii_case(b"chunked") {
+            if name_end != coding.len() {
+                return Err(Refusal::BadRequest("chunked with parameters"));
+            }
+            self.chunked += 1;
+        } else {
+            self.unknown_coding = true;
+        }
+        self.last_coding = name;
+        Ok(())
+    }
+
+    /// The rules across fields, and the body's framing.
+    fn finish(self, line: &RequestLine) -> Result<Framing, Refusal> {
+        let bad = Refusal::BadRequest;
+        if self.hosts > 1 {
+            return Err(bad("several Host fields"));
+        }
+        if line.http11 && self.hosts == 0 {
+            return Err(bad("an HTTP/1.1 request without Host"));
+        }
+        if let Some(authority) = line.authority {
+            if self.hosts == 1 && self.host != authority {
+                return Err(bad("the Host differs from the request target's authority"));
+            }
+        }
+        let body = match (self.te, self.length) {
+            (true, Some(_)) => return Err(bad("both Content-Length and Transfer-Encoding")),
+            (true, None) => {
+                if !line.http11 {
+                    return Err(bad("Transfer-Encoding in an HTTP/1.0 request"));
+                }
+                if !self.last_coding.eq_ignore_ascii_case(b"chunked") {
+                    return Err(bad("chunked is not the final transfer coding"));
+                }
+                if self.chunked > 1 {
+                    return Err(bad("chunked applied more than once"));
+                }
+                if self.unknown_coding {
+                    return Err(Refusal::NotImplemented(
+                        "a transfer coding other than chunked",
+                    ));
+                }
+                Body::Chunked
+            }
+            (false, Some(len)) => Body::Length(
+                std::str::from_utf8(len)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or(bad("a Content-Length that is not one decimal number"))?,
+            ),
+            (false, None) => Body::None,
+        };
+        Ok(Framing {
+            body,
+            expect: self.expect,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
