@@ -687,7 +687,11 @@ fn resolve_both_ways(b: TestStore) {
         assert!(detail.contains(says), "{bad:?}: {detail}");
     }
     refused(
-        &act(&px, &format!("{}?as=failed", path(&done)), r#"{"as":"delivered"}"#),
+        &act(
+            &px,
+            &format!("{}?as=failed", path(&done)),
+            r#"{"as":"delivered"}"#,
+        ),
         400,
         "invalid-query",
     );
