@@ -626,6 +626,44 @@ fn the_console_page_and_its_headers() {
 
 // ---- POST /api/events/{route}/{event_id}/resolve (SPEC §12) ------------------------
 
+/// Every way `POST path` (a resolve) is refused: the token, the method,
+/// the body, the query, the size.
+fn resolve_refusals(px: &Proxy, path: &str) {
+    // 401 without the token or with a wrong one; nothing changes
+    let body = br#"{"as":"delivered"}"#;
+    refused(&post(px, path, body, None), 401, "unauthorized");
+    let wrong = format!("Bearer {TOKEN}x");
+    refused(&post(px, path, body, Some(&wrong)), 401, "unauthorized");
+    refused(&call(px, "GET", path, &[]), 405, "method-not-allowed");
+    // 400: a body that is missing, not JSON or not what resolve takes
+    for (bad, says) in [
+        ("", "needs a JSON body"),
+        ("{\"as\":", "not JSON"),
+        ("as=delivered", "JSON object"),
+        ("[\"delivered\"]", "JSON object"),
+        ("{\"as\":\"maybe\"}", "unknown variant"),
+        ("{\"as\":\"delivered\",\"status\":42}", "100 to 599"),
+        (
+            "{\"as\":\"delivered\",\"status\":\"200\"}",
+            "not what this action takes",
+        ),
+        ("{\"as\":\"failed\",\"status\":200}", "delivered\" only"),
+        ("{\"as\":\"failed\",\"force\":true}", "unknown field"),
+    ] {
+        let doc = refused(&act(px, path, bad), 400, "invalid-body");
+        let detail = doc["detail"].as_str().unwrap();
+        assert!(detail.contains(says), "{bad:?}: {detail}");
+    }
+    refused(
+        &act(px, &format!("{}?as=failed", path), r#"{"as":"delivered"}"#),
+        400,
+        "invalid-query",
+    );
+    // 413: more than 4 KiB, however valid
+    let big = format!("{{\"as\":\"failed\",\"x\":\"{}\"}}", "a".repeat(5000));
+    refused(&act(px, path, &big), 413, "body-too-large");
+}
+
 fn resolve_both_ways(b: TestStore) {
     let up = slow_once_consumer();
     let routes = held_route("r", "/hooks/r", &format!("http://{}", up.addr));
@@ -652,52 +690,7 @@ fn resolve_both_ways(b: TestStore) {
         (Some("hold"), Some(2))
     );
     let before = show(&b.url, "r", &done);
-
-    // 401 without the token or with a wrong one; nothing changes
-    let body = br#"{"as":"delivered"}"#;
-    refused(&post(&px, &path(&done), body, None), 401, "unauthorized");
-    let wrong = format!("Bearer {TOKEN}x");
-    refused(
-        &post(&px, &path(&done), body, Some(&wrong)),
-        401,
-        "unauthorized",
-    );
-    refused(
-        &call(&px, "GET", &path(&done), &[]),
-        405,
-        "method-not-allowed",
-    );
-    // 400: a body that is missing, not JSON or not what resolve takes
-    for (bad, says) in [
-        ("", "needs a JSON body"),
-        ("{\"as\":", "not JSON"),
-        ("as=delivered", "JSON object"),
-        ("[\"delivered\"]", "JSON object"),
-        ("{\"as\":\"maybe\"}", "unknown variant"),
-        ("{\"as\":\"delivered\",\"status\":42}", "100 to 599"),
-        (
-            "{\"as\":\"delivered\",\"status\":\"200\"}",
-            "not what this action takes",
-        ),
-        ("{\"as\":\"failed\",\"status\":200}", "delivered\" only"),
-        ("{\"as\":\"failed\",\"force\":true}", "unknown field"),
-    ] {
-        let doc = refused(&act(&px, &path(&done), bad), 400, "invalid-body");
-        let detail = doc["detail"].as_str().unwrap();
-        assert!(detail.contains(says), "{bad:?}: {detail}");
-    }
-    refused(
-        &act(
-            &px,
-            &format!("{}?as=failed", path(&done)),
-            r#"{"as":"delivered"}"#,
-        ),
-        400,
-        "invalid-query",
-    );
-    // 413: more than 4 KiB, however valid
-    let big = format!("{{\"as\":\"failed\",\"x\":\"{}\"}}", "a".repeat(5000));
-    refused(&act(&px, &path(&done), &big), 413, "body-too-large");
+    resolve_refusals(&px, &path(&done));
     assert_eq!(
         show(&b.url, "r", &done),
         before,
@@ -796,35 +789,19 @@ fn release_takes_an_ambiguous_record() {
 
 // ---- POST /api/events/release (SPEC §14) ---------------------------------------
 
-fn bulk_release(b: TestStore) {
-    let up = slow_once_consumer();
-    let upstream = format!("http://{}", up.addr);
-    let routes = held_route("r", "/hooks/r", &upstream) + &held_route("s", "/hooks/s", &upstream);
-    let px = start_with_token(&b.dir, &b.url, &routes);
-    let tag = eid("bulk");
-    let held: Vec<String> = (0..3).map(|i| format!("{tag}/slow-{i}")).collect();
-    make_ambiguous(&px, &b.url, "r", "/hooks/r", &held);
-    let other = format!("{tag}/slow-s");
-    make_ambiguous(&px, &b.url, "s", "/hooks/s", std::slice::from_ref(&other));
-    let fine = format!("{tag}/fine");
-    assert_eq!(px.deliver("/hooks/r", Some(&fine), b"{}").status, 200);
-    let bulk = |body: serde_json::Value| act(&px, "/api/events/release", &body.to_string());
-    let count = |r: Response, key: &str| {
-        assert_eq!(r.status, 200, "{}", r.text());
-        let doc = r.json();
-        assert_eq!(doc.as_object().unwrap().len(), 1, "{doc}");
-        doc[key].as_u64().unwrap()
-    };
-
+/// Every way `POST /api/events/release` is refused: the token, the
+/// method, the body (a delivered state among others), an unknown route.
+fn bulk_refusals(px: &Proxy) {
+    let bulk = |body: serde_json::Value| act(px, "/api/events/release", &body.to_string());
     // refusals: no token, a bad body, a delivered state, an unknown route
     let ok = br#"{"route":"r","state":"ambiguous"}"#;
     refused(
-        &post(&px, "/api/events/release", ok, None),
+        &post(px, "/api/events/release", ok, None),
         401,
         "unauthorized",
     );
     refused(
-        &call(&px, "GET", "/api/events/release", &[]),
+        &call(px, "GET", "/api/events/release", &[]),
         405,
         "method-not-allowed",
     );
@@ -866,6 +843,29 @@ fn bulk_release(b: TestStore) {
         404,
         "unknown-route",
     );
+}
+
+fn bulk_release(b: TestStore) {
+    let up = slow_once_consumer();
+    let upstream = format!("http://{}", up.addr);
+    let routes = held_route("r", "/hooks/r", &upstream) + &held_route("s", "/hooks/s", &upstream);
+    let px = start_with_token(&b.dir, &b.url, &routes);
+    let tag = eid("bulk");
+    let held: Vec<String> = (0..3).map(|i| format!("{tag}/slow-{i}")).collect();
+    make_ambiguous(&px, &b.url, "r", "/hooks/r", &held);
+    let other = format!("{tag}/slow-s");
+    make_ambiguous(&px, &b.url, "s", "/hooks/s", std::slice::from_ref(&other));
+    let fine = format!("{tag}/fine");
+    assert_eq!(px.deliver("/hooks/r", Some(&fine), b"{}").status, 200);
+    let bulk = |body: serde_json::Value| act(&px, "/api/events/release", &body.to_string());
+    let count = |r: Response, key: &str| {
+        assert_eq!(r.status, 200, "{}", r.text());
+        let doc = r.json();
+        assert_eq!(doc.as_object().unwrap().len(), 1, "{doc}");
+        doc[key].as_u64().unwrap()
+    };
+
+    bulk_refusals(&px);
     for id in &held {
         assert_eq!(
             show(&b.url, "r", id)["state"],
@@ -936,6 +936,29 @@ on_both_stores!(bulk_release("api-bulk"): sqlite_bulk_release, postgres_bulk_rel
 
 // ---- POST /api/routes/{name}/pause|resume (SPEC §14) -------------------------------
 
+/// Every way a pause is refused: the token, the method, an unknown route,
+/// a body, a query, another verb.
+fn pause_refusals(px: &Proxy) {
+    refused(
+        &post(px, "/api/routes/r/pause", b"", None),
+        401,
+        "unauthorized",
+    );
+    refused(
+        &call(px, "GET", "/api/routes/r/pause", &[]),
+        405,
+        "method-not-allowed",
+    );
+    refused(&act(px, "/api/routes/nope/pause", ""), 404, "unknown-route");
+    refused(&act(px, "/api/routes/r/pause", "{}"), 400, "invalid-body");
+    refused(
+        &act(px, "/api/routes/r/pause?for=1h", ""),
+        400,
+        "invalid-query",
+    );
+    refused(&act(px, "/api/routes/r/halt", ""), 404, "no-endpoint");
+}
+
 fn pause_and_resume(b: TestStore) {
     let up = Consumer::start().unwrap();
     let routes = route("r", "/hooks/r", &up.url(), "") + &route("s", "/hooks/s", &up.url(), "");
@@ -958,28 +981,7 @@ fn pause_and_resume(b: TestStore) {
         (serde_json::json!(false), serde_json::Value::Null)
     );
 
-    refused(
-        &post(&px, "/api/routes/r/pause", b"", None),
-        401,
-        "unauthorized",
-    );
-    refused(
-        &call(&px, "GET", "/api/routes/r/pause", &[]),
-        405,
-        "method-not-allowed",
-    );
-    refused(
-        &act(&px, "/api/routes/nope/pause", ""),
-        404,
-        "unknown-route",
-    );
-    refused(&act(&px, "/api/routes/r/pause", "{}"), 400, "invalid-body");
-    refused(
-        &act(&px, "/api/routes/r/pause?for=1h", ""),
-        400,
-        "invalid-query",
-    );
-    refused(&act(&px, "/api/routes/r/halt", ""), 404, "no-endpoint");
+    pause_refusals(&px);
     assert_eq!(state("r").0, false, "refusals paused nothing");
 
     let r = act(&px, "/api/routes/r/pause", "");
@@ -1007,25 +1009,15 @@ fn pause_and_resume(b: TestStore) {
     );
 
     // within 2 s the proxy refuses what it would forward; it still replays
-    let refused_id = loop {
-        let id = eid("new");
-        let r = px.deliver("/hooks/r", Some(&id), b"{}");
-        if r.status == 503 {
-            assert_eq!(
-                r.json()["type"],
-                "urn:idemgate:problem:route-paused",
-                "{r:?}"
-            );
-            assert_eq!(r.header("retry-after"), Some("30"));
-            break id;
-        }
-        assert_eq!(r.status, 200, "{r:?}");
-        assert!(
-            paused.elapsed() < std::time::Duration::from_secs(2),
-            "not paused within 2 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let tag = eid("new");
+    let (refused_id, r) =
+        within_two_seconds(paused, &px, "/hooks/r", |n| format!("{tag}-{n}"), 503);
+    assert_eq!(
+        r.json()["type"],
+        "urn:idemgate:problem:route-paused",
+        "{r:?}"
+    );
+    assert_eq!(r.header("retry-after"), Some("30"));
     assert_eq!(up.count(&refused_id), 0, "nothing forwarded");
     let (code, _, _) = cli(&[
         "events",
@@ -1053,6 +1045,7 @@ fn pause_and_resume(b: TestStore) {
 
     // resume: within 2 s the refused event goes through
     let r = act(&px, "/api/routes/r/resume", "");
+    let resumed = std::time::Instant::now();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.json(),
@@ -1062,19 +1055,7 @@ fn pause_and_resume(b: TestStore) {
         state("r"),
         (serde_json::json!(false), serde_json::Value::Null)
     );
-    let resumed = std::time::Instant::now();
-    loop {
-        let r = px.deliver("/hooks/r", Some(&refused_id), b"{}");
-        if r.status == 200 {
-            break;
-        }
-        assert_eq!(r.status, 503, "{r:?}");
-        assert!(
-            resumed.elapsed() < std::time::Duration::from_secs(2),
-            "not resumed within 2 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    within_two_seconds(resumed, &px, "/hooks/r", |_| refused_id.clone(), 200);
     assert_eq!(up.count(&refused_id), 1);
     let log = px.log();
     assert!(
@@ -1095,8 +1076,7 @@ fn raw_admin(px: &Proxy, bytes: &[u8], wait: std::time::Duration) -> (Vec<u8>, b
 }
 
 #[test]
-fn an_action_body_is_bounded_in_size_and_time() {
-    use std::io::Write;
+fn an_action_body_is_bounded_in_size() {
     use std::time::{Duration, Instant};
     let (dir, _up, px) = one_route_with_token("api-body");
     let auth = format!("Authorization: Bearer {TOKEN}\r\n");
@@ -1145,6 +1125,31 @@ fn an_action_body_is_bounded_in_size_and_time() {
         "read whole: {}",
         String::from_utf8_lossy(&out)
     );
+    // a body on a path that reads none is left unread, and the connection closed
+    let (out, closed) = raw_admin(
+        &px,
+        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000000\r\n\r\nxx",
+        Duration::from_secs(5),
+    );
+    assert_eq!((status(&out), closed), (Some(200), true));
+    assert_eq!(
+        get_json(&px, "/api/routes")["routes"][0]["paused"],
+        false,
+        "nothing refused was done"
+    );
+    drop(dir);
+}
+
+#[test]
+fn an_action_body_is_bounded_in_time_and_framing() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let (dir, _up, px) = one_route_with_token("api-body-time");
+    let auth = format!("Authorization: Bearer {TOKEN}\r\n");
+    let head = |extra: &str| {
+        format!("POST /api/routes/r/pause HTTP/1.1\r\nHost: localhost\r\n{auth}{extra}\r\n")
+    };
+    let status = |bytes: &[u8]| crate::raw_upstream::status_of(bytes);
 
     // a body that trickles in: 408 after 5 s in all, and closed
     let mut c = Client::connect(px.admin).unwrap();
@@ -1198,7 +1203,15 @@ fn an_action_body_is_bounded_in_size_and_time() {
     c.send_raw(body.as_bytes()).unwrap();
     refused(&c.read_response(false).unwrap(), 404, "not-found");
 
-    // a body read whole keeps the connection for the next request
+    assert_eq!(get_json(&px, "/api/routes")["routes"][0]["paused"], true);
+    drop(dir);
+}
+
+/// A body read whole keeps the connection for the next request.
+#[test]
+fn an_action_body_read_whole_keeps_the_connection() {
+    let (_dir, _up, px) = one_route_with_token("api-body-keep");
+    let body = r#"{"as":"failed"}"#;
     let mut c = Client::connect(px.admin).unwrap();
     let bearer = format!("Bearer {TOKEN}");
     for _ in 0..3 {
@@ -1221,15 +1234,6 @@ fn an_action_body_is_bounded_in_size_and_time() {
             .unwrap();
         refused(&r, 404, "not-found");
     }
-    // a body on a path that reads none is left unread, and the connection closed
-    let (out, closed) = raw_admin(
-        &px,
-        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000000\r\n\r\nxx",
-        Duration::from_secs(5),
-    );
-    assert_eq!((status(&out), closed), (Some(200), true));
-    assert_eq!(get_json(&px, "/api/routes")["routes"][0]["paused"], false);
-    drop(dir);
 }
 
 /// Without `admin.token` the new actions are refused too.

@@ -166,3 +166,34 @@ pub fn make_ambiguous(px: &Proxy, store: &str, route: &str, prefix: &str, ids: &
         assert_eq!(show(store, route, id)["state"], "ambiguous", "{id}");
     }
 }
+
+/// Delivers `id(n)` for n = 0, 1, … to `path` until the answer is
+/// `status`, which must come within 2 s of `since` (SPEC §14: every process
+/// follows a pause or a resume within 2 s); the ID and the answer. (A paused
+/// route claims nothing, so a refused ID can be tried again; one let
+/// through before a pause took is delivered, so the next try takes a new one.)
+pub fn within_two_seconds(
+    since: std::time::Instant,
+    px: &Proxy,
+    path: &str,
+    id: impl Fn(usize) -> String,
+    status: u16,
+) -> (String, Response) {
+    for n in 0.. {
+        let id = id(n);
+        let r = px.deliver(path, Some(&id), b"{}");
+        if r.status == status {
+            return (id, r);
+        }
+        assert!(
+            [200, 503].contains(&r.status),
+            "{id}: neither forwarded nor paused: {r:?}"
+        );
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(2),
+            "{id}: not {status} within 2 s: {r:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    unreachable!()
+}

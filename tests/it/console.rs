@@ -639,79 +639,10 @@ fn shown_paused(b: &Browser, route: &str) -> String {
     .to_string()
 }
 
-/// Delivers `id(n)` for n = 0, 1, … until the answer is `status`, within
-/// 2 s; the ID and the answer. (A paused route claims nothing, so a refused
-/// ID can be tried again; one let through before the pause took is
-/// delivered, so the next try takes a new one.)
-fn within_two_seconds(
-    px: &Proxy,
-    path: &str,
-    id: impl Fn(usize) -> String,
-    status: u16,
-) -> (String, Response) {
-    let since = std::time::Instant::now();
-    for n in 0.. {
-        let id = id(n);
-        let r = px.deliver(path, Some(&id), b"{}");
-        if r.status == status {
-            return (id, r);
-        }
-        assert!(
-            since.elapsed() < Duration::from_secs(2),
-            "{id}: not {status} within 2 s: {r:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    unreachable!()
-}
-
-// long: one story told in order — the ambiguous events, each decision, the pause and the resume
-#[test]
-fn ambiguous_events_are_resolved_and_a_route_paused_from_the_console() {
-    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(b) = Browser::start() else {
-        return;
-    };
-    let _one = one;
-    let s = Held::start("console-ambiguous");
-    let tag = eid("amb");
-    // three attempts (503, 503, then no answer in time), and two that timed out
-    let flaky = format!("{tag}/flaky");
-    for want in [503, 503, 504] {
-        assert_eq!(
-            s.px.deliver("/hooks/orders", Some(&flaky), b"{}").status,
-            want
-        );
-    }
-    let undone = format!("{tag}/slow-undone");
-    let kept = format!("{tag}/slow<svg/onload=alert(9)>");
-    make_ambiguous(
-        &s.px,
-        &s.store,
-        "orders",
-        "/hooks/orders",
-        &[undone.clone(), kept.clone()],
-    );
-    assert_eq!(show(&s.store, "orders", &flaky)["state"], "ambiguous");
-    assert_eq!(
-        s.px.deliver("/hooks/billing", Some(&format!("{tag}/b")), b"{}")
-            .status,
-        200
-    );
-
-    // the overview lists them, the route says how many
-    b.goto(&s.url(""));
-    for id in [&flaky, &undone, &kept] {
-        wait_listed(&b, "an ambiguous event", "#ambiguous a.event-link", id);
-    }
-    let count = b.wait_visible("#routes [data-counter=\"ambiguous\"][data-route=\"orders\"]");
-    assert_eq!(b.text(&count), "3 outcome unknown");
-    assert_eq!(shown_paused(&b, "orders"), "false");
-
-    // the event's page: its three attempts, and the two decisions offered
-    b.goto(&s.url(&format!("#/event/orders/{}", enc(&flaky))));
-    wait_shown(&b, "the detail", "state", "ambiguous");
-    let rec = show(&s.store, "orders", &flaky);
+/// The event page of `id` shows its three attempts — 503, 503, then no
+/// answer in time — as its history has them, in the table and the timeline.
+fn shows_three_attempts(b: &Browser, store: &str, id: &str) {
+    let rec = show(store, "orders", id);
     let rows = b.wait_for("three attempts", |b| {
         Some(shown_attempts(b)).filter(|r| r.len() == 3)
     });
@@ -740,6 +671,48 @@ fn ambiguous_events_are_resolved_and_a_route_paused_from_the_console() {
             "{moment}"
         );
     }
+}
+
+#[test]
+fn ambiguous_events_are_resolved_both_ways_from_the_console() {
+    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else {
+        return;
+    };
+    let _one = one;
+    let s = Held::start("console-ambiguous");
+    let tag = eid("amb");
+    // three attempts (503, 503, then no answer in time), and two that timed out
+    let flaky = format!("{tag}/flaky");
+    for want in [503, 503, 504] {
+        assert_eq!(
+            s.px.deliver("/hooks/orders", Some(&flaky), b"{}").status,
+            want
+        );
+    }
+    let undone = format!("{tag}/slow-undone");
+    make_ambiguous(
+        &s.px,
+        &s.store,
+        "orders",
+        "/hooks/orders",
+        std::slice::from_ref(&undone),
+    );
+    assert_eq!(show(&s.store, "orders", &flaky)["state"], "ambiguous");
+
+    // the overview lists them, the route says how many
+    b.goto(&s.url(""));
+    for id in [&flaky, &undone] {
+        wait_listed(&b, "an ambiguous event", "#ambiguous a.event-link", id);
+    }
+    let count = b.wait_visible("#routes [data-counter=\"ambiguous\"][data-route=\"orders\"]");
+    assert_eq!(b.text(&count), "2 outcome unknown");
+    assert_eq!(shown_paused(&b, "orders"), "false");
+
+    // the event's page: its three attempts, and the two decisions offered
+    b.goto(&s.url(&format!("#/event/orders/{}", enc(&flaky))));
+    wait_shown(&b, "the detail", "state", "ambiguous");
+    shows_three_attempts(&b, &s.store, &flaky);
     assert!(b.displayed(&b.find("#resolve-delivered").unwrap()));
     assert!(b.displayed(&b.find("#resolve-failed").unwrap()));
     assert!(!b.displayed(&b.find("#release").unwrap()));
@@ -801,24 +774,58 @@ fn ambiguous_events_are_resolved_and_a_route_paused_from_the_console() {
         (200, Some("forwarded"))
     );
     assert_eq!(s.up.count(&undone), 2);
+    assert_eq!(b.alert_text(), None);
+}
 
-    // pause billing from the overview (the same page: the token is still
-    // held): the proxy refuses within 2 s, records stay
-    b.goto(&s.url("#/"));
+#[test]
+fn a_route_is_paused_and_resumed_from_the_console() {
+    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else {
+        return;
+    };
+    let _one = one;
+    let s = Held::start("console-pause");
+    let tag = eid("pause");
+    // an event that waits for a decision (its ID holds markup), one delivered on billing
+    let kept = format!("{tag}/slow<svg/onload=alert(9)>");
+    make_ambiguous(
+        &s.px,
+        &s.store,
+        "orders",
+        "/hooks/orders",
+        std::slice::from_ref(&kept),
+    );
+    assert_eq!(
+        s.px.deliver("/hooks/billing", Some(&format!("{tag}/b")), b"{}")
+            .status,
+        200
+    );
+
+    // pause billing from the overview, the token typed: the proxy refuses
+    // within 2 s, and replays what was delivered
+    b.goto(&s.url(""));
     b.wait_visible("#routes tr[data-route=\"billing\"] button.pause-toggle");
+    assert_eq!(shown_paused(&b, "billing"), "false");
     confirm(
         &b,
         "#routes tr[data-route=\"billing\"] button.pause-toggle",
-        None,
+        Some(TOKEN),
     );
     let said = wait_result(&b, "#overview-result", "Route billing paused since");
+    let paused = std::time::Instant::now();
     let since = show_paused_at(&s.store, "billing");
     assert!(said.contains(&since), "{said} / {since}");
     b.wait_for("billing shown paused", |b| {
         (shown_paused(b, "billing") == "true").then_some(())
     });
     assert_eq!(shown_paused(&b, "orders"), "false");
-    let (new, r) = within_two_seconds(&s.px, "/hooks/billing", |n| format!("{tag}/b-new-{n}"), 503);
+    let (new, r) = within_two_seconds(
+        paused,
+        &s.px,
+        "/hooks/billing",
+        |n| format!("{tag}/b-new-{n}"),
+        503,
+    );
     assert_eq!(r.json()["type"], "urn:idemgate:problem:route-paused");
     assert_eq!(s.up.count(&new), 0);
     let dup =
@@ -847,10 +854,11 @@ fn ambiguous_events_are_resolved_and_a_route_paused_from_the_console() {
         None,
     );
     wait_result(&b, "#overview-result", "Route billing resumed");
+    let resumed = std::time::Instant::now();
     b.wait_for("billing shown forwarding", |b| {
         (shown_paused(b, "billing") == "false").then_some(())
     });
-    within_two_seconds(&s.px, "/hooks/billing", |_| new.clone(), 200);
+    within_two_seconds(resumed, &s.px, "/hooks/billing", |_| new.clone(), 200);
     assert_eq!(s.up.count(&new), 1);
     assert_eq!(b.alert_text(), None);
 }
