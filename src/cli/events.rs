@@ -76,7 +76,7 @@ fn list(args: ListArgs) -> i32 {
     let state = match args.state.as_deref().map(|s| State::parse(s).ok_or(s)) {
         Some(Err(s)) => {
             return fail(format!(
-                "--state {s:?}: expected processing, delivered or failed"
+                "--state {s:?}: expected processing, delivered, failed or ambiguous"
             ))
         }
         Some(Ok(s)) => Some(s),
