@@ -2,15 +2,19 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `GET /api/routes` | every route, its settings and live counters |
+//! | `GET /api/routes` | every route, its settings, live counters, whether it is paused, its ambiguous records |
 //! | `GET /api/events?route&state&prefix&stuck&limit&before` | records, newest first, and a `next` cursor |
-//! | `GET /api/events/{route}/{event_id}` | one record |
-//! | `POST /api/events/{route}/{event_id}/release[?force=true]` | release it (needs the token) |
+//! | `GET /api/events/{route}/{event_id}` | one record with its attempts |
+//! | `POST /api/events/{route}/{event_id}/release[?force=true]` | release it |
+//! | `POST /api/events/{route}/{event_id}/resolve` | resolve an ambiguous record (JSON body) |
+//! | `POST /api/events/release` | release in bulk (JSON body) |
+//! | `POST /api/routes/{name}/pause`, `…/resume` | pause or resume a route |
 //!
 //! Records are the documents of `events … --json` ([`record_json`]). Reads
-//! are open; an action needs `Authorization: Bearer <admin.token>`, compared
-//! in constant time (403 when no token is configured, 401 when it is missing
-//! or wrong). Every refusal is problem+json.
+//! are open; an action ([`super::actions`]) needs `Authorization: Bearer
+//! <admin.token>`, compared in constant time (403 when no token is
+//! configured, 401 when it is missing or wrong). Every refusal is
+//! problem+json.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,13 +26,15 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use super::actions::{self, bool_param, no_params};
 use super::web::{json, method_not_allowed, query_pairs, segments, shown, ApiProblem};
 use crate::claim::now_ms;
 use crate::claim::State;
-use crate::config::{format_duration, Config, EventIdSource, Route};
+use crate::config::{format_duration, Config, EventIdSource, OnAmbiguous, Route};
 use crate::metrics::Metrics;
-use crate::store::json::record_json;
-use crate::store::{ClaimStore, ListFilter, ListKey, ReleaseOutcome, ReleaseRequest, StoreError};
+use crate::store::json::{record_json, timestamp};
+use crate::store::operator;
+use crate::store::{ClaimStore, ListFilter, ListKey};
 
 /// `limit` when the request names none, and the most it may name.
 const DEFAULT_LIMIT: i64 = 50;
@@ -46,6 +52,9 @@ pub struct ApiRequest<'a> {
     pub authorization: Vec<&'a [u8]>,
     /// For the log line of an action.
     pub peer: String,
+    /// The body, read whole (at most [`super::MAX_BODY`] bytes): an
+    /// action's JSON document.
+    pub body: &'a [u8],
 }
 
 pub struct Api {
@@ -93,9 +102,15 @@ impl Api {
         let get = req.method == Method::GET;
         let named = |route: &str, id: &str| !route.is_empty() && !id.is_empty();
         match segs.as_slice() {
-            ["routes"] if get => self.routes(req.query),
+            ["routes"] if get => self.routes(req.query).await,
             ["events"] if get => self.list(req.query).await,
             ["routes"] | ["events"] => Ok(method_not_allowed("GET")),
+            ["events", "release"] => {
+                self.action(req)?;
+                let configured = |r: &str| self.routes.iter().any(|(name, _)| name == r);
+                actions::release_bulk(&*self.store, configured, req.query, req.body, &req.peer)
+                    .await
+            }
             ["events", route, id] if named(route, id) => {
                 if !get {
                     return Ok(method_not_allowed("GET"));
@@ -103,14 +118,32 @@ impl Api {
                 self.show(route, id, req.query).await
             }
             ["events", route, id, "release"] if named(route, id) => {
-                if req.method != Method::POST {
-                    return Ok(method_not_allowed("POST"));
+                self.action(req)?;
+                actions::release(&*self.store, route, id, req.query, req.body, &req.peer).await
+            }
+            ["events", route, id, "resolve"] if named(route, id) => {
+                self.action(req)?;
+                actions::resolve(&*self.store, route, id, req.query, req.body, &req.peer).await
+            }
+            ["routes", name, verb @ ("pause" | "resume")] if !name.is_empty() => {
+                self.action(req)?;
+                if !self.routes.iter().any(|(n, _)| n == name) {
+                    return Err(actions::unknown_route(name));
                 }
-                self.authorize(&req.authorization)?;
-                self.release(route, id, req.query, &req.peer).await
+                let paused = *verb == "pause";
+                actions::set_paused(&*self.store, name, paused, req.query, req.body, &req.peer)
+                    .await
             }
             _ => Err(ApiProblem::no_endpoint(ENDPOINTS)),
         }
+    }
+
+    /// An action is a POST with the token.
+    fn action(&self, req: &ApiRequest<'_>) -> Result<(), ApiProblem> {
+        if req.method != Method::POST {
+            return Err(ApiProblem::method_not_allowed("POST"));
+        }
+        self.authorize(&req.authorization)
     }
 
     /// 403 without a configured token, 401 unless exactly one
@@ -152,15 +185,17 @@ impl Api {
         }
     }
 
-    fn routes(&self, query: Option<&str>) -> Result<Response<Vec<u8>>, ApiProblem> {
+    async fn routes(&self, query: Option<&str>) -> Result<Response<Vec<u8>>, ApiProblem> {
         no_params(query)?;
         let live = Live::read(&self.metrics);
+        let state = RouteStates::read(&*self.store).await;
         let routes: Vec<Value> = self
             .routes
             .iter()
             .map(|(name, settings)| {
                 let mut doc = settings.clone();
                 doc["counters"] = live.route(name);
+                state.add_to(name, &mut doc);
                 doc
             })
             .collect();
@@ -186,7 +221,7 @@ impl Api {
                 "state" => {
                     filter.state = Some(State::parse(&v).ok_or_else(|| {
                         ApiProblem::bad_query(format!(
-                            "state `{}`: expected processing, delivered or failed",
+                            "state `{}`: expected processing, delivered, failed or ambiguous",
                             shown(&v)
                         ))
                     })?)
@@ -232,7 +267,7 @@ impl Api {
         let limit = filter.limit;
         // one more than asked, to know whether a next page exists
         filter.limit += 1;
-        let mut records = self.store.list(&filter).await.map_err(store_problem)?;
+        let mut records = self.store.list(&filter).await.map_err(ApiProblem::store)?;
         let next = if records.len() as i64 > limit {
             records.truncate(limit as usize);
             records.last().map(|r| encode_cursor(&r.list_key()))
@@ -253,115 +288,21 @@ impl Api {
         query: Option<&str>,
     ) -> Result<Response<Vec<u8>>, ApiProblem> {
         no_params(query)?;
-        match self.store.get(route, id).await.map_err(store_problem)? {
-            Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
-            None => Err(not_found(route, id)),
-        }
-    }
-
-    async fn release(
-        &self,
-        route: &str,
-        id: &str,
-        query: Option<&str>,
-        peer: &str,
-    ) -> Result<Response<Vec<u8>>, ApiProblem> {
-        let mut force = false;
-        for (k, v) in query_pairs(query)? {
-            match k.as_str() {
-                "force" => force = bool_param("force", &v)?,
-                other => {
-                    return Err(ApiProblem::bad_query(format!(
-                        "unknown parameter `{}`: this endpoint takes force",
-                        shown(other)
-                    )))
-                }
-            }
-        }
-        let outcome = self
-            .store
-            .release(&ReleaseRequest {
-                route,
-                event_id: id,
-                force,
-                now: now_ms(),
-            })
+        let found = operator::show(&*self.store, route, id)
             .await
-            .map_err(store_problem)?;
-        match outcome {
-            ReleaseOutcome::Released { previous } => {
-                tracing::info!(
-                    route,
-                    event_id = id,
-                    previous = previous.as_str(),
-                    force,
-                    peer,
-                    "released by the admin API; the next delivery will be forwarded"
-                );
-                match self.store.get(route, id).await.map_err(store_problem)? {
-                    Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
-                    // swept in between: there is nothing left to show
-                    None => Err(not_found(route, id)),
-                }
-            }
-            ReleaseOutcome::NotFound => Err(not_found(route, id)),
-            ReleaseOutcome::RefusedDelivered => Err(ApiProblem::new(
-                StatusCode::CONFLICT,
-                "delivered",
-                "Event already delivered",
-                "the event is delivered: releasing it makes the next delivery reach the \
-                 consumer again; add ?force=true if that is what you want",
-            )
-            .with_event_id(id)),
+            .map_err(ApiProblem::store)?;
+        match found {
+            Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
+            None => Err(ApiProblem::not_found(route, id)),
         }
     }
 }
 
 const ENDPOINTS: &str = "the admin API has GET /api/routes, GET /api/events, \
-    GET /api/events/{route}/{event_id} and POST /api/events/{route}/{event_id}/release \
+    GET /api/events/{route}/{event_id}, POST /api/events/{route}/{event_id}/release, \
+    POST /api/events/{route}/{event_id}/resolve, POST /api/events/release, \
+    POST /api/routes/{name}/pause and POST /api/routes/{name}/resume \
     (write a `/` inside an event ID as %2F)";
-
-fn not_found(route: &str, id: &str) -> ApiProblem {
-    ApiProblem::new(
-        StatusCode::NOT_FOUND,
-        "not-found",
-        "No such record",
-        format!("route `{}` has no record of this event ID", shown(route)),
-    )
-    .with_event_id(id)
-}
-
-/// The store's own error text goes to the log, not to the client.
-fn store_problem(e: StoreError) -> ApiProblem {
-    tracing::warn!(error = %e, "admin API: store operation failed");
-    ApiProblem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "store-unavailable",
-        "Claim store unavailable",
-        "the claim store did not answer; idemgate's log says why",
-    )
-}
-
-fn no_params(query: Option<&str>) -> Result<(), ApiProblem> {
-    match query_pairs(query)?.first() {
-        None => Ok(()),
-        Some((k, _)) => Err(ApiProblem::bad_query(format!(
-            "unknown parameter `{}`: this endpoint takes none",
-            shown(k)
-        ))),
-    }
-}
-
-fn bool_param(name: &str, v: &str) -> Result<bool, ApiProblem> {
-    match v {
-        "true" => Ok(true),
-        "false" => Ok(false),
-        _ => Err(ApiProblem::bad_query(format!(
-            "{name} `{}`: expected true or false",
-            shown(v)
-        ))),
-    }
-}
 
 /// A route name has the config's grammar, `[a-z0-9_-]{1,64}`; a route that
 /// is no longer configured may still have records.
@@ -450,7 +391,54 @@ fn route_settings(r: &Route) -> Value {
         "verify": r.verify.as_ref().map(|v| v.scheme.as_str()),
         "lease": format_duration(r.lease),
         "retention": format_duration(r.retention),
+        "on_ambiguous": match r.on_ambiguous {
+            OnAmbiguous::Release => "release",
+            OnAmbiguous::Hold => "hold",
+        },
     })
+}
+
+/// What the store says of the routes: which are paused and since when,
+/// and how many ambiguous records each has. A store that does not answer
+/// leaves them `null` (the rest of `GET /api/routes` is still worth having
+/// while the store is down).
+struct RouteStates {
+    paused: Option<Vec<(String, i64)>>,
+    ambiguous: Option<Vec<(String, i64)>>,
+}
+
+impl RouteStates {
+    async fn read(store: &dyn ClaimStore) -> RouteStates {
+        let (paused, ambiguous) =
+            tokio::join!(operator::paused(store), operator::ambiguous_counts(store));
+        let ok = |r: Result<Vec<(String, i64)>, crate::store::StoreError>| {
+            r.map_err(|e| tracing::warn!(error = %e, "admin API: the routes' state is unknown"))
+                .ok()
+        };
+        RouteStates {
+            paused: ok(paused),
+            ambiguous: ok(ambiguous),
+        }
+    }
+
+    fn add_to(&self, name: &str, doc: &mut Value) {
+        let find = |rows: &[(String, i64)]| rows.iter().find(|(r, _)| r == name).map(|(_, n)| *n);
+        match &self.paused {
+            Some(rows) => {
+                let since = find(rows);
+                doc["paused"] = json!(since.is_some());
+                doc["paused_at"] = json!(since.map(timestamp));
+            }
+            None => {
+                doc["paused"] = Value::Null;
+                doc["paused_at"] = Value::Null;
+            }
+        }
+        doc["ambiguous_records"] = json!(self
+            .ambiguous
+            .as_deref()
+            .map(|rows| find(rows).unwrap_or(0)));
+    }
 }
 
 /// The live counters, read from the same registry `/metrics` renders.

@@ -16,12 +16,19 @@ use pingora::protocols::http::ServerSession;
 use crate::metrics::Metrics;
 use crate::store::ClaimStore;
 
+mod actions;
 pub mod api;
 pub mod console;
 mod web;
 
 /// `/readyz` waits no longer than this for the store.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
+/// The most an action's body may hold: its JSON documents are a few dozen
+/// bytes.
+pub const MAX_BODY: usize = 4096;
+/// An action's whole body must arrive within this, however slowly it
+/// trickles in (pingora bounds each read, not the whole).
+const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Admin {
     pub store: Arc<dyn ClaimStore>,
@@ -69,6 +76,11 @@ fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
         let plain = "text/plain; charset=utf-8";
+        if !is_api(session.req_header().uri.path()) && declares_body(session) {
+            // only an action reads a body: any other is left unread, and the
+            // connection closed after the answer rather than drained
+            session.set_keepalive(None);
+        }
         if let Some(resp) = self.api_or_console(session).await {
             return resp;
         }
@@ -128,17 +140,18 @@ impl Admin {
     async fn api_or_console(&self, session: &mut ServerSession) -> Option<Response<Vec<u8>>> {
         let req = session.req_header();
         let path = req.uri.path();
-        let is_api = path == "/api" || path.starts_with("/api/");
-        let asset = if is_api { None } else { console::asset(path) };
-        if !is_api && asset.is_none() {
-            return None;
-        }
+        let asset = if is_api(path) {
+            None
+        } else {
+            Some(console::asset(path)?)
+        };
         if self.loopback_only {
             let host = req
                 .headers
                 .get(http::header::HOST)
                 .map(|h| h.to_str().unwrap_or("\u{fffd}"));
             if host.is_some_and(|h| !web::loopback_host(h)) {
+                session.set_keepalive(None);
                 return Some(
                     web::ApiProblem::new(
                         StatusCode::MISDIRECTED_REQUEST,
@@ -154,12 +167,6 @@ impl Admin {
         if let Some(resp) = asset {
             return Some(resp);
         }
-        // An action takes no body: rather than read one, close after answering.
-        let has_body = req.headers.contains_key(http::header::TRANSFER_ENCODING)
-            || req
-                .headers
-                .get(http::header::CONTENT_LENGTH)
-                .is_some_and(|v| v.as_bytes() != b"0");
         let method = req.method.clone();
         let path = path.to_owned();
         let query = req.uri.query().map(str::to_owned);
@@ -173,16 +180,108 @@ impl Admin {
             .client_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
-        if has_body {
-            session.set_keepalive(None);
-        }
+        let body = match read_body(session).await {
+            Ok(body) => body,
+            Err(problem) => return Some(problem.into_response()),
+        };
         let request = api::ApiRequest {
             method: &method,
             path: &path,
             query: query.as_deref(),
             authorization: authorization.iter().map(Vec::as_slice).collect(),
             peer,
+            body: &body,
         };
         Some(self.api.respond(&request).await)
     }
+}
+
+fn is_api(path: &str) -> bool {
+    path == "/api" || path.starts_with("/api/")
+}
+
+/// The request says a body follows (a length above 0, or a transfer coding).
+fn declares_body(session: &ServerSession) -> bool {
+    let headers = &session.req_header().headers;
+    headers.contains_key(http::header::TRANSFER_ENCODING)
+        || headers
+            .get(http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
+}
+
+/// An API request's body, read whole: at most [`MAX_BODY`] bytes (a larger
+/// declared length is refused before a byte is read), within
+/// [`BODY_TIMEOUT`] in all. A refusal closes the connection after the
+/// answer; what was not read is never drained. A chunked body also closes
+/// it: the answer is given whatever the framing said.
+async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, web::ApiProblem> {
+    if !declares_body(session) {
+        return Ok(Vec::new());
+    }
+    let headers = &session.req_header().headers;
+    let chunked = headers.contains_key(http::header::TRANSFER_ENCODING);
+    // pingora refused an invalid length already; a chunked body has none
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+    let expects_continue = headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let too_large = || {
+        web::ApiProblem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body-too-large",
+            "Request body too large",
+            format!("an action's body is a small JSON document: at most {MAX_BODY} bytes"),
+        )
+    };
+    if chunked {
+        session.set_keepalive(None);
+    } else if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        session.set_keepalive(None);
+        return Err(too_large());
+    }
+    if expects_continue && session.write_continue_response().await.is_err() {
+        session.set_keepalive(None);
+        return Err(unreadable());
+    }
+    let read = tokio::time::timeout(BODY_TIMEOUT, async {
+        let mut body = Vec::new();
+        while let Some(chunk) = session.read_request_body().await? {
+            if body.len() + chunk.len() > MAX_BODY {
+                return Ok(None);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok::<_, Box<pingora::Error>>(Some(body))
+    })
+    .await;
+    match read {
+        Ok(Ok(Some(body))) => Ok(body),
+        Ok(Ok(None)) => {
+            session.set_keepalive(None);
+            Err(too_large())
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "admin API: the request body could not be read");
+            session.set_keepalive(None);
+            Err(unreadable())
+        }
+        Err(_) => {
+            session.set_keepalive(None);
+            Err(web::ApiProblem::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid-body",
+                "Request body timed out",
+                format!(
+                    "the body did not arrive within {}",
+                    humantime::format_duration(BODY_TIMEOUT)
+                ),
+            ))
+        }
+    }
+}
+
+fn unreadable() -> web::ApiProblem {
+    web::ApiProblem::bad_body("the request body could not be read (cut short, or badly framed)")
 }

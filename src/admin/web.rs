@@ -50,6 +50,8 @@ pub struct ApiProblem {
     pub title: &'static str,
     pub detail: String,
     pub event_id: Option<String>,
+    /// With 405: the methods the resource takes (the `Allow` header).
+    pub allow: Option<&'static str>,
 }
 
 impl ApiProblem {
@@ -65,6 +67,7 @@ impl ApiProblem {
             title,
             detail: detail.into(),
             event_id: None,
+            allow: None,
         }
     }
 
@@ -84,6 +87,52 @@ impl ApiProblem {
             "No such endpoint",
             detail,
         )
+    }
+
+    /// 400: an action's body is missing, not JSON, or not what it takes.
+    pub fn bad_body(detail: impl Into<String>) -> ApiProblem {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-body",
+            "Invalid request body",
+            detail,
+        )
+    }
+
+    /// 404 for a record that does not exist.
+    pub fn not_found(route: &str, id: &str) -> ApiProblem {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "No such record",
+            format!("route `{}` has no record of this event ID", shown(route)),
+        )
+        .with_event_id(id)
+    }
+
+    /// 503 for a store that failed; its own error text goes to the log, not
+    /// to the client.
+    pub fn store(e: crate::store::StoreError) -> ApiProblem {
+        tracing::warn!(error = %e, "admin API: store operation failed");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "Claim store unavailable",
+            "the claim store did not answer; idemgate's log says why",
+        )
+    }
+
+    /// 405 with the methods the resource takes.
+    pub fn method_not_allowed(allow: &'static str) -> ApiProblem {
+        ApiProblem {
+            allow: Some(allow),
+            ..Self::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                format!("this resource answers {allow}"),
+            )
+        }
     }
 
     pub fn with_event_id(mut self, id: &str) -> ApiProblem {
@@ -113,22 +162,17 @@ impl ApiProblem {
             }
             _ => {}
         }
+        if let Some(allow) = self.allow {
+            resp.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
         resp
     }
 }
 
 /// 405 with the methods the resource takes.
 pub fn method_not_allowed(allow: &'static str) -> Response<Vec<u8>> {
-    let mut resp = ApiProblem::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method-not-allowed",
-        "Method not allowed",
-        format!("this resource answers {allow}"),
-    )
-    .into_response();
-    resp.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static(allow));
-    resp
+    ApiProblem::method_not_allowed(allow).into_response()
 }
 
 /// Decodes `%XX` escapes (and `+` as a space when `plus_is_space`, as in a

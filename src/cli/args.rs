@@ -135,7 +135,7 @@ pub struct ListArgs {
     pub store: StoreArg,
     #[arg(long)]
     pub route: Option<String>,
-    /// processing | delivered | failed
+    /// processing | delivered | failed | ambiguous
     #[arg(long)]
     pub state: Option<String>,
     #[arg(long, default_value_t = 100)]

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::claim::now_ms;
 use crate::claim::State;
-use crate::store::json::{record_json, timestamp};
+use crate::store::json::{parse_time, record_json, timestamp};
 use crate::store::operator::{self, BulkRelease, Resolution, ResolveOutcome};
 use crate::store::{
     self, ClaimStore, ListFilter, Record, ReleaseOutcome, ReleaseRequest, StoreError,
@@ -76,7 +76,7 @@ fn list(args: ListArgs) -> i32 {
     let state = match args.state.as_deref().map(|s| State::parse(s).ok_or(s)) {
         Some(Err(s)) => {
             return fail(format!(
-                "--state {s:?}: expected processing, delivered or failed"
+                "--state {s:?}: expected processing, delivered, failed or ambiguous"
             ))
         }
         Some(Ok(s)) => Some(s),
@@ -232,18 +232,6 @@ fn release_bulk(args: ReleaseArgs) -> i32 {
         }
         Err(e) => fail(e),
     }
-}
-
-/// An RFC 3339 time (UTC: `2026-12-06T10:00:00Z`) in the store's
-/// milliseconds.
-pub fn parse_time(text: &str) -> Result<crate::claim::Millis, String> {
-    let t = humantime::parse_rfc3339_weak(text.trim_end_matches('Z'))
-        .map_err(|e| format!("{text:?} is not an RFC 3339 time in UTC ({e})"))?;
-    let ms = t
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|_| format!("{text:?} is before 1970"))?
-        .as_millis();
-    Ok(ms as crate::claim::Millis)
 }
 
 /// `events resolve` (SPEC §12).

@@ -14,6 +14,25 @@ pub fn timestamp(ms: Millis) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
+/// An RFC 3339 time in UTC (`2026-12-06T10:00:00Z`, with or without
+/// fractions of a second, as [`timestamp`] writes it) in the store's
+/// milliseconds: the time windows of `events release` and the admin API.
+pub fn parse_time(text: &str) -> Result<Millis, String> {
+    // humantime's weak form takes `T` or a space; past the seconds it
+    // overlooks what follows a `Z`, and takes `+00:00`: one final `Z` only
+    let utc = text.strip_suffix('Z').unwrap_or(text);
+    if utc.contains(['Z', '+']) {
+        return Err(format!("{text:?} is not an RFC 3339 time in UTC"));
+    }
+    let t = humantime::parse_rfc3339_weak(utc)
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time in UTC ({e})"))?;
+    let ms = t
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| format!("{text:?} is before 1970"))?
+        .as_millis();
+    Millis::try_from(ms).map_err(|_| format!("{text:?} is too far ahead"))
+}
+
 /// A record as JSON: the SPEC §3 field names; `null` where unset. The
 /// replay body itself is never part of it, only its size.
 pub fn record_json(r: &Record) -> Value {
@@ -55,4 +74,30 @@ pub fn attempt_json(a: &Attempt) -> Value {
         "duration_ms": a.duration_ms,
         "instance": a.instance,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_back_what_timestamp_writes() {
+        for ms in [0, 1_700_000_000_123, 1_800_000_000_000] {
+            assert_eq!(parse_time(&timestamp(ms)), Ok(ms), "{}", timestamp(ms));
+        }
+        assert_eq!(parse_time("2026-12-06T10:00:00Z"), Ok(1_796_551_200_000));
+        assert_eq!(parse_time("2026-12-06T10:00:00"), Ok(1_796_551_200_000));
+        for bad in [
+            "",
+            "yesterday",
+            "2026-12-06T10:00:00+02:00",
+            "2026-12-06T10:00:00ZZ",
+            "2026-12-06T10:00:00Zjunk",
+            "2026-12-06T10:00:00.5Zjunk",
+            "2026-13-01T00:00:00Z",
+            "1969-12-31T23:59:59Z",
+        ] {
+            assert!(parse_time(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -623,3 +623,640 @@ fn the_console_page_and_its_headers() {
         .is_some_and(|c| c.starts_with("default-src 'none'")));
     assert_eq!(api.header("x-content-type-options"), Some("nosniff"));
 }
+
+// ---- POST /api/events/{route}/{event_id}/resolve (SPEC §12) ------------------------
+
+/// Every way `POST path` (a resolve) is refused: the token, the method,
+/// the body, the query, the size.
+fn resolve_refusals(px: &Proxy, path: &str) {
+    // 401 without the token or with a wrong one; nothing changes
+    let body = br#"{"as":"delivered"}"#;
+    refused(&post(px, path, body, None), 401, "unauthorized");
+    let wrong = format!("Bearer {TOKEN}x");
+    refused(&post(px, path, body, Some(&wrong)), 401, "unauthorized");
+    refused(&call(px, "GET", path, &[]), 405, "method-not-allowed");
+    // 400: a body that is missing, not JSON or not what resolve takes
+    for (bad, says) in [
+        ("", "needs a JSON body"),
+        ("{\"as\":", "not JSON"),
+        ("as=delivered", "JSON object"),
+        ("[\"delivered\"]", "JSON object"),
+        ("{\"as\":\"maybe\"}", "unknown variant"),
+        ("{\"as\":\"delivered\",\"status\":42}", "100 to 599"),
+        (
+            "{\"as\":\"delivered\",\"status\":\"200\"}",
+            "not what this action takes",
+        ),
+        ("{\"as\":\"failed\",\"status\":200}", "delivered\" only"),
+        ("{\"as\":\"failed\",\"force\":true}", "unknown field"),
+    ] {
+        let doc = refused(&act(px, path, bad), 400, "invalid-body");
+        let detail = doc["detail"].as_str().unwrap();
+        assert!(detail.contains(says), "{bad:?}: {detail}");
+    }
+    refused(
+        &act(px, &format!("{}?as=failed", path), r#"{"as":"delivered"}"#),
+        400,
+        "invalid-query",
+    );
+    // 413: more than 4 KiB, however valid
+    let big = format!("{{\"as\":\"failed\",\"x\":\"{}\"}}", "a".repeat(5000));
+    refused(&act(px, path, &big), 413, "body-too-large");
+}
+
+fn resolve_both_ways(b: TestStore) {
+    let up = slow_once_consumer();
+    let routes = held_route("r", "/hooks/r", &format!("http://{}", up.addr));
+    let px = start_with_token(&b.dir, &b.url, &routes);
+    let tag = eid("res");
+    let (done, undone) = (format!("{tag}/slow-done"), format!("{tag}/slow-undone"));
+    make_ambiguous(
+        &px,
+        &b.url,
+        "r",
+        "/hooks/r",
+        &[done.clone(), undone.clone()],
+    );
+    let fine = format!("{tag}/fine");
+    assert_eq!(px.deliver("/hooks/r", Some(&fine), b"{}").status, 200);
+    let path = |id: &str| format!("/api/events/r/{}/resolve", enc(id));
+    // the record as the API shows it: its attempt, and the route's count
+    let doc = get_json(&px, &format!("/api/events/r/{}", enc(&done)));
+    assert_eq!(doc, show(&b.url, "r", &done), "with its history");
+    assert_eq!(doc["history"][0]["result"], "ambiguous", "{doc}");
+    let r = &get_json(&px, "/api/routes")["routes"][0];
+    assert_eq!(
+        (r["on_ambiguous"].as_str(), r["ambiguous_records"].as_i64()),
+        (Some("hold"), Some(2))
+    );
+    let before = show(&b.url, "r", &done);
+    resolve_refusals(&px, &path(&done));
+    assert_eq!(
+        show(&b.url, "r", &done),
+        before,
+        "a refused action changed nothing"
+    );
+
+    // as delivered, with a status: the record after; later deliveries replay it
+    let r = act(&px, &path(&done), r#"{"as": "delivered", "status": 202}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let after = r.json();
+    assert_eq!(
+        after,
+        show(&b.url, "r", &done),
+        "the record after, as events show --json"
+    );
+    assert_eq!(
+        (after["state"].as_str(), after["last_status"].as_i64()),
+        (Some("delivered"), Some(202))
+    );
+    let replay = px.deliver("/hooks/r", Some(&done), b"{}");
+    assert_eq!(
+        (replay.status, replay.header("Idempotent-Replayed")),
+        (202, Some("true"))
+    );
+    assert_eq!(up.count(&done), 1, "the consumer acted once");
+    // as failed: the next delivery is forwarded, attempt 2, same key
+    let r = act(&px, &path(&undone), r#"{"as":"failed"}"#);
+    assert_eq!(
+        (r.status, r.json()["state"].as_str()),
+        (200, Some("failed")),
+        "{}",
+        r.text()
+    );
+    let again = px.deliver("/hooks/r", Some(&undone), b"{}");
+    assert_eq!(
+        (again.status, again.header("Idempotency-Status")),
+        (200, Some("forwarded"))
+    );
+    assert_eq!(up.count(&undone), 2);
+    assert_eq!(show(&b.url, "r", &undone)["attempts"], 2);
+
+    // 409: only an ambiguous record; 404: none
+    for id in [&done, &undone, &fine] {
+        let doc = refused(
+            &act(&px, &path(id), r#"{"as":"failed"}"#),
+            409,
+            "not-ambiguous",
+        );
+        assert_eq!(doc["event_id"], id.as_str());
+    }
+    refused(
+        &act(&px, &path(&format!("{tag}/absent")), r#"{"as":"failed"}"#),
+        404,
+        "not-found",
+    );
+    assert_eq!(show(&b.url, "r", &fine)["state"], "delivered");
+    assert_eq!(
+        get_json(&px, "/api/routes")["routes"][0]["ambiguous_records"],
+        0
+    );
+    let log = px.log();
+    assert!(
+        log.contains("resolved by the admin API") && log.contains(&done),
+        "logged"
+    );
+    assert!(!log.contains(TOKEN), "the token is never logged");
+}
+
+on_both_stores!(resolve_both_ways("api-resolve"): sqlite_resolve_both_ways, postgres_resolve_both_ways);
+
+/// `…/release` takes an ambiguous record too (SPEC §12: as resolving it failed).
+#[test]
+fn release_takes_an_ambiguous_record() {
+    let dir = TempDir::new("api-release-amb");
+    let up = slow_once_consumer();
+    let routes = held_route("r", "/hooks/r", &format!("http://{}", up.addr));
+    let px = start_with_token(&dir, &dir.sqlite_url("a.db"), &routes);
+    let id = eid("slow-rel");
+    make_ambiguous(
+        &px,
+        &dir.sqlite_url("a.db"),
+        "r",
+        "/hooks/r",
+        std::slice::from_ref(&id),
+    );
+    let r = release(&px, "r", &id, false);
+    assert_eq!(
+        (r.status, r.json()["state"].as_str()),
+        (200, Some("failed")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(px.deliver("/hooks/r", Some(&id), b"{}").status, 200);
+    assert_eq!(up.count(&id), 2);
+}
+
+// ---- POST /api/events/release (SPEC §14) ---------------------------------------
+
+/// Every way `POST /api/events/release` is refused: the token, the
+/// method, the body (a delivered state among others), an unknown route.
+fn bulk_refusals(px: &Proxy) {
+    let bulk = |body: serde_json::Value| act(px, "/api/events/release", &body.to_string());
+    // refusals: no token, a bad body, a delivered state, an unknown route
+    let ok = br#"{"route":"r","state":"ambiguous"}"#;
+    refused(
+        &post(px, "/api/events/release", ok, None),
+        401,
+        "unauthorized",
+    );
+    refused(
+        &call(px, "GET", "/api/events/release", &[]),
+        405,
+        "method-not-allowed",
+    );
+    for (bad, says) in [
+        (
+            serde_json::json!({"route": "r", "state": "delivered"}),
+            "never released in bulk",
+        ),
+        (
+            serde_json::json!({"route": "r", "state": "done"}),
+            "expected failed, ambiguous or processing",
+        ),
+        (serde_json::json!({"route": "r"}), "missing field `state`"),
+        (
+            serde_json::json!({"route": "r", "state": "ambiguous", "dry_run": "yes"}),
+            "not what",
+        ),
+        (
+            serde_json::json!({"route": "r", "state": "ambiguous", "updated_after": "yesterday"}),
+            "updated_after `yesterday`",
+        ),
+        (
+            serde_json::json!({"route": "r", "state": "ambiguous", "updated_before": "2026-01-01T00:00:00+02:00"}),
+            "RFC 3339",
+        ),
+        (
+            serde_json::json!({"route": "r", "state": "ambiguous", "limit": 5}),
+            "unknown field `limit`",
+        ),
+    ] {
+        let doc = refused(&bulk(bad.clone()), 400, "invalid-body");
+        assert!(
+            doc["detail"].as_str().unwrap().contains(says),
+            "{bad}: {doc}"
+        );
+    }
+    refused(
+        &bulk(serde_json::json!({"route": "nope", "state": "failed"})),
+        404,
+        "unknown-route",
+    );
+}
+
+fn bulk_release(b: TestStore) {
+    let up = slow_once_consumer();
+    let upstream = format!("http://{}", up.addr);
+    let routes = held_route("r", "/hooks/r", &upstream) + &held_route("s", "/hooks/s", &upstream);
+    let px = start_with_token(&b.dir, &b.url, &routes);
+    let tag = eid("bulk");
+    let held: Vec<String> = (0..3).map(|i| format!("{tag}/slow-{i}")).collect();
+    make_ambiguous(&px, &b.url, "r", "/hooks/r", &held);
+    let other = format!("{tag}/slow-s");
+    make_ambiguous(&px, &b.url, "s", "/hooks/s", std::slice::from_ref(&other));
+    let fine = format!("{tag}/fine");
+    assert_eq!(px.deliver("/hooks/r", Some(&fine), b"{}").status, 200);
+    let bulk = |body: serde_json::Value| act(&px, "/api/events/release", &body.to_string());
+    let count = |r: Response, key: &str| {
+        assert_eq!(r.status, 200, "{}", r.text());
+        let doc = r.json();
+        assert_eq!(doc.as_object().unwrap().len(), 1, "{doc}");
+        doc[key].as_u64().unwrap()
+    };
+
+    bulk_refusals(&px);
+    for id in &held {
+        assert_eq!(
+            show(&b.url, "r", id)["state"],
+            "ambiguous",
+            "refusals changed nothing"
+        );
+    }
+
+    // a dry run counts; a window that ended before them takes none
+    let dry = serde_json::json!({"route": "r", "state": "ambiguous", "dry_run": true});
+    assert_eq!(count(bulk(dry), "would_release"), 3);
+    let old = serde_json::json!({"route": "r", "state": "ambiguous", "updated_before": "2020-01-01T00:00:00Z"});
+    assert_eq!(count(bulk(old), "released"), 0);
+    let later = serde_json::json!({"route": "r", "state": "ambiguous", "updated_after": "2999-01-01T00:00:00Z", "dry_run": true});
+    assert_eq!(count(bulk(later), "would_release"), 0);
+    for id in &held {
+        assert_eq!(
+            show(&b.url, "r", id)["state"],
+            "ambiguous",
+            "a dry run changed nothing"
+        );
+    }
+    // the release: every ambiguous record of r in the window, nothing else
+    let now = show(&b.url, "r", &held[2])["updated_at"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let window = serde_json::json!({
+        "route": "r", "state": "ambiguous",
+        "updated_after": "2020-01-01T00:00:00Z", "updated_before": "2999-01-01T00:00:00Z",
+    });
+    assert_eq!(count(bulk(window.clone()), "released"), 3);
+    for id in &held {
+        let rec = show(&b.url, "r", id);
+        assert_eq!(
+            (rec["state"].as_str(), rec["last_error"].as_str()),
+            (Some("failed"), Some("released by operator"))
+        );
+        assert!(rec["updated_at"].as_str().unwrap() >= now.as_str());
+    }
+    assert_eq!(count(bulk(window), "released"), 0, "nothing left to take");
+    assert_eq!(
+        show(&b.url, "s", &other)["state"],
+        "ambiguous",
+        "another route's record stays"
+    );
+    assert_eq!(
+        show(&b.url, "r", &fine)["state"],
+        "delivered",
+        "never a delivered record"
+    );
+    // failed records are released again as failed (the count says so), never the delivered one
+    assert_eq!(
+        count(
+            bulk(serde_json::json!({"route": "r", "state": "failed"})),
+            "released"
+        ),
+        3
+    );
+    assert_eq!(show(&b.url, "r", &fine)["state"], "delivered");
+    // and the next delivery of each is forwarded
+    assert_eq!(px.deliver("/hooks/r", Some(&held[0]), b"{}").status, 200);
+    assert_eq!(up.count(&held[0]), 2);
+    assert!(px.log().contains("bulk release by the admin API"));
+}
+
+on_both_stores!(bulk_release("api-bulk"): sqlite_bulk_release, postgres_bulk_release);
+
+// ---- POST /api/routes/{name}/pause|resume (SPEC §14) -------------------------------
+
+/// Every way a pause is refused: the token, the method, an unknown route,
+/// a body, a query, another verb.
+fn pause_refusals(px: &Proxy) {
+    refused(
+        &post(px, "/api/routes/r/pause", b"", None),
+        401,
+        "unauthorized",
+    );
+    refused(
+        &call(px, "GET", "/api/routes/r/pause", &[]),
+        405,
+        "method-not-allowed",
+    );
+    refused(&act(px, "/api/routes/nope/pause", ""), 404, "unknown-route");
+    refused(&act(px, "/api/routes/r/pause", "{}"), 400, "invalid-body");
+    refused(
+        &act(px, "/api/routes/r/pause?for=1h", ""),
+        400,
+        "invalid-query",
+    );
+    refused(&act(px, "/api/routes/r/halt", ""), 404, "no-endpoint");
+}
+
+fn pause_and_resume(b: TestStore) {
+    let up = Consumer::start().unwrap();
+    let routes = route("r", "/hooks/r", &up.url(), "") + &route("s", "/hooks/s", &up.url(), "");
+    let px = start_with_token(&b.dir, &b.url, &routes);
+    let done = eid("done");
+    assert_eq!(px.deliver("/hooks/r", Some(&done), b"{}").status, 200);
+    let state = |name: &str| {
+        let doc = get_json(&px, "/api/routes");
+        let r = doc["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()
+            .clone();
+        (r["paused"].clone(), r["paused_at"].clone())
+    };
+    assert_eq!(
+        state("r"),
+        (serde_json::json!(false), serde_json::Value::Null)
+    );
+
+    pause_refusals(&px);
+    assert_eq!(state("r").0, false, "refusals paused nothing");
+
+    let r = act(&px, "/api/routes/r/pause", "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let doc = r.json();
+    assert_eq!(
+        (doc["name"].as_str(), doc["paused"].as_bool()),
+        (Some("r"), Some(true)),
+        "{doc}"
+    );
+    let since = doc["paused_at"].as_str().unwrap().to_string();
+    let paused = std::time::Instant::now();
+    // pausing again keeps the first time
+    assert_eq!(
+        act(&px, "/api/routes/r/pause", "").json()["paused_at"],
+        since.as_str()
+    );
+    assert_eq!(
+        state("r"),
+        (serde_json::json!(true), serde_json::json!(since))
+    );
+    assert_eq!(
+        state("s"),
+        (serde_json::json!(false), serde_json::Value::Null)
+    );
+
+    // within 2 s the proxy refuses what it would forward; it still replays
+    let tag = eid("new");
+    let (refused_id, r) =
+        within_two_seconds(paused, &px, "/hooks/r", |n| format!("{tag}-{n}"), 503);
+    assert_eq!(
+        r.json()["type"],
+        "urn:idemgate:problem:route-paused",
+        "{r:?}"
+    );
+    assert_eq!(r.header("retry-after"), Some("30"));
+    assert_eq!(up.count(&refused_id), 0, "nothing forwarded");
+    let (code, _, _) = cli(&[
+        "events",
+        "show",
+        "--store",
+        &b.url,
+        "--route",
+        "r",
+        &refused_id,
+    ]);
+    assert_eq!(code, 3, "nothing claimed");
+    let replay = px.deliver("/hooks/r", Some(&done), b"{}");
+    assert_eq!(
+        (replay.status, replay.header("Idempotent-Replayed")),
+        (200, Some("true"))
+    );
+    assert_eq!(
+        px.deliver("/hooks/s", Some(&eid("other")), b"{}").status,
+        200,
+        "another route flows"
+    );
+    let (code, out, _) = cli(&["routes", "list", "--store", &b.url]);
+    assert_eq!(code, 0);
+    assert!(out.contains("r  paused since"), "{out}");
+
+    // resume: within 2 s the refused event goes through
+    let r = act(&px, "/api/routes/r/resume", "");
+    let resumed = std::time::Instant::now();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        serde_json::json!({"name": "r", "paused": false, "paused_at": null})
+    );
+    assert_eq!(
+        state("r"),
+        (serde_json::json!(false), serde_json::Value::Null)
+    );
+    within_two_seconds(resumed, &px, "/hooks/r", |_| refused_id.clone(), 200);
+    assert_eq!(up.count(&refused_id), 1);
+    let log = px.log();
+    assert!(
+        log.contains("route paused by the admin API")
+            && log.contains("route resumed by the admin API"),
+        "{log}"
+    );
+}
+
+on_both_stores!(pause_and_resume("api-pause"): sqlite_pause_and_resume, postgres_pause_and_resume);
+
+// ---- an action's body, as an attacker sends it --------------------------------------
+
+/// Sends `bytes` on a fresh admin connection; what came back until the
+/// peer closed (or `wait` passed), and whether it closed.
+fn raw_admin(px: &Proxy, bytes: &[u8], wait: std::time::Duration) -> (Vec<u8>, bool) {
+    crate::raw_upstream::send_and_read_to_close(px.admin, bytes, wait)
+}
+
+#[test]
+fn an_action_body_is_bounded_in_size() {
+    use std::time::{Duration, Instant};
+    let (dir, _up, px) = one_route_with_token("api-body");
+    let auth = format!("Authorization: Bearer {TOKEN}\r\n");
+    let head = |extra: &str| {
+        format!("POST /api/routes/r/pause HTTP/1.1\r\nHost: localhost\r\n{auth}{extra}\r\n")
+    };
+    let status = |bytes: &[u8]| crate::raw_upstream::status_of(bytes);
+
+    // a huge declared length: refused before a byte of it is read, and closed
+    let t = Instant::now();
+    let (out, closed) = raw_admin(
+        &px,
+        head("Content-Length: 1000000000000\r\n").as_bytes(),
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        (status(&out), closed),
+        (Some(413), true),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(String::from_utf8_lossy(&out).contains("application/problem+json"));
+    // a chunked body that grows past 4 KiB: 413 once it does, and closed
+    let mut chunked = head("Transfer-Encoding: chunked\r\n").into_bytes();
+    for _ in 0..3 {
+        chunked.extend_from_slice(format!("800\r\n{}\r\n", "a".repeat(0x800)).as_bytes());
+    }
+    let (out, closed) = raw_admin(&px, &chunked, Duration::from_secs(5));
+    assert_eq!(
+        (status(&out), closed),
+        (Some(413), true),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    // a small chunked body is read (and the connection closed after the answer)
+    let mut small = format!(
+        "POST /api/events/r/x/resolve HTTP/1.1\r\nHost: localhost\r\n{auth}Transfer-Encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    small.extend_from_slice(b"E\r\n{\"as\":\"failed\"\r\n1\r\n}\r\n0\r\n\r\n");
+    let (out, closed) = raw_admin(&px, &small, Duration::from_secs(5));
+    assert_eq!(
+        (status(&out), closed),
+        (Some(404), true),
+        "read whole: {}",
+        String::from_utf8_lossy(&out)
+    );
+    // a body on a path that reads none is left unread, and the connection closed
+    let (out, closed) = raw_admin(
+        &px,
+        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000000\r\n\r\nxx",
+        Duration::from_secs(5),
+    );
+    assert_eq!((status(&out), closed), (Some(200), true));
+    assert_eq!(
+        get_json(&px, "/api/routes")["routes"][0]["paused"],
+        false,
+        "nothing refused was done"
+    );
+    drop(dir);
+}
+
+#[test]
+fn an_action_body_is_bounded_in_time_and_framing() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    let (dir, _up, px) = one_route_with_token("api-body-time");
+    let auth = format!("Authorization: Bearer {TOKEN}\r\n");
+    let head = |extra: &str| {
+        format!("POST /api/routes/r/pause HTTP/1.1\r\nHost: localhost\r\n{auth}{extra}\r\n")
+    };
+    let status = |bytes: &[u8]| crate::raw_upstream::status_of(bytes);
+
+    // a body that trickles in: 408 after 5 s in all, and closed
+    let mut c = Client::connect(px.admin).unwrap();
+    let t = Instant::now();
+    c.send_raw(format!("{}{{\"a\"", head("Content-Length: 100\r\n")).as_bytes())
+        .unwrap();
+    let mut w = c.writer().unwrap();
+    // a byte every 200 ms, each well within any per-read timeout, until
+    // shortly before the deadline (so that nothing is left unread at the close)
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..22 {
+            std::thread::sleep(Duration::from_millis(200));
+            if w.write_all(b" ").is_err() {
+                break;
+            }
+        }
+    });
+    let r = c.read_response(false).unwrap();
+    let took = t.elapsed();
+    refused(&r, 408, "invalid-body");
+    assert!(
+        took >= Duration::from_millis(4500) && took < Duration::from_secs(8),
+        "{took:?}"
+    );
+    trickle.join().unwrap();
+    // a body cut short (the client closes its side): 400, nothing is done
+    let mut s = std::net::TcpStream::connect(px.admin).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("{}{{", head("Content-Length: 50\r\n")).as_bytes())
+        .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut out = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut s, &mut out);
+    assert_eq!(status(&out), Some(400), "{}", String::from_utf8_lossy(&out));
+    assert!(String::from_utf8_lossy(&out).contains("could not be read"));
+
+    // Expect: 100-continue is answered, then the body read
+    let mut c = Client::connect(px.admin).unwrap();
+    c.send_raw(head("Content-Length: 0\r\nExpect: 100-continue\r\n").as_bytes())
+        .unwrap();
+    assert_eq!(c.read_response(false).unwrap().status, 200);
+    let mut c = Client::connect(px.admin).unwrap();
+    let body = r#"{"as":"failed"}"#;
+    let req = format!(
+        "POST /api/events/r/x/resolve HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    c.send_raw(req.as_bytes()).unwrap();
+    let (interim, _) = c.head().unwrap();
+    assert_eq!(interim, 100);
+    c.send_raw(body.as_bytes()).unwrap();
+    refused(&c.read_response(false).unwrap(), 404, "not-found");
+
+    assert_eq!(get_json(&px, "/api/routes")["routes"][0]["paused"], true);
+    drop(dir);
+}
+
+/// A body read whole keeps the connection for the next request.
+#[test]
+fn an_action_body_read_whole_keeps_the_connection() {
+    let (_dir, _up, px) = one_route_with_token("api-body-keep");
+    let body = r#"{"as":"failed"}"#;
+    let mut c = Client::connect(px.admin).unwrap();
+    let bearer = format!("Bearer {TOKEN}");
+    for _ in 0..3 {
+        let r = c
+            .request(
+                "POST",
+                "/api/routes/r/resume",
+                &[("Authorization", &bearer)],
+                b"",
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = c
+            .request(
+                "POST",
+                "/api/events/r/x/resolve",
+                &[("Authorization", &bearer)],
+                body.as_bytes(),
+            )
+            .unwrap();
+        refused(&r, 404, "not-found");
+    }
+}
+
+/// Without `admin.token` the new actions are refused too.
+#[test]
+fn without_a_token_the_new_actions_are_forbidden() {
+    let h = Harness::guarded("api-notoken-new", "");
+    let bearer = format!("Bearer {TOKEN}");
+    for (path, body) in [
+        ("/api/events/r/x/resolve", r#"{"as":"failed"}"#),
+        ("/api/events/release", r#"{"route":"r","state":"failed"}"#),
+        ("/api/routes/r/pause", ""),
+        ("/api/routes/r/resume", ""),
+    ] {
+        for auth in [None, Some(bearer.as_str())] {
+            refused(
+                &post(&h, path, body.as_bytes(), auth),
+                403,
+                "actions-disabled",
+            );
+        }
+    }
+    let doc = get_json(&h, "/api/routes");
+    assert_eq!(doc["routes"][0]["paused"], false);
+    assert_eq!(doc["routes"][0]["on_ambiguous"], "release");
+    assert_eq!(doc["routes"][0]["ambiguous_records"], 0);
+}

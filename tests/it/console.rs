@@ -6,10 +6,14 @@
 //!   follows them as traffic goes on;
 //! - a search finds a delivered event, and its detail shows every field;
 //! - a forced release with the token makes the next delivery forwarded;
-//! - event IDs carrying HTML render as text, and no script runs.
+//! - event IDs carrying HTML render as text, and no script runs;
+//! - an ambiguous event's attempts are shown, and it is resolved both ways
+//!   from its page; a route is paused and resumed from the overview, and
+//!   the proxy follows.
 //!
 //! `IDEMGATE_SCREENSHOTS=DIR` writes the overview and an event's detail to
-//! DIR (the ones in `docs/` were taken so).
+//! DIR, each as it is and with the ambiguous events and a paused route (the
+//! ones in `docs/` were taken so).
 
 use crate::admin_util;
 use crate::common;
@@ -18,6 +22,7 @@ use crate::webdriver;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use admin_util::*;
 use common::*;
@@ -252,6 +257,16 @@ fn shown_fields(b: &Browser) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The attempts table's rows, cell by cell.
+fn shown_attempts(b: &Browser) -> Vec<[String; 7]> {
+    let v = b.execute(
+        "return Array.from(document.querySelectorAll('#attempts tbody tr[data-attempt]')).map(r => \
+         Array.from(r.cells).map(c => c.textContent));",
+        json!([]),
+    );
+    serde_json::from_value(v).unwrap()
+}
+
 fn as_shown(v: &Value) -> String {
     match v {
         Value::Null => "—".to_string(),
@@ -297,11 +312,27 @@ fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
         .as_object()
         .unwrap()
         .iter()
+        .filter(|(k, _)| *k != "history")
         .map(|(k, v)| (k.clone(), as_shown(v)))
         .collect();
     assert_eq!(
         fields, want_fields,
-        "every field of events show --json, as it says"
+        "every field of events show --json, as it says (the attempts apart)"
+    );
+    // its one attempt, as the history says
+    let attempts = shown_attempts(&b);
+    let a = &want["history"][0];
+    assert_eq!(
+        attempts,
+        [[
+            "1".to_string(),
+            a["started_at"].as_str().unwrap().to_string(),
+            "200".to_string(),
+            "delivered".to_string(),
+            format!("{} ms", a["duration_ms"]),
+            as_shown(&a["instance"]),
+            "—".to_string(),
+        ]]
     );
     assert_eq!(fields["state"], "delivered");
     assert_eq!(fields["last_status"], "200");
@@ -322,6 +353,7 @@ fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
         names,
         [
             "first seen",
+            "attempt 1",
             "last change",
             "delivered",
             "now",
@@ -330,8 +362,12 @@ fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
         "{moments:?}"
     );
     assert_eq!(moments[0].1, want["first_seen_at"].as_str().unwrap());
-    assert_eq!(moments[2].1, want["delivered_at"].as_str().unwrap());
-    assert_eq!(moments[4].1, want["expires_at"].as_str().unwrap());
+    assert_eq!(
+        moments[1].1,
+        want["history"][0]["started_at"].as_str().unwrap()
+    );
+    assert_eq!(moments[3].1, want["delivered_at"].as_str().unwrap());
+    assert_eq!(moments[5].1, want["expires_at"].as_str().unwrap());
     // a delivered event offers only the forced release
     assert!(b.displayed(&b.find("#force-release").unwrap()));
     assert!(!b.displayed(&b.find("#release").unwrap()));
@@ -521,4 +557,318 @@ fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
     );
     assert_eq!(inline, true, "an inline script does not run");
     assert_eq!(b.alert_text(), None);
+}
+
+/// Two routes under `on_ambiguous: hold`, the admin token, and a consumer
+/// that acts on each request: an event whose ID holds `slow` is answered
+/// after 2 s the first time (past the 1 s `upstream_timeout`); one whose
+/// ID holds `flaky` gets 503 twice, then that late answer.
+struct Held {
+    up: Server,
+    px: Proxy,
+    store: String,
+    _dir: TempDir,
+}
+
+impl Held {
+    fn start(tag: &str) -> Held {
+        use crate::raw_upstream::{response, upstream, Behavior};
+        let dir = TempDir::new(tag);
+        let seen = Mutex::new(BTreeMap::<String, usize>::new());
+        let up = upstream(move |req, _| {
+            let key = req.key().unwrap_or_default().to_string();
+            let n = {
+                let mut seen = seen.lock().unwrap();
+                let n = seen.entry(key.clone()).or_default();
+                *n += 1;
+                *n
+            };
+            let late = Behavior::Late(Duration::from_secs(2), response(200, b"ok"));
+            match n {
+                1 | 2 if key.contains("flaky") => Behavior::Respond(response(503, b"busy")),
+                3 if key.contains("flaky") => late,
+                1 if key.contains("slow") => late,
+                _ => Behavior::Respond(response(200, b"ok")),
+            }
+        });
+        let upstream = format!("http://{}", up.addr);
+        let routes = held_route("orders", "/hooks/orders", &upstream)
+            + &held_route("billing", "/hooks/billing", &upstream);
+        let store = dir.sqlite_url("console.db");
+        let px = start_with_token(&dir, &store, &routes);
+        Held {
+            up,
+            px,
+            store,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, fragment: &str) -> String {
+        format!("http://{}/{fragment}", self.px.admin)
+    }
+}
+
+/// Clicks `button`, waits for the dialog, optionally types the token, and
+/// confirms.
+fn confirm(b: &Browser, button: &str, token: Option<&str>) {
+    b.click(&b.wait_visible(button));
+    b.wait_visible("#confirm[open]");
+    if let Some(t) = token {
+        b.type_text(&b.find("#confirm-token").unwrap(), t);
+    }
+    b.click(&b.find("#confirm-ok").unwrap());
+}
+
+fn wait_result(b: &Browser, css: &str, starts: &str) -> String {
+    b.wait_for(&format!("{css} saying {starts:?}"), |b| {
+        let t = b.text(&b.find(css).unwrap());
+        t.starts_with(starts).then_some(t)
+    })
+}
+
+/// The `Forwarding` cell of `route` on the overview: its `data-paused`.
+fn shown_paused(b: &Browser, route: &str) -> String {
+    b.execute(
+        "const c = document.querySelector('#routes tr[data-route=\"' + arguments[0] + '\"] td.forwarding'); \
+         return c ? c.dataset.paused : '';",
+        json!([route]),
+    )
+    .as_str()
+    .unwrap_or_default()
+    .to_string()
+}
+
+/// The event page of `id` shows its three attempts — 503, 503, then no
+/// answer in time — as its history has them, in the table and the timeline.
+fn shows_three_attempts(b: &Browser, store: &str, id: &str) {
+    let rec = show(store, "orders", id);
+    let rows = b.wait_for("three attempts", |b| {
+        Some(shown_attempts(b)).filter(|r| r.len() == 3)
+    });
+    let got: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r[0].as_str(), r[2].as_str(), r[3].as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("1", "503", "released"),
+            ("2", "503", "released"),
+            ("3", "—", "ambiguous")
+        ],
+        "{rec}"
+    );
+    for (row, a) in rows.iter().zip(rec["history"].as_array().unwrap()) {
+        assert_eq!(row[1], a["started_at"].as_str().unwrap());
+        assert_eq!(row[6], as_shown(&a["error"]));
+    }
+    assert_eq!(rows[2][6], "timeout after the request was written");
+    for moment in ["attempt 1", "attempt 2", "attempt 3"] {
+        assert!(
+            b.find(&format!("#timeline li[data-moment=\"{moment}\"]"))
+                .is_some(),
+            "{moment}"
+        );
+    }
+}
+
+#[test]
+fn ambiguous_events_are_resolved_both_ways_from_the_console() {
+    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else {
+        return;
+    };
+    let _one = one;
+    let s = Held::start("console-ambiguous");
+    let tag = eid("amb");
+    // three attempts (503, 503, then no answer in time), and two that timed out
+    let flaky = format!("{tag}/flaky");
+    for want in [503, 503, 504] {
+        assert_eq!(
+            s.px.deliver("/hooks/orders", Some(&flaky), b"{}").status,
+            want
+        );
+    }
+    let undone = format!("{tag}/slow-undone");
+    make_ambiguous(
+        &s.px,
+        &s.store,
+        "orders",
+        "/hooks/orders",
+        std::slice::from_ref(&undone),
+    );
+    assert_eq!(show(&s.store, "orders", &flaky)["state"], "ambiguous");
+
+    // the overview lists them, the route says how many
+    b.goto(&s.url(""));
+    for id in [&flaky, &undone] {
+        wait_listed(&b, "an ambiguous event", "#ambiguous a.event-link", id);
+    }
+    let count = b.wait_visible("#routes [data-counter=\"ambiguous\"][data-route=\"orders\"]");
+    assert_eq!(b.text(&count), "2 outcome unknown");
+    assert_eq!(shown_paused(&b, "orders"), "false");
+
+    // the event's page: its three attempts, and the two decisions offered
+    b.goto(&s.url(&format!("#/event/orders/{}", enc(&flaky))));
+    wait_shown(&b, "the detail", "state", "ambiguous");
+    shows_three_attempts(&b, &s.store, &flaky);
+    assert!(b.displayed(&b.find("#resolve-delivered").unwrap()));
+    assert!(b.displayed(&b.find("#resolve-failed").unwrap()));
+    assert!(!b.displayed(&b.find("#release").unwrap()));
+    assert!(!b.displayed(&b.find("#force-release").unwrap()));
+    b.screenshot(screenshots().as_deref(), "console-event-attempts.png");
+
+    // resolve as delivered: the dialog asks for the status (200 unless changed)
+    b.click(&b.find("#resolve-delivered").unwrap());
+    b.wait_visible("#confirm[open]");
+    let status = b.wait_visible("#confirm-status");
+    assert_eq!(
+        b.execute(
+            "return document.getElementById('confirm-status').value",
+            json!([])
+        ),
+        "200"
+    );
+    assert!(b.text(&b.find("#confirm-text").unwrap()).contains(&flaky));
+    b.clear(&status);
+    b.type_text(&status, "42");
+    b.type_text(&b.find("#confirm-token").unwrap(), TOKEN);
+    b.click(&b.find("#confirm-ok").unwrap());
+    let error = b.wait_for("the status refused", |b| {
+        Some(b.text(&b.find("#confirm-error").unwrap())).filter(|t| !t.is_empty())
+    });
+    assert!(error.contains("100 to 599"), "{error}");
+    assert_eq!(
+        show(&s.store, "orders", &flaky)["state"],
+        "ambiguous",
+        "nothing sent"
+    );
+    b.clear(&status);
+    b.type_text(&status, "202");
+    b.click(&b.find("#confirm-ok").unwrap());
+    wait_shown(&b, "the resolved record", "state", "delivered");
+    assert_eq!(shown_fields(&b)["last_status"], "202");
+    let said = wait_result(&b, "#action-result", "Resolved as delivered");
+    assert!(said.contains("202"), "{said}");
+    let replay = s.px.deliver("/hooks/orders", Some(&flaky), b"{}");
+    assert_eq!(
+        (replay.status, replay.header("Idempotent-Replayed")),
+        (202, Some("true"))
+    );
+    assert_eq!(
+        s.up.count(&flaky),
+        3,
+        "the consumer saw it three times, never a fourth"
+    );
+
+    // resolve as failed, with the token the tab holds: the next delivery is forwarded
+    b.goto(&s.url(&format!("#/event/orders/{}", enc(&undone))));
+    wait_shown(&b, "the detail", "state", "ambiguous");
+    confirm(&b, "#resolve-failed", None);
+    wait_shown(&b, "the resolved record", "state", "failed");
+    wait_result(&b, "#action-result", "Resolved as failed");
+    let again = s.px.deliver("/hooks/orders", Some(&undone), b"{}");
+    assert_eq!(
+        (again.status, again.header("Idempotency-Status")),
+        (200, Some("forwarded"))
+    );
+    assert_eq!(s.up.count(&undone), 2);
+    assert_eq!(b.alert_text(), None);
+}
+
+#[test]
+fn a_route_is_paused_and_resumed_from_the_console() {
+    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else {
+        return;
+    };
+    let _one = one;
+    let s = Held::start("console-pause");
+    let tag = eid("pause");
+    // an event that waits for a decision (its ID holds markup), one delivered on billing
+    let kept = format!("{tag}/slow<svg/onload=alert(9)>");
+    make_ambiguous(
+        &s.px,
+        &s.store,
+        "orders",
+        "/hooks/orders",
+        std::slice::from_ref(&kept),
+    );
+    assert_eq!(
+        s.px.deliver("/hooks/billing", Some(&format!("{tag}/b")), b"{}")
+            .status,
+        200
+    );
+
+    // pause billing from the overview, the token typed: the proxy refuses
+    // within 2 s, and replays what was delivered
+    b.goto(&s.url(""));
+    b.wait_visible("#routes tr[data-route=\"billing\"] button.pause-toggle");
+    assert_eq!(shown_paused(&b, "billing"), "false");
+    confirm(
+        &b,
+        "#routes tr[data-route=\"billing\"] button.pause-toggle",
+        Some(TOKEN),
+    );
+    let said = wait_result(&b, "#overview-result", "Route billing paused since");
+    let paused = std::time::Instant::now();
+    let since = show_paused_at(&s.store, "billing");
+    assert!(said.contains(&since), "{said} / {since}");
+    b.wait_for("billing shown paused", |b| {
+        (shown_paused(b, "billing") == "true").then_some(())
+    });
+    assert_eq!(shown_paused(&b, "orders"), "false");
+    let (new, r) = within_two_seconds(
+        paused,
+        &s.px,
+        "/hooks/billing",
+        |n| format!("{tag}/b-new-{n}"),
+        503,
+    );
+    assert_eq!(r.json()["type"], "urn:idemgate:problem:route-paused");
+    assert_eq!(s.up.count(&new), 0);
+    let dup =
+        s.px.deliver("/hooks/billing", Some(&format!("{tag}/b")), b"{}");
+    assert_eq!(
+        dup.header("Idempotent-Replayed"),
+        Some("true"),
+        "still replayed"
+    );
+    // the overview with a paused route and an ambiguous event waiting
+    wait_listed(&b, "the kept event", "#ambiguous a.event-link", &kept);
+    assert_eq!(
+        b.execute(
+            "return document.querySelectorAll('svg, img, [onload]').length",
+            json!([])
+        ),
+        0,
+        "an event ID's markup is text"
+    );
+    b.screenshot(screenshots().as_deref(), "console-overview-paused.png");
+
+    // and resume: forwarded again within 2 s
+    confirm(
+        &b,
+        "#routes tr[data-route=\"billing\"] button.pause-toggle",
+        None,
+    );
+    wait_result(&b, "#overview-result", "Route billing resumed");
+    let resumed = std::time::Instant::now();
+    b.wait_for("billing shown forwarding", |b| {
+        (shown_paused(b, "billing") == "false").then_some(())
+    });
+    within_two_seconds(resumed, &s.px, "/hooks/billing", |_| new.clone(), 200);
+    assert_eq!(s.up.count(&new), 1);
+    assert_eq!(b.alert_text(), None);
+}
+
+/// `routes list`'s time for a paused `route`.
+fn show_paused_at(store: &str, route: &str) -> String {
+    let (code, out, err) = cli(&["routes", "list", "--store", store]);
+    assert_eq!(code, 0, "{err}");
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{route}  paused since ")))
+        .unwrap_or_else(|| panic!("{route} not paused: {out}"))
+        .to_string()
 }

@@ -50,8 +50,9 @@ fn dashboard_and_alerts_reference_only_exported_metrics() {
         .filter(|n| n.starts_with("idemgate_"))
         .count();
     assert_eq!(
-        own, 14,
-        "SPEC §5's thirteen idemgate_ metrics, and headers_dropped (issue 44): {exported:?}"
+        own, 16,
+        "SPEC §5's idemgate_ metrics: v2's thirteen, §12's and §14's two gauges, and \
+         headers_dropped (issue 44): {exported:?}"
     );
     for process in [
         "process_cpu_seconds_total",
@@ -101,6 +102,7 @@ fn alert_rules_and_dashboard_parse_and_cover_the_operational_risks() {
         "DigestMismatches",
         "StoreUnavailable",
         "SweeperBehind",
+        "AmbiguousRecords",
     ] {
         assert!(
             alerts.iter().any(|a| a.contains(needed)),

@@ -150,7 +150,12 @@
       return el('tr', { data: { route: r.name } },
         el('td', null, el('strong', { text: r.name }),
           r.provider ? el('div', { class: 'muted', text: 'provider ' + r.provider }) : null,
-          el('div', { class: 'muted', text: 'lease ' + r.lease + ', retention ' + r.retention })),
+          el('div', { class: 'muted', text: 'lease ' + r.lease + ', retention ' + r.retention }),
+          el('div', { class: 'muted', text: 'on ambiguous: ' + r.on_ambiguous }),
+          r.ambiguous_records > 0
+            ? el('div', { class: 'hot', data: { counter: 'ambiguous', route: r.name }, text: r.ambiguous_records + ' outcome unknown' })
+            : null),
+        forwardingCell(r),
         el('td', { class: 'mono', text: (r.match.host || '') + r.match.path_prefix }),
         el('td', { class: 'mono', text: r.upstream }),
         el('td', { text: eventSource(r.event_id) }),
@@ -180,6 +185,21 @@
         el('td', { text: h.count ? millis(h.sum / h.count) : '—' }));
     }));
     previous = { doc: doc, at: at };
+  }
+
+  // Paused or not, since when, and the control that changes it.
+  function forwardingCell(r) {
+    if (r.paused === null || r.paused === undefined) {
+      return el('td', { class: 'forwarding muted', data: { paused: 'unknown' }, text: 'unknown: the store does not answer' });
+    }
+    const button = el('button', {
+      type: 'button', class: 'pause-toggle' + (r.paused ? '' : ' danger'), data: { route: r.name },
+      text: r.paused ? 'Resume' : 'Pause', onclick: () => askPause(r.name, !r.paused, r.paused_at),
+    });
+    return el('td', { class: 'forwarding', data: { paused: String(r.paused) } },
+      r.paused ? el('span', { class: 'paused', text: 'paused' }) : el('span', { text: 'forwarding' }),
+      r.paused ? el('div', { class: 'muted', text: 'since ' + r.paused_at + ' (' + relative(r.paused_at) + ')' }) : null,
+      el('div', null, button));
   }
 
   // The bucket whose upper bound holds the q-quantile of the observations
@@ -224,12 +244,15 @@
 
   async function refreshOverview() {
     const at = Date.now();
-    const [routes, stuck, failed] = await Promise.all([
+    const [routes, ambiguous, stuck, failed] = await Promise.all([
       api('/api/routes'),
+      api('/api/events?state=ambiguous&limit=20'),
       api('/api/events?stuck=true&limit=20'),
       api('/api/events?state=failed&limit=20'),
     ]);
     renderRoutes(routes, at);
+    fillEvents($('ambiguous').tBodies[0], ambiguous.events,
+      [col.route, col.id, col.attempts, col.error, col.updated], 'No event waits for a decision.');
     fillEvents($('stuck').tBodies[0], stuck.events,
       [col.route, col.id, col.attempts, col.lease, col.error], 'No claim is past its lease.');
     fillEvents($('failed').tBodies[0], failed.events,
@@ -309,31 +332,60 @@
     $('detail-id').textContent = rec.event_id;
     $('detail-route').textContent = rec.route;
     // SPEC §3's order, then anything else the record has
-    const keys = FIELD_ORDER.filter((k) => k in rec).concat(Object.keys(rec).filter((k) => !FIELD_ORDER.includes(k)));
+    // (the attempts have a table of their own)
+    const keys = FIELD_ORDER.filter((k) => k in rec)
+      .concat(Object.keys(rec).filter((k) => !FIELD_ORDER.includes(k) && k !== 'history'));
     $('fields').tBodies[0].replaceChildren(...keys.map((k) => [k, rec[k]]).map(([k, v]) =>
       el('tr', { data: { field: k } },
         el('th', { text: k }),
         k === 'state' ? el('td', null, stateBadge(v)) : el('td', { text: dash(v) }))));
 
+    const attempts = rec.history || [];
+    renderAttempts(attempts);
     const moments = [
       ['first seen', rec.first_seen_at],
+      ...attempts.map((a) => ['attempt ' + a.attempt, a.started_at, a.result]),
       ['last change', rec.updated_at],
       ['lease ends', rec.lease_until],
       ['delivered', rec.delivered_at],
       ['record expires', rec.expires_at],
-    ].filter(([, t]) => t).map(([what, t]) => ({ what: what, t: t, ms: Date.parse(t) }));
+    ].filter(([, t]) => t).map(([what, t, result]) => ({ what: what, t: t, ms: Date.parse(t), result: result }));
     moments.push({ what: 'now', t: new Date().toISOString(), ms: Date.now(), now: true });
     moments.sort((a, b) => a.ms - b.ms);
     const first = Date.parse(rec.first_seen_at);
     $('timeline').replaceChildren(...moments.map((m) => el('li',
       { class: m.now ? 'now' : (m.ms > Date.now() ? 'future' : null), data: { moment: m.what } },
       el('span', { class: 'what', text: m.what }),
+      m.result ? el('span', { class: 'result-' + m.result, text: ' ' + m.result }) : null,
       m.now ? null : el('span', { class: 'muted', text: ' ' + relative(m.t) }),
       !m.now && m.what !== 'first seen' ? el('span', { class: 'muted', text: ' (' + span(m.ms - first) + ' after first seen)' }) : null,
       el('span', { class: 'when', text: m.t }))));
 
     $('release').hidden = !(rec.state === 'processing' || rec.state === 'failed');
     $('force-release').hidden = rec.state !== 'delivered';
+    $('resolve-delivered').hidden = rec.state !== 'ambiguous';
+    $('resolve-failed').hidden = rec.state !== 'ambiguous';
+  }
+
+  function duration(ms) {
+    if (ms === null || ms === undefined) return '—';
+    return ms < 1000 ? ms + ' ms' : (ms / 1000).toFixed(ms < 10000 ? 2 : 1) + ' s';
+  }
+
+  function renderAttempts(attempts) {
+    const tbody = $('attempts').tBodies[0];
+    if (!attempts.length) {
+      tbody.replaceChildren(el('tr', null, el('td', { class: 'empty', colspan: 7, text: 'No attempt recorded.' })));
+      return;
+    }
+    tbody.replaceChildren(...attempts.map((a) => el('tr', { data: { attempt: a.attempt } },
+      el('td', { text: a.attempt }),
+      el('td', { class: 'mono', text: a.started_at }),
+      el('td', { text: dash(a.status) }),
+      el('td', null, el('span', { class: 'result-' + a.result, text: a.result })),
+      el('td', { text: duration(a.duration_ms) }),
+      el('td', { class: 'mono', text: dash(a.instance) }),
+      el('td', { text: dash(a.error) }))));
   }
 
   async function showEvent(route, id) {
@@ -343,67 +395,148 @@
     $('detail-route').textContent = route;
     $('fields').tBodies[0].replaceChildren();
     $('timeline').replaceChildren();
-    $('release').hidden = true;
-    $('force-release').hidden = true;
+    $('attempts').tBodies[0].replaceChildren();
+    for (const b of ['release', 'force-release', 'resolve-delivered', 'resolve-failed']) $(b).hidden = true;
     renderEvent(await loadEvent(route, id));
   }
 
-  // ---- release, with a confirmation -------------------------------------------
-  let pending = null; // { force }
+  // ---- actions, each after a confirmation that asks for the token ----------
+  // pending: { run(token, status) → the success text, withStatus, result (the
+  // element that shows it) } while the dialog is open
+  let pending = null;
+
+  function ask(opts) {
+    pending = opts;
+    $('confirm-title').textContent = opts.title;
+    $('confirm-text').replaceChildren(...opts.text);
+    $('confirm-status-row').hidden = !opts.withStatus;
+    $('confirm-status').value = '200';
+    $('confirm-token').value = '';
+    $('confirm-token').placeholder = token ? 'using the token this tab holds' : 'admin.token';
+    $('confirm-keep').checked = Boolean(sessionStorage.getItem(TOKEN_KEY));
+    $('confirm-error').textContent = '';
+    $('confirm-ok').textContent = opts.ok;
+    $('confirm').showModal();
+    $(opts.withStatus ? 'confirm-status' : (token ? 'confirm-ok' : 'confirm-token')).focus();
+  }
+
+  // "Event X on route R (state). " as text nodes
+  function aboutEvent(rec, what) {
+    return [el('span', { text: 'Event ' }), el('code', { text: rec.event_id }),
+      el('span', { text: ' on route ' }), el('code', { text: rec.route }),
+      el('span', { text: ' (' + rec.state + '). ' + what })];
+  }
+
+  function post(path, use, body) {
+    const opts = { method: 'POST', headers: { Authorization: 'Bearer ' + use } };
+    if (body !== undefined) {
+      opts.headers['Content-Type'] = 'application/json';
+      opts.body = JSON.stringify(body);
+    }
+    return api(path, opts);
+  }
+
+  // An action on the event on screen: the record after is shown.
+  function eventAction(rec, path, body, done) {
+    return async (use) => {
+      if (isDotSegment(rec.event_id)) {
+        throw new ApiError(0, { detail: 'This event ID cannot be written in a URL path; use `idemgate events` for it.' });
+      }
+      renderEvent(await post(eventPath(rec.route, rec.event_id) + path, use, body));
+      return done;
+    };
+  }
 
   function askRelease(force) {
     if (!shown) return;
     const rec = shown;
-    pending = { force: force, route: rec.route, id: rec.event_id };
-    $('confirm-title').textContent = force ? 'Force release a delivered event?' : 'Release this event?';
     const what = force
       ? 'This event was delivered to the consumer. After a force release the next delivery of it is forwarded and reaches the consumer AGAIN.'
       : (rec.state === 'processing'
         ? 'The record becomes failed with its lease cleared, so the next delivery is forwarded. An attempt that is still running keeps running.'
         : 'The record stays failed with its lease cleared; the next delivery is forwarded.');
-    $('confirm-text').replaceChildren(
-      el('span', { text: 'Event ' }), el('code', { text: rec.event_id }),
-      el('span', { text: ' on route ' }), el('code', { text: rec.route }),
-      el('span', { text: ' (' + rec.state + '). ' + what }));
-    $('confirm-token').value = '';
-    $('confirm-token').placeholder = token ? 'using the token this tab holds' : 'admin.token';
-    $('confirm-keep').checked = Boolean(sessionStorage.getItem(TOKEN_KEY));
-    $('confirm-error').textContent = '';
-    $('confirm-ok').textContent = force ? 'Force release' : 'Release';
-    $('confirm').showModal();
-    $(token ? 'confirm-ok' : 'confirm-token').focus();
+    ask({
+      title: force ? 'Force release a delivered event?' : 'Release this event?',
+      text: aboutEvent(rec, what),
+      ok: force ? 'Force release' : 'Release',
+      result: 'action-result',
+      run: eventAction(rec, '/release' + (force ? '?force=true' : ''), undefined,
+        (force ? 'Force released' : 'Released') + ': the next delivery of this event is forwarded.'),
+    });
   }
 
-  async function confirmRelease() {
+  function askResolve(delivered) {
+    if (!shown) return;
+    const rec = shown;
+    const what = delivered
+      ? 'Resolve it as delivered only once you know the consumer acted on it (its records, its logs). Later deliveries of this event are answered with the status below and never reach the consumer.'
+      : 'Resolve it as failed only once you know the consumer did NOT act on it. The next delivery of this event is forwarded to the consumer again (same Idempotency-Key).';
+    ask({
+      title: delivered ? 'Resolve as delivered?' : 'Resolve as failed?',
+      text: aboutEvent(rec, what),
+      ok: delivered ? 'Resolve as delivered' : 'Resolve as failed',
+      withStatus: delivered,
+      result: 'action-result',
+      run: async (use, status) => {
+        const body = delivered ? { as: 'delivered', status: status } : { as: 'failed' };
+        const done = delivered
+          ? 'Resolved as delivered: later deliveries are replayed with ' + status + '.'
+          : 'Resolved as failed: the next delivery of this event is forwarded.';
+        return eventAction(rec, '/resolve', body, done)(use);
+      },
+    });
+  }
+
+  function askPause(route, pause, since) {
+    const what = pause
+      ? 'Every idemgate on this store stops forwarding this route within 2 s: new events, failed ones and expired leases get 503 route-paused (the senders retry later); duplicates of delivered events are still replayed. No record changes.'
+      : 'Every idemgate on this store forwards this route again within 2 s; the senders\' next retries go through.';
+    ask({
+      title: pause ? 'Pause this route?' : 'Resume this route?',
+      text: [el('span', { text: 'Route ' }), el('code', { text: route }),
+        el('span', { text: (since ? ' (paused since ' + since + '). ' : '. ') + what })],
+      ok: pause ? 'Pause' : 'Resume',
+      result: 'overview-result',
+      run: async (use) => {
+        const doc = await post('/api/routes/' + seg(route) + '/' + (pause ? 'pause' : 'resume'), use);
+        refreshOverview().catch(showError);
+        return doc.paused
+          ? 'Route ' + doc.name + ' paused since ' + doc.paused_at + ': nothing is forwarded.'
+          : 'Route ' + doc.name + ' resumed: deliveries are forwarded.';
+      },
+    });
+  }
+
+  async function confirmPending() {
     if (!pending) return;
     const typed = $('confirm-token').value.trim();
     const use = typed || token;
     if (!use) { $('confirm-error').textContent = 'Enter the admin token (admin.token in the config).'; return; }
-    if (isDotSegment(pending.id)) {
-      $('confirm-error').textContent = 'This event ID cannot be written in a URL path; release it with `idemgate events release`.';
-      return;
+    let status = null;
+    if (pending.withStatus) {
+      status = Number($('confirm-status').value);
+      if (!Number.isInteger(status) || status < 100 || status > 599) {
+        $('confirm-error').textContent = 'The status is a whole number from 100 to 599.';
+        return;
+      }
     }
-    const { force, route, id } = pending;
+    const action = pending;
     try {
-      const rec = await api(eventPath(route, id) + '/release' + (force ? '?force=true' : ''),
-        { method: 'POST', headers: { Authorization: 'Bearer ' + use } });
+      const done = await action.run(use, status);
       token = use;
       if ($('confirm-keep').checked) sessionStorage.setItem(TOKEN_KEY, use);
       else sessionStorage.removeItem(TOKEN_KEY);
       showToken();
       pending = null;
       $('confirm').close();
-      renderEvent(rec);
-      $('action-result').className = 'ok';
-      $('action-result').textContent = (force ? 'Force released' : 'Released') + ': the next delivery of this event is forwarded.';
+      $(action.result).className = 'ok';
+      $(action.result).textContent = done;
     } catch (e) {
       if (e.status === 401) {
         if (!typed) forgetToken();
         $('confirm-error').textContent = 'The token was refused: ' + e.message;
       } else if (e.status === 403) {
         $('confirm-error').textContent = 'Actions are disabled on this idemgate: ' + e.message;
-      } else if (e.status === 409) {
-        $('confirm-error').textContent = e.message;
       } else {
         $('confirm-error').textContent = e instanceof ApiError ? e.message : 'The admin API cannot be reached: ' + e.message;
       }
@@ -433,6 +566,7 @@
         await search(p, false);
       } else {
         view('overview');
+        $('overview-result').textContent = '';
         await refreshOverview();
       }
     } catch (e) {
@@ -462,10 +596,14 @@
     $('more').addEventListener('click', () => search(lastQuery, true).catch(showError));
     $('release').addEventListener('click', () => askRelease(false));
     $('force-release').addEventListener('click', () => askRelease(true));
+    $('resolve-delivered').addEventListener('click', () => askResolve(true));
+    $('resolve-failed').addEventListener('click', () => askResolve(false));
     $('detail-reload').addEventListener('click', () => route());
-    $('confirm-ok').addEventListener('click', confirmRelease);
+    $('confirm-ok').addEventListener('click', confirmPending);
     $('confirm-cancel').addEventListener('click', () => { pending = null; $('confirm').close(); });
-    $('confirm-token').addEventListener('keydown', (ev) => { if (ev.key === 'Enter') confirmRelease(); });
+    for (const input of ['confirm-token', 'confirm-status']) {
+      $(input).addEventListener('keydown', (ev) => { if (ev.key === 'Enter') confirmPending(); });
+    }
     window.addEventListener('hashchange', route);
     setInterval(tick, REFRESH_MS);
     route();
