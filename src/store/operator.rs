@@ -4,7 +4,7 @@
 //! reads: resolving an ambiguous record, the bulk release, pausing a route,
 //! a record's attempt history, the ambiguous records per route.
 
-use super::sql::{Param, Statement, Value, LEASE_LOST};
+use super::sql::{Param, Statement, Value, HISTORY, LEASE_LOST};
 use super::{state_of, Attempt, ClaimStore, Record, StoreError};
 use crate::claim::{Millis, State};
 
@@ -84,11 +84,6 @@ pub async fn show(
     record.history = Some(history(store, route, event_id).await?);
     Ok(Some(record))
 }
-
-/// A record's attempts, oldest first. $1 route, $2 event_id
-const HISTORY: &str = "\
-SELECT attempt, started_at, ended_at, status, result, error, duration_ms, instance
-FROM record_attempts WHERE route = $1 AND event_id = $2 ORDER BY attempt";
 
 /// A record's attempts (SPEC §13), oldest first.
 pub async fn history(

@@ -112,13 +112,18 @@ pub const SETTLE_AMBIGUOUS: &str = settle_ambiguous!();
 /// is the expression given.
 macro_rules! attempt_upsert {
     ($result:literal) => {
+        attempt_upsert!($result, "")
+    };
+    ($result:literal, $and:literal) => {
         concat!(
             "INSERT INTO record_attempts
     (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
 SELECT $1, $2, $3, $11, $4, $6, ",
             $result,
             ", $14, $4 - $11, $12
-WHERE EXISTS (SELECT 1 FROM records WHERE route = $1 AND event_id = $2)
+WHERE EXISTS (SELECT 1 FROM records WHERE route = $1 AND event_id = $2)",
+            $and,
+            "
 ON CONFLICT (route, event_id, attempt) DO UPDATE SET
     started_at = excluded.started_at, ended_at = excluded.ended_at, status = excluded.status,
     result = excluded.result, error = excluded.error, duration_ms = excluded.duration_ms,
@@ -130,6 +135,41 @@ pub(crate) use attempt_upsert;
 
 /// The attempt's row where the store knows the result ($13) beforehand.
 pub const ATTEMPT_UPSERT: &str = attempt_upsert!("$13");
+
+/// Whether an attempt's row is its record's own columns: the first attempt
+/// of a record that it delivered, by far the most common attempt, is
+/// `first_seen_at` (its start: the claim), `delivered_at` (its end),
+/// `last_status` and `claimed_by`, all written by the same claim and settle
+/// commits. Its row is not written (a delivery pays no insert for its
+/// history); [`HISTORY`] reads it from the record. A forced release
+/// writes it before it changes those columns.
+pub(crate) fn first_delivered(attempt: i64, result: SettleResult) -> bool {
+    attempt == 1 && result == SettleResult::Delivered
+}
+
+/// A record's attempts, oldest first: the rows, and a first attempt that
+/// delivered read from the record (see [`first_delivered`]).
+/// $1 route, $2 event_id
+pub const HISTORY: &str = "\
+SELECT attempt, started_at, ended_at, status, result, error, duration_ms, instance
+FROM record_attempts WHERE route = $1 AND event_id = $2
+UNION ALL
+SELECT 1, first_seen_at, delivered_at, last_status, 'delivered', NULL, delivered_at - first_seen_at,
+       claimed_by
+FROM records
+WHERE route = $1 AND event_id = $2 AND state = 'delivered' AND attempts = 1
+  AND NOT EXISTS (SELECT 1 FROM record_attempts WHERE route = $1 AND event_id = $2 AND attempt = 1)
+ORDER BY 1";
+
+/// Before a forced release of a delivered record: its first attempt's row,
+/// if the record held it (see [`first_delivered`]). $1 route, $2 event_id
+pub const MATERIALISE_FIRST: &str = "\
+INSERT INTO record_attempts
+    (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
+SELECT route, event_id, 1, first_seen_at, delivered_at, last_status, 'delivered', NULL,
+       delivered_at - first_seen_at, claimed_by
+FROM records WHERE route = $1 AND event_id = $2 AND state = 'delivered' AND attempts = 1
+ON CONFLICT DO NOTHING";
 
 /// How many attempts a record keeps (SPEC §13).
 pub const ATTEMPTS_KEPT: i64 = 20;

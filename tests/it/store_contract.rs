@@ -1334,7 +1334,9 @@ mod cases {
                 "delivered",
                 Some(201),
                 Some(25),
-                Some("i-2"),
+                // a first attempt that delivered is read from its record: the
+                // claim's instance, the claim's and the settle's times
+                Some("test"),
                 T0,
                 Some(T0 + 25)
             )

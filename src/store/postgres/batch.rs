@@ -73,7 +73,8 @@ FROM records JOIN UNNEST($1::text[], $2::text[]) AS u(r, e)
   ON records.route = u.r AND records.event_id = u.e";
 
 /// [`sql::SETTLE_DELIVERED`] for many keys, with each attempt's row
-/// (SPEC §13) in the same statement. $1 routes, $2 event_ids, $3 statuses,
+/// (SPEC §13) in the same statement — but for a first attempt that
+/// delivered, which the record itself holds ([`sql::first_delivered`]). $1 routes, $2 event_ids, $3 statuses,
 /// $4 now, $5 expires_at, $6 replay statuses, $7 replay content types,
 /// $8 replay bodies, $9 attempts, $10 attempts' starts, $11 instances
 const DELIVER_MANY: &str = "\
@@ -94,7 +95,9 @@ w AS (
     SELECT u.r, u.e, u.a, u.st, u.n, u.s,
            CASE WHEN d.route IS NULL THEN 'stale' ELSE 'delivered' END, NULL, u.n - u.st, u.c
     FROM u LEFT JOIN d ON d.route = u.r AND d.event_id = u.e
-    WHERE EXISTS (SELECT 1 FROM records WHERE records.route = u.r AND records.event_id = u.e)
+    -- a first attempt that delivered is its record's own columns (sql::HISTORY)
+    WHERE NOT (u.a = 1 AND d.route IS NOT NULL)
+      AND EXISTS (SELECT 1 FROM records WHERE records.route = u.r AND records.event_id = u.e)
     ON CONFLICT (route, event_id, attempt) DO UPDATE SET
         started_at = excluded.started_at, ended_at = excluded.ended_at, status = excluded.status,
         result = excluded.result, error = excluded.error, duration_ms = excluded.duration_ms,

@@ -290,6 +290,14 @@ impl Backend for PostgresStore {
             if previous == State::Delivered && !force {
                 return Ok(ReleaseOutcome::RefusedDelivered);
             }
+            if previous == State::Delivered {
+                // the first attempt's row, before the record's columns change
+                sqlx::query(sql::MATERIALISE_FIRST)
+                    .bind(route)
+                    .bind(event_id)
+                    .execute(&self.cold)
+                    .await?;
+            }
             let done = sqlx::query(sql::RELEASE)
                 .bind(route)
                 .bind(event_id)

@@ -97,7 +97,11 @@ macro_rules! settle_with_attempt {
             "WITH s AS (",
             sql::$settle!(),
             "\n    RETURNING 1),\nw AS (",
-            sql::attempt_upsert!("CASE WHEN EXISTS (SELECT 1 FROM s) THEN $13 ELSE 'stale' END"),
+            // a first attempt that delivered is its record's own columns
+            sql::attempt_upsert!(
+                "CASE WHEN EXISTS (SELECT 1 FROM s) THEN $13 ELSE 'stale' END",
+                "\n  AND NOT ($3 = 1 AND $13 = 'delivered' AND EXISTS (SELECT 1 FROM s))"
+            ),
             "),\nt AS (",
             sql::attempts_trim!(),
             ")\nSELECT count(*) AS settled FROM s"

@@ -244,9 +244,11 @@ pub(super) fn settle_in(
     let mut st = conn.prepare_cached(settle.sql)?;
     bind_each(&mut st, settle.params())?;
     let result = sql::settled(st.raw_execute()? as u64, settle.changed);
-    let mut st = conn.prepare_cached(sql::ATTEMPT_UPSERT)?;
-    bind_each(&mut st, &settle.attempt_params(result))?;
-    st.raw_execute()?;
+    if !sql::first_delivered(req.attempt, result) {
+        let mut st = conn.prepare_cached(sql::ATTEMPT_UPSERT)?;
+        bind_each(&mut st, &settle.attempt_params(result))?;
+        st.raw_execute()?;
+    }
     if req.attempt > sql::ATTEMPTS_KEPT {
         let mut st = conn.prepare_cached(sql::ATTEMPTS_TRIM)?;
         bind_each(&mut st, settle.params())?;
@@ -374,6 +376,11 @@ pub(super) fn release(
         };
         if previous == State::Delivered && !force {
             return Ok(ReleaseOutcome::RefusedDelivered);
+        }
+        if previous == State::Delivered {
+            let mut st = conn.prepare_cached(sql::MATERIALISE_FIRST)?;
+            bind_numbered(&mut st, &[&route, &event_id])?;
+            st.raw_execute()?;
         }
         let mut st = conn.prepare_cached(sql::RELEASE)?;
         bind_numbered(&mut st, &[&route, &event_id, &now, &previous.as_str()])?;
