@@ -94,7 +94,11 @@ fn old_and_new_on_one_store(store: TestStore) {
     // without the instance the old release does not write
     let rec = show(&store.url, "r", &before);
     assert_eq!(rec["history"][0]["result"], "delivered", "{rec}");
-    assert_eq!(rec["history"][0]["instance"], serde_json::Value::Null, "{rec}");
+    assert_eq!(
+        rec["history"][0]["instance"],
+        serde_json::Value::Null,
+        "{rec}"
+    );
     let id = eid("attempted");
     assert_eq!(new.deliver("/r", Some(&id), b"{}").status, 200);
     assert_eq!(
