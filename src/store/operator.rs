@@ -288,6 +288,11 @@ macro_rules! held_and_ended {
     };
 }
 
+/// Whether any such record exists. $1 now
+const ANY_HELD_AND_ENDED: &str = "\
+SELECT 1 FROM records
+WHERE state = 'processing' AND hold = 1 AND (lease_until IS NULL OR lease_until <= $1) LIMIT 1";
+
 /// Their lost attempts, before they turn `ambiguous`.
 const HELD_LOST_ATTEMPTS: &str = concat!(
     "INSERT INTO record_attempts
@@ -320,6 +325,17 @@ pub async fn hold_ended_leases(
 ) -> Result<u64, StoreError> {
     debug_assert!(HELD_ENDED.contains(LEASE_LOST));
     let params = vec![Param::Int(now), Param::Int(limit)];
+    // a read first: most sweeps find none, and a write would void SQLite's
+    // caches of delivered records in every process for nothing
+    let found = store
+        .read(&Statement {
+            sql: ANY_HELD_AND_ENDED,
+            params: vec![Param::Int(now)],
+        })
+        .await?;
+    if found.is_empty() {
+        return Ok(0);
+    }
     let changed = store
         .write(&[
             Statement {

@@ -147,19 +147,40 @@ pub(crate) fn first_delivered(attempt: i64, result: SettleResult) -> bool {
     attempt == 1 && result == SettleResult::Delivered
 }
 
+/// The record, if its first attempt delivered it. $1 route, $2 event_id
+macro_rules! first_delivered_record {
+    () => {
+        "SELECT 1 FROM records
+     WHERE route = $1 AND event_id = $2 AND state = 'delivered' AND attempts = 1"
+    };
+}
+
 /// A record's attempts, oldest first: the rows, and a first attempt that
-/// delivered read from the record (see [`first_delivered`]).
-/// $1 route, $2 event_id
-pub const HISTORY: &str = "\
-SELECT attempt, started_at, ended_at, status, result, error, duration_ms, instance
-FROM record_attempts WHERE route = $1 AND event_id = $2
+/// delivered read from the record (see [`first_delivered`]). A row written
+/// for that attempt as lost (its lease ended before its answer came) is
+/// only a guess: once the record says the attempt delivered, the record
+/// wins. $1 route, $2 event_id
+pub const HISTORY: &str = concat!(
+    "SELECT attempt, started_at, ended_at, status, result, error, duration_ms, instance
+FROM record_attempts
+WHERE route = $1 AND event_id = $2
+  AND NOT (attempt = 1 AND error = '",
+    "lease ended without an answer",
+    "' AND EXISTS (",
+    first_delivered_record!(),
+    "))
 UNION ALL
 SELECT 1, first_seen_at, delivered_at, last_status, 'delivered', NULL, delivered_at - first_seen_at,
        claimed_by
 FROM records
 WHERE route = $1 AND event_id = $2 AND state = 'delivered' AND attempts = 1
-  AND NOT EXISTS (SELECT 1 FROM record_attempts WHERE route = $1 AND event_id = $2 AND attempt = 1)
-ORDER BY 1";
+  AND NOT EXISTS (SELECT 1 FROM record_attempts
+                  WHERE route = $1 AND event_id = $2 AND attempt = 1
+                    AND (error IS NULL OR error <> '",
+    "lease ended without an answer",
+    "'))
+ORDER BY 1"
+);
 
 /// Before a forced release of a delivered record: its first attempt's row,
 /// if the record held it (see [`first_delivered`]). $1 route, $2 event_id

@@ -1,4 +1,4 @@
-//! The binaries the integration tests run, each built by cargo once per
+//! The two binaries the integration tests run, each built by cargo once per
 //! test run, beside the test build:
 //! - [`shipped`]: `idemgate` exactly as `cargo build` makes it. The copy
 //!   `cargo test` links is built with the dev-dependencies' features merged
@@ -14,11 +14,7 @@
 //!   directory (`CARGO_BUILD_BUILD_DIR`, cargo ≥ 1.91), where the dependencies
 //!   are compiled already: only idemgate itself compiles again.
 //!
-//! - [`previous_release`]: the release before migration 4 (SPEC v3's
-//!   store), built from its commit in this checkout's history into
-//!   `<target>/previous/`, for the zero-downtime upgrade test.
-//!
-//! The builds run with the environment the user's cargo had, not the one
+//! Both builds run with the environment the user's cargo had, not the one
 //! cargo gave this test process, so neither makes a dependency dirty. A
 //! second test process building at the same time waits on cargo's lock and
 //! then finds the build fresh.
@@ -67,69 +63,11 @@ fn target_and_profile() -> (PathBuf, String) {
     (target.to_path_buf(), profile)
 }
 
-/// The commit of the release before migration 4: `main` when issue 41
-/// began (`.ci/run` and the test name it too).
-pub const PREVIOUS_RELEASE: &str = "578665163bf87b4f2337083f49b7b98716c85abe";
-
-/// The release before, built on first use from [`PREVIOUS_RELEASE`] (its
-/// tree taken with `git archive`); `None` where this checkout has no such
-/// commit (a source tarball) or no git.
-pub fn previous_release() -> Option<&'static Path> {
-    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let repo = env!("CARGO_MANIFEST_DIR");
-        let (target, profile) = target_and_profile();
-        let src = target.join("previous-src");
-        let marker = src.join(".idemgate-commit");
-        if std::fs::read_to_string(&marker).ok().as_deref() != Some(PREVIOUS_RELEASE) {
-            let _ = std::fs::remove_dir_all(&src);
-            std::fs::create_dir_all(&src).unwrap();
-            let archive = Command::new("sh")
-                .arg("-c")
-                .arg(format!(
-                    "git -C '{repo}' archive --format=tar {PREVIOUS_RELEASE} | tar -x -C '{}'",
-                    src.display()
-                ))
-                .status()
-                .ok()?;
-            if !archive.success() || !src.join("Cargo.toml").exists() {
-                return None;
-            }
-            std::fs::write(&marker, PREVIOUS_RELEASE).unwrap();
-        }
-        let out = target.join("previous");
-        cargo_build_in(&src, &[], &out, Some(&target), &profile);
-        let dir_name = Path::new(env!("CARGO_BIN_EXE_idemgate"))
-            .parent()
-            .and_then(Path::file_name)
-            .expect("a profile directory");
-        Some(out.join(dir_name).join("idemgate"))
-    })
-    .as_deref()
-}
-
 fn cargo_build(extra: &[&str], target_dir: &Path, build_dir: Option<&Path>, profile: &str) {
-    cargo_build_in(
-        Path::new(env!("CARGO_MANIFEST_DIR")),
-        extra,
-        target_dir,
-        build_dir,
-        profile,
-    );
-}
-
-/// `cargo build` of the workspace at `manifest_dir`.
-fn cargo_build_in(
-    manifest_dir: &Path,
-    extra: &[&str],
-    target_dir: &Path,
-    build_dir: Option<&Path>,
-    profile: &str,
-) {
-    eprintln!("building idemgate {extra:?} of {manifest_dir:?} into {target_dir:?}");
+    eprintln!("building idemgate {extra:?} into {target_dir:?}");
     let mut cargo = Command::new(env!("CARGO"));
     cargo
-        .current_dir(manifest_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["build", "--bin", "idemgate"])
         .args(extra)
         .args(["--profile", profile, "--target-dir"])
