@@ -4,7 +4,7 @@
 //! reads: resolving an ambiguous record, the bulk release, pausing a route,
 //! a record's attempt history, the ambiguous records per route.
 
-use super::sql::{Param, Statement, Value, HISTORY, LEASE_LOST};
+use super::sql::{Param, Statement, Value, HISTORY};
 use super::{state_of, Attempt, ClaimStore, Record, StoreError};
 use crate::claim::{Millis, State};
 
@@ -298,7 +298,7 @@ const HELD_LOST_ATTEMPTS: &str = concat!(
     "INSERT INTO record_attempts
     (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
 SELECT route, event_id, attempts, updated_at, lease_until, NULL, 'ambiguous', '",
-    "lease ended without an answer",
+    super::sql::lease_lost!(),
     "', NULL, claimed_by
 FROM records WHERE (route, event_id) IN (",
     held_and_ended!(),
@@ -307,7 +307,7 @@ FROM records WHERE (route, event_id) IN (",
 
 const HELD_ENDED: &str = concat!(
     "UPDATE records SET state = 'ambiguous', lease_until = NULL, last_error = '",
-    "lease ended without an answer",
+    super::sql::lease_lost!(),
     "',
     expires_at = $1 + (expires_at - updated_at), updated_at = $1
 WHERE (route, event_id) IN (",
@@ -323,7 +323,6 @@ pub async fn hold_ended_leases(
     now: Millis,
     limit: i64,
 ) -> Result<u64, StoreError> {
-    debug_assert!(HELD_ENDED.contains(LEASE_LOST));
     let params = vec![Param::Int(now), Param::Int(limit)];
     // a read first: most sweeps find none, and a write would void SQLite's
     // caches of delivered records in every process for nothing

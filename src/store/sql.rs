@@ -6,6 +6,15 @@ pub use super::contract::{Param, Statement, Value};
 use super::{SettleOutcome, SettleRequest};
 use crate::claim::SettleResult;
 
+/// What an attempt's `error` says when its lease ended without an answer:
+/// one text for every statement that writes or reads it.
+macro_rules! lease_lost {
+    () => {
+        "lease ended without an answer"
+    };
+}
+pub(crate) use lease_lost;
+
 /// The start of every claim statement: the columns a new record gets.
 macro_rules! claim_insert {
     () => {
@@ -83,24 +92,36 @@ pub(crate) use settle_delivered;
 /// Delivered is final and may come from any attempt; the first one wins.
 pub const SETTLE_DELIVERED: &str = settle_delivered!();
 
-/// A release is fenced: only the attempt that holds the claim may undo it.
-macro_rules! settle_failed {
-    () => {
-        "UPDATE records SET state = 'failed', last_status = $6, last_error = $7, lease_until = NULL,
+/// A settle that ends a live claim without delivering it: fenced, only the
+/// attempt that holds the claim may end it; `$state` is what it ends in.
+macro_rules! settle_fenced {
+    ($state:literal) => {
+        concat!(
+            "UPDATE records SET state = '",
+            $state,
+            "', last_status = $6, last_error = $7, lease_until = NULL,
     updated_at = $4, expires_at = $5
 WHERE route = $1 AND event_id = $2 AND state = 'processing' AND attempts = $3"
+        )
+    };
+}
+
+pub(crate) use settle_fenced;
+
+/// A release: the next delivery reclaims the event.
+macro_rules! settle_failed {
+    () => {
+        $crate::store::sql::settle_fenced!("failed")
     };
 }
 pub(crate) use settle_failed;
 pub const SETTLE_FAILED: &str = settle_failed!();
 
-/// An outcome idemgate cannot know, under `on_ambiguous: hold`: fenced as
-/// a release is; the record waits for an operator.
+/// An outcome idemgate cannot know, under `on_ambiguous: hold`: the record
+/// waits for an operator.
 macro_rules! settle_ambiguous {
     () => {
-        "UPDATE records SET state = 'ambiguous', last_status = $6, last_error = $7, lease_until = NULL,
-    updated_at = $4, expires_at = $5
-WHERE route = $1 AND event_id = $2 AND state = 'processing' AND attempts = $3"
+        $crate::store::sql::settle_fenced!("ambiguous")
     };
 }
 pub(crate) use settle_ambiguous;
@@ -165,7 +186,7 @@ pub const HISTORY: &str = concat!(
 FROM record_attempts
 WHERE route = $1 AND event_id = $2
   AND NOT (attempt = 1 AND error = '",
-    "lease ended without an answer",
+    lease_lost!(),
     "' AND EXISTS (",
     first_delivered_record!(),
     "))
@@ -177,7 +198,7 @@ WHERE route = $1 AND event_id = $2 AND state = 'delivered' AND attempts = 1
   AND NOT EXISTS (SELECT 1 FROM record_attempts
                   WHERE route = $1 AND event_id = $2 AND attempt = 1
                     AND (error IS NULL OR error <> '",
-    "lease ended without an answer",
+    lease_lost!(),
     "'))
 ORDER BY 1"
 );
@@ -205,9 +226,6 @@ macro_rules! attempts_trim {
 pub(crate) use attempts_trim;
 pub const ATTEMPTS_TRIM: &str = attempts_trim!();
 
-/// What an attempt's `error` says when its lease ended without an answer.
-pub const LEASE_LOST: &str = "lease ended without an answer";
-
 /// The condition of a `processing` record whose lease ended by $3.
 macro_rules! lease_ended {
     () => {
@@ -222,7 +240,7 @@ pub const HOLD_LOST_ATTEMPT: &str = concat!(
     "INSERT INTO record_attempts
     (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
 SELECT route, event_id, attempts, updated_at, lease_until, NULL, 'ambiguous', '",
-    "lease ended without an answer",
+    lease_lost!(),
     "', NULL, claimed_by
 FROM records WHERE route = $1 AND event_id = $2 AND ",
     lease_ended!(),
@@ -233,7 +251,7 @@ FROM records WHERE route = $1 AND event_id = $2 AND ",
 /// $1 route, $2 event_id, $3 now
 pub const HOLD_EXPIRED: &str = concat!(
     "UPDATE records SET state = 'ambiguous', lease_until = NULL, last_error = '",
-    "lease ended without an answer",
+    lease_lost!(),
     "',
     expires_at = $3 + (expires_at - updated_at), updated_at = $3
 WHERE route = $1 AND event_id = $2 AND ",
