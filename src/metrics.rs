@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 use prometheus::{
-    GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Registry,
+    GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
 
 use crate::telemetry::registry::{encode_text, Registrar};
@@ -132,6 +132,8 @@ pub struct Metrics {
     ambiguous_records: GaugeVec,
     /// 1 while a route is paused (SPEC §14).
     route_paused: GaugeVec,
+    /// Settles kept across a store outage (SPEC §16).
+    settles_pending: IntGauge,
 }
 
 /// `idemgate_ambiguous_records` and `idemgate_route_paused` (SPEC §12, §14).
@@ -251,6 +253,11 @@ impl Metrics {
             headers_dropped: headers_dropped_counter(&r),
             ambiguous_records,
             route_paused,
+            settles_pending: r.int_gauge(
+                "idemgate_settles_pending",
+                "Settles that could not commit, kept and retried in the background until \
+                 one second before their claim's lease ends.",
+            ),
             registry: registry.clone(),
         };
         process_metrics(&r);
@@ -397,6 +404,11 @@ impl Metrics {
         self.upstream_retries.with_label_values(&[route]).inc();
     }
 
+    /// `idemgate_settles_pending`, as the carrier counts them.
+    pub fn settles_pending(&self, n: usize) {
+        self.settles_pending.set(n as i64);
+    }
+
     pub fn store_time(&self, operation: &str, seconds: f64) {
         match operation {
             "lookup" => self.store_hot[0].observe(seconds),
@@ -472,6 +484,8 @@ mod tests {
             "# TYPE idemgate_connections_closed_total counter",
             "# TYPE idemgate_log_lines_dropped_total counter",
             "# TYPE idemgate_headers_dropped_total counter",
+            "# TYPE idemgate_settles_pending gauge",
+            "idemgate_settles_pending 0",
             "idemgate_headers_dropped_total{reason=\"underscore\"} 0",
             "# TYPE idemgate_build_info gauge",
             "# TYPE process_resident_memory_bytes gauge",

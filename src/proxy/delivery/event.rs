@@ -18,6 +18,8 @@ pub struct Delivery<'a> {
     pub(super) attempt: Option<i64>,
     /// When the claim was taken: the attempt's start in its record.
     pub(super) started_at: Millis,
+    /// When the claim's lease ends, as the store recorded it.
+    pub(super) lease_until: Millis,
 }
 
 impl<'a> Delivery<'a> {
@@ -29,6 +31,7 @@ impl<'a> Delivery<'a> {
             digest,
             attempt: None,
             started_at: 0,
+            lease_until: 0,
         }
     }
 }
