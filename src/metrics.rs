@@ -152,6 +152,15 @@ fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
     (ambiguous, paused)
 }
 
+/// `idemgate_settles_pending` (SPEC §16).
+fn settles_pending_gauge(r: &Registrar) -> IntGauge {
+    r.int_gauge(
+        "idemgate_settles_pending",
+        "Settles that could not commit, kept and retried in the background until one second \
+         before their claim's lease ends.",
+    )
+}
+
 /// `idemgate_headers_dropped_total{reason}` (SPEC §4, "Strictness").
 fn headers_dropped_counter(r: &Registrar) -> IntCounterVec {
     r.counters(
@@ -253,11 +262,7 @@ impl Metrics {
             headers_dropped: headers_dropped_counter(&r),
             ambiguous_records,
             route_paused,
-            settles_pending: r.int_gauge(
-                "idemgate_settles_pending",
-                "Settles that could not commit, kept and retried in the background until \
-                 one second before their claim's lease ends.",
-            ),
+            settles_pending: settles_pending_gauge(&r),
             registry: registry.clone(),
         };
         process_metrics(&r);

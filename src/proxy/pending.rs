@@ -67,7 +67,12 @@ impl PendingSettles {
         let size = kept_bytes(&settle);
         let (route, event_id) = (settle.route.as_str(), settle.event_id.as_str());
         if now_ms() >= give_up_at {
-            tracing::error!(route, event_id, attempt = settle.attempt, "settle given up: its lease ends within a second");
+            tracing::error!(
+                route,
+                event_id,
+                attempt = settle.attempt,
+                "settle given up: its lease ends within a second"
+            );
             return false;
         }
         if !self.reserve(size) {
@@ -104,7 +109,11 @@ impl PendingSettles {
     ) {
         let size = 256 + route.len() + event_id.len();
         if !self.reserve(size) {
-            tracing::warn!(route, event_id, "unacknowledged claim left to its lease: too much pending");
+            tracing::warn!(
+                route,
+                event_id,
+                "unacknowledged claim left to its lease: too much pending"
+            );
             return;
         }
         let (this, store) = (Arc::clone(self), Arc::clone(store));
@@ -118,7 +127,11 @@ impl PendingSettles {
                     operator::release_unacknowledged(&*store, &route, &event_id, token, now_ms());
                 match released.await {
                     Ok(true) => {
-                        tracing::info!(route, event_id, "a claim whose commit was not acknowledged had committed; released");
+                        tracing::info!(
+                            route,
+                            event_id,
+                            "a claim whose commit was not acknowledged had committed; released"
+                        );
                         break;
                     }
                     Ok(false) => break,
@@ -190,9 +203,9 @@ impl PendingSettles {
 /// and the names and error texts.
 fn kept_bytes(s: &OwnedSettle) -> usize {
     let outcome = match &s.outcome {
-        OwnedOutcome::Delivered { body, content_type, .. } => {
-            body.as_ref().map_or(0, Vec::len) + content_type.as_ref().map_or(0, String::len)
-        }
+        OwnedOutcome::Delivered {
+            body, content_type, ..
+        } => body.as_ref().map_or(0, Vec::len) + content_type.as_ref().map_or(0, String::len),
         OwnedOutcome::Failed { error, .. } | OwnedOutcome::Ambiguous { error } => {
             error.as_ref().map_or(0, String::len)
         }

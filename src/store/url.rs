@@ -272,24 +272,42 @@ mod tests {
         let one = postgres_targets("postgresql://h/db?target_session_attrs=primary").unwrap();
         assert_eq!(one.urls, ["postgresql://h/db"]);
         assert_eq!(one.connect_timeout, None);
-        assert_eq!(postgres_targets("postgres://[::1]:5,h").unwrap().urls.len(), 2);
+        assert_eq!(
+            postgres_targets("postgres://[::1]:5,h").unwrap().urls.len(),
+            2
+        );
     }
 
     #[test]
     fn a_url_that_could_reach_a_standby_is_refused_without_its_password() {
         for (url, says) in [
-            ("postgres://u:pw@h/db?target_session_attrs=read-only", "target_session_attrs=read-only"),
-            ("postgres://u:pw@h/db?target_session_attrs=any", "needs a server"),
-            ("postgres://u:pw@h/db?target_session_attrs=prefer-standby", "read-write or primary"),
+            (
+                "postgres://u:pw@h/db?target_session_attrs=read-only",
+                "target_session_attrs=read-only",
+            ),
+            (
+                "postgres://u:pw@h/db?target_session_attrs=any",
+                "needs a server",
+            ),
+            (
+                "postgres://u:pw@h/db?target_session_attrs=prefer-standby",
+                "read-write or primary",
+            ),
             ("postgres://u:pw@h1,,h2/db", "empty entry"),
             ("postgres://u:pw@h/db?connect_timeout=soon", "whole number"),
-            ("postgres://u:pw@h1:5432,h2:54x2/db", "host 2 of the store URL"),
+            (
+                "postgres://u:pw@h1:5432,h2:54x2/db",
+                "host 2 of the store URL",
+            ),
         ] {
             let why = StoreUrl::parse(url).unwrap_err();
             assert!(why.contains(says), "{url}: {why}");
             assert!(!why.contains("pw"), "{url}: {why}");
         }
-        assert!(StoreUrl::parse("postgres://u:pw@h1:5432,h2:5433/db?target_session_attrs=read-write").is_ok());
+        assert!(StoreUrl::parse(
+            "postgres://u:pw@h1:5432,h2:5433/db?target_session_attrs=read-write"
+        )
+        .is_ok());
     }
 
     #[test]

@@ -5,8 +5,7 @@
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Makes metrics registered in `.0`. A name registered twice, or a metric

@@ -62,26 +62,150 @@ struct Figures {
     problems: Vec<String>,
 }
 
-fn failover(tag: &str, rounds: usize, sync: bool, reach: Reach) -> Option<Figures> {
-    let mut conf: Vec<&str> = REPLICATION.to_vec();
-    conf.push("synchronous_commit = on");
-    let names = format!("synchronous_standby_names = '{}'", common::pg_cluster::STANDBY_NAME);
-    if sync {
-        conf.push(&names);
+/// Makes the database fail over, again and again.
+trait Failovers {
+    /// The `store.url` the replicas use.
+    fn url(&self) -> String;
+    /// One failover: returns when the primary was lost and when the new
+    /// one took writes.
+    fn fail_over(&mut self) -> Round;
+    /// Runs SQL on the current primary.
+    fn psql(&self, sql: &str) -> String;
+}
+
+/// Two private clusters, one the standby of the other, and the way the
+/// replicas reach them.
+struct Pair {
+    pgs: [PgCluster; 2],
+    primary: usize,
+    sync: bool,
+    vip: Option<Vip>,
+}
+
+impl Pair {
+    fn start(tag: &str, sync: bool, reach: Reach) -> Option<Pair> {
+        let mut conf: Vec<&str> = REPLICATION.to_vec();
+        conf.push("synchronous_commit = on");
+        let names = format!(
+            "synchronous_standby_names = '{}'",
+            common::pg_cluster::STANDBY_NAME
+        );
+        if sync {
+            conf.push(&names);
+        }
+        let first = PgCluster::start(&format!("{tag}-a"), &conf)?;
+        let second = PgCluster::standby_of(&first, &format!("{tag}-b"));
+        first.attach_standby(sync);
+        let vip = (reach == Reach::Vip).then(|| Vip::start(first.port));
+        Some(Pair {
+            pgs: [first, second],
+            primary: 0,
+            sync,
+            vip,
+        })
     }
-    let first = PgCluster::start(&format!("{tag}-a"), &conf)?;
-    let second = PgCluster::standby_of(&first, &format!("{tag}-b"));
-    first.attach_standby(sync);
-    let pgs = [first, second];
-    let vip = (reach == Reach::Vip).then(|| Vip::start(pgs[0].port));
-    let url = match &vip {
-        Some(v) => format!("postgres://postgres@127.0.0.1:{}/postgres", v.port),
-        None => format!(
-            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write&connect_timeout=2",
-            pgs[0].port, pgs[1].port
-        ),
-    };
-    let dir = TempDir::new(tag);
+}
+
+impl Failovers for Pair {
+    fn url(&self) -> String {
+        match &self.vip {
+            Some(v) => format!("postgres://postgres@127.0.0.1:{}/postgres", v.port),
+            None => format!(
+                "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write&connect_timeout=2",
+                self.pgs[0].port, self.pgs[1].port
+            ),
+        }
+    }
+
+    /// SIGKILL to the primary's postmaster, 4 s, `pg_ctl promote`; then,
+    /// 2 s later, the old primary rebuilt as the new standby.
+    fn fail_over(&mut self) -> Round {
+        let (primary, standby) = (self.primary, 1 - self.primary);
+        let killed = Instant::now();
+        self.pgs[primary].kill_postmaster();
+        std::thread::sleep(Duration::from_secs(4));
+        self.pgs[standby].promote();
+        if let Some(v) = &self.vip {
+            v.point_to(self.pgs[standby].port);
+        }
+        let promoted = Instant::now();
+        std::thread::sleep(Duration::from_secs(2));
+        self.pgs[primary].rebuild_as_standby_of(&self.pgs[standby]);
+        self.pgs[standby].attach_standby(self.sync);
+        self.primary = standby;
+        Round { killed, promoted }
+    }
+
+    fn psql(&self, sql: &str) -> String {
+        self.pgs[self.primary].psql(sql)
+    }
+}
+
+/// A formation run by an HA tool, outside the test: its URL and the
+/// command that makes it fail over (see `pg_auto_failover_under_load`).
+struct External {
+    url: String,
+    command: String,
+}
+
+impl Failovers for External {
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    fn fail_over(&mut self) -> Round {
+        let killed = Instant::now();
+        let out = std::process::Command::new("sh")
+            .args(["-c", &self.command])
+            .output()
+            .expect("the failover command runs");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            self.command,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let promoted = Instant::now();
+        std::thread::sleep(Duration::from_secs(3));
+        Round { killed, promoted }
+    }
+
+    fn psql(&self, sql: &str) -> String {
+        let out = std::process::Command::new("psql")
+            .args([&self.url, "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("psql runs");
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+fn failover(tag: &str, rounds: usize, sync: bool, reach: Reach) -> Option<Figures> {
+    let mut pair = Pair::start(tag, sync, reach)?;
+    let label = format!(
+        "{tag} ({}, {reach:?})",
+        if sync {
+            "synchronous standby"
+        } else {
+            "asynchronous standby"
+        }
+    );
+    Some(under_load(&label, rounds, &mut pair, sync))
+}
+
+/// Two replicas under load through `rounds` failovers; the figures, and a
+/// panic when `strict` and anything SPEC §16 promises did not hold.
+fn under_load(
+    label: &str,
+    rounds: usize,
+    db: &mut dyn Failovers,
+    strict: bool,
+) -> Figures {
+    let dir = TempDir::new("failover");
     let up = Consumer::start().unwrap();
     let routes = route(
         "r",
@@ -91,6 +215,7 @@ fn failover(tag: &str, rounds: usize, sync: bool, reach: Reach) -> Option<Figure
     );
     let bin = std::env::var_os("IDEMGATE_FAILOVER_BIN").map(PathBuf::from);
     let bin = bin.unwrap_or_else(|| PathBuf::from(common::bin()));
+    let url = db.url();
     let replicas = [
         Proxy::start_bin(&bin, &dir, &url, &routes, &[]),
         Proxy::start_bin(&bin, &dir, &url, &routes, &[]),
@@ -100,7 +225,6 @@ fn failover(tag: &str, rounds: usize, sync: bool, reach: Reach) -> Option<Figure
     let seen = Seen::default();
     let (stop, watching) = (AtomicBool::new(false), AtomicBool::new(false));
     let storms = AtomicUsize::new(0);
-    let mut primary = 0;
 
     let (log, ready, pending_max) = std::thread::scope(|s| {
         let _stop_watchers = SetOnDrop(&watching);
@@ -124,21 +248,7 @@ fn failover(tag: &str, rounds: usize, sync: bool, reach: Reach) -> Option<Figure
             let mut log = Vec::new();
             for _ in 0..rounds {
                 std::thread::sleep(Duration::from_secs(2));
-                let standby = 1 - primary;
-                let killed = Instant::now();
-                pgs[primary].kill_postmaster();
-                std::thread::sleep(Duration::from_secs(4));
-                pgs[standby].promote();
-                if let Some(v) = &vip {
-                    v.point_to(pgs[standby].port);
-                }
-                let promoted = Instant::now();
-                log.push(Round { killed, promoted });
-                // the new primary alone for a while, then a new standby
-                std::thread::sleep(Duration::from_secs(2));
-                pgs[primary].rebuild_as_standby_of(&pgs[standby]);
-                pgs[standby].attach_standby(sync);
-                primary = standby;
+                log.push(db.fail_over());
             }
             std::thread::sleep(Duration::from_secs(1));
             log
@@ -151,20 +261,21 @@ fn failover(tag: &str, rounds: usize, sync: bool, reach: Reach) -> Option<Figure
             .fold(0.0, f64::max);
         (log, ready, most)
     });
-    let mut figures = tally(&pgs[primary], &up, &seen, &log, &ready, sync);
+    let mut figures = tally(&*db, &up, &seen, &log, &ready, strict);
     figures.storms = storms.load(Ordering::Relaxed);
     figures.pending_max = pending_max;
     for (i, (p, pid)) in replicas.iter().zip(&pids).enumerate() {
         if p.pid() != *pid || !pid.is_some_and(alive) {
-            figures.problems.push(format!("replica {i} was restarted or died"));
+            figures
+                .problems
+                .push(format!("replica {i} was restarted or died"));
         }
     }
     eprintln!(
-        "failover {tag} ({}, {reach:?}): {rounds} failovers; requests {}, events answered 2xx {}, \
+        "failover {label}: {rounds} failovers; requests {}, events answered 2xx {}, \
          storms {}; 503s {}, 409s {}; events reaching the consumer twice or more {}; \
-         outage (kill to both /readyz 200) max {:?}, promotion to /readyz 200 max {:?}; \
+         outage (loss to both /readyz 200) max {:?}, promotion to /readyz 200 max {:?}; \
          most settles pending at once {}; problems {}",
-        if sync { "synchronous standby" } else { "asynchronous standby" },
         figures.sent,
         figures.events_ok,
         figures.storms,
@@ -176,12 +287,12 @@ fn failover(tag: &str, rounds: usize, sync: bool, reach: Reach) -> Option<Figure
         figures.pending_max,
         figures.problems.len(),
     );
-    if !figures.problems.is_empty() && sync {
+    if !figures.problems.is_empty() && strict {
         let mut problems = figures.problems.clone();
         problems.truncate(30);
         panic!("{}{}", problems.join("\n"), log_tails(&replicas, 30));
     }
-    Some(figures)
+    figures
 }
 
 /// Six senders of unique events (every fourth a duplicate of one already
@@ -251,7 +362,7 @@ fn alive(pid: u32) -> bool {
 
 /// Checks the run against what SPEC §16 promises and gathers its figures.
 fn tally(
-    now_primary: &PgCluster,
+    db: &dyn Failovers,
     up: &Consumer,
     seen: &Seen,
     rounds: &[Round],
@@ -259,7 +370,7 @@ fn tally(
     sync: bool,
 ) -> Figures {
     let mut problems: Vec<String> = seen.wrong.lock().unwrap().clone();
-    let rows = now_primary.psql("SELECT event_id, state FROM records WHERE route = 'r'");
+    let rows = db.psql("SELECT event_id, state FROM records WHERE route = 'r'");
     let records: BTreeMap<String, String> = rows
         .lines()
         .filter_map(|l| l.split_once('|'))
@@ -267,7 +378,8 @@ fn tally(
         .collect();
     let mut got: BTreeMap<String, usize> = BTreeMap::new();
     for r in up.received() {
-        *got.entry(r.header("X-Event-ID").unwrap_or_default().to_string()).or_default() += 1;
+        *got.entry(r.header("X-Event-ID").unwrap_or_default().to_string())
+            .or_default() += 1;
     }
     let twice: Vec<(&String, &usize)> = got.iter().filter(|(_, &n)| n > 1).collect();
     for (id, n) in &twice {
@@ -308,7 +420,10 @@ fn tally(
         }
     }
     if ok.len() < 50 {
-        problems.push(format!("too little load to say anything: {} events", ok.len()));
+        problems.push(format!(
+            "too little load to say anything: {} events",
+            ok.len()
+        ));
     }
     Figures {
         sent: seen.sent.load(Ordering::Relaxed),
@@ -350,6 +465,35 @@ fn synchronous_standby_promoted_10_times_behind_a_virtual_ip() {
     failover("fo-vip10", 10, true, Reach::Vip);
 }
 
+/// pg_auto_failover (Debian's `postgresql-15-auto-failover`): a monitor
+/// and two nodes set up by `benches/pg_auto_failover.sh`, which runs this
+/// with the URI `pg_autoctl show uri` prints (`IDEMGATE_PAF_URL`, used
+/// unchanged as `store.url`) and the command that performs a failover
+/// (`IDEMGATE_PAF_FAILOVER`).
+#[test]
+#[ignore]
+fn pg_auto_failover_under_load() {
+    let (Ok(url), Ok(command)) = (
+        std::env::var("IDEMGATE_PAF_URL"),
+        std::env::var("IDEMGATE_PAF_FAILOVER"),
+    ) else {
+        eprintln!(
+            "SKIP: run by benches/pg_auto_failover.sh (IDEMGATE_PAF_URL, IDEMGATE_PAF_FAILOVER)"
+        );
+        return;
+    };
+    let rounds = std::env::var("IDEMGATE_PAF_ROUNDS").map_or(3, |n| n.parse().unwrap());
+    let mut db = External { url, command };
+    // the URI names no user: libpq's (and sqlx's) PGUSER
+    under_load(
+        "pg_auto_failover",
+        rounds,
+        &mut db,
+        &[("PGUSER", "postgres")],
+        true,
+    );
+}
+
 /// The control: an asynchronous standby loses what it had not received
 /// when the primary died; the figures say what that costs (no assertion
 /// on duplicates: they are the measurement).
@@ -357,6 +501,103 @@ fn synchronous_standby_promoted_10_times_behind_a_virtual_ip() {
 #[ignore]
 fn asynchronous_standby_control_run() {
     if let Some(f) = failover("fo-async", 10, false, Reach::HostList) {
-        eprintln!("asynchronous control: problems (lost or doubled): {:#?}", f.problems);
+        eprintln!(
+            "asynchronous control: problems (lost or doubled): {:#?}",
+            f.problems
+        );
     }
+}
+
+/// SPEC §16: a claim that committed while its answer was lost (every byte
+/// the server sent dropped on the way) is released by its token once the
+/// store answers again, so the sender's retry is forwarded within seconds,
+/// not after the 60 s lease; the consumer still gets it once.
+#[test]
+fn a_claim_whose_commit_was_not_acknowledged_is_released_early() {
+    let Some(base) = pg_url() else { return };
+    let schema = PgSchema::create(&base, "unack");
+    let vip = Vip::start(5432);
+    let url = schema.url_via(&format!("postgres://postgres@127.0.0.1:{}/test", vip.port));
+    let dir = TempDir::new("unack");
+    let up = Consumer::start().unwrap();
+    let routes = route(
+        "r",
+        PATH,
+        &up.url(),
+        "    lease: 60s\n    upstream_timeout: 2s\n",
+    );
+    let px = Proxy::start(&dir, &url, &routes);
+    assert_eq!(px.deliver(PATH, Some(&eid("warm")), b"{}").status, 200);
+
+    let id = eid("unacked");
+    vip.swallow_answers(true);
+    let lost = px.deliver(PATH, Some(&id), b"{}");
+    vip.swallow_answers(false);
+    assert_eq!(lost.status, 503, "{}", lost.text());
+    let record = |sql: &str| {
+        let out = std::process::Command::new("psql")
+            .args([&schema.url(), "-qAt", "-c", sql])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let state = format!("SELECT state, attempts FROM records WHERE event_id = '{id}'");
+    let committed = record(&state);
+    assert!(
+        !committed.is_empty(),
+        "the claim did commit, its answer lost"
+    );
+
+    let t = Instant::now();
+    let answered = loop {
+        let r = kit::deliver(px.addr, PATH, Some(&id), b"{}").unwrap();
+        if r.status == 200 || t.elapsed() > Duration::from_secs(30) {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(answered.status, 200, "{}", answered.text());
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "released long before the lease"
+    );
+    let got = up
+        .received()
+        .iter()
+        .filter(|r| r.header("X-Event-ID") == Some(&id))
+        .count();
+    assert_eq!(got, 1, "forwarded once");
+    eprintln!(
+        "unacknowledged claim: committed as {committed:?}, forwarded {:?} after the lost answer; now {}",
+        t.elapsed(),
+        record(&state)
+    );
+}
+
+/// SPEC §16: hosts are tried in order and only one that takes writes is
+/// kept: a standby listed first is passed over (every connection to it
+/// refused on arrival), and `/readyz` is 200 only for the writable one.
+#[test]
+fn a_standby_listed_first_is_passed_over() {
+    let Some(pair) = Pair::start("fo-order", false, Reach::HostList) else {
+        return;
+    };
+    let (primary, standby) = (&pair.pgs[0], &pair.pgs[1]);
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=primary",
+        standby.port, primary.port
+    );
+    let dir = TempDir::new("fo-order");
+    let up = Consumer::start().unwrap();
+    let px = Proxy::start(&dir, &url, &route("r", PATH, &up.url(), ""));
+    let id = eid("ordered");
+    assert_eq!(px.deliver(PATH, Some(&id), b"{}").status, 200);
+    let state = primary.psql(&format!(
+        "SELECT state FROM records WHERE event_id = '{id}'"
+    ));
+    assert_eq!(state.trim(), "delivered");
+    assert_eq!(kit::get(px.admin, "/readyz").unwrap().status, 200);
+    let sessions =
+        standby.psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idemgate'");
+    assert_eq!(sessions.trim(), "0", "no connection kept on the standby");
 }

@@ -69,7 +69,13 @@ impl Seen {
 /// Delivers `id` through `addrs` (alternating, from `start`) until a 2xx,
 /// as a sender does: 503 and 409 are retried after a pause, so is a refused
 /// or cut connection. Gives up after `patience`.
-pub(crate) fn send_until_ok(seen: &Seen, addrs: &[SocketAddr], start: usize, id: &str, patience: Duration) {
+pub(crate) fn send_until_ok(
+    seen: &Seen,
+    addrs: &[SocketAddr],
+    start: usize,
+    id: &str,
+    patience: Duration,
+) {
     let deadline = Instant::now() + patience;
     let mut i = start;
     while Instant::now() < deadline {

@@ -136,7 +136,13 @@ impl Delivery<'_> {
             let lease_until = req.now + req.lease_ms;
             let shared = self.shared;
             let pending = &shared.pending;
-            pending.carry_release(&shared.store, req.route, req.event_id, req.token, lease_until);
+            pending.carry_release(
+                &shared.store,
+                req.route,
+                req.event_id,
+                req.token,
+                lease_until,
+            );
         }
         res.map_err(ClaimStop::Store)
     }

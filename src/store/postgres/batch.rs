@@ -39,12 +39,12 @@ use tokio::sync::{mpsc, oneshot};
 use super::hosts::{self, Hosts};
 use super::rows::{claim_on, readback, settle_on};
 use super::silence;
-use std::sync::Arc;
 use crate::claim::SettleResult;
 use crate::store::owned::{OwnedClaim, OwnedOutcome, OwnedSettle};
 use crate::store::sql::{self, Readback};
 use crate::store::ticket::{self, Ticket};
 use crate::store::{ClaimOutcome, Found, StoreError};
+use std::sync::Arc;
 
 /// Most operations in one statement.
 const MAX_BATCH: usize = 128;

@@ -36,7 +36,10 @@ pub(super) struct Hosts {
 }
 
 impl Hosts {
-    pub(super) fn new(targets: Vec<PgConnectOptions>, connect_timeout: Option<Duration>) -> Arc<Self> {
+    pub(super) fn new(
+        targets: Vec<PgConnectOptions>,
+        connect_timeout: Option<Duration>,
+    ) -> Arc<Self> {
         assert!(!targets.is_empty(), "a store URL names a host at least");
         Arc::new(Hosts {
             targets,
@@ -190,5 +193,36 @@ pub(super) fn server_lost(e: &sqlx::Error) -> bool {
             matches!(&*code, "25006" | "57P01" | "57P02" | "57P03") || code.starts_with("08")
         }),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_server_is_told_from_an_error_of_the_statement() {
+        let io = || std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(server_lost(&sqlx::Error::Io(io())));
+        assert!(server_lost(&sqlx::Error::PoolTimedOut));
+        assert!(server_lost(&sqlx::Error::Protocol("cut".into())));
+        assert!(server_lost(&sqlx::Error::Configuration(
+            NOT_WRITABLE.into()
+        )));
+        assert!(!server_lost(&sqlx::Error::Configuration(
+            "a bad port".into()
+        )));
+        assert!(!server_lost(&sqlx::Error::RowNotFound));
+    }
+
+    #[test]
+    fn a_search_begins_at_the_host_in_use() {
+        let opts = |port| PgConnectOptions::new().host("127.0.0.1").port(port);
+        let hosts = Hosts::new(vec![opts(1), opts(2), opts(3)], None);
+        assert_eq!(hosts.current().get_port(), 1);
+        hosts.current.store(2, Ordering::Relaxed);
+        assert_eq!(hosts.current().get_port(), 3);
+        assert_eq!(host_of(hosts.current()), "127.0.0.1:3");
+        assert_eq!(hosts.connect_timeout, CONNECT_TIMEOUT);
     }
 }

@@ -238,7 +238,11 @@ impl PgCluster {
             .args(["-R", "postgres:"])
             .arg(dir.path())
             .status();
-        assert!(chown.is_ok_and(|s| s.success()), "chown {}", dir.path().display());
+        assert!(
+            chown.is_ok_and(|s| s.success()),
+            "chown {}",
+            dir.path().display()
+        );
         let standby = PgCluster {
             port: free_port(),
             log: dir.path().join("server.log"),
@@ -313,7 +317,14 @@ impl PgCluster {
         let out = as_postgres(
             &self.bin,
             "pg_ctl",
-            &["-D", self.data.to_str().unwrap(), "-w", "-t", "60", "promote"],
+            &[
+                "-D",
+                self.data.to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "promote",
+            ],
         );
         assert!(
             out.status.success(),
@@ -332,7 +343,11 @@ impl PgCluster {
              WHERE application_name = '{STANDBY_NAME}' AND state = 'streaming'"
         );
         while self.psql(&query).trim() != "1" {
-            assert!(Instant::now() < deadline, "no standby streams: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "no standby streams: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         if sync {

@@ -3,7 +3,7 @@
 //! connections to the old target, as the real move does (the old host is
 //! gone). Dropping it stops everything it started.
 
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +13,9 @@ use std::time::Duration;
 pub struct Vip {
     pub port: u16,
     target: Arc<AtomicU16>,
+    /// While set, the server's bytes are dropped: every answer is lost on
+    /// the way (a commit that happened, unacknowledged).
+    swallow: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     /// Both ends of every connection forwarded, to cut them on a move.
     open: Arc<Mutex<Vec<TcpStream>>>,
@@ -26,8 +29,10 @@ impl Vip {
         let target = Arc::new(AtomicU16::new(target));
         let stop = Arc::new(AtomicBool::new(false));
         let open = Arc::new(Mutex::new(Vec::new()));
+        let swallow = Arc::new(AtomicBool::new(false));
         let accept = {
             let (target, stop, open) = (target.clone(), stop.clone(), open.clone());
+            let swallow = swallow.clone();
             std::thread::spawn(move || {
                 for client in listener.incoming() {
                     if stop.load(Ordering::Relaxed) {
@@ -39,7 +44,7 @@ impl Vip {
                         // a refused connection: the client sees it closed
                         continue;
                     };
-                    if let Err(e) = relay(client, server, &open) {
+                    if let Err(e) = relay(client, server, &open, &swallow) {
                         eprintln!("vip: {e}");
                     }
                 }
@@ -48,6 +53,7 @@ impl Vip {
         Vip {
             port,
             target,
+            swallow,
             stop,
             open,
             accept: Some(accept),
@@ -60,6 +66,11 @@ impl Vip {
         self.cut_all();
     }
 
+    /// Drops (or, with `false`, passes again) everything the server sends.
+    pub fn swallow_answers(&self, on: bool) {
+        self.swallow.store(on, Ordering::Relaxed);
+    }
+
     fn cut_all(&self) {
         for s in self.open.lock().unwrap().drain(..) {
             let _ = s.shutdown(Shutdown::Both);
@@ -67,19 +78,37 @@ impl Vip {
     }
 }
 
-/// Copies both ways on two threads; each end is kept (a clone) for a cut.
-fn relay(client: TcpStream, server: TcpStream, open: &Mutex<Vec<TcpStream>>) -> io::Result<()> {
+/// Copies both ways on two threads (the server's bytes dropped while
+/// `swallow` is set); each end is kept (a clone) for a cut.
+fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    open: &Mutex<Vec<TcpStream>>,
+    swallow: &Arc<AtomicBool>,
+) -> io::Result<()> {
     {
         let mut open = open.lock().unwrap();
         open.push(client.try_clone()?);
         open.push(server.try_clone()?);
     }
-    for (mut from, mut to) in [
-        (client.try_clone()?, server.try_clone()?),
-        (server, client),
+    let never = Arc::new(AtomicBool::new(false));
+    for (mut from, mut to, drop_while) in [
+        (client.try_clone()?, server.try_clone()?, never),
+        (server, client, swallow.clone()),
     ] {
         std::thread::spawn(move || {
-            let _ = io::copy(&mut from, &mut to);
+            let mut buf = [0u8; 16 * 1024];
+            loop {
+                match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if drop_while.load(Ordering::Relaxed) => {}
+                    Ok(n) => {
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
             let _ = to.shutdown(Shutdown::Both);
             let _ = from.shutdown(Shutdown::Both);
         });
