@@ -483,15 +483,10 @@ fn pg_auto_failover_under_load() {
         return;
     };
     let rounds = std::env::var("IDEMGATE_PAF_ROUNDS").map_or(3, |n| n.parse().unwrap());
+    // the URI names no user: the script sets libpq's (and sqlx's) PGUSER,
+    // which the replicas and psql inherit
     let mut db = External { url, command };
-    // the URI names no user: libpq's (and sqlx's) PGUSER
-    under_load(
-        "pg_auto_failover",
-        rounds,
-        &mut db,
-        &[("PGUSER", "postgres")],
-        true,
-    );
+    under_load("pg_auto_failover", rounds, &mut db, true);
 }
 
 /// The control: an asynchronous standby loses what it had not received
