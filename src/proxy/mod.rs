@@ -65,6 +65,9 @@ pub struct Ctx {
     /// pingora's path: the request is being sent once more (a kept
     /// connection failed before answering), on a connection of its own.
     retried: bool,
+    /// pingora's path: the route's limits let the request through (SPEC
+    /// §15); its slot is given back when the context is dropped.
+    permit: Option<crate::limits::Permit>,
 }
 
 /// Pool keys for retried requests on pingora's path: each retry gets a new
@@ -151,6 +154,15 @@ impl ProxyHttp for Gate {
             if body::buffered_pass_through(session) {
                 ctx.counted = true; // counted where it is forwarded
                 return pass_through::pass_buffered(&self.shared, session, &route).await;
+            }
+            // pingora's path: the slot is held by the context, to the end
+            match pass_through::admit(&route) {
+                Ok(permit) => ctx.permit = permit,
+                Err(refused) => {
+                    ctx.counted = true;
+                    let refused = refused.closing(true); // the body is not read
+                    return exit::refuse(&self.shared, session, Some(&route), refused).await;
+                }
             }
             return Ok(false);
         }

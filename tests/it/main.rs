@@ -64,6 +64,7 @@ mod options;
 mod outage;
 mod paths;
 mod properties;
+mod protect;
 mod providers;
 mod replicas;
 mod smuggling;

@@ -103,6 +103,7 @@ fn alert_rules_and_dashboard_parse_and_cover_the_operational_risks() {
         "StoreUnavailable",
         "SweeperBehind",
         "AmbiguousRecords",
+        "BreakerOpen",
     ] {
         assert!(
             alerts.iter().any(|a| a.contains(needed)),
