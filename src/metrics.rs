@@ -140,12 +140,22 @@ pub struct Metrics {
     /// 1 while a route is paused (SPEC §14).
     route_paused: GaugeVec,
     /// `idemgate_upstream_in_flight{route}` and
-    /// `idemgate_upstream_breaker_open{route}` (SPEC §15), read from the
-    /// routes' limits at each scrape: nothing on the request path.
-    upstream_state: (IntGaugeVec, IntGaugeVec),
-    /// The routes' limits, set once the proxy's routes exist.
-    limits: Arc<OnceLock<Vec<(String, Arc<Limits>)>>>,
+    /// `idemgate_upstream_breaker_open{route}` (SPEC §15).
+    upstream: UpstreamGauges,
 }
+
+/// The routes' upstream gauges (SPEC §15), read from their limits at each
+/// scrape: nothing is counted on the request path for them.
+#[derive(Clone)]
+struct UpstreamGauges {
+    in_flight: IntGaugeVec,
+    breaker_open: IntGaugeVec,
+    /// The routes' limits, set once the proxy's routes exist.
+    limits: Arc<OnceLock<RouteLimits>>,
+}
+
+/// Each route's name and limits.
+pub type RouteLimits = Vec<(String, Arc<Limits>)>;
 
 /// `idemgate_ambiguous_records` and `idemgate_route_paused` (SPEC §12, §14).
 fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
@@ -163,21 +173,24 @@ fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
     (ambiguous, paused)
 }
 
-/// `idemgate_upstream_in_flight` and `idemgate_upstream_breaker_open` (SPEC §15).
-fn upstream_state_gauges(r: &Registrar) -> (IntGaugeVec, IntGaugeVec) {
-    let in_flight = r.int_gauges(
-        "idemgate_upstream_in_flight",
-        "Requests of the route in flight to its upstream in this process (routes with an \
-         upstream limit).",
-        &["route"],
-    );
-    let open = r.int_gauges(
-        "idemgate_upstream_breaker_open",
-        "1 while the route's breaker is not closed (open, or half-open until one delivery \
-         succeeds): new deliveries get 503 upstream-unavailable.",
-        &["route"],
-    );
-    (in_flight, open)
+impl UpstreamGauges {
+    fn new(r: &Registrar) -> UpstreamGauges {
+        UpstreamGauges {
+            in_flight: r.int_gauges(
+                "idemgate_upstream_in_flight",
+                "Requests of the route in flight to its upstream in this process (routes with an \
+                 upstream limit).",
+                &["route"],
+            ),
+            breaker_open: r.int_gauges(
+                "idemgate_upstream_breaker_open",
+                "1 while the route's breaker is not closed (open, or half-open until one delivery \
+                 succeeds): new deliveries get 503 upstream-unavailable.",
+                &["route"],
+            ),
+            limits: Default::default(),
+        }
+    }
 }
 
 /// `idemgate_headers_dropped_total{reason}` (SPEC §4, "Strictness").
@@ -281,8 +294,7 @@ impl Metrics {
             headers_dropped: headers_dropped_counter(&r),
             ambiguous_records,
             route_paused,
-            upstream_state: upstream_state_gauges(&r),
-            limits: Default::default(),
+            upstream: UpstreamGauges::new(&r),
             registry: registry.clone(),
         };
         process_metrics(&r);
@@ -332,7 +344,7 @@ impl Metrics {
                 .set(0.0);
             self.ambiguous_records.with_label_values(&[route]);
             self.route_paused.with_label_values(&[route]);
-            self.upstream_state.1.with_label_values(&[route]);
+            self.upstream.breaker_open.with_label_values(&[route]);
         }
         for op in ["claim", "settle", "lookup", "sweep"] {
             self.store_duration.with_label_values(&[op]);
@@ -443,13 +455,13 @@ impl Metrics {
     }
 
     /// The routes' limits whose state the upstream gauges show (once).
-    pub fn follow_limits(&self, routes: Vec<(String, Arc<Limits>)>) {
+    pub fn follow_limits(&self, routes: RouteLimits) {
         for (route, limits) in &routes {
             if limits.limited() {
-                self.upstream_state.0.with_label_values(&[route]);
+                self.upstream.in_flight.with_label_values(&[route]);
             }
         }
-        let _ = self.limits.set(routes);
+        let _ = self.upstream.limits.set(routes);
     }
 
     /// `route`'s limits and their state now, for the admin API.
@@ -457,23 +469,24 @@ impl Metrics {
         &self,
         route: &str,
     ) -> Option<(crate::limits::LimitsCfg, crate::limits::Snapshot)> {
-        let (_, limits) = self.limits.get()?.iter().find(|(r, _)| r == route)?;
+        let routes = self.upstream.limits.get()?;
+        let (_, limits) = routes.iter().find(|(r, _)| r == route)?;
         Some((*limits.cfg(), limits.snapshot(crate::limits::now())))
     }
 
     /// The upstream gauges, from the routes' limits as they are now.
     fn read_limits(&self) {
-        let Some(routes) = self.limits.get() else {
+        let Some(routes) = self.upstream.limits.get() else {
             return;
         };
         let now = crate::limits::now();
         for (route, limits) in routes {
             let s = limits.snapshot(now);
             if limits.limited() {
-                let in_flight = self.upstream_state.0.with_label_values(&[route]);
+                let in_flight = self.upstream.in_flight.with_label_values(&[route]);
                 in_flight.set(i64::from(s.in_flight));
             }
-            let open = self.upstream_state.1.with_label_values(&[route]);
+            let open = self.upstream.breaker_open.with_label_values(&[route]);
             // half-open counts: the breaker is not closed until a probe succeeds
             open.set(i64::from(s.breaker != "closed"));
         }
@@ -655,6 +668,8 @@ mod tests {
             Outcome::OutcomeUnknown,
             Outcome::Paused,
             Outcome::InvalidRequest,
+            Outcome::Saturated,
+            Outcome::BreakerOpen,
             Outcome::NoRoute,
         ];
         assert_eq!(all.len(), OUTCOMES);

@@ -60,6 +60,18 @@ fn past_its_concurrency_a_delivery_is_refused_unclaimed_while_duplicates_replay(
         h.metrics()
     );
 
+    // the admin API (and the console) show the limits and the state
+    let routes = testkit::get(h.admin, "/api/routes")
+        .expect("GET /api/routes")
+        .json();
+    let r = &routes["routes"][0];
+    assert_eq!(
+        r["limits"],
+        serde_json::json!({"concurrency": 2, "rate": null, "breaker": null})
+    );
+    assert_eq!(r["upstream_state"]["in_flight"], 2, "{r}");
+    assert_eq!(r["upstream_state"]["breaker"], "closed", "{r}");
+
     let third = h.deliver("/hooks/r", Some(&c), b"{}");
     assert_eq!(refused(&third, "upstream-saturated"), 1);
     assert_eq!(third.json()["event_id"], c.as_str());
@@ -292,10 +304,10 @@ fn limits_are_validated_with_their_positions() {
     assert_ne!(code, 0);
     let file = path.display().to_string();
     for want in [
-        format!("{file}:13:27: upstream_concurrency must be at least 1"),
-        "invalid upstream_rate `5/h`: the unit is `s` or `m`".to_string(),
-        "failures must be from 1".to_string(),
-        "upstream_breaker needs `open`".to_string(),
+        format!("{file}:15:27: routes[0].upstream_concurrency: upstream_concurrency must be at least 1"),
+        format!("{file}:16:20: routes[0].upstream_rate: invalid upstream_rate `5/h`: the unit is `s` or `m`"),
+        format!("{file}:17:34: routes[0].upstream_breaker.failures: failures must be from 1"),
+        format!("{file}:17:5: routes[0].upstream_breaker: upstream_breaker needs `open`"),
     ] {
         assert!(err.contains(&want), "missing {want:?} in:\n{err}");
     }

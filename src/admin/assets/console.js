@@ -199,11 +199,11 @@
     if (l.breaker) set.push('breaker ' + l.breaker.failures + ' failures → ' + l.breaker.open);
     const breaker = st.breaker || 'closed';
     return el('td', { class: 'limits', data: { route: r.name, breaker: breaker } },
-      el('div', { data: { counter: 'limits', route: r.name }, text: set.length ? set.join(', ') : 'no limits' }),
+      el('div', { data: { limit: 'limits', route: r.name }, text: set.length ? set.join(', ') : 'no limits' }),
       st.in_flight !== null && st.in_flight !== undefined
-        ? el('div', { data: { counter: 'in-flight', route: r.name }, text: st.in_flight + ' in flight' })
+        ? el('div', { data: { limit: 'in-flight', route: r.name }, text: st.in_flight + ' in flight' })
         : null,
-      el('div', { class: breaker === 'closed' ? 'muted' : 'hot', data: { counter: 'breaker', route: r.name },
+      el('div', { class: breaker === 'closed' ? 'muted' : 'hot', data: { limit: 'breaker', route: r.name },
         text: 'breaker ' + breaker + (st.breaker_open_seconds ? ' (' + st.breaker_open_seconds + ' s left)' : '') }));
   }
 
