@@ -19,7 +19,7 @@
 use std::collections::{BinaryHeap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -38,7 +38,7 @@ const SENDERS: usize = 64;
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(8);
 /// A run that has not delivered everything by then is reported as such.
-const RUN_LIMIT: Duration = Duration::from_secs(600);
+const RUN_LIMIT: Duration = Duration::from_secs(300);
 
 /// What the consumer saw.
 #[derive(Default)]
@@ -73,8 +73,9 @@ impl Seen {
     /// One request of event `id`: its status.
     fn handle(&self, id: &str) -> u16 {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        // the workers: a request past them (or past the rate) is not worked on
         let slot = self.in_work.fetch_add(1, Ordering::AcqRel) < CAP_CONCURRENT;
-        let status = if slot && self.token() {
+        if slot && self.token() {
             std::thread::sleep(WORK);
             *self
                 .effects
@@ -82,14 +83,13 @@ impl Seen {
                 .unwrap()
                 .entry(id.to_owned())
                 .or_default() += 1;
-            200
-        } else {
-            std::thread::sleep(OVERLOAD_DELAY);
-            self.errors.fetch_add(1, Ordering::Relaxed);
-            500
-        };
+            self.in_work.fetch_sub(1, Ordering::AcqRel);
+            return 200;
+        }
         self.in_work.fetch_sub(1, Ordering::AcqRel);
-        status
+        std::thread::sleep(OVERLOAD_DELAY);
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        500
     }
 }
 
@@ -228,10 +228,14 @@ fn sender(backlog: Arc<Backlog>, addr: SocketAddr, tag: String, refused: Arc<Ato
     }
 }
 
-/// One run: a fresh idemgate (limits or none) in front of a fresh consumer.
-fn run(s: &Settings, dir: &std::path::Path, events: usize, limits: bool) -> Vec<String> {
-    let seen = Arc::new(Seen::default());
-    let up = consumer(seen.clone());
+/// A fresh idemgate (its own store) in front of `up`, with the consumer's
+/// capacity as its limits or none; ready.
+fn start_idemgate(
+    s: &Settings,
+    dir: &std::path::Path,
+    up: SocketAddr,
+    limits: bool,
+) -> (Serve, Ports) {
     let ports = Ports::free().expect("ports");
     let store = dir.join(format!("storm-{limits}.db"));
     let extra = if limits {
@@ -248,8 +252,9 @@ fn run(s: &Settings, dir: &std::path::Path, events: usize, limits: bool) -> Vec<
     let path = dir.join(format!("storm-{limits}.yaml"));
     std::fs::write(&path, config).expect("config");
     let log = std::fs::File::create(dir.join(format!("storm-{limits}.log"))).expect("log");
+    // dies with the harness, however it dies
     let mut px = Serve::spawn(
-        Command::new(&s.bin)
+        crate::processes::command(&s.bin)
             .args(["serve", "--config"])
             .arg(&path)
             .env("RUST_LOG", "warn")
@@ -259,7 +264,14 @@ fn run(s: &Settings, dir: &std::path::Path, events: usize, limits: bool) -> Vec<
     .expect("idemgate starts");
     px.wait_ready(ports.admin, Duration::from_secs(30), |st| st == 200)
         .expect("idemgate ready");
+    (px, ports)
+}
 
+/// One run: a fresh idemgate (limits or none) in front of a fresh consumer.
+fn run(s: &Settings, dir: &std::path::Path, events: usize, limits: bool) -> Vec<String> {
+    let seen = Arc::new(Seen::default());
+    let up = consumer(seen.clone());
+    let (mut px, ports) = start_idemgate(s, dir, up, limits);
     let now = Instant::now();
     let backlog = Arc::new(Backlog {
         due: Mutex::new(
