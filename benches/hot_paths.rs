@@ -203,6 +203,7 @@ fn claim_req<'a>(id: &'a str, digest: &'a str, now: i64) -> ClaimRequest<'a> {
         retention_ms: 86_400_000,
         hold: false,
         instance: "test",
+        token: 0,
     }
 }
 

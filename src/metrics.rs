@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 use prometheus::{
-    GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Registry,
+    GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
 
 use crate::limits::Limits;
@@ -142,6 +142,8 @@ pub struct Metrics {
     /// `idemgate_upstream_in_flight{route}` and
     /// `idemgate_upstream_breaker_open{route}` (SPEC §15).
     upstream: UpstreamGauges,
+    /// Settles kept across a store outage (SPEC §16).
+    settles_pending: IntGauge,
 }
 
 /// The routes' upstream gauges (SPEC §15), read from their limits at each
@@ -295,6 +297,11 @@ impl Metrics {
             ambiguous_records,
             route_paused,
             upstream: UpstreamGauges::new(&r),
+            settles_pending: r.int_gauge(
+                "idemgate_settles_pending",
+                "Settles that could not commit, kept and retried in the background until \
+                 one second before their claim's lease ends.",
+            ),
             registry: registry.clone(),
         };
         process_metrics(&r);
@@ -440,6 +447,11 @@ impl Metrics {
     /// A request to `route`'s upstream was sent once more.
     pub fn upstream_retry(&self, route: &str) {
         self.upstream_retries.with_label_values(&[route]).inc();
+    }
+
+    /// `idemgate_settles_pending`, as the carrier counts them.
+    pub fn settles_pending(&self, n: usize) {
+        self.settles_pending.set(n as i64);
     }
 
     pub fn store_time(&self, operation: &str, seconds: f64) {
@@ -602,6 +614,8 @@ mod tests {
             "# TYPE idemgate_connections_closed_total counter",
             "# TYPE idemgate_log_lines_dropped_total counter",
             "# TYPE idemgate_headers_dropped_total counter",
+            "# TYPE idemgate_settles_pending gauge",
+            "idemgate_settles_pending 0",
             "idemgate_headers_dropped_total{reason=\"underscore\"} 0",
             "# TYPE idemgate_build_info gauge",
             "# TYPE process_resident_memory_bytes gauge",

@@ -10,7 +10,11 @@ pub mod event_id;
 pub mod json_pointer;
 pub mod policy;
 
+use std::collections::hash_map::RandomState;
 use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch: the one time unit of records and stores.
@@ -22,6 +26,26 @@ pub fn now_ms() -> Millis {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as Millis)
         .unwrap_or(0)
+}
+
+/// A new claim's token (SPEC §16): distinct for every claim of this
+/// process (a counter through the splitmix64 bijection) and unguessable
+/// across processes (the counter starts at a random point).
+pub fn claim_token() -> i64 {
+    static START: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = *START.get_or_init(|| RandomState::new().hash_one(std::process::id()));
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    splitmix64(start.wrapping_add(n)) as i64
+}
+
+/// Steele, Lea and Flood's finaliser: a bijection on u64 that spreads
+/// neighbouring inputs apart.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Where a record stands. Stored as its lower-case name.
@@ -225,6 +249,13 @@ mod tests {
     use super::*;
 
     const NOW: Millis = 1_000_000;
+
+    #[test]
+    fn claim_tokens_do_not_repeat() {
+        let tokens: std::collections::HashSet<i64> = (0..100_000).map(|_| claim_token()).collect();
+        assert_eq!(tokens.len(), 100_000);
+        assert_ne!(splitmix64(0), splitmix64(1));
+    }
 
     fn ex(state: State, lease_until: Option<Millis>, same_digest: bool) -> Option<Existing> {
         Some(Existing {

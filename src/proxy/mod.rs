@@ -20,6 +20,7 @@ pub mod hop;
 pub mod idle;
 mod in_flight;
 mod pass_through;
+mod pending;
 pub mod respond;
 pub mod routes;
 pub mod seen;
@@ -438,6 +439,7 @@ mod tests {
                 seen: Default::default(),
                 paused: Default::default(),
                 instance: "test".into(),
+                pending: Default::default(),
             },
         };
         let (stream, _peer) = tokio::io::duplex(64);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use pingora::connectors::http::Connector;
 
 use super::in_flight::InFlightRequests;
+use super::pending::PendingSettles;
 use super::seen::SeenEvents;
 use crate::metrics::Metrics;
 use crate::paused::PausedRoutes;
@@ -26,4 +27,6 @@ pub struct Shared {
     pub paused: Arc<PausedRoutes>,
     /// This process's name in attempt records (config `instance`).
     pub instance: String,
+    /// Settles kept across a store outage (SPEC §16).
+    pub pending: Arc<PendingSettles>,
 }

@@ -99,6 +99,7 @@ pub fn gate(
             seen: Default::default(),
             paused: Default::default(),
             instance: config.instance.clone(),
+            pending: Default::default(),
         },
     })
 }

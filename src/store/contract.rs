@@ -22,6 +22,10 @@ pub enum StoreError {
     /// What the store found itself: a time limit passed, a writer stopped.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A write was sent and its answer never came (the server went
+    /// silent): whether it committed is unknown.
+    #[error("store unavailable: {0}")]
+    OutcomeUnknown(String),
     #[error("store unavailable: {0}")]
     Sqlite(#[from] rusqlite::Error),
     /// PostgreSQL's driver.
@@ -45,6 +49,18 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the write that failed may have committed all the same: its
+    /// answer was lost on the way (SPEC §16). Every other error means it
+    /// did not take effect.
+    pub fn may_have_committed(&self) -> bool {
+        match self {
+            StoreError::OutcomeUnknown(_) => true,
+            StoreError::Sqlx(sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) => true,
+            StoreError::Batch(inner) => inner.may_have_committed(),
+            _ => false,
+        }
+    }
+
     /// A file operation on `what` failed.
     pub(crate) fn io(what: impl fmt::Display, source: std::io::Error) -> StoreError {
         StoreError::Io {
@@ -75,6 +91,9 @@ pub struct ClaimRequest<'a> {
     /// This process's name (config `instance`), kept with the claim for
     /// the attempt history.
     pub instance: &'a str,
+    /// Random per claim, kept with the record: a claim whose commit was
+    /// not acknowledged is released by it, and by nothing else (SPEC §16).
+    pub token: i64,
 }
 
 /// An operator's release of one record (`events release`, the API).

@@ -13,7 +13,7 @@ mod backend;
 mod contract;
 pub mod json;
 pub mod operator;
-mod owned;
+pub(crate) mod owned;
 pub mod postgres;
 pub(crate) mod sql;
 pub mod sqlite;

@@ -2,7 +2,8 @@
 //! ended leases, each written once for both stores as statements that
 //! [`ClaimStore::write`] runs in one transaction and [`ClaimStore::read`]
 //! reads: resolving an ambiguous record, the bulk release, pausing a route,
-//! a record's attempt history, the ambiguous records per route.
+//! a record's attempt history, the ambiguous records per route; and the
+//! proxy's release of a claim whose commit was not acknowledged.
 
 use super::sql::{Param, Statement, Value, HISTORY};
 use super::{state_of, Attempt, ClaimStore, Record, StoreError};
@@ -70,6 +71,35 @@ pub async fn resolve(
         None => Ok(ResolveOutcome::NotFound),
         Some(state) => Ok(ResolveOutcome::NotAmbiguous(state_of(state)?)),
     }
+}
+
+/// Releases a claim whose commit was not acknowledged (SPEC §16), if it
+/// did commit and still holds the record: fenced by its token, so that it
+/// never ends another claim. Ends as a failed attempt would (the next
+/// delivery claims again). $1 route, $2 event_id, $3 token, $4 now
+const RELEASE_UNACKNOWLEDGED: &str = "\
+UPDATE records SET state = 'failed', lease_until = NULL, updated_at = $4,
+    last_error = 'the claim was not acknowledged by the store; released before any forward'
+WHERE route = $1 AND event_id = $2 AND claim_token = $3 AND state = 'processing'";
+
+/// Releases the claim `token` names if it committed and still holds its
+/// record: whether it did.
+pub async fn release_unacknowledged(
+    store: &dyn ClaimStore,
+    route: &str,
+    event_id: &str,
+    token: i64,
+    now: Millis,
+) -> Result<bool, StoreError> {
+    let params = vec![
+        Param::Text(route),
+        Param::Text(event_id),
+        Param::Int(token),
+        Param::Int(now),
+    ];
+    let sql = RELEASE_UNACKNOWLEDGED;
+    let changed = store.write(&[Statement { sql, params }]).await?;
+    Ok(changed.first() == Some(&1))
 }
 
 /// One record with its attempt history (`events show`, the API).

@@ -13,6 +13,7 @@ pub(crate) struct OwnedClaim {
     pub(crate) retention_ms: Millis,
     pub(crate) hold: bool,
     pub(crate) instance: String,
+    pub(crate) token: i64,
 }
 
 pub(crate) struct OwnedSettle {
@@ -54,6 +55,7 @@ impl OwnedClaim {
             retention_ms: r.retention_ms,
             hold: r.hold,
             instance: r.instance.to_owned(),
+            token: r.token,
         }
     }
     pub(crate) fn req(&self) -> ClaimRequest<'_> {
@@ -66,6 +68,7 @@ impl OwnedClaim {
             retention_ms: self.retention_ms,
             hold: self.hold,
             instance: &self.instance,
+            token: self.token,
         }
     }
 }

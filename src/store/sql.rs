@@ -19,7 +19,7 @@ pub(crate) use lease_lost;
 macro_rules! claim_insert {
     () => {
         "INSERT INTO records (route, event_id, body_sha256, state, attempts, lease_until,
-                     first_seen_at, updated_at, expires_at, hold, claimed_by)\n"
+                     first_seen_at, updated_at, expires_at, hold, claimed_by, claim_token)\n"
     };
 }
 pub(crate) use claim_insert;
@@ -27,7 +27,7 @@ pub(crate) use claim_insert;
 /// A new record's values for [`claim_insert!`], from the claim's parameters.
 macro_rules! claim_values {
     () => {
-        "VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6, $7, $8)\n"
+        "VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6, $7, $8, $9)\n"
     };
 }
 pub(crate) use claim_values;
@@ -47,7 +47,8 @@ macro_rules! claim_on_conflict {
     expires_at = excluded.expires_at,
     claimed_from = records.state,
     hold = excluded.hold,
-    claimed_by = excluded.claimed_by
+    claimed_by = excluded.claimed_by,
+    claim_token = excluded.claim_token
 WHERE records.body_sha256 = excluded.body_sha256
   AND (records.state = 'failed'
        OR (records.state = 'processing' AND excluded.hold = 0
@@ -60,7 +61,7 @@ pub(crate) use claim_on_conflict;
 /// same digest (failed, or processing with an expired lease). Mirrors
 /// `claim::decide`; a refused claim returns no row.
 /// $1 route, $2 event_id, $3 digest, $4 lease_until, $5 now, $6 expires_at,
-/// $7 hold (0/1), $8 instance
+/// $7 hold (0/1), $8 instance, $9 the claim's token
 pub const CLAIM: &str = concat!(
     claim_insert!(),
     claim_values!(),

@@ -112,7 +112,7 @@ impl<O> Waiter<O> {
         // catches a batch stuck in a call that never returns (a hung disk).
         match tokio::time::timeout(TAKEN_BACKSTOP, &mut self.rx).await {
             Ok(res) => res.map_err(|_| gone())?,
-            Err(_) => Err(StoreError::Unavailable(format!(
+            Err(_) => Err(StoreError::OutcomeUnknown(format!(
                 "the store took the operation but gave no answer within {}; \
                  whether it committed is unknown",
                 humantime::format_duration(TAKEN_BACKSTOP)

@@ -57,6 +57,12 @@ impl StoreUrl {
                 "store URL `{scheme}://` is missing the path or host"
             ));
         }
+        if kind == StoreKind::Postgres {
+            for (i, one) in postgres_targets(url)?.urls.iter().enumerate() {
+                sqlx::postgres::PgConnectOptions::from_str(one)
+                    .map_err(|e| format!("host {} of the store URL: {e}", i + 1))?;
+            }
+        }
         Ok(StoreUrl {
             url: url.to_string(),
             kind,
@@ -76,6 +82,15 @@ impl StoreUrl {
     /// The URL with any password replaced by `***`, safe for logs and output.
     pub fn redacted(&self) -> String {
         redact_url(&self.url)
+    }
+
+    /// A PostgreSQL URL's hosts, each as a URL of its own (see
+    /// [`postgres_targets`]). Checked by [`StoreUrl::parse`].
+    pub fn postgres_targets(&self) -> Option<PgTargets> {
+        if self.kind != StoreKind::Postgres {
+            return None;
+        }
+        postgres_targets(&self.url).ok()
     }
 
     /// A SQLite URL's file (relative to the working directory unless
@@ -115,6 +130,74 @@ impl PartialEq<&str> for StoreUrl {
     fn eq(&self, other: &&str) -> bool {
         self.url == *other
     }
+}
+
+/// A PostgreSQL URL taken apart as libpq reads one (SPEC §16): the hosts
+/// to try in order, each as a one-host URL the driver parses (the same
+/// user, database and parameters), and the libpq parameters the driver
+/// does not know, read here.
+pub struct PgTargets {
+    /// One URL per host, password included: for the driver only.
+    pub urls: Vec<String>,
+    /// libpq's `connect_timeout` (whole seconds; 0 or absent: none).
+    pub connect_timeout: Option<std::time::Duration>,
+}
+
+/// The values of `target_session_attrs` idemgate accepts: it always
+/// needs a server that takes writes.
+const WRITABLE_ATTRS: [&str; 2] = ["read-write", "primary"];
+
+/// Splits `postgres://[userinfo@]h1[:p1],h2[:p2]…[/db][?query]` into one
+/// URL per host. `target_session_attrs` must ask for a writable server;
+/// it and `connect_timeout` are taken out (the driver ignores both, with a
+/// warning). Messages never show the userinfo.
+pub fn postgres_targets(url: &str) -> Result<PgTargets, String> {
+    let (scheme, rest) = url.split_once("://").ok_or("the URL has no `://`")?;
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((user, hosts)) => (Some(user), hosts),
+        None => (None, authority),
+    };
+    let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+    let mut kept = Vec::new();
+    let mut connect_timeout = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "target_session_attrs" if WRITABLE_ATTRS.contains(&value) => {}
+            "target_session_attrs" => {
+                return Err(format!(
+                    "target_session_attrs={value} is not supported: idemgate needs a server \
+                     that takes writes (use read-write or primary, or leave it out)"
+                ))
+            }
+            "connect_timeout" => {
+                let secs: u64 = value.parse().map_err(|_| {
+                    format!("connect_timeout={value} is not a whole number of seconds")
+                })?;
+                connect_timeout = (secs > 0).then(|| std::time::Duration::from_secs(secs.max(2)));
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let query = if kept.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", kept.join("&"))
+    };
+    let mut urls = Vec::new();
+    for host in hosts.split(',') {
+        if host.is_empty() {
+            return Err("the store URL's host list has an empty entry".to_string());
+        }
+        let user = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        urls.push(format!("{scheme}://{user}{host}{path}{query}"));
+    }
+    Ok(PgTargets {
+        urls,
+        connect_timeout,
+    })
 }
 
 /// The URL with any password replaced by `***`, safe for messages and logs
@@ -170,6 +253,62 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn several_hosts_as_libpq_lists_them() {
+        let t = postgres_targets(
+            "postgres://u:p@ss@db1:5432,db2:5433,db3/idem?target_session_attrs=read-write&connect_timeout=3&sslmode=disable",
+        )
+        .unwrap();
+        assert_eq!(
+            t.urls,
+            [
+                "postgres://u:p@ss@db1:5432/idem?sslmode=disable",
+                "postgres://u:p@ss@db2:5433/idem?sslmode=disable",
+                "postgres://u:p@ss@db3/idem?sslmode=disable",
+            ]
+        );
+        assert_eq!(t.connect_timeout, Some(std::time::Duration::from_secs(3)));
+        let one = postgres_targets("postgresql://h/db?target_session_attrs=primary").unwrap();
+        assert_eq!(one.urls, ["postgresql://h/db"]);
+        assert_eq!(one.connect_timeout, None);
+        assert_eq!(
+            postgres_targets("postgres://[::1]:5,h").unwrap().urls.len(),
+            2
+        );
+    }
+
+    #[test]
+    fn a_url_that_could_reach_a_standby_is_refused_without_its_password() {
+        for (url, says) in [
+            (
+                "postgres://u:pw@h/db?target_session_attrs=read-only",
+                "target_session_attrs=read-only",
+            ),
+            (
+                "postgres://u:pw@h/db?target_session_attrs=any",
+                "needs a server",
+            ),
+            (
+                "postgres://u:pw@h/db?target_session_attrs=prefer-standby",
+                "read-write or primary",
+            ),
+            ("postgres://u:pw@h1,,h2/db", "empty entry"),
+            ("postgres://u:pw@h/db?connect_timeout=soon", "whole number"),
+            (
+                "postgres://u:pw@h1:5432,h2:54x2/db",
+                "host 2 of the store URL",
+            ),
+        ] {
+            let why = StoreUrl::parse(url).unwrap_err();
+            assert!(why.contains(says), "{url}: {why}");
+            assert!(!why.contains("pw"), "{url}: {why}");
+        }
+        assert!(StoreUrl::parse(
+            "postgres://u:pw@h1:5432,h2:5433/db?target_session_attrs=read-write"
+        )
+        .is_ok());
+    }
 
     #[test]
     fn kinds_by_scheme() {

@@ -4,8 +4,8 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Makes metrics registered in `.0`. A name registered twice, or a metric
@@ -37,6 +37,10 @@ impl Registrar<'_> {
 
     pub fn gauges(&self, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
         self.add(GaugeVec::new(Opts::new(name, help), labels))
+    }
+
+    pub fn int_gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.add(IntGauge::new(name, help))
     }
 
     pub fn int_gauges(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {

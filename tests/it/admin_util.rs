@@ -33,6 +33,7 @@ pub fn stuck_claim(store: &str, route: &str, id: &str, age_ms: i64, lease_ms: i6
                 retention_ms: 86_400_000,
                 hold: false,
                 instance: "test",
+                token: 0,
             })
             .await
             .unwrap();

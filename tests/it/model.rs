@@ -259,6 +259,7 @@ impl Run<'_> {
                     retention_ms: RETENTION,
                     hold: self.hold,
                     instance: "test",
+                    token: 0,
                 })
                 .await,
             "claim",

@@ -68,6 +68,7 @@ fn claim_req<'a>(event_id: &'a str, digest: &'a str, now: Millis) -> ClaimReques
         retention_ms: RETENTION,
         hold: false,
         instance: "test",
+        token: 0,
     }
 }
 

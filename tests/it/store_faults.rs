@@ -25,7 +25,7 @@ use common::tmpfs::SqliteOnTmpfs;
 use common::*;
 use core_util::wait_until;
 
-const PATH: &str = "/hooks/r";
+pub(crate) const PATH: &str = "/hooks/r";
 /// Short, so that claims orphaned by a crash (the settle never committed)
 /// are re-attempted within the test.
 const LEASE: &str = "2s";
@@ -41,15 +41,15 @@ fn routes(up: &Consumer) -> String {
 
 /// What the senders saw, shared by every sender thread.
 #[derive(Default)]
-struct Seen {
+pub(crate) struct Seen {
     /// Events a sender saw answered 2xx, with how (forwarded / replayed).
-    ok: Mutex<HashMap<String, Vec<String>>>,
+    pub(crate) ok: Mutex<HashMap<String, Vec<String>>>,
     /// Answers that no sender should ever get.
-    wrong: Mutex<Vec<String>>,
-    sent: AtomicUsize,
+    pub(crate) wrong: Mutex<Vec<String>>,
+    pub(crate) sent: AtomicUsize,
     /// 503s with `store_unavailable`, 409s: what a sender retries.
-    unavailable: AtomicUsize,
-    in_flight: AtomicUsize,
+    pub(crate) unavailable: AtomicUsize,
+    pub(crate) in_flight: AtomicUsize,
 }
 
 impl Seen {
@@ -61,7 +61,7 @@ impl Seen {
             .or_default()
             .push(how.to_string());
     }
-    fn delivered(&self) -> Vec<String> {
+    pub(crate) fn delivered(&self) -> Vec<String> {
         self.ok.lock().unwrap().keys().cloned().collect()
     }
 }
@@ -69,7 +69,13 @@ impl Seen {
 /// Delivers `id` through `addrs` (alternating, from `start`) until a 2xx,
 /// as a sender does: 503 and 409 are retried after a pause, so is a refused
 /// or cut connection. Gives up after `patience`.
-fn send_until_ok(seen: &Seen, addrs: &[SocketAddr], start: usize, id: &str, patience: Duration) {
+pub(crate) fn send_until_ok(
+    seen: &Seen,
+    addrs: &[SocketAddr],
+    start: usize,
+    id: &str,
+    patience: Duration,
+) {
     let deadline = Instant::now() + patience;
     let mut i = start;
     while Instant::now() < deadline {
@@ -113,12 +119,12 @@ fn send_until_ok(seen: &Seen, addrs: &[SocketAddr], start: usize, id: &str, pati
 }
 
 /// `/readyz` of one replica, sampled every 50 ms: each change with its time.
-struct ReadyLog {
+pub(crate) struct ReadyLog {
     changes: Mutex<Vec<(Instant, u16)>>,
 }
 
 impl ReadyLog {
-    fn watch(admin: SocketAddr, stop: &AtomicBool) -> Self {
+    pub(crate) fn watch(admin: SocketAddr, stop: &AtomicBool) -> Self {
         let log = ReadyLog {
             changes: Mutex::new(Vec::new()),
         };
@@ -136,7 +142,7 @@ impl ReadyLog {
 
     /// Whether it answered 503 in the outage that began at `killed` (and
     /// before `until`, the next one), and when it answered 200 after that.
-    fn outage(&self, killed: Instant, until: Instant) -> (bool, Option<Instant>) {
+    pub(crate) fn outage(&self, killed: Instant, until: Instant) -> (bool, Option<Instant>) {
         let changes = self.changes.lock().unwrap();
         let Some(pos) = changes
             .iter()
@@ -154,7 +160,7 @@ impl ReadyLog {
 
 /// Sets the flag when dropped: every exit of a scope, a panic included,
 /// stops the threads that watch it (else the scope would wait forever).
-struct SetOnDrop<'a>(&'a AtomicBool);
+pub(crate) struct SetOnDrop<'a>(pub(crate) &'a AtomicBool);
 
 impl Drop for SetOnDrop<'_> {
     fn drop(&mut self) {

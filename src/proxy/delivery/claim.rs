@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use crate::claim::policy::{self, Busy, Hold, InFlight, InFlightRefusal, OnAmbiguous};
-use crate::claim::{now_ms, Refusal, State};
+use crate::claim::{claim_token, now_ms, Refusal, State};
 use crate::limits::{self, Permit};
 use crate::problem::{upstream_refusal, Problem, ProblemKind};
 use crate::store::{ClaimOutcome, ClaimRequest, Recorded, StoreError};
@@ -80,9 +80,14 @@ impl Delivery<'_> {
                 self.permit = None;
             }
             let retry_after_ms = match outcome {
-                ClaimOutcome::Claimed { attempt, kind, .. } => {
+                ClaimOutcome::Claimed {
+                    attempt,
+                    kind,
+                    lease_until,
+                } => {
                     shared.metrics.claimed(name, kind.as_str());
                     self.attempt = Some(attempt);
+                    self.lease_until = lease_until;
                     self.started_at = now_ms();
                     return Ok(Claimed::Own);
                 }
@@ -179,15 +184,35 @@ impl Delivery<'_> {
             retention_ms: cfg.retention.ms(),
             hold: cfg.on_ambiguous == OnAmbiguous::Hold,
             instance: &self.shared.instance,
+            token: 0,
         }
     }
 
+    /// Claims with a fresh token. A claim the store did not answer may
+    /// still have committed: it is released by its token once the store
+    /// answers again (SPEC §16).
     async fn try_claim(&self) -> Result<ClaimOutcome, ClaimStop> {
         let t = Instant::now();
-        let res = self.shared.store.claim(&self.claim_request()).await;
+        let req = ClaimRequest {
+            token: claim_token(),
+            ..self.claim_request()
+        };
+        let res = self.shared.store.claim(&req).await;
         self.shared
             .metrics
             .store_time("claim", t.elapsed().as_secs_f64());
+        if res.as_ref().is_err_and(StoreError::may_have_committed) {
+            let lease_until = req.now + req.lease_ms;
+            let shared = self.shared;
+            let pending = &shared.pending;
+            pending.carry_release(
+                &shared.store,
+                req.route,
+                req.event_id,
+                req.token,
+                lease_until,
+            );
+        }
         res.map_err(ClaimStop::Store)
     }
 

@@ -22,6 +22,8 @@ pub struct Delivery<'a> {
     /// The route's limits let this delivery through (SPEC §15): its slot
     /// (and half-open probe) until the delivery is dropped, on every exit.
     pub(super) permit: Option<Permit>,
+    /// When the claim's lease ends, as the store recorded it.
+    pub(super) lease_until: Millis,
 }
 
 impl<'a> Delivery<'a> {
@@ -34,6 +36,7 @@ impl<'a> Delivery<'a> {
             attempt: None,
             started_at: 0,
             permit: None,
+            lease_until: 0,
         }
     }
 }

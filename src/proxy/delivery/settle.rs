@@ -8,6 +8,7 @@ use crate::claim::policy::{self, SettleRetry, StoreStep};
 use crate::claim::{now_ms, AttemptEnd, SettleResult};
 use crate::problem::{Problem, ProblemKind};
 use crate::proxy::exit::Refused;
+use crate::store::owned::OwnedSettle;
 use crate::store::{SettleOutcome, SettleRequest};
 
 use super::event::Delivery;
@@ -94,8 +95,27 @@ impl Delivery<'_> {
                 None => break e,
             }
         };
-        shared.metrics.settled(name, "error");
-        tracing::error!(route = name, event_id, attempt, tries, error = %error, "settle failed; the claim stays until its lease ends");
+        let req = SettleRequest {
+            route: name,
+            event_id,
+            attempt,
+            started_at: self.started_at,
+            instance: &shared.instance,
+            attempt_error,
+            now: now_ms(),
+            retention_ms: route.cfg.retention.ms(),
+            outcome,
+        };
+        let owned = OwnedSettle::new(&req);
+        if shared
+            .pending
+            .carry(&shared.store, &shared.metrics, owned, self.lease_until)
+        {
+            tracing::warn!(route = name, event_id, attempt, tries, error = %error, "settle failed; kept and retried until the lease nearly ends");
+        } else {
+            shared.metrics.settled(name, "error");
+            tracing::error!(route = name, event_id, attempt, tries, error = %error, "settle failed; the claim stays until its lease ends");
+        }
         None
     }
 }

@@ -33,9 +33,10 @@ use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, Postgres};
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::{PgConnection, Row};
 use tokio::sync::{mpsc, oneshot};
 
+use super::hosts::{self, Hosts};
 use super::rows::{claim_on, readback, settle_on};
 use super::silence;
 use crate::claim::SettleResult;
@@ -43,6 +44,7 @@ use crate::store::owned::{OwnedClaim, OwnedOutcome, OwnedSettle};
 use crate::store::sql::{self, Readback};
 use crate::store::ticket::{self, Ticket};
 use crate::store::{ClaimOutcome, Found, StoreError};
+use std::sync::Arc;
 
 /// Most operations in one statement.
 const MAX_BATCH: usize = 128;
@@ -52,14 +54,14 @@ pub(super) const KEPT_CONNECTIONS: u32 = 3;
 
 /// Claims of keys not in the table yet, or reclaimable: [`sql::CLAIM`] over
 /// arrays. $1 routes, $2 event_ids, $3 digests, $4 lease_until, $5 now,
-/// $6 expires_at, $7 hold, $8 instance — one element per claim, sorted by
-/// (route, event_id).
+/// $6 expires_at, $7 hold, $8 instance, $9 tokens — one element per claim,
+/// sorted by (route, event_id).
 const CLAIM_MANY: &str = concat!(
     sql::claim_insert!(),
-    "SELECT r, e, d, 'processing', 1, l, n, n, x, h, c
+    "SELECT r, e, d, 'processing', 1, l, n, n, x, h, c, k
 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[],
-            $7::int8[], $8::text[])
-     WITH ORDINALITY AS u(r, e, d, l, n, x, h, c, i)
+            $7::int8[], $8::text[], $9::int8[])
+     WITH ORDINALITY AS u(r, e, d, l, n, x, h, c, k, i)
 ORDER BY i\n",
     sql::claim_on_conflict!(),
     "RETURNING route, event_id, attempts, claimed_from"
@@ -130,12 +132,12 @@ impl Batchers {
     /// connections between batches when `pool_size` leaves at least one
     /// more for the rest (failed settles); otherwise each batch takes one
     /// from the pool and gives it back.
-    pub(super) fn start(pool: &PgPool, pool_size: u32) -> Self {
+    pub(super) fn start(pool: &PgPool, pool_size: u32, hosts: &Arc<Hosts>) -> Self {
         let keep = pool_size > KEPT_CONNECTIONS;
         Batchers {
-            lookups: dispatch(pool.clone(), keep, read_batch),
-            claims: dispatch(pool.clone(), keep, claim_batch),
-            delivered: dispatch(pool.clone(), keep, deliver_batch),
+            lookups: dispatch(pool.clone(), Arc::clone(hosts), keep, read_batch),
+            claims: dispatch(pool.clone(), Arc::clone(hosts), keep, claim_batch),
+            delivered: dispatch(pool.clone(), Arc::clone(hosts), keep, deliver_batch),
         }
     }
 
@@ -204,6 +206,7 @@ type BatchFuture<'c, O> = Pin<Box<dyn Future<Output = Vec<Result<O, StoreError>>
 /// at 67-73 µs, 1 9.4-10.2k at 55-60 µs.
 fn dispatch<I, O>(
     pool: PgPool,
+    hosts: Arc<Hosts>,
     keep: bool,
     run: for<'c> fn(&'c mut PgConnection, Vec<I>) -> BatchFuture<'c, O>,
 ) -> mpsc::Sender<Job<I, O>>
@@ -212,7 +215,6 @@ where
     O: Send + 'static,
 {
     let (queue, mut jobs) = mpsc::channel::<Job<I, O>>(4 * MAX_BATCH);
-    let server = pool.connect_options();
     tokio::spawn(async move {
         let mut kept: Option<PoolConnection<Postgres>> = None;
         // A closing pool waits for every connection to come back.
@@ -263,7 +265,8 @@ where
                 .into_iter()
                 .map(|(item, _, reply)| (item, reply))
                 .unzip();
-            let (results, back) = run_batch(&server, conn, items, keep, run).await;
+            let server = pool.connect_options();
+            let (results, back) = run_batch(&server, &hosts, conn, items, keep, run).await;
             kept = back;
             for (reply, result) in replies.into_iter().zip(results) {
                 let _ = reply.send(result);
@@ -276,42 +279,54 @@ where
 /// Runs one batch on `conn`: a result for each item, and the connection
 /// back when it is kept for the next batch. Its requesters wait for it (see
 /// `ticket`) for as long as the `server` keeps answering (see `silence`).
+/// A connection whose server is gone or takes no writes is closed, and
+/// `hosts` told.
 async fn run_batch<I, O>(
     server: &PgConnectOptions,
+    hosts: &Hosts,
     conn: Result<PoolConnection<Postgres>, sqlx::Error>,
     items: Vec<I>,
     keep: bool,
     run: for<'c> fn(&'c mut PgConnection, Vec<I>) -> BatchFuture<'c, O>,
 ) -> (Vec<Result<O, StoreError>>, Option<PoolConnection<Postgres>>) {
     let mut conn = match conn {
-        Err(e) => return (all_failed(items.len(), e.into()), None),
+        Err(e) => {
+            hosts.trouble();
+            return (all_failed(items.len(), e.into()), None);
+        }
         Ok(conn) => conn,
     };
     let n = items.len();
     match silence::unless_silent(server, run(&mut conn, items)).await {
         Ok(results) => {
             let failed = results.iter().any(Result::is_err);
-            let kept = (keep && still_good(&mut conn, failed).await).then_some(conn);
-            (results, kept)
+            if !still_good(&mut conn, failed).await {
+                hosts.trouble();
+                drop(conn.detach());
+                return (results, None);
+            }
+            (results, keep.then_some(conn))
         }
         Err(gave_up) => {
             // cut off mid-statement: the connection's state is unknown
+            hosts.trouble();
             drop(conn.detach());
-            let e = StoreError::Unavailable(gave_up.describe("a batch"));
+            let e = StoreError::OutcomeUnknown(gave_up.describe("a batch"));
             (all_failed(n, e), None)
         }
     }
 }
 
 /// Whether a connection may run the next batch: yes after a batch without
-/// errors; after one with errors, if it answers a ping.
+/// errors; after one with errors, if its server answers and still takes
+/// writes (a primary demoted under it answers every write with 25006).
 async fn still_good(conn: &mut PgConnection, failed: bool) -> bool {
     if !failed {
         return true;
     }
     matches!(
-        tokio::time::timeout(silence::QUIET, conn.ping()).await,
-        Ok(Ok(()))
+        tokio::time::timeout(silence::QUIET, hosts::writable(conn)).await,
+        Ok(Ok(true))
     )
 }
 
@@ -456,6 +471,7 @@ async fn claim_many(
                 .map(|&i| items[i].instance.as_str())
                 .collect::<Vec<_>>(),
         )
+        .bind(pick(&|c| c.token))
         .fetch_all(&mut *conn)
         .await?;
     let mut claimed: HashMap<Key, (i64, Option<String>)> = HashMap::with_capacity(rows.len());

@@ -14,6 +14,7 @@
 
 use std::borrow::Cow;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
@@ -40,7 +41,7 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `migrations/postgres`, in order: version, description, SQL.
-const MIGRATIONS: [(i64, &str, &str); 4] = [
+const MIGRATIONS: [(i64, &str, &str); 5] = [
     (
         1,
         "records",
@@ -61,6 +62,11 @@ const MIGRATIONS: [(i64, &str, &str); 4] = [
         "ambiguous attempts pauses",
         include_str!("../../../migrations/postgres/0004_ambiguous_attempts_pauses.sql"),
     ),
+    (
+        5,
+        "claim token",
+        include_str!("../../../migrations/postgres/0005_claim_token.sql"),
+    ),
 ];
 
 pub struct PostgresStore {
@@ -76,6 +82,8 @@ pub struct PostgresStore {
     hot: PgPool,
     /// The runtime the store was opened on (`serve`'s store runtime).
     rt: tokio::runtime::Handle,
+    /// The URL's hosts, and which one takes writes (SPEC §16).
+    hosts: Arc<hosts::Hosts>,
 }
 
 /// Connections for the hot path and for the rest, out of `max_connections`:
@@ -86,47 +94,65 @@ fn split_connections(max: u32) -> (u32, u32) {
     (max.saturating_sub(cold).max(1), cold)
 }
 
+/// What every connection sets up, whichever host it reaches.
+fn session(opts: PgConnectOptions) -> PgConnectOptions {
+    opts.options([
+        (
+            "statement_timeout",
+            STATEMENT_TIMEOUT.as_millis().to_string(),
+        ),
+        // SPEC §6: a claim is durable before the forward, whatever
+        // the server's (or the role's, or the database's) default.
+        ("synchronous_commit", "on".to_string()),
+        // Every hot statement finds its rows by key. Planning a
+        // batch's statement afresh cost ~0.3 ms of server CPU, a
+        // quarter of its run, so each connection plans a statement
+        // once (generic plan). With sequential scans and hash or merge
+        // joins off, a plan made while the table was small cannot join
+        // a batch's arrays by scanning the whole table later: it uses
+        // the primary key whatever the table's size.
+        ("plan_cache_mode", "force_generic_plan".to_string()),
+        ("enable_seqscan", "off".to_string()),
+        ("enable_hashjoin", "off".to_string()),
+        ("enable_mergejoin", "off".to_string()),
+        // A sweep batch's estimated cost (a join over a large table)
+        // made the server compile it with LLVM, 15 ms a batch to
+        // save nothing; no statement here is long enough to gain.
+        ("jit", "off".to_string()),
+    ])
+    .application_name("idemgate")
+}
+
 mod batch;
+mod hosts;
 mod rows;
 mod silence;
 
 impl PostgresStore {
     pub async fn open(url: &super::StoreUrl, max_connections: u32) -> Result<Self, StoreError> {
-        let opts = PgConnectOptions::from_str(url.as_str())
-            .map_err(|e| StoreError::UnsupportedUrl(format!("{url}: {e}")))?
-            .options([
-                (
-                    "statement_timeout",
-                    STATEMENT_TIMEOUT.as_millis().to_string(),
-                ),
-                // SPEC §6: a claim is durable before the forward, whatever
-                // the server's (or the role's, or the database's) default.
-                ("synchronous_commit", "on".to_string()),
-                // Every hot statement finds its rows by key. Planning a
-                // batch's statement afresh cost ~0.3 ms of server CPU, a
-                // quarter of its run, so each connection plans a statement
-                // once (generic plan). With sequential scans and hash or merge
-                // joins off, a plan made while the table was small cannot join
-                // a batch's arrays by scanning the whole table later: it uses
-                // the primary key whatever the table's size.
-                ("plan_cache_mode", "force_generic_plan".to_string()),
-                ("enable_seqscan", "off".to_string()),
-                ("enable_hashjoin", "off".to_string()),
-                ("enable_mergejoin", "off".to_string()),
-                // A sweep batch's estimated cost (a join over a large table)
-                // made the server compile it with LLVM, 15 ms a batch to
-                // save nothing; no statement here is long enough to gain.
-                ("jit", "off".to_string()),
-            ])
-            .application_name("idemgate");
+        let targets = url
+            .postgres_targets()
+            .ok_or_else(|| StoreError::UnsupportedUrl(url.redacted()))?;
+        let mut sessions = Vec::with_capacity(targets.urls.len());
+        for one in &targets.urls {
+            let opts = PgConnectOptions::from_str(one)
+                .map_err(|e| StoreError::UnsupportedUrl(format!("{url}: {e}")))?;
+            sessions.push(session(opts));
+        }
+        let hosts = hosts::Hosts::new(sessions, targets.connect_timeout);
         let (hot_max, cold_max) = split_connections(max_connections);
         let pool = |max: u32, test_before_acquire: bool| {
+            let (arrivals, first) = (Arc::clone(&hosts), hosts.current().clone());
             PgPoolOptions::new()
                 .max_connections(max)
                 .min_connections(0)
                 .acquire_timeout(ACQUIRE_TIMEOUT)
                 .test_before_acquire(test_before_acquire)
-                .connect_lazy_with(opts.clone())
+                .after_connect(move |conn, _| {
+                    let hosts = Arc::clone(&arrivals);
+                    Box::pin(async move { hosts.check_arrival(conn).await })
+                })
+                .connect_lazy_with(first)
         };
         // The hot path takes a dead connection's error (a 503 the sender
         // retries) over a ping before each batch; its dispatchers keep their
@@ -135,11 +161,13 @@ impl PostgresStore {
         // connection that died while it was away: there a connection is
         // pinged before use.
         let (hot, cold) = (pool(hot_max, false), pool(cold_max, true));
+        hosts.follow([cold.clone(), hot.clone()]);
         Ok(PostgresStore {
-            batchers: batch::Batchers::start(&hot, hot_max),
+            batchers: batch::Batchers::start(&hot, hot_max, &hosts),
             hot,
             rt: tokio::runtime::Handle::current(),
             cold,
+            hosts,
         })
     }
 
@@ -207,20 +235,30 @@ impl Backend for PostgresStore {
                 // on the store's runtime, like the batches (see `hot`); run
                 // only if taken before the requester withdrew it (`ticket`)
                 let (hot, owned) = (self.hot.clone(), OwnedSettle::new(req));
+                let hosts = Arc::clone(&self.hosts);
                 let (ticket, tx, waiter) = super::ticket::new();
                 self.rt.spawn(async move {
                     let res = match hot.acquire().await {
-                        Err(e) => Err(e.into()),
+                        Err(e) => {
+                            hosts.trouble();
+                            Err(e.into())
+                        }
                         Ok(_) if !ticket.take() => return,
                         Ok(mut conn) => {
                             let req = owned.req();
                             let run = rows::settle_on(&mut conn, &req);
                             let server = hot.connect_options();
                             match silence::unless_silent(&server, run).await {
+                                Ok(Err(StoreError::Sqlx(e))) if hosts::server_lost(&e) => {
+                                    hosts.trouble();
+                                    drop(conn.detach());
+                                    Err(e.into())
+                                }
                                 Ok(res) => res,
                                 Err(gave_up) => {
+                                    hosts.trouble();
                                     drop(conn.detach());
-                                    Err(StoreError::Unavailable(gave_up.describe("the settle")))
+                                    Err(StoreError::OutcomeUnknown(gave_up.describe("the settle")))
                                 }
                             }
                         }
@@ -314,12 +352,35 @@ impl Backend for PostgresStore {
         ))
     }
 
-    /// Touches the records table itself, not just the connection.
+    /// Touches the records table itself, not just the connection, on a
+    /// server that takes writes (SPEC §16: a standby answers reads).
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1 FROM records LIMIT 1")
-            .execute(&self.cold)
-            .await?;
-        Ok(())
+        let mut conn = self.cold.acquire().await.inspect_err(|e| {
+            if hosts::server_lost(e) {
+                self.hosts.trouble();
+            }
+        })?;
+        let writable = async {
+            sqlx::query("SELECT 1 FROM records LIMIT 1")
+                .execute(&mut *conn)
+                .await?;
+            hosts::writable(&mut conn).await
+        };
+        match writable.await {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.hosts.trouble();
+                drop(conn.detach());
+                Err(StoreError::Unavailable(hosts::NOT_WRITABLE.into()))
+            }
+            Err(e) => {
+                if hosts::server_lost(&e) {
+                    self.hosts.trouble();
+                    drop(conn.detach());
+                }
+                Err(e.into())
+            }
+        }
     }
 
     async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {

@@ -31,6 +31,7 @@ pub(crate) async fn claim_on(
             .bind(expires_at)
             .bind(i64::from(req.hold))
             .bind(req.instance)
+            .bind(req.token)
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(row) = row {

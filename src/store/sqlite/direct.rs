@@ -163,7 +163,7 @@ pub(super) fn claim_in(
     let lease_until = req.now + req.lease_ms;
     let expires_at = req.now + req.retention_ms;
     let hold = i64::from(req.hold);
-    let params: [&dyn ToSql; 8] = [
+    let params: [&dyn ToSql; 9] = [
         &req.route,
         &req.event_id,
         &req.digest,
@@ -172,6 +172,7 @@ pub(super) fn claim_in(
         &expires_at,
         &hold,
         &req.instance,
+        &req.token,
     ];
     // Most claims are of events never seen, which a plain insert decides;
     // a refused one (a duplicate in flight or delivered) is decided by the

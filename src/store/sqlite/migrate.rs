@@ -30,7 +30,7 @@ impl Migration {
 
 /// In order; a new file gets the next version, and a file once released
 /// never changes (its checksum is on record in every store).
-const MIGRATIONS: [Migration; 4] = [
+const MIGRATIONS: [Migration; 5] = [
     Migration {
         version: 1,
         description: "records",
@@ -50,6 +50,11 @@ const MIGRATIONS: [Migration; 4] = [
         version: 4,
         description: "ambiguous attempts pauses",
         sql: include_str!("../../../migrations/sqlite/0004_ambiguous_attempts_pauses.sql"),
+    },
+    Migration {
+        version: 5,
+        description: "claim token",
+        sql: include_str!("../../../migrations/sqlite/0005_claim_token.sql"),
     },
 ];
 
@@ -186,6 +191,14 @@ mod tests {
         }
         conn.execute_batch("SELECT route FROM records WHERE state = 'failed'")
             .unwrap();
+        // every column of every migration, although 4 edits the table's
+        // text in place and 5 adds a column in the same transaction
+        conn.execute_batch("SELECT hold, claimed_by, claim_token FROM records")
+            .unwrap();
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
     }
 
     /// Migration 4 widens the state's CHECK in place: a connection opened
@@ -238,7 +251,7 @@ mod tests {
         .unwrap();
         run(&mut conn).unwrap();
         let got = versions(&conn);
-        assert_eq!(got.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert_eq!(got.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
         assert_eq!(got[0].3.to_lowercase(), SQLX_CHECKSUMS[0]);
         assert_eq!(count(&conn, "records"), 1, "version 1 is not run again");
         let index = count(&conn, "sqlite_master WHERE name = 'records_failed'");

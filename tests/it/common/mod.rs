@@ -18,6 +18,7 @@ pub use testkit::{
 pub mod binaries;
 pub mod pg_cluster;
 pub mod tmpfs;
+pub mod vip;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -379,6 +380,11 @@ impl Proxy {
         self.process.take()?.stop(timeout)
     }
 
+    /// The running process's pid (`None` once it stopped).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref()?.pid()
+    }
+
     /// SIGKILL: a crash.
     pub fn kill(&mut self) {
         if let Some(mut p) = self.process.take() {
@@ -643,6 +649,7 @@ pub async fn peek(
         retention_ms: 0,
         hold: false,
         instance: "test",
+        token: 0,
     };
     store.peek(&req).await
 }

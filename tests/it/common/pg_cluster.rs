@@ -218,6 +218,154 @@ impl PgCluster {
     }
 }
 
+/// What a primary needs for a streaming standby (SPEC §16's tests).
+pub const REPLICATION: [&str; 4] = [
+    "wal_level = replica",
+    "max_wal_senders = 5",
+    "wal_keep_size = 256MB",
+    "hot_standby = on",
+];
+
+/// The name a standby streams under: what `synchronous_standby_names` names.
+pub const STANDBY_NAME: &str = "standby";
+
+impl PgCluster {
+    /// A new standby of `primary`, from a base backup, started and
+    /// streaming as [`STANDBY_NAME`].
+    pub fn standby_of(primary: &PgCluster, tag: &str) -> PgCluster {
+        let dir = TempDir::new(tag);
+        let chown = Command::new("chown")
+            .args(["-R", "postgres:"])
+            .arg(dir.path())
+            .status();
+        assert!(
+            chown.is_ok_and(|s| s.success()),
+            "chown {}",
+            dir.path().display()
+        );
+        let standby = PgCluster {
+            port: free_port(),
+            log: dir.path().join("server.log"),
+            data: dir.path().join("data"),
+            bin: primary.bin.clone(),
+            dir,
+        };
+        standby.base_backup_of(primary);
+        standby.pg_ctl_start();
+        standby
+    }
+
+    /// Makes this cluster, whose server was killed, a standby of `primary`:
+    /// its data replaced by a new base backup (as an HA tool rebuilds a
+    /// failed primary), on the same port.
+    pub fn rebuild_as_standby_of(&self, primary: &PgCluster) {
+        self.kill_all();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while still_running_in(self.dir.path()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = std::fs::remove_dir_all(&self.data);
+        self.base_backup_of(primary);
+        self.pg_ctl_start();
+    }
+
+    /// `pg_basebackup -R` into this cluster's data directory, then its own
+    /// port and socket directory, streaming under [`STANDBY_NAME`], and no
+    /// synchronous standby of its own until one is set (a promoted server
+    /// with none attached would wait on every commit).
+    fn base_backup_of(&self, primary: &PgCluster) {
+        let out = as_postgres(
+            &self.bin,
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                "postgres",
+                "-D",
+                self.data.to_str().unwrap(),
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_basebackup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let auto = self.data.join("postgresql.auto.conf");
+        let mut text = std::fs::read_to_string(&auto).expect("postgresql.auto.conf");
+        text.push_str(&format!(
+            "\nport = {}\nunix_socket_directories = '{}'\n\
+             primary_conninfo = 'host=127.0.0.1 port={} user=postgres application_name={STANDBY_NAME}'\n\
+             synchronous_standby_names = ''\n",
+            self.port,
+            self.dir.path().display(),
+            primary.port,
+        ));
+        std::fs::write(&auto, text).expect("postgresql.auto.conf written");
+    }
+
+    /// `pg_ctl promote`, waiting until the server takes writes.
+    pub fn promote(&self) {
+        let out = as_postgres(
+            &self.bin,
+            "pg_ctl",
+            &[
+                "-D",
+                self.data.to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "promote",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl promote: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+    }
+
+    /// Waits until [`STANDBY_NAME`] streams from this server; then, with
+    /// `sync`, makes it the synchronous standby.
+    pub fn attach_standby(&self, sync: bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let query = format!(
+            "SELECT count(*) FROM pg_stat_replication \
+             WHERE application_name = '{STANDBY_NAME}' AND state = 'streaming'"
+        );
+        while self.psql(&query).trim() != "1" {
+            assert!(
+                Instant::now() < deadline,
+                "no standby streams: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if sync {
+            self.psql(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'"
+            ));
+            self.psql("SELECT pg_reload_conf()");
+            let query = format!(
+                "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{STANDBY_NAME}'"
+            );
+            while self.psql(&query).trim() != "sync" {
+                assert!(Instant::now() < deadline, "the standby is not synchronous");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
 /// The pids whose parent is `pid` (from /proc).
 fn children_of(pid: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
