@@ -195,6 +195,23 @@ impl UpstreamGauges {
     }
 }
 
+/// `idemgate_log_lines_dropped_total`.
+fn log_lines_dropped_counter(r: &Registrar) -> IntCounter {
+    r.counter(
+        "idemgate_log_lines_dropped_total",
+        "Log lines dropped because the log's output did not take them.",
+    )
+}
+
+/// `idemgate_settles_pending` (SPEC §16).
+fn settles_pending_gauge(r: &Registrar) -> IntGauge {
+    r.int_gauge(
+        "idemgate_settles_pending",
+        "Settles that could not commit, kept and retried in the background until \
+         one second before their claim's lease ends.",
+    )
+}
+
 /// `idemgate_headers_dropped_total{reason}` (SPEC §4, "Strictness").
 fn headers_dropped_counter(r: &Registrar) -> IntCounterVec {
     r.counters(
@@ -284,10 +301,7 @@ impl Metrics {
                  and the connection limit.",
                 &["reason"],
             ),
-            log_lines_dropped: r.counter(
-                "idemgate_log_lines_dropped_total",
-                "Log lines dropped because the log's output did not take them.",
-            ),
+            log_lines_dropped: log_lines_dropped_counter(&r),
             upstream_retries: r.counters(
                 "idemgate_upstream_retries_total",
                 "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
@@ -297,11 +311,7 @@ impl Metrics {
             ambiguous_records,
             route_paused,
             upstream: UpstreamGauges::new(&r),
-            settles_pending: r.int_gauge(
-                "idemgate_settles_pending",
-                "Settles that could not commit, kept and retried in the background until \
-                 one second before their claim's lease ends.",
-            ),
+            settles_pending: settles_pending_gauge(&r),
             registry: registry.clone(),
         };
         process_metrics(&r);

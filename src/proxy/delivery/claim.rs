@@ -68,9 +68,7 @@ impl Delivery<'_> {
                 None => match self.admit(peeked).await? {
                     Admission::Decided(outcome) => outcome,
                     Admission::Let(permit) => {
-                        if permit.is_some() {
-                            self.permit = permit;
-                        }
+                        self.permit = permit.or(self.permit.take());
                         self.try_claim().await?
                     }
                 },
