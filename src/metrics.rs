@@ -3,12 +3,13 @@
 //! is a route name or a fixed word.
 
 use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use prometheus::{
     GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
 
+use crate::limits::Limits;
 use crate::telemetry::registry::{encode_text, Registrar};
 use crate::telemetry::LOG_LINES_DROPPED;
 
@@ -34,6 +35,10 @@ pub enum Outcome {
     Paused,
     /// A request RFC 9112 says a server must reject (SPEC §4, "Strictness").
     InvalidRequest,
+    /// Over the route's upstream concurrency or rate (SPEC §15).
+    Saturated,
+    /// The route's breaker is open (SPEC §15).
+    BreakerOpen,
     /// Stays last: [`RequestCounters`] has one slot per outcome up to it.
     NoRoute,
 }
@@ -56,6 +61,8 @@ impl Outcome {
             Outcome::OutcomeUnknown => "outcome_unknown",
             Outcome::Paused => "paused",
             Outcome::InvalidRequest => "invalid_request",
+            Outcome::Saturated => "saturated",
+            Outcome::BreakerOpen => "breaker_open",
             Outcome::NoRoute => "no_route",
         }
     }
@@ -132,9 +139,25 @@ pub struct Metrics {
     ambiguous_records: GaugeVec,
     /// 1 while a route is paused (SPEC §14).
     route_paused: GaugeVec,
+    /// `idemgate_upstream_in_flight{route}` and
+    /// `idemgate_upstream_breaker_open{route}` (SPEC §15).
+    upstream: UpstreamGauges,
     /// Settles kept across a store outage (SPEC §16).
     settles_pending: IntGauge,
 }
+
+/// The routes' upstream gauges (SPEC §15), read from their limits at each
+/// scrape: nothing is counted on the request path for them.
+#[derive(Clone)]
+struct UpstreamGauges {
+    in_flight: IntGaugeVec,
+    breaker_open: IntGaugeVec,
+    /// The routes' limits, set once the proxy's routes exist.
+    limits: Arc<OnceLock<RouteLimits>>,
+}
+
+/// Each route's name and limits.
+pub type RouteLimits = Vec<(String, Arc<Limits>)>;
 
 /// `idemgate_ambiguous_records` and `idemgate_route_paused` (SPEC §12, §14).
 fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
@@ -150,6 +173,34 @@ fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
         &["route"],
     );
     (ambiguous, paused)
+}
+
+impl UpstreamGauges {
+    fn new(r: &Registrar) -> UpstreamGauges {
+        UpstreamGauges {
+            in_flight: r.int_gauges(
+                "idemgate_upstream_in_flight",
+                "Requests of the route in flight to its upstream in this process (routes with an \
+                 upstream limit).",
+                &["route"],
+            ),
+            breaker_open: r.int_gauges(
+                "idemgate_upstream_breaker_open",
+                "1 while the route's breaker is not closed (open, or half-open until one delivery \
+                 succeeds): new deliveries get 503 upstream-unavailable.",
+                &["route"],
+            ),
+            limits: Default::default(),
+        }
+    }
+}
+
+/// `idemgate_log_lines_dropped_total`.
+fn log_lines_dropped_counter(r: &Registrar) -> IntCounter {
+    r.counter(
+        "idemgate_log_lines_dropped_total",
+        "Log lines dropped because the log's output did not take them.",
+    )
 }
 
 /// `idemgate_settles_pending` (SPEC §16).
@@ -250,10 +301,7 @@ impl Metrics {
                  and the connection limit.",
                 &["reason"],
             ),
-            log_lines_dropped: r.counter(
-                "idemgate_log_lines_dropped_total",
-                "Log lines dropped because the log's output did not take them.",
-            ),
+            log_lines_dropped: log_lines_dropped_counter(&r),
             upstream_retries: r.counters(
                 "idemgate_upstream_retries_total",
                 "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
@@ -262,6 +310,7 @@ impl Metrics {
             headers_dropped: headers_dropped_counter(&r),
             ambiguous_records,
             route_paused,
+            upstream: UpstreamGauges::new(&r),
             settles_pending: settles_pending_gauge(&r),
             registry: registry.clone(),
         };
@@ -312,6 +361,7 @@ impl Metrics {
                 .set(0.0);
             self.ambiguous_records.with_label_values(&[route]);
             self.route_paused.with_label_values(&[route]);
+            self.upstream.breaker_open.with_label_values(&[route]);
         }
         for op in ["claim", "settle", "lookup", "sweep"] {
             self.store_duration.with_label_values(&[op]);
@@ -426,9 +476,48 @@ impl Metrics {
         }
     }
 
+    /// The routes' limits whose state the upstream gauges show (once).
+    pub fn follow_limits(&self, routes: RouteLimits) {
+        for (route, limits) in &routes {
+            if limits.limited() {
+                self.upstream.in_flight.with_label_values(&[route]);
+            }
+        }
+        let _ = self.upstream.limits.set(routes);
+    }
+
+    /// `route`'s limits and their state now, for the admin API.
+    pub fn upstream_state(
+        &self,
+        route: &str,
+    ) -> Option<(crate::limits::LimitsCfg, crate::limits::Snapshot)> {
+        let routes = self.upstream.limits.get()?;
+        let (_, limits) = routes.iter().find(|(r, _)| r == route)?;
+        Some((*limits.cfg(), limits.snapshot(crate::limits::now())))
+    }
+
+    /// The upstream gauges, from the routes' limits as they are now.
+    fn read_limits(&self) {
+        let Some(routes) = self.upstream.limits.get() else {
+            return;
+        };
+        let now = crate::limits::now();
+        for (route, limits) in routes {
+            let s = limits.snapshot(now);
+            if limits.limited() {
+                let in_flight = self.upstream.in_flight.with_label_values(&[route]);
+                in_flight.set(i64::from(s.in_flight));
+            }
+            let open = self.upstream.breaker_open.with_label_values(&[route]);
+            // half-open counts: the breaker is not closed until a probe succeeds
+            open.set(i64::from(s.breaker != "closed"));
+        }
+    }
+
     /// Every metric's current samples, as `render` would print them (the
     /// admin API reads its live counters here, so they match `/metrics`).
     pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.read_limits();
         self.registry.gather()
     }
 
@@ -439,6 +528,7 @@ impl Metrics {
         if dropped > shown {
             self.log_lines_dropped.inc_by(dropped - shown);
         }
+        self.read_limits();
         encode_text(&self.registry)
     }
 }
@@ -466,6 +556,51 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upstream_gauges_follow_the_routes_limits_at_each_scrape() {
+        use crate::limits::{LimitsCfg, Rate};
+        let m = Metrics::new();
+        let limited = Arc::new(Limits::new(LimitsCfg {
+            concurrency: Some(2),
+            rate: Some(Rate {
+                per: 5,
+                every: std::time::Duration::from_secs(1),
+            }),
+            breaker: None,
+        }));
+        let plain = Arc::new(Limits::new(LimitsCfg::default()));
+        m.follow_limits(vec![
+            ("a".into(), limited.clone()),
+            ("b".into(), plain.clone()),
+        ]);
+        let permit = limited.admit(crate::limits::now(), true).unwrap();
+        plain.pushed_back(crate::limits::now(), std::time::Duration::from_secs(60));
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(
+            text.contains("idemgate_upstream_in_flight{route=\"a\"} 1\n"),
+            "{text}"
+        );
+        // a route without limits counts nothing: no in-flight series
+        assert!(
+            !text.contains("idemgate_upstream_in_flight{route=\"b\"}"),
+            "{text}"
+        );
+        assert!(
+            text.contains("idemgate_upstream_breaker_open{route=\"a\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("idemgate_upstream_breaker_open{route=\"b\"} 1\n"),
+            "{text}"
+        );
+        drop(permit);
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(
+            text.contains("idemgate_upstream_in_flight{route=\"a\"} 0\n"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn exposes_every_spec_metric() {
@@ -557,6 +692,8 @@ mod tests {
             Outcome::OutcomeUnknown,
             Outcome::Paused,
             Outcome::InvalidRequest,
+            Outcome::Saturated,
+            Outcome::BreakerOpen,
             Outcome::NoRoute,
         ];
         assert_eq!(all.len(), OUTCOMES);

@@ -27,6 +27,10 @@ pub enum ProblemKind {
     OutcomeUnknown,
     /// The route is paused (SPEC §14): nothing is forwarded.
     RoutePaused,
+    /// Over the route's `upstream_concurrency` or `upstream_rate` (SPEC §15).
+    UpstreamSaturated,
+    /// The route's breaker is open (SPEC §15).
+    UpstreamUnavailable,
     /// SPEC §4, "Strictness": a head (or chunked framing) RFC 9112 says a
     /// server must reject.
     InvalidRequest,
@@ -49,7 +53,10 @@ impl ProblemKind {
             ProblemKind::BodyTimeout => 408,
             ProblemKind::BodyTooLarge => 413,
             ProblemKind::InvalidSignature => 401,
-            ProblemKind::StoreUnavailable | ProblemKind::RoutePaused => 503,
+            ProblemKind::StoreUnavailable
+            | ProblemKind::RoutePaused
+            | ProblemKind::UpstreamSaturated
+            | ProblemKind::UpstreamUnavailable => 503,
             ProblemKind::UpstreamUnreachable => 502,
             ProblemKind::UpstreamTimeout => 504,
             ProblemKind::NoRoute => 404,
@@ -75,6 +82,8 @@ impl ProblemKind {
             ProblemKind::HeadersTooLarge => "headers-too-large",
             ProblemKind::OutcomeUnknown => "outcome-unknown",
             ProblemKind::RoutePaused => "route-paused",
+            ProblemKind::UpstreamSaturated => "upstream-saturated",
+            ProblemKind::UpstreamUnavailable => "upstream-unavailable",
             ProblemKind::InvalidRequest | ProblemKind::NotImplemented => "invalid-request",
         }
     }
@@ -97,6 +106,8 @@ impl ProblemKind {
             ProblemKind::HeadersTooLarge => "Request header fields too large",
             ProblemKind::OutcomeUnknown => "Event outcome unknown",
             ProblemKind::RoutePaused => "Route paused",
+            ProblemKind::UpstreamSaturated => "Upstream saturated",
+            ProblemKind::UpstreamUnavailable => "Upstream unavailable",
             ProblemKind::InvalidRequest => "Invalid request",
             ProblemKind::NotImplemented => "Not implemented",
         }
@@ -122,6 +133,8 @@ impl ProblemKind {
             | ProblemKind::NotImplemented => Outcome::InvalidRequest,
             ProblemKind::OutcomeUnknown => Outcome::OutcomeUnknown,
             ProblemKind::RoutePaused => Outcome::Paused,
+            ProblemKind::UpstreamSaturated => Outcome::Saturated,
+            ProblemKind::UpstreamUnavailable => Outcome::BreakerOpen,
         }
     }
 }
@@ -193,6 +206,28 @@ pub fn document(
     serde_json::to_vec(&doc).expect("a JSON value always serialises")
 }
 
+/// What a route's limits refused (SPEC §15): nothing was claimed, the
+/// sender retries after `Retry-After`.
+pub fn upstream_refusal(r: crate::limits::Refusal, event_id: Option<&str>) -> Problem {
+    use crate::limits::Refusal;
+    let (kind, detail, secs) = match r {
+        Refusal::Saturated { retry_after_secs } => (
+            ProblemKind::UpstreamSaturated,
+            "the route's upstream is at its configured concurrency or rate; nothing was \
+             claimed, retry later",
+            retry_after_secs,
+        ),
+        Refusal::Open { retry_after_secs } => (
+            ProblemKind::UpstreamUnavailable,
+            "the route's upstream failed or asked for a pause; nothing was claimed, retry later",
+            retry_after_secs,
+        ),
+    };
+    Problem::new(kind, detail)
+        .with_event_id(event_id)
+        .with_retry_after(secs.max(1))
+}
+
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
 #[cfg(test)]
@@ -234,6 +269,9 @@ mod tests {
             (HeadersTooLarge, 431, "invalid_request"),
             (InvalidRequest, 400, "invalid_request"),
             (NotImplemented, 501, "invalid_request"),
+            (RoutePaused, 503, "paused"),
+            (UpstreamSaturated, 503, "saturated"),
+            (UpstreamUnavailable, 503, "breaker_open"),
         ];
         for (kind, status, outcome) in table {
             assert_eq!(kind.status(), status, "{kind:?}");

@@ -114,6 +114,15 @@
 //!   `LOAD_STEADY_STORES` (default `sqlite`;
 //!   `sqlite,postgres`) picks the stores.
 //!
+//! Issue 42 (protecting the consumer; `storm.rs`):
+//! - `LOAD_STORM=20000`: after the rounds (then by default none), the retry
+//!   storm: a consumer of fixed capacity (8 at once, 200/s, past that 500
+//!   after 200 ms) and that many events from senders retrying with backoff,
+//!   through an idemgate without limits, then one with `upstream_concurrency`
+//!   and `upstream_rate` at the consumer's capacity; per run the requests
+//!   that reached the consumer, its errors, idemgate's 503s, the time until
+//!   every event was delivered, duplicate side effects.
+//!
 //! Everything it starts runs in its own process group with a parent-death
 //! signal, and is stopped at the end, on a panic, and on Ctrl-C/SIGTERM.
 
@@ -140,6 +149,7 @@ mod scale;
 mod scenarios;
 mod servers;
 mod settings;
+mod storm;
 mod wrk;
 
 fn main() {
@@ -184,6 +194,9 @@ fn main() {
 
     if s.attack > 0 {
         under_attack(&s, &w, &mut rep, &mut serial, top);
+    }
+    if s.storm > 0 {
+        storm::storm(&s, &w.dir, &mut rep);
     }
     // a fn, not a closure: a closure's inferred signature ties every
     // call's borrows to one lifetime, and the second call did not compile

@@ -21,6 +21,8 @@ pub(crate) struct Settings {
     pub(crate) logs_on_disk: bool,
     pub(crate) bin: String,
     pub(crate) attack: usize,
+    /// Events of the retry-storm section (issue 42; 0: not run).
+    pub(crate) storm: usize,
     /// The store-size and steady-state sections (issue 24).
     pub(crate) scale: scale::Settings,
 }
@@ -57,7 +59,12 @@ impl Settings {
         };
         let scale = scale::Settings::from_env();
         // With a section of issue 24 asked for, the rounds run only if asked for too.
-        let default_scenarios = if scale.any() { "" } else { "u,n,a,b,c,d,e" };
+        let storm = env_or("LOAD_STORM", 0usize);
+        let default_scenarios = if scale.any() || storm > 0 {
+            ""
+        } else {
+            "u,n,a,b,c,d,e"
+        };
         let scenarios = keys(env_list("LOAD_SCENARIOS", default_scenarios));
         for k in &scenarios {
             assert!(
@@ -92,6 +99,7 @@ impl Settings {
             logs_on_disk: env_or("LOAD_LOGS_ON_DISK", 0u8) != 0,
             bin: env_list("LOAD_BIN", env!("CARGO_BIN_EXE_idemgate")),
             attack: env_or("LOAD_ATTACK", 0usize),
+            storm,
             scale,
         }
     }

@@ -195,6 +195,7 @@ impl Api {
             .map(|(name, settings)| {
                 let mut doc = settings.clone();
                 doc["counters"] = live.route(name);
+                doc["upstream_state"] = upstream_state(&self.metrics, name);
                 state.add_to(name, &mut doc);
                 doc
             })
@@ -395,6 +396,31 @@ fn route_settings(r: &Route) -> Value {
             OnAmbiguous::Release => "release",
             OnAmbiguous::Hold => "hold",
         },
+        "limits": limits_settings(&r.limits()),
+    })
+}
+
+/// A route's `upstream_*` limits as the config file writes them (`null`:
+/// not set).
+fn limits_settings(l: &crate::limits::LimitsCfg) -> Value {
+    let rate = l.rate.map(|r| r.to_string());
+    let breaker = l
+        .breaker
+        .map(|b| json!({"failures": b.failures, "open": format_duration(b.open)}));
+    json!({"concurrency": l.concurrency, "rate": rate, "breaker": breaker})
+}
+
+/// A route's consumer as this process sees it now (SPEC §15): requests in
+/// flight (routes with a limit) and the breaker's state.
+fn upstream_state(metrics: &Metrics, route: &str) -> Value {
+    let Some((cfg, s)) = metrics.upstream_state(route) else {
+        return Value::Null;
+    };
+    let limited = cfg.concurrency.is_some() || cfg.rate.is_some() || cfg.breaker.is_some();
+    json!({
+        "in_flight": limited.then_some(s.in_flight),
+        "breaker": s.breaker,
+        "breaker_open_seconds": (s.open_secs > 0).then_some(s.open_secs),
     })
 }
 

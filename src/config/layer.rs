@@ -7,10 +7,10 @@ use std::time::Duration;
 use super::ctx::Ctx;
 use super::fields;
 use super::model::{
-    DigestMode, DurationMs, EventIdSource, InFlight, OnAmbiguous, OnMissingId, OnStoreError,
-    SettleOn,
+    BreakerCfg, DigestMode, DurationMs, EventIdSource, InFlight, OnAmbiguous, OnMissingId,
+    OnStoreError, Rate, SettleOn,
 };
-use super::raw::{RawDefaults, RawEventId, Text};
+use super::raw::{RawBreaker, RawDefaults, RawEventId, Text};
 use super::route_fields::route_fields;
 use crate::claim::json_pointer::JsonPointer;
 
@@ -130,6 +130,69 @@ fn max_waiters(ctx: &mut Ctx, path: &str, n: u64) -> Option<usize> {
     usize::try_from(n)
         .map_err(|_| ctx.at_value(path, "max_waiters is too large"))
         .ok()
+}
+
+/// `upstream_concurrency`: 1 or more.
+fn concurrency(ctx: &mut Ctx, path: &str, n: u64) -> Option<Option<u32>> {
+    match u32::try_from(n) {
+        Ok(0) => ctx.at_value(path, "upstream_concurrency must be at least 1"),
+        Ok(n) => return Some(Some(n)),
+        Err(_) => ctx.at_value(path, "upstream_concurrency is too large"),
+    }
+    None
+}
+
+/// `upstream_rate`: `N/s` or `N/m`, N at least 1.
+fn rate(ctx: &mut Ctx, path: &str, text: Text) -> Option<Option<Rate>> {
+    let bad = |why: &str| format!("invalid upstream_rate `{}`: {why}", text.0);
+    let (n, unit) = match text.0.trim().split_once('/') {
+        Some(parts) => parts,
+        None => {
+            ctx.at_value(path, bad("expected N/s or N/m (e.g. \"50/s\")"));
+            return None;
+        }
+    };
+    let every = match unit {
+        "s" => Duration::from_secs(1),
+        "m" => Duration::from_secs(60),
+        _ => {
+            ctx.at_value(path, bad("the unit is `s` or `m`"));
+            return None;
+        }
+    };
+    match n.parse::<u32>() {
+        Ok(0) => ctx.at_value(path, bad("the rate must be at least 1")),
+        Ok(per) if n.bytes().all(|b| b.is_ascii_digit()) => return Some(Some(Rate { per, every })),
+        _ => ctx.at_value(path, bad("N is a whole number from 1 to 4294967295")),
+    }
+    None
+}
+
+/// `upstream_breaker`: `failures` (1 or more) and `open` (a duration).
+fn breaker(ctx: &mut Ctx, path: &str, raw: RawBreaker) -> Option<Option<BreakerCfg>> {
+    let failures = match raw.failures.map(u32::try_from) {
+        Some(Ok(n)) if n > 0 => Some(n),
+        Some(_) => {
+            let why = "failures must be from 1 to 4294967295";
+            ctx.at_value(&format!("{path}.failures"), why);
+            None
+        }
+        None => {
+            ctx.at_key(path, "upstream_breaker needs `failures` (e.g. 5)");
+            None
+        }
+    };
+    let open = match &raw.open {
+        Some(text) => ctx.duration(&format!("{path}.open"), Some(text)),
+        None => {
+            ctx.at_key(path, "upstream_breaker needs `open` (e.g. 30s)");
+            None
+        }
+    };
+    Some(Some(BreakerCfg {
+        failures: failures?,
+        open: open?,
+    }))
 }
 
 /// `idempotency_key_header`: a header name, or `None` (`null`: disabled).

@@ -398,9 +398,19 @@ impl Provider {
 
 /// Signature schemes and the verifier (whose `Debug` never shows a secret)
 /// are the verify module's own types: config builds the verifier.
+pub use crate::limits::{BreakerCfg, Rate};
 pub use crate::verify::{Scheme, Verifier};
 
 impl Route {
+    /// What protects the route's consumer (SPEC §15).
+    pub fn limits(&self) -> crate::limits::LimitsCfg {
+        crate::limits::LimitsCfg {
+            concurrency: self.upstream_concurrency,
+            rate: self.upstream_rate,
+            breaker: self.upstream_breaker,
+        }
+    }
+
     /// `header x-event-id` or `json_pointer /id`, for `idemgate check`.
     /// Header names print in their canonical lowercase form.
     pub fn event_id_source_text(&self) -> String {
@@ -441,6 +451,16 @@ impl Config {
                 );
                 if let Some(p) = r.provider {
                     line.push_str(&format!("  provider={}", p.as_str()));
+                }
+                if let Some(n) = r.upstream_concurrency {
+                    line.push_str(&format!("  upstream_concurrency={n}"));
+                }
+                if let Some(rate) = r.upstream_rate {
+                    line.push_str(&format!("  upstream_rate={rate}"));
+                }
+                if let Some(b) = r.upstream_breaker {
+                    let open = format_duration(b.open);
+                    line.push_str(&format!("  upstream_breaker={}/{open}", b.failures));
                 }
                 if let Some(v) = &r.verify {
                     line.push_str(&format!("  verify={} ({} secret(s))", v.scheme.as_str(), v.secrets.len()));

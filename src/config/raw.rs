@@ -170,6 +170,15 @@ pub struct RawEventId {
     pub json_pointer: Option<String>,
 }
 
+/// `upstream_breaker:` as written; both keys required (a positioned
+/// error names the one missing).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBreaker {
+    pub failures: Option<u64>,
+    pub open: Option<Text>,
+}
+
 /// `verify:` is a block, or `none` to say on purpose that a guarded route
 /// checks no signature (which silences `check`'s warning about it).
 #[derive(Debug)]

@@ -72,6 +72,15 @@ macro_rules! route_fields {
             max_body: Text => u64 = 1024 * 1024, parse size;
             /// Deadline for the upstream's answer; always shorter than `lease`.
             upstream_timeout: Text => Duration = Duration::from_secs(30), parse duration;
+            /// At most this many of the route's requests in flight to the
+            /// upstream at once, in this process (SPEC §15); `None`: no bound.
+            upstream_concurrency: u64 => Option<u32> = None, parse concurrency;
+            /// `"N/s"` or `"N/m"`: requests sent to the upstream, in this
+            /// process, as a token bucket of one second's worth (SPEC §15).
+            upstream_rate: Text => Option<Rate> = None, parse rate;
+            /// `{failures: F, open: D}`: after F consecutive failed attempts
+            /// nothing is forwarded for D, then one delivery tries (SPEC §15).
+            upstream_breaker: RawBreaker => Option<BreakerCfg> = None, parse breaker;
         }
     };
 }

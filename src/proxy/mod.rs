@@ -66,6 +66,9 @@ pub struct Ctx {
     /// pingora's path: the request is being sent once more (a kept
     /// connection failed before answering), on a connection of its own.
     retried: bool,
+    /// pingora's path: the route's limits let the request through (SPEC
+    /// §15); its slot is given back when the context is dropped.
+    permit: Option<crate::limits::Permit>,
 }
 
 /// Pool keys for retried requests on pingora's path: each retry gets a new
@@ -153,7 +156,7 @@ impl ProxyHttp for Gate {
                 ctx.counted = true; // counted where it is forwarded
                 return pass_through::pass_buffered(&self.shared, session, &route).await;
             }
-            return Ok(false);
+            return self.stream_unguarded(session, ctx, &route).await;
         }
         delivery::run(&self.shared, session, &route).await
     }
@@ -339,6 +342,28 @@ fn downstream_failure(e: &Error) -> Option<ProblemKind> {
 }
 
 impl Gate {
+    /// An unguarded request for pingora's streaming path, within the
+    /// route's limits (SPEC §15): the context holds its slot to the end
+    /// (`Ok(false)`), or it is refused here without its body being read.
+    async fn stream_unguarded(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        route: &RouteRt,
+    ) -> Result<bool> {
+        match pass_through::admit(route) {
+            Ok(permit) => {
+                ctx.permit = permit;
+                Ok(false)
+            }
+            Err(refused) => {
+                ctx.counted = true;
+                let refused = refused.closing(true);
+                exit::refuse(&self.shared, session, Some(route), refused).await
+            }
+        }
+    }
+
     /// Counts an unguarded request once, as soon as its outcome is known and
     /// before its answer goes out: a sender that reads `/metrics` right after
     /// its answer finds it counted. `status` is the upstream's answer; else

@@ -11,8 +11,9 @@ use super::exit::{self, Ending, Handled, Refused, Relay, Verdict};
 use super::routes::RouteRt;
 use super::shared::Shared;
 use super::steps;
+use crate::limits::{self, Permit};
 use crate::metrics::Outcome;
-use crate::problem::Problem;
+use crate::problem::{upstream_refusal, Problem};
 
 /// A request that reaches no route (no match, or a path with no normal
 /// form): counted with `route=""`. The path decides it, so a sender
@@ -38,7 +39,7 @@ async fn verified(shared: &Shared, session: &mut Session, route: &RouteRt) -> En
     // as on the guarded path: 408 for a body late past body_timeout
     let body = steps::read_body(session, route).await?;
     steps::check_signature(session, route, &body, None)?;
-    Box::pin(forward(shared, session, route, body)).await
+    Box::pin(forward_admitted(shared, session, route, body)).await
 }
 
 /// An unguarded request whose body is read before it is forwarded
@@ -50,13 +51,34 @@ pub async fn pass_buffered(shared: &Shared, session: &mut Session, route: &Route
         // boxed: inline, the exchange (~12 KiB) made the request
         // filter's future that large for every request, guarded
         // ones waiting for their body included
-        Ok(body) => Box::pin(forward(shared, session, route, body)).await,
+        Ok(body) => Box::pin(forward_admitted(shared, session, route, body)).await,
         Err(e) => {
             let p = Problem::new(e.invalid_kind(), e.invalid_detail());
             Err(Refused::new(p).unguarded().closing(true).into())
         }
     };
     exit::answer(shared, session, route, ending, None).await
+}
+
+/// Admits an unguarded request against the route's upstream concurrency
+/// and rate (SPEC §15; not the breaker, which is the deliveries'): the
+/// permit to hold while it is forwarded, or its 503 `upstream-saturated`.
+pub fn admit(route: &RouteRt) -> Result<Option<Permit>, Refused> {
+    route
+        .limits
+        .admit(limits::now(), false)
+        .map_err(|r| Refused::new(upstream_refusal(r, None)))
+}
+
+/// [`forward`] within the route's limits.
+pub async fn forward_admitted(
+    shared: &Shared,
+    session: &mut Session,
+    route: &RouteRt,
+    body: Bytes,
+) -> Ending {
+    let _permit = admit(route)?;
+    forward(shared, session, route, body).await
 }
 
 /// Forwards a request whose body was read, without a claim (unguarded

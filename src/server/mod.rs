@@ -83,6 +83,12 @@ pub fn gate(
 ) -> Result<Gate, RouteError> {
     let routes = RouteTable::new(config.routes.clone())?;
     metrics.init_routes(routes.iter().map(|r| r.name()));
+    metrics.follow_limits(
+        routes
+            .iter()
+            .map(|r| (r.name().to_owned(), r.limits.clone()))
+            .collect(),
+    );
     Ok(Gate {
         routes,
         shared: Shared {

@@ -9,7 +9,8 @@
 //! - event IDs carrying HTML render as text, and no script runs;
 //! - an ambiguous event's attempts are shown, and it is resolved both ways
 //!   from its page; a route is paused and resumed from the overview, and
-//!   the proxy follows.
+//!   the proxy follows;
+//! - each route's limits, requests in flight and breaker are shown (SPEC §15).
 //!
 //! `IDEMGATE_SCREENSHOTS=DIR` writes the overview and an event's detail to
 //! DIR, each as it is and with the ambiguous events and a paused route (the
@@ -58,7 +59,8 @@ impl Setup {
         let dir = TempDir::new(tag);
         let up = Consumer::start().unwrap();
         let store = dir.sqlite_url("console.db");
-        let routes = route("orders", "/hooks/orders", &up.url(), "    lease: 30s\n")
+        let orders = "    lease: 30s\n    upstream_concurrency: 4\n";
+        let routes = route("orders", "/hooks/orders", &up.url(), orders)
             + &format!(
                 "  - name: billing\n    match:\n      path_prefix: /hooks/billing\n    \
                  upstream: \"{}\"\n    event_id:\n      json_pointer: /id\n    digest: json\n",
@@ -871,4 +873,64 @@ fn show_paused_at(store: &str, route: &str) -> String {
         .find_map(|l| l.strip_prefix(&format!("{route}  paused since ")))
         .unwrap_or_else(|| panic!("{route} not paused: {out}"))
         .to_string()
+}
+
+/// The text of `route`'s `[data-limit=what]` in the overview's consumer
+/// column, if it is there.
+fn shown_limit(b: &Browser, what: &str, route: &str) -> Option<String> {
+    let css = format!("#routes [data-limit=\"{what}\"][data-route=\"{route}\"]");
+    b.find(&css).map(|e| b.text(&e))
+}
+
+#[test]
+fn the_overview_shows_each_routes_limits_in_flight_and_breaker() {
+    let Some((_one, b, s)) = browser_and_setup("console-limits") else {
+        return;
+    };
+    let id = eid("held");
+    s.up.hold(&id, 200, Duration::from_secs(4));
+    let held = {
+        let (addr, id) = (s.px.addr, id.clone());
+        std::thread::spawn(move || kit::deliver(addr, "/hooks/orders", Some(&id), b"{}"))
+    };
+    assert!(wait_until(Duration::from_secs(10), || s.up.count(&id) > 0));
+    b.goto(&s.url(""));
+    b.wait_visible("#routes [data-limit=\"limits\"][data-route=\"orders\"]");
+    assert_eq!(
+        shown_limit(&b, "limits", "orders").as_deref(),
+        Some("at most 4 at once")
+    );
+    assert_eq!(
+        shown_limit(&b, "in-flight", "orders").as_deref(),
+        Some("1 in flight")
+    );
+    assert_eq!(
+        shown_limit(&b, "breaker", "orders").as_deref(),
+        Some("breaker closed")
+    );
+    assert_eq!(
+        shown_limit(&b, "limits", "billing").as_deref(),
+        Some("no limits")
+    );
+    assert_eq!(
+        shown_limit(&b, "in-flight", "billing"),
+        None,
+        "nothing counted"
+    );
+    assert_eq!(held.join().unwrap().unwrap().status, 200);
+    b.wait_for("orders' request no longer in flight", |b| {
+        (shown_limit(b, "in-flight", "orders").as_deref() == Some("0 in flight")).then_some(())
+    });
+    // billing's consumer asks for a minute's pause: its breaker opens
+    let paused = eid("pause");
+    s.up.script(
+        &paused,
+        vec![Reply::status(429).header("Retry-After", "60")],
+    );
+    assert_eq!(s.billing(&paused).status, 429);
+    let text = b.wait_for("billing's breaker shown open", |b| {
+        shown_limit(b, "breaker", "billing").filter(|t| t.starts_with("breaker open"))
+    });
+    assert!(text.ends_with("s left)"), "{text}");
+    b.screenshot(screenshots().as_deref(), "console-overview-limits");
 }

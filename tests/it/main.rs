@@ -65,6 +65,7 @@ mod options;
 mod outage;
 mod paths;
 mod properties;
+mod protect;
 mod providers;
 mod replicas;
 mod smuggling;

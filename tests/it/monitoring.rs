@@ -8,6 +8,13 @@ use idemgate::metrics::Metrics;
 fn exported() -> BTreeSet<String> {
     let m = Metrics::new();
     m.init_routes(["r"]);
+    // a route with a limit: its in-flight gauge (SPEC §15)
+    let limits = idemgate::limits::LimitsCfg {
+        concurrency: Some(1),
+        ..Default::default()
+    };
+    let limited = std::sync::Arc::new(idemgate::limits::Limits::new(limits));
+    m.follow_limits(vec![("r".to_string(), limited)]);
     let text = String::from_utf8(m.render()).unwrap();
     text.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -50,9 +57,10 @@ fn dashboard_and_alerts_reference_only_exported_metrics() {
         .filter(|n| n.starts_with("idemgate_"))
         .count();
     assert_eq!(
-        own, 16,
-        "SPEC §5's idemgate_ metrics: v2's thirteen, §12's and §14's two gauges, and \
-         headers_dropped (issue 44): {exported:?}"
+        own, 19,
+        "SPEC §5's idemgate_ metrics: v2's thirteen, §12's and §14's two gauges, \
+         headers_dropped (issue 44), §16's settles_pending and §15's two upstream gauges: \
+         {exported:?}"
     );
     for process in [
         "process_cpu_seconds_total",
@@ -103,6 +111,7 @@ fn alert_rules_and_dashboard_parse_and_cover_the_operational_risks() {
         "StoreUnavailable",
         "SweeperBehind",
         "AmbiguousRecords",
+        "BreakerOpen",
     ] {
         assert!(
             alerts.iter().any(|a| a.contains(needed)),

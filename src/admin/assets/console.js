@@ -158,6 +158,7 @@
         forwardingCell(r),
         el('td', { class: 'mono', text: (r.match.host || '') + r.match.path_prefix }),
         el('td', { class: 'mono', text: r.upstream }),
+        limitsCell(r),
         el('td', { text: eventSource(r.event_id) }),
         el('td', null, counterList('requests', r.name, r.counters.requests, old && old.requests, dt)),
         el('td', null, counterList('upstream', r.name, r.counters.upstream_responses, old && old.upstream_responses, dt)),
@@ -185,6 +186,25 @@
         el('td', { text: h.count ? millis(h.sum / h.count) : '—' }));
     }));
     previous = { doc: doc, at: at };
+  }
+
+  // What protects the consumer (SPEC §15): the limits, the requests in
+  // flight to it in this idemgate, and its breaker.
+  function limitsCell(r) {
+    const l = r.limits || {};
+    const st = r.upstream_state || {};
+    const set = [];
+    if (l.concurrency) set.push('at most ' + l.concurrency + ' at once');
+    if (l.rate) set.push(l.rate);
+    if (l.breaker) set.push('breaker ' + l.breaker.failures + ' failures → ' + l.breaker.open);
+    const breaker = st.breaker || 'closed';
+    return el('td', { class: 'limits', data: { route: r.name, breaker: breaker } },
+      el('div', { data: { limit: 'limits', route: r.name }, text: set.length ? set.join(', ') : 'no limits' }),
+      st.in_flight !== null && st.in_flight !== undefined
+        ? el('div', { data: { limit: 'in-flight', route: r.name }, text: st.in_flight + ' in flight' })
+        : null,
+      el('div', { class: breaker === 'closed' ? 'muted' : 'hot', data: { limit: 'breaker', route: r.name },
+        text: 'breaker ' + breaker + (st.breaker_open_seconds ? ' (' + st.breaker_open_seconds + ' s left)' : '') }));
   }
 
   // Paused or not, since when, and the control that changes it.

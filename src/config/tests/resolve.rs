@@ -368,3 +368,57 @@ fn check_output_lines() {
         "json_pointer /data/id"
     );
 }
+
+#[test]
+fn upstream_limits_are_none_unless_set_and_defaults_may_set_them() {
+    use crate::limits::{BreakerCfg, Rate};
+    let r = &ok(&route("")).config.routes[0];
+    assert_eq!(
+        (r.upstream_concurrency, r.upstream_rate, r.upstream_breaker),
+        (None, None, None)
+    );
+    let set = route(
+        "    upstream_concurrency: 8\n    upstream_rate: \"600/m\"\n    \
+         upstream_breaker: {failures: 5, open: 30s}\n",
+    );
+    let r = &ok(&set).config.routes[0];
+    assert_eq!(r.upstream_concurrency, Some(8));
+    let rate = Rate {
+        per: 600,
+        every: Duration::from_secs(60),
+    };
+    assert_eq!(r.upstream_rate, Some(rate));
+    assert_eq!(rate.burst(), 10, "one second's worth");
+    let breaker = BreakerCfg {
+        failures: 5,
+        open: Duration::from_secs(30),
+    };
+    assert_eq!(r.upstream_breaker, Some(breaker));
+    let from_defaults = route("").replace(
+        "routes:\n",
+        "defaults:\n  upstream_rate: \"50/s\"\nroutes:\n",
+    );
+    let r = &ok(&from_defaults).config.routes[0];
+    assert_eq!(
+        r.upstream_rate.map(|r| r.to_string()).as_deref(),
+        Some("50/s")
+    );
+}
+
+#[test]
+fn a_bad_rate_is_one_positioned_error() {
+    for (text, needle) in [
+        ("\"50\"", "expected N/s or N/m"),
+        ("\"0/s\"", "at least 1"),
+        ("\"-1/s\"", "whole number"),
+        ("\"5/h\"", "the unit is `s` or `m`"),
+    ] {
+        one_error_with_path(
+            &route(&format!("    upstream_rate: {text}\n")),
+            12,
+            20,
+            "routes[0].upstream_rate",
+            needle,
+        );
+    }
+}

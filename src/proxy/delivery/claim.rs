@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use crate::claim::policy::{self, Busy, Hold, InFlight, InFlightRefusal, OnAmbiguous};
 use crate::claim::{claim_token, now_ms, Refusal, State};
-use crate::problem::{Problem, ProblemKind};
+use crate::limits::{self, Permit};
+use crate::problem::{upstream_refusal, Problem, ProblemKind};
 use crate::store::{ClaimOutcome, ClaimRequest, Recorded, StoreError};
 
 use super::event::Delivery;
@@ -16,6 +17,14 @@ pub enum Claimed {
     Own,
     /// A duplicate of a delivered event: the recorded answer.
     Answer(Recorded),
+}
+
+/// What the route's limits say before the claim.
+enum Admission {
+    /// To claim, with this permit (`None`: nothing to hold, or held already).
+    Let(Option<Permit>),
+    /// A read found the event's record: no claim, no limit.
+    Decided(ClaimOutcome),
 }
 
 /// A claim that did not come to [`Claimed`].
@@ -40,14 +49,12 @@ impl Delivery<'_> {
         let mut decided = None;
         // A paused route still replays delivered events: always read first.
         let paused = shared.paused.contains(name);
+        // whether the last read said "to claim": a refusal needs no other
+        let mut peeked = false;
         if shared.seen.check_and_record(name, event_id) || paused {
-            let t = Instant::now();
-            let peeked = shared.store.peek(&self.claim_request()).await;
-            shared
-                .metrics
-                .store_time("lookup", t.elapsed().as_secs_f64());
             // a store that cannot answer a read will not take a claim: fail fast
-            decided = peeked.map_err(ClaimStop::Store)?;
+            decided = self.peek().await?;
+            peeked = true;
         }
         let mut hold = Hold::default();
         let mut place = None;
@@ -58,8 +65,18 @@ impl Delivery<'_> {
                 None if shared.paused.contains(name) => {
                     return Err(ClaimStop::Refused(route_paused(Some(event_id))))
                 }
-                None => self.try_claim().await?,
+                None => match self.admit(peeked).await? {
+                    Admission::Decided(outcome) => outcome,
+                    Admission::Let(permit) => {
+                        self.permit = permit.or(self.permit.take());
+                        self.try_claim().await?
+                    }
+                },
             };
+            if !matches!(outcome, ClaimOutcome::Claimed { .. }) {
+                // not to forward after all: the slot goes back at once
+                self.permit = None;
+            }
             let retry_after_ms = match outcome {
                 ClaimOutcome::Claimed {
                     attempt,
@@ -99,7 +116,57 @@ impl Delivery<'_> {
             })
             .map_err(busy)?;
             self.wait_for_change(&mut hold).await.map_err(busy)?;
+            peeked = false;
         }
+    }
+
+    /// The store's read of this event: `None` when it is to claim.
+    async fn peek(&self) -> Result<Option<ClaimOutcome>, ClaimStop> {
+        let t = Instant::now();
+        let peeked = self.shared.store.peek(&self.claim_request()).await;
+        self.shared
+            .metrics
+            .store_time("lookup", t.elapsed().as_secs_f64());
+        peeked.map_err(ClaimStop::Store)
+    }
+
+    /// Before a claim that would forward: the route's limits (SPEC §15).
+    /// A route without limits whose breaker is closed passes with one
+    /// atomic load. Only a delivery that would be forwarded is refused, so
+    /// a refusal reads the store first (unless `peeked` just did): a
+    /// duplicate gets its replay, 409 or 422 as always.
+    async fn admit(&self, peeked: bool) -> Result<Admission, ClaimStop> {
+        if self.permit.is_some() {
+            return Ok(Admission::Let(None));
+        }
+        let limits = &self.route.limits;
+        let refusal = match limits.admit(limits::now(), true) {
+            Ok(permit) => return Ok(Admission::Let(permit)),
+            Err(refusal) => refusal,
+        };
+        let refusal = if peeked {
+            refusal
+        } else {
+            if let Some(outcome) = self.peek().await? {
+                return Ok(Admission::Decided(outcome));
+            }
+            // to claim: a slot may have come free meanwhile
+            match limits.admit(limits::now(), true) {
+                Ok(permit) => return Ok(Admission::Let(permit)),
+                Err(refusal) => refusal,
+            }
+        };
+        let name = self.route.name();
+        tracing::debug!(
+            route = name,
+            event_id = self.event_id.as_str(),
+            ?refusal,
+            "refused before the claim: the route's upstream limits"
+        );
+        Err(ClaimStop::Refused(upstream_refusal(
+            refusal,
+            Some(&self.event_id),
+        )))
     }
 
     /// This delivery's claim, as of now: what the store's read (`peek`)

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use pingora::proxy::Session;
 
 use crate::claim::policy::{self, OnAmbiguous, StoreStep};
+use crate::limits::{self, AttemptEnd};
 use crate::metrics::Outcome;
 use crate::proxy::exit::{Ending, Refused, Relay, Stop, Verdict};
 use crate::proxy::forward::{self, Answered, UpstreamFailure};
@@ -44,7 +45,18 @@ impl Delivery<'_> {
                     event_id,
                     "store unavailable: forwarding unguarded"
                 );
-                Box::pin(pass_through::forward(self.shared, session, route, body)).await
+                if self.permit.is_some() {
+                    // within the slot this delivery holds already
+                    return Box::pin(pass_through::forward(self.shared, session, route, body))
+                        .await;
+                }
+                Box::pin(pass_through::forward_admitted(
+                    self.shared,
+                    session,
+                    route,
+                    body,
+                ))
+                .await
             }
         }
     }
@@ -66,6 +78,7 @@ impl Delivery<'_> {
         };
         crate::failpoint::hit("after_upstream");
         let status = answered.header.status.as_u16();
+        self.upstream_answered(status, &answered.header.headers);
         let mut prefix = None;
         if cfg.settle_on.matches(status) {
             let no_body = forward::bodiless(&session.req_header().method, status);
@@ -101,6 +114,7 @@ impl Delivery<'_> {
     /// the consumer may have acted (SPEC §12); the sender gets 502 or 504.
     async fn upstream_failed(&self, failure: UpstreamFailure) -> Stop {
         let route = self.route;
+        self.attempt_ended(AttemptEnd::Failure);
         let refused = Refused::upstream_failed(&failure, Some(self.event_id.as_str()));
         let held = failure.ambiguous() && route.cfg.on_ambiguous == OnAmbiguous::Hold;
         let error = match &failure {
@@ -137,6 +151,42 @@ impl Delivery<'_> {
         match self.settle(outcome, Some(failure.attempt_error())).await {
             Ok(()) => refused.into(),
             Err(r) => r.into(),
+        }
+    }
+
+    /// An attempt's end, for the route's breaker (SPEC §15).
+    fn attempt_ended(&self, end: AttemptEnd) {
+        let limits = &self.route.limits;
+        limits.ended(self.permit.as_ref(), limits::now(), end);
+    }
+
+    /// The upstream answered `status`: a failure for the breaker when it is
+    /// 500 or more outside `settle_on`; a 429 or 503 with `Retry-After`
+    /// opens it that long (capped), whatever the route configures. The
+    /// answer itself goes to the sender unchanged.
+    fn upstream_answered(&self, status: u16, headers: &http::HeaderMap) {
+        let failed = status >= 500 && !self.route.cfg.settle_on.matches(status);
+        self.attempt_ended(if failed {
+            AttemptEnd::Failure
+        } else {
+            AttemptEnd::Success
+        });
+        if status != 429 && status != 503 {
+            return;
+        }
+        let pause = headers
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| limits::retry_after(v, std::time::SystemTime::now()));
+        if let Some(pause) = pause {
+            let name = self.route.name();
+            tracing::warn!(
+                route = name,
+                status,
+                pause_secs = pause.as_secs(),
+                "the upstream asked for a pause: the route's breaker opens"
+            );
+            self.route.limits.pushed_back(limits::now(), pause);
         }
     }
 

@@ -4,6 +4,7 @@
 //! forward), [`Delivery::settle`].
 
 use crate::claim::Millis;
+use crate::limits::Permit;
 use crate::proxy::routes::RouteRt;
 use crate::proxy::shared::Shared;
 
@@ -18,6 +19,9 @@ pub struct Delivery<'a> {
     pub(super) attempt: Option<i64>,
     /// When the claim was taken: the attempt's start in its record.
     pub(super) started_at: Millis,
+    /// The route's limits let this delivery through (SPEC §15): its slot
+    /// (and half-open probe) until the delivery is dropped, on every exit.
+    pub(super) permit: Option<Permit>,
     /// When the claim's lease ends, as the store recorded it.
     pub(super) lease_until: Millis,
 }
@@ -31,6 +35,7 @@ impl<'a> Delivery<'a> {
             digest,
             attempt: None,
             started_at: 0,
+            permit: None,
             lease_until: 0,
         }
     }

@@ -46,7 +46,7 @@ pub async fn run(shared: &Shared, session: &mut Session, route: &RouteRt) -> Han
             (delivery.deliver(session, body).await, Some(delivery))
         }
         Ok(Admitted::Unguarded(body)) => {
-            let forwarded = Box::pin(pass_through::forward(shared, session, route, body));
+            let forwarded = Box::pin(pass_through::forward_admitted(shared, session, route, body));
             (forwarded.await, None)
         }
         Err(stop) => (Err(stop), None),

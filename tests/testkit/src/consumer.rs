@@ -17,6 +17,8 @@ pub struct Reply {
     pub body: Vec<u8>,
     pub delay: Duration,
     pub content_type: &'static str,
+    /// More header fields (`Retry-After`, …).
+    pub headers: Vec<(String, String)>,
 }
 
 impl Reply {
@@ -26,7 +28,12 @@ impl Reply {
             body: b"ok".to_vec(),
             delay: Duration::ZERO,
             content_type: "text/plain",
+            headers: Vec::new(),
         }
+    }
+    pub fn header(mut self, name: &str, value: &str) -> Reply {
+        self.headers.push((name.to_string(), value.to_string()));
+        self
     }
     pub fn body(mut self, body: &[u8]) -> Reply {
         self.body = body.to_vec();
@@ -67,7 +74,12 @@ impl Consumer {
                         .map(next)
                 })
                 .unwrap_or_else(|| Reply::status(200));
-            let bytes = http::response(reply.status, reply.content_type, &reply.body);
+            let bytes = http::response_with(
+                reply.status,
+                reply.content_type,
+                &reply.headers,
+                &reply.body,
+            );
             Behavior::Late(reply.delay, bytes)
         })?;
         Ok(Consumer {

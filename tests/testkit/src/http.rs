@@ -252,7 +252,20 @@ fn decode_chunks(
 
 /// A complete response with a `Content-Length` body (none for 204 and 304).
 pub fn response(status: u16, content_type: &str, body: &[u8]) -> Vec<u8> {
+    response_with(status, content_type, &[], body)
+}
+
+/// [`response`] with more header fields.
+pub fn response_with(
+    status: u16,
+    content_type: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Vec<u8> {
     let mut out = format!("HTTP/1.1 {status} X\r\n").into_bytes();
+    for (k, v) in headers {
+        out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+    }
     if status != 204 && status != 304 {
         out.extend_from_slice(
             format!(
