@@ -144,6 +144,7 @@ impl ProxyHttp for Gate {
             // a paused route forwards nothing (SPEC §14); the body is not read
             let p = delivery::route_paused(None);
             let refused = Refused::new(p).closing(true);
+            ctx.counted = true; // as `paused`, not once more as unguarded
             return exit::refuse(&self.shared, session, Some(&route), refused).await;
         }
         if !guarded {

@@ -1034,6 +1034,18 @@ fn pause_and_resume(b: TestStore) {
         (replay.status, replay.header("Idempotent-Replayed")),
         (200, Some("true"))
     );
+    // an unguarded request on the paused route: refused, counted once
+    let (paused_before, unguarded_before) =
+        (px.requests("r", "paused"), px.requests("r", "unguarded"));
+    let get = px.client().request("GET", "/hooks/r", &[], b"").unwrap();
+    assert_eq!(get.status, 503, "{get:?}");
+    std::thread::sleep(std::time::Duration::from_millis(200)); // past its logging hook
+    assert_eq!(px.requests("r", "paused"), paused_before + 1.0);
+    assert_eq!(
+        px.requests("r", "unguarded"),
+        unguarded_before,
+        "not once more as unguarded"
+    );
     assert_eq!(
         px.deliver("/hooks/s", Some(&eid("other")), b"{}").status,
         200,

@@ -199,12 +199,7 @@ fn failover(tag: &str, rounds: usize, sync: bool, reach: Reach) -> Option<Figure
 
 /// Two replicas under load through `rounds` failovers; the figures, and a
 /// panic when `strict` and anything SPEC §16 promises did not hold.
-fn under_load(
-    label: &str,
-    rounds: usize,
-    db: &mut dyn Failovers,
-    strict: bool,
-) -> Figures {
+fn under_load(label: &str, rounds: usize, db: &mut dyn Failovers, strict: bool) -> Figures {
     let dir = TempDir::new("failover");
     let up = Consumer::start().unwrap();
     let routes = route(
