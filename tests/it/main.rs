@@ -56,6 +56,7 @@ mod hardening;
 mod headers;
 mod hostile;
 mod in_flight_wait;
+mod keys;
 mod listener;
 mod model;
 mod monitoring;
