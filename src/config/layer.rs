@@ -206,10 +206,11 @@ fn event_id_source(ctx: &mut Ctx, path: &str, raw: RawEventId) -> Option<EventId
             return None;
         }
         1 => {}
-        _ => {
+        n => {
+            let found = if n == 2 { "both" } else { "all three" };
             ctx.at_key(
                 path,
-                "event_id needs exactly one source: `header`, `json_pointer` or `parts` (found several)",
+                format!("event_id needs exactly one source: `header`, `json_pointer` or `parts` (found {found})"),
             );
             return None;
         }

@@ -218,7 +218,7 @@ fn header_field(
             ctx.at_key(
                 &at,
                 format!(
-                    "`header` is only allowed with schemes hmac, hmac-sha256 and token, not {}",
+                    "`header` is only allowed with scheme hmac-sha256, hmac or token, not {}",
                     s.as_str()
                 ),
             );

@@ -204,12 +204,12 @@ fn missing_header(r: Result<(), VerifyError>, name: &str) {
 
 #[test]
 fn templates_parse_or_say_why() {
-    use Piece::*;
+    use Piece::{Body, Header, Id, Text};
     let text = |s: &str| Text(Cow::Owned(s.to_owned()));
     assert_eq!(parse_message("{body}").unwrap(), [Body]);
     assert_eq!(
         parse_message("v0:{timestamp}:{body}").unwrap(),
-        [text("v0:"), Timestamp, text(":"), Body]
+        [text("v0:"), Piece::Timestamp, text(":"), Body]
     );
     assert_eq!(
         parse_message("{id}.{header:X-A}{{x}}{body}").unwrap(),

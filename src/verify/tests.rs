@@ -1008,7 +1008,7 @@ fn scheme_names_round_trip() {
         assert_eq!(scheme.as_str().parse::<Scheme>(), Ok(scheme));
         assert_eq!(scheme.to_string(), scheme.as_str());
     }
-    for bad in ["svix", "Stripe", "hmac", "", "standard_webhooks"] {
+    for bad in ["svix", "Stripe", "HMAC", "", "standard_webhooks"] {
         assert_eq!(bad.parse::<Scheme>(), Err(UnknownScheme), "{bad}");
     }
     let timestamped: Vec<_> = Scheme::ALL
@@ -1117,7 +1117,15 @@ fn no_error_or_debug_output_reveals_secrets_body_or_values() {
                 &now.to_string(),
                 sign::standard_webhooks(b"x", "id", now, body).as_bytes(),
             ),
-            Scheme::HmacSha256 => hmac_headers(&sign::hmac_hex(b"x", body)),
+            Scheme::HmacSha256 | Scheme::Hmac | Scheme::Token => {
+                hmac_headers(&sign::hmac_hex(b"x", body))
+            }
+            Scheme::Paddle => hm(&[("paddle-signature", sign::paddle(b"x", now, body).as_bytes())]),
+            Scheme::Typeform => hm(&[("typeform-signature", sign::typeform(b"x", body).as_bytes())]),
+            Scheme::Zoom => hm(&[
+                ("x-zm-signature", sign::zoom(b"x", now, body).as_bytes()),
+                ("x-zm-request-timestamp", now.to_string().as_bytes()),
+            ]),
         };
         errors.push(ver.verify(&signed, body, now).unwrap_err()); // mismatch
         errors.push(ver.verify(&signed, body, now + 10_000).unwrap_err()); // stale, or mismatch
@@ -1133,6 +1141,10 @@ fn no_error_or_debug_output_reveals_secrets_body_or_values() {
             "webhook-timestamp",
             "webhook-signature",
             "x-signature",
+            "paddle-signature",
+            "typeform-signature",
+            "x-zm-signature",
+            "x-zm-request-timestamp",
         ]
         .into_iter()
         .map(|n| (n, sig_value.as_bytes()))
