@@ -496,7 +496,7 @@ fn zoom_route_without_an_event_id_is_refused_by_check() {
     std::fs::write(&file, text).unwrap();
     let (code, _, err) = cli_env(&["check", "--config", &file.display().to_string()], &[("ZOOM_SECRET", "s")]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("zoom.yaml:10:5: routes[0]: provider zoom has no event ID of its own"), "{err}");
+    assert!(err.contains("zoom.yaml:9:5: routes[0]: provider zoom has no event ID of its own"), "{err}");
 }
 
 // ------------------------------------------------------------ v1a
@@ -577,5 +577,5 @@ fn a_public_key_that_is_not_32_bytes_is_a_config_error() {
     std::fs::write(&file, text).unwrap();
     let (code, _, err) = cli_env(&["check", "--config", &file.display().to_string()], &[("PK", "whpk_AAAAAAAA")]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("sw.yaml:16:18: routes[0].verify.secrets[0]: a `whpk_` public key must be base64 of 32 bytes"), "{err}");
+    assert!(err.contains("sw.yaml:15:17: routes[0].verify.secrets[0]: a `whpk_` public key must be base64 of 32 bytes"), "{err}");
 }
