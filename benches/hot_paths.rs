@@ -433,7 +433,11 @@ fn signatures(c: &mut Criterion) {
     let mut g = c.benchmark_group("signature");
     g.throughput(Throughput::Bytes(body.len() as u64));
     let verifier = |scheme| Verifier::new(scheme, vec![secret.clone()]);
-    let (gh, sl, st) = (verifier(Scheme::Github), verifier(Scheme::Slack), verifier(Scheme::Stripe));
+    let (gh, sl, st) = (
+        verifier(Scheme::Github),
+        verifier(Scheme::Slack),
+        verifier(Scheme::Stripe),
+    );
     gh.verify(&github, &body, now).unwrap();
     sl.verify(&slack, &body, now).unwrap();
     st.verify(&stripe, &body, now).unwrap();
@@ -488,6 +492,13 @@ fn base64_32(s: &str) -> [u8; 32] {
     bytes.try_into().unwrap()
 }
 
-criterion_group!(pure, digests, event_ids, claim_steps, request_bookkeeping, signatures);
+criterion_group!(
+    pure,
+    digests,
+    event_ids,
+    claim_steps,
+    request_bookkeeping,
+    signatures
+);
 criterion_group!(stores, sqlite_store, postgres_store);
 criterion_main!(pure, stores);

@@ -73,7 +73,9 @@ impl Legacy {
 
     fn check_timestamp(&self, ts: i64, now: i64) -> Result<(), Error> {
         let age = i128::from(now) - i128::from(ts);
-        if age.saturating_mul(1000) > self.tolerance_ms || (-age).saturating_mul(1000) > self.tolerance_ms {
+        if age.saturating_mul(1000) > self.tolerance_ms
+            || (-age).saturating_mul(1000) > self.tolerance_ms
+        {
             Err(Error::Stale)
         } else {
             Ok(())

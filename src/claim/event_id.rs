@@ -320,10 +320,15 @@ mod tests {
         // the last part may hold `:`; earlier ones may not
         assert_eq!(join(&["T1", "urn:x:1"]).unwrap(), "T1:urn:x:1");
         assert_eq!(join(&["a:b", "c"]), Err(PartsError::Colon { part: 1 }));
-        assert_eq!(join(&["a", "", "c"]), Err(PartsError::EmptyPart { part: 2 }));
+        assert_eq!(
+            join(&["a", "", "c"]),
+            Err(PartsError::EmptyPart { part: 2 })
+        );
         assert_eq!(
             join(&["a b", "c"]),
-            Err(PartsError::Invalid(InvalidEventId::NotVisibleAscii { at: 1 }))
+            Err(PartsError::Invalid(InvalidEventId::NotVisibleAscii {
+                at: 1
+            }))
         );
         let long = "x".repeat(200);
         assert_eq!(
@@ -340,6 +345,9 @@ mod tests {
         assert_eq!(id_text(&doc["s"]).unwrap(), "x");
         assert_eq!(id_text(&doc["n"]).unwrap(), "7");
         assert_eq!(id_text(&doc["f"]).unwrap(), "1.5");
-        assert_eq!(id_text(&doc["b"]), Err(JsonIdError::WrongType { found: "a boolean" }));
+        assert_eq!(
+            id_text(&doc["b"]),
+            Err(JsonIdError::WrongType { found: "a boolean" })
+        );
     }
 }

@@ -13,10 +13,20 @@ use crate::verify::{Algorithm, Encoding, Prefix, Rule, Timestamp};
 /// The rule of a `scheme: hmac` block; `None` when a key is invalid (recorded).
 pub fn rule(ctx: &mut Ctx, path: &str, raw: &RawVerify) -> Option<Rule> {
     let at = |key: &str| format!("{path}.{key}");
-    let algorithm = named(ctx, &at("algorithm"), raw.algorithm.as_deref(), &Algorithm::ALL)
-        .map(|a| a.unwrap_or(Algorithm::Sha256));
-    let encoding = named(ctx, &at("encoding"), raw.encoding.as_deref(), &Encoding::ALL)
-        .map(|e| e.unwrap_or(Encoding::Hex));
+    let algorithm = named(
+        ctx,
+        &at("algorithm"),
+        raw.algorithm.as_deref(),
+        &Algorithm::ALL,
+    )
+    .map(|a| a.unwrap_or(Algorithm::Sha256));
+    let encoding = named(
+        ctx,
+        &at("encoding"),
+        raw.encoding.as_deref(),
+        &Encoding::ALL,
+    )
+    .map(|e| e.unwrap_or(Encoding::Hex));
     let prefix = match raw.prefix.as_deref() {
         Some("") => {
             ctx.at_value(&at("prefix"), "prefix is empty (leave it out instead)");
@@ -57,7 +67,11 @@ pub fn rule(ctx: &mut Ctx, path: &str, raw: &RawVerify) -> Option<Rule> {
         message: Cow::Owned(message?),
     };
     if let Some(why) = rule.problem() {
-        let key = if raw.message.is_some() { at("message") } else { path.to_owned() };
+        let key = if raw.message.is_some() {
+            at("message")
+        } else {
+            path.to_owned()
+        };
         ctx.at_key(&key, why);
         return None;
     }
@@ -100,7 +114,10 @@ fn named<T: Copy>(
             let expected: Vec<&str> = names.iter().map(|(_, n)| *n).collect();
             ctx.at_value(
                 path,
-                format!("unknown value `{raw}` (expected one of {})", expected.join(", ")),
+                format!(
+                    "unknown value `{raw}` (expected one of {})",
+                    expected.join(", ")
+                ),
             );
             None
         }

@@ -238,10 +238,20 @@ fn id_parts(ctx: &mut Ctx, path: &str, raw: Vec<RawIdPart>) -> Option<Vec<IdPart
     }
     let mut parts = Vec::with_capacity(raw.len());
     let mut ok = true;
-    for (i, RawIdPart { header, json_pointer }) in raw.into_iter().enumerate() {
+    for (
+        i,
+        RawIdPart {
+            header,
+            json_pointer,
+        },
+    ) in raw.into_iter().enumerate()
+    {
         let at = format!("{path}[{i}]");
         if header.is_some() == json_pointer.is_some() {
-            ctx.at_key(&at, "each part needs exactly one of `header` or `json_pointer`");
+            ctx.at_key(
+                &at,
+                "each part needs exactly one of `header` or `json_pointer`",
+            );
             ok = false;
             continue;
         }

@@ -276,7 +276,9 @@ impl EventIdSource {
     pub fn reads_body(&self) -> bool {
         match self {
             EventIdSource::JsonPointer(_) => true,
-            EventIdSource::Parts(parts) => parts.iter().any(|p| matches!(p, IdPart::JsonPointer(_))),
+            EventIdSource::Parts(parts) => {
+                parts.iter().any(|p| matches!(p, IdPart::JsonPointer(_)))
+            }
             EventIdSource::Header(_) | EventIdSource::SvixId => false,
         }
     }

@@ -173,7 +173,10 @@ fn resolve_all(ctx: &mut Ctx, path: &str, secrets: Option<&[String]>) -> Vec<(us
             path,
             "required field `secrets` is missing (e.g. [env:WEBHOOK_SECRET])",
         ),
-        Some([]) => ctx.at_value(&format!("{path}.secrets"), "at least one secret is required"),
+        Some([]) => ctx.at_value(
+            &format!("{path}.secrets"),
+            "at least one secret is required",
+        ),
         Some(list) => {
             for (i, reference) in list.iter().enumerate() {
                 match resolve_secret(reference, ctx.env) {
@@ -198,7 +201,9 @@ fn header_field(
     let at = format!("{path}.header");
     match (scheme, header) {
         (Some(Scheme::HmacSha256 | Scheme::Token | Scheme::Hmac), Some(h)) => {
-            fields::header_name(h).map_err(|e| ctx.at_value(&at, e)).ok()
+            fields::header_name(h)
+                .map_err(|e| ctx.at_value(&at, e))
+                .ok()
         }
         (Some(Scheme::HmacSha256), None) => {
             ctx.at_key(
@@ -286,7 +291,9 @@ fn key_bytes(scheme: Option<Scheme>, raw: Vec<u8>) -> Result<Key, String> {
                 "a `whpk_` public key must be base64 of 32 bytes (an Ed25519 key), not {}",
                 v.len()
             )),
-            Err(_) => Err("the part of the public key after `whpk_` is not valid base64".to_string()),
+            Err(_) => {
+                Err("the part of the public key after `whpk_` is not valid base64".to_string())
+            }
         };
     }
     let Some(encoded) = raw.strip_prefix(b"whsec_") else {

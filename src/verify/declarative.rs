@@ -15,7 +15,7 @@ use sha1::Sha1;
 use sha2::{Sha256, Sha512};
 use subtle::{Choice, ConstantTimeEq};
 
-use super::{parse_timestamp, required, VerifyError, B64};
+use super::parts::{parse_timestamp, required, VerifyError, B64};
 
 /// Most candidate signatures one header may carry (several: a rotation).
 pub const MAX_SIGNATURES: usize = 8;
@@ -46,6 +46,22 @@ impl Algorithm {
             Algorithm::Sha1 => 20,
             Algorithm::Sha256 => 32,
             Algorithm::Sha512 => 64,
+        }
+    }
+
+    fn hex_why(self) -> &'static str {
+        match self {
+            Algorithm::Sha1 => "the signature is not 40 hex digits",
+            Algorithm::Sha256 => "the signature is not 64 hex digits",
+            Algorithm::Sha512 => "the signature is not 128 hex digits",
+        }
+    }
+
+    fn len_why(self) -> &'static str {
+        match self {
+            Algorithm::Sha1 => "the signature is not 20 bytes",
+            Algorithm::Sha256 => "the signature is not 32 bytes",
+            Algorithm::Sha512 => "the signature is not 64 bytes",
         }
     }
 
@@ -176,7 +192,12 @@ pub static SLACK: Rule = Rule {
     timestamp: Some(Timestamp::Header(HeaderName::from_static(
         "x-slack-request-timestamp",
     ))),
-    message: Cow::Borrowed(&[Piece::Text(Cow::Borrowed("v0:")), Piece::Timestamp, Piece::Text(Cow::Borrowed(":")), Piece::Body]),
+    message: Cow::Borrowed(&[
+        Piece::Text(Cow::Borrowed("v0:")),
+        Piece::Timestamp,
+        Piece::Text(Cow::Borrowed(":")),
+        Piece::Body,
+    ]),
 };
 
 /// `Stripe-Signature: t=…,v1=…[,v1=…]` over `{timestamp}.{body}`.
@@ -187,7 +208,11 @@ pub static STRIPE: Rule = Rule {
     prefix: None,
     signature_param: Some(Cow::Borrowed("v1")),
     timestamp: Some(Timestamp::Param(Cow::Borrowed("t"))),
-    message: Cow::Borrowed(&[Piece::Timestamp, Piece::Text(Cow::Borrowed(".")), Piece::Body]),
+    message: Cow::Borrowed(&[
+        Piece::Timestamp,
+        Piece::Text(Cow::Borrowed(".")),
+        Piece::Body,
+    ]),
 };
 
 /// `Paddle-Signature: ts=…;h1=…[;h1=…]` over `{timestamp}:{body}`.
@@ -198,7 +223,11 @@ pub static PADDLE: Rule = Rule {
     prefix: None,
     signature_param: Some(Cow::Borrowed("h1")),
     timestamp: Some(Timestamp::Param(Cow::Borrowed("ts"))),
-    message: Cow::Borrowed(&[Piece::Timestamp, Piece::Text(Cow::Borrowed(":")), Piece::Body]),
+    message: Cow::Borrowed(&[
+        Piece::Timestamp,
+        Piece::Text(Cow::Borrowed(":")),
+        Piece::Body,
+    ]),
 };
 
 /// `Typeform-Signature: sha256=<base64>` over the body.
@@ -222,7 +251,12 @@ pub static ZOOM: Rule = Rule {
     timestamp: Some(Timestamp::Header(HeaderName::from_static(
         "x-zm-request-timestamp",
     ))),
-    message: Cow::Borrowed(&[Piece::Text(Cow::Borrowed("v0:")), Piece::Timestamp, Piece::Text(Cow::Borrowed(":")), Piece::Body]),
+    message: Cow::Borrowed(&[
+        Piece::Text(Cow::Borrowed("v0:")),
+        Piece::Timestamp,
+        Piece::Text(Cow::Borrowed(":")),
+        Piece::Body,
+    ]),
 };
 
 impl Rule {
@@ -258,7 +292,9 @@ impl Rule {
             Some("the message must contain {body}: a signature that does not cover the body protects nothing")
         } else if has_ts != self.timestamp.is_some() {
             Some("the message uses {timestamp} exactly when `timestamp` is set")
-        } else if matches!(self.timestamp, Some(Timestamp::Param(_))) && self.signature_param.is_none() {
+        } else if matches!(self.timestamp, Some(Timestamp::Param(_)))
+            && self.signature_param.is_none()
+        {
             Some("`timestamp: {param: …}` needs `signature_param` (the header is then a k=v list)")
         } else {
             None
@@ -393,29 +429,23 @@ impl Rule {
         };
         let len = self.algorithm.tag_len();
         let mut out = [0u8; MAX_TAG];
+        let malformed = |why| Err(VerifyError::malformed(name, why));
         match self.encoding {
             Encoding::Hex => {
                 if s.len() != 2 * len || hex::decode_to_slice(s, &mut out[..len]).is_err() {
-                    return Err(VerifyError::malformed(
-                        name,
-                        "the signature is not hex of the algorithm's length",
-                    ));
+                    return malformed(self.algorithm.hex_why());
                 }
             }
             Encoding::Base64 => {
                 use base64::Engine as _;
                 let mut buf = [0u8; MAX_TAG + 8];
-                let n = (s.len() <= 4 * (MAX_TAG + 2) / 3 + 4)
-                    .then(|| B64.decode_slice(s.as_bytes(), &mut buf).ok())
-                    .flatten();
-                match n {
-                    Some(n) if n == len => out[..len].copy_from_slice(&buf[..len]),
-                    _ => {
-                        return Err(VerifyError::malformed(
-                            name,
-                            "the signature is not base64 of the algorithm's length",
-                        ))
-                    }
+                if s.len() > 4 * (MAX_TAG + 2) / 3 + 4 {
+                    return malformed(self.algorithm.len_why());
+                }
+                match B64.decode_slice(s.as_bytes(), &mut buf) {
+                    Ok(n) if n == len => out[..len].copy_from_slice(&buf[..len]),
+                    Ok(_) => return malformed(self.algorithm.len_why()),
+                    Err(_) => return malformed("the signature is not valid base64"),
                 }
             }
         }
@@ -500,7 +530,9 @@ pub fn parse_message(template: &str) -> Result<Vec<Piece>, String> {
         pieces.push(Piece::Text(Cow::Owned(lit)));
     }
     if pieces.len() > MAX_PIECES {
-        return Err(format!("at most {MAX_PIECES} parts (text and placeholders)"));
+        return Err(format!(
+            "at most {MAX_PIECES} parts (text and placeholders)"
+        ));
     }
     Ok(pieces)
 }

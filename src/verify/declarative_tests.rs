@@ -57,15 +57,27 @@ fn new_presets_match_independent_vectors() {
     let paddle = Verifier::new(Scheme::Paddle, vec![b"pdl_ntfset_01h_secret".to_vec()]);
     let h = hm(&[("Paddle-Signature", &format!("ts={TS};h1={PADDLE_H1}"))]);
     assert_eq!(paddle.verify(&h, BODY, TS), Ok(()));
-    assert_eq!(sign::paddle(b"pdl_ntfset_01h_secret", TS, BODY), format!("ts={TS};h1={PADDLE_H1}"));
-    assert_eq!(paddle.verify(&h, &BODY[1..], TS), Err(VerifyError::Mismatch));
+    assert_eq!(
+        sign::paddle(b"pdl_ntfset_01h_secret", TS, BODY),
+        format!("ts={TS};h1={PADDLE_H1}")
+    );
+    assert_eq!(
+        paddle.verify(&h, &BODY[1..], TS),
+        Err(VerifyError::Mismatch)
+    );
 
     let typeform = Verifier::new(Scheme::Typeform, vec![b"tf_secret".to_vec()]);
     let h = hm(&[("Typeform-Signature", &format!("sha256={TYPEFORM_SIG}"))]);
     assert_eq!(typeform.verify(&h, BODY, 0), Ok(()));
-    assert_eq!(sign::typeform(b"tf_secret", BODY), format!("sha256={TYPEFORM_SIG}"));
+    assert_eq!(
+        sign::typeform(b"tf_secret", BODY),
+        format!("sha256={TYPEFORM_SIG}")
+    );
     let bare = hm(&[("Typeform-Signature", TYPEFORM_SIG)]);
-    assert!(matches!(typeform.verify(&bare, BODY, 0), Err(VerifyError::MalformedHeader { .. })));
+    assert!(matches!(
+        typeform.verify(&bare, BODY, 0),
+        Err(VerifyError::MalformedHeader { .. })
+    ));
 
     let zoom = Verifier::new(Scheme::Zoom, vec![b"zm_secret".to_vec()]);
     let h = hm(&[
@@ -90,7 +102,11 @@ fn paddle_rotation_lists_several_h1_and_any_may_match() {
         format!("ts={TS};h1={PADDLE_H1};h1={old_h1}"),
         format!("h1={PADDLE_H1}; ts={TS}"),
     ] {
-        assert_eq!(ver.verify(&hm(&[("Paddle-Signature", &value)]), BODY, TS), Ok(()), "{value}");
+        assert_eq!(
+            ver.verify(&hm(&[("Paddle-Signature", &value)]), BODY, TS),
+            Ok(()),
+            "{value}"
+        );
     }
     let forged = format!("ts={TS};h1={old_h1};h1={}", "0".repeat(64));
     assert_eq!(
@@ -98,13 +114,13 @@ fn paddle_rotation_lists_several_h1_and_any_may_match() {
         Err(VerifyError::Mismatch)
     );
     for bad in [
-        format!("h1={PADDLE_H1}"),                    // no ts
-        format!("ts={TS}"),                           // no h1
-        format!("ts={TS};ts={TS};h1={PADDLE_H1}"),    // two timestamps
-        format!("ts=x;h1={PADDLE_H1}"),               // not seconds
-        format!("ts={TS};h1={}", &PADDLE_H1[..62]),   // short
-        format!("ts={TS};h1"),                        // not k=v
-        format!("ts={TS}{}", ";h1=00".repeat(2)),     // undecodable
+        format!("h1={PADDLE_H1}"),                  // no ts
+        format!("ts={TS}"),                         // no h1
+        format!("ts={TS};ts={TS};h1={PADDLE_H1}"),  // two timestamps
+        format!("ts=x;h1={PADDLE_H1}"),             // not seconds
+        format!("ts={TS};h1={}", &PADDLE_H1[..62]), // short
+        format!("ts={TS};h1"),                      // not k=v
+        format!("ts={TS}{}", ";h1=00".repeat(2)),   // undecodable
         format!("ts={TS}{}", format!(";h1={PADDLE_H1}").repeat(MAX_SIGS + 1)),
     ] {
         let r = ver.verify(&hm(&[("Paddle-Signature", &bad)]), BODY, TS);
@@ -123,8 +139,14 @@ const MAX_SIGS: usize = declarative::MAX_SIGNATURES;
 fn fixed_schemes_are_instances_of_the_rule() {
     let secret: &[u8] = b"s3cret";
     let cases: [(Scheme, HeaderMap); 7] = [
-        (Scheme::Github, hm(&[("X-Hub-Signature-256", &sign::github(secret, BODY))])),
-        (Scheme::Shopify, hm(&[("X-Shopify-Hmac-Sha256", &sign::shopify(secret, BODY))])),
+        (
+            Scheme::Github,
+            hm(&[("X-Hub-Signature-256", &sign::github(secret, BODY))]),
+        ),
+        (
+            Scheme::Shopify,
+            hm(&[("X-Shopify-Hmac-Sha256", &sign::shopify(secret, BODY))]),
+        ),
         (
             Scheme::Slack,
             hm(&[
@@ -132,9 +154,18 @@ fn fixed_schemes_are_instances_of_the_rule() {
                 ("X-Slack-Request-Timestamp", "1700000000"),
             ]),
         ),
-        (Scheme::Stripe, hm(&[("Stripe-Signature", &sign::stripe(secret, TS, BODY))])),
-        (Scheme::Paddle, hm(&[("Paddle-Signature", &sign::paddle(secret, TS, BODY))])),
-        (Scheme::Typeform, hm(&[("Typeform-Signature", &sign::typeform(secret, BODY))])),
+        (
+            Scheme::Stripe,
+            hm(&[("Stripe-Signature", &sign::stripe(secret, TS, BODY))]),
+        ),
+        (
+            Scheme::Paddle,
+            hm(&[("Paddle-Signature", &sign::paddle(secret, TS, BODY))]),
+        ),
+        (
+            Scheme::Typeform,
+            hm(&[("Typeform-Signature", &sign::typeform(secret, BODY))]),
+        ),
         (
             Scheme::Zoom,
             hm(&[
@@ -160,13 +191,22 @@ fn fixed_schemes_are_instances_of_the_rule() {
 #[test]
 fn declarative_forms() {
     // body signature, sha1 hex
-    let r = Rule { algorithm: Algorithm::Sha1, ..rule("x-sig", "{body}") };
+    let r = Rule {
+        algorithm: Algorithm::Sha1,
+        ..rule("x-sig", "{body}")
+    };
     let ver = hmac_verifier(r, &[b"k1"]);
     assert_eq!(ver.verify(&hm(&[("X-Sig", SHA1_HEX)]), BODY, 0), Ok(()));
-    assert_eq!(ver.verify(&hm(&[("X-Sig", &SHA1_HEX.to_uppercase())]), BODY, 0), Ok(()));
+    assert_eq!(
+        ver.verify(&hm(&[("X-Sig", &SHA1_HEX.to_uppercase())]), BODY, 0),
+        Ok(())
+    );
     // a sha256-length tag is not a sha1 tag
     let long = hm(&[("X-Sig", &"ab".repeat(32))]);
-    assert!(matches!(ver.verify(&long, BODY, 0), Err(VerifyError::MalformedHeader { .. })));
+    assert!(matches!(
+        ver.verify(&long, BODY, 0),
+        Err(VerifyError::MalformedHeader { .. })
+    ));
 
     // timestamped message with {id}, sha512 base64, timestamp header
     let r = Rule {
@@ -178,18 +218,32 @@ fn declarative_forms() {
     let ver = hmac_verifier(r, &[b"k512"]);
     let h = hm(&[("X-Sig", SHA512_B64), ("X-Ts", "1700000000")]);
     assert_eq!(ver.verify_with_id(&h, BODY, Some("id-1"), TS), Ok(()));
-    assert_eq!(ver.verify_with_id(&h, BODY, Some("id-2"), TS), Err(VerifyError::Mismatch));
-    assert_eq!(ver.verify_with_id(&h, BODY, None, TS), Err(VerifyError::MissingEventId));
+    assert_eq!(
+        ver.verify_with_id(&h, BODY, Some("id-2"), TS),
+        Err(VerifyError::Mismatch)
+    );
+    assert_eq!(
+        ver.verify_with_id(&h, BODY, None, TS),
+        Err(VerifyError::MissingEventId)
+    );
     assert_eq!(
         ver.verify_with_id(&h, BODY, Some("id-1"), TS - 301),
         Err(VerifyError::FutureTimestamp { ahead_secs: 301 })
     );
-    missing_header(ver.verify_with_id(&hm(&[("X-Sig", SHA512_B64)]), BODY, Some("id-1"), TS), "x-ts");
+    missing_header(
+        ver.verify_with_id(&hm(&[("X-Sig", SHA512_B64)]), BODY, Some("id-1"), TS),
+        "x-ts",
+    );
 
     // {header:NAME} and literal braces
     let r = rule("x-sig", "{header:X-Tenant}{{}}{body}");
     let ver = hmac_verifier(r, &[b"k"]);
-    let tag = sign::tag(Algorithm::Sha256, Encoding::Hex, b"k", &[b"t1", b"{}", BODY]);
+    let tag = sign::tag(
+        Algorithm::Sha256,
+        Encoding::Hex,
+        b"k",
+        &[b"t1", b"{}", BODY],
+    );
     let h = hm(&[("X-Sig", &tag), ("X-Tenant", "t1")]);
     assert_eq!(ver.verify(&h, BODY, 0), Ok(()));
     let other = hm(&[("X-Sig", &tag), ("X-Tenant", "t2")]);
@@ -213,9 +267,22 @@ fn templates_parse_or_say_why() {
     );
     assert_eq!(
         parse_message("{id}.{header:X-A}{{x}}{body}").unwrap(),
-        [Id, text("."), Header(HeaderName::from_static("x-a")), text("{x}"), Body]
+        [
+            Id,
+            text("."),
+            Header(HeaderName::from_static("x-a")),
+            text("{x}"),
+            Body
+        ]
     );
-    for bad in ["{bodyy}", "{body", "body}", "{header:bad name}", "{}", &"{body}.".repeat(9)] {
+    for bad in [
+        "{bodyy}",
+        "{body",
+        "body}",
+        "{header:bad name}",
+        "{}",
+        &"{body}.".repeat(9),
+    ] {
         assert!(parse_message(bad).is_err(), "{bad}");
     }
     // a rule must sign the body, and use {timestamp} exactly with a timestamp
@@ -233,7 +300,10 @@ fn templates_parse_or_say_why() {
     assert!(param_without_list.problem().is_some());
     // the verifier fails closed on such a rule
     let ver = hmac_verifier(rule("x", "{id}"), &[b"k"]);
-    assert!(matches!(ver.verify(&hm(&[("x", "00")]), BODY, 0), Err(VerifyError::Misconfigured(_))));
+    assert!(matches!(
+        ver.verify(&hm(&[("x", "00")]), BODY, 0),
+        Err(VerifyError::Misconfigured(_))
+    ));
     assert!(matches!(
         Verifier::new(Scheme::Hmac, vec![b"k".to_vec()]).validate(),
         Err(VerifyError::Misconfigured(_))
@@ -242,9 +312,18 @@ fn templates_parse_or_say_why() {
 
 #[test]
 fn token_scheme_compares_the_whole_token() {
-    let ver = Verifier::new(Scheme::Token, vec![b"glpat-token".to_vec(), b"next".to_vec()]);
-    assert_eq!(ver.verify(&hm(&[("X-Gitlab-Token", "glpat-token")]), b"", 0), Ok(()));
-    assert_eq!(ver.verify(&hm(&[("X-Gitlab-Token", "next")]), BODY, 0), Ok(()));
+    let ver = Verifier::new(
+        Scheme::Token,
+        vec![b"glpat-token".to_vec(), b"next".to_vec()],
+    );
+    assert_eq!(
+        ver.verify(&hm(&[("X-Gitlab-Token", "glpat-token")]), b"", 0),
+        Ok(())
+    );
+    assert_eq!(
+        ver.verify(&hm(&[("X-Gitlab-Token", "next")]), BODY, 0),
+        Ok(())
+    );
     for wrong in ["glpat-toke", "glpat-token2", "GLPAT-TOKEN", "x"] {
         assert_eq!(
             ver.verify(&hm(&[("X-Gitlab-Token", wrong)]), BODY, 0),
@@ -301,13 +380,25 @@ fn ed_verifier(hmac_keys: &[&[u8]], public_keys: &[[u8; 32]]) -> Verifier {
 
 #[test]
 fn v1a_vector_right_and_wrong_key() {
-    assert_eq!(sign::standard_webhooks_v1a(&SEED, "msg_1", TS, BODY), format!("v1a,{V1A}"));
-    assert_eq!(sign::standard_webhooks_public_key(&SEED), format!("whpk_{PK_B64}"));
+    assert_eq!(
+        sign::standard_webhooks_v1a(&SEED, "msg_1", TS, BODY),
+        format!("v1a,{V1A}")
+    );
+    assert_eq!(
+        sign::standard_webhooks_public_key(&SEED),
+        format!("whpk_{PK_B64}")
+    );
     let ver = ed_verifier(&[], &[pk()]);
     assert_eq!(ver.verify(&sw(&format!("v1a,{V1A}")), BODY, TS), Ok(()));
-    assert_eq!(ver.verify(&sw(&format!("v1a,{V1A}")), &BODY[1..], TS), Err(VerifyError::Mismatch));
+    assert_eq!(
+        ver.verify(&sw(&format!("v1a,{V1A}")), &BODY[1..], TS),
+        Err(VerifyError::Mismatch)
+    );
     let wrong = ed_verifier(&[], &[[7u8; 32]]);
-    assert_eq!(wrong.verify(&sw(&format!("v1a,{V1A}")), BODY, TS), Err(VerifyError::Mismatch));
+    assert_eq!(
+        wrong.verify(&sw(&format!("v1a,{V1A}")), BODY, TS),
+        Err(VerifyError::Mismatch)
+    );
     // rotation: any key may match
     let rotated = ed_verifier(&[], &[[7u8; 32], pk()]);
     assert_eq!(rotated.verify(&sw(&format!("v1a,{V1A}")), BODY, TS), Ok(()));
@@ -325,10 +416,24 @@ fn v1a_entries_are_checked_only_against_keys_of_their_kind() {
     let bad_v1 = format!("v1,{}", B64.encode([0u8; 32]));
     let both = ed_verifier(&[key], &[pk()]);
     // a bad v1 beside a good v1a, and the other way round
-    assert_eq!(both.verify(&sw(&format!("{bad_v1} {v1a}")), BODY, TS), Ok(()));
-    assert_eq!(both.verify(&sw(&format!("{v1} v1a,{}", B64.encode([0u8; 64]))), BODY, TS), Ok(()));
     assert_eq!(
-        both.verify(&sw(&format!("{bad_v1} v1a,{}", B64.encode([0u8; 64]))), BODY, TS),
+        both.verify(&sw(&format!("{bad_v1} {v1a}")), BODY, TS),
+        Ok(())
+    );
+    assert_eq!(
+        both.verify(
+            &sw(&format!("{v1} v1a,{}", B64.encode([0u8; 64]))),
+            BODY,
+            TS
+        ),
+        Ok(())
+    );
+    assert_eq!(
+        both.verify(
+            &sw(&format!("{bad_v1} v1a,{}", B64.encode([0u8; 64]))),
+            BODY,
+            TS
+        ),
         Err(VerifyError::Mismatch)
     );
     // the HMAC key's tag sent as v1a, or an Ed25519 signature sent as v1: no match
@@ -340,7 +445,10 @@ fn v1a_entries_are_checked_only_against_keys_of_their_kind() {
         hmac_only.verify(&sw(&v1a), BODY, TS),
         Err(VerifyError::MalformedHeader { .. })
     ));
-    assert_eq!(hmac_only.verify(&sw(&format!("{v1a} {v1}")), BODY, TS), Ok(()));
+    assert_eq!(
+        hmac_only.verify(&sw(&format!("{v1a} {v1}")), BODY, TS),
+        Ok(())
+    );
     // a public-key-only route never reads v1 entries
     let ed_only = ed_verifier(&[], &[pk()]);
     assert!(matches!(
@@ -348,11 +456,17 @@ fn v1a_entries_are_checked_only_against_keys_of_their_kind() {
         Err(VerifyError::MalformedHeader { .. })
     ));
     // entries of the wrong length are skipped
-    assert_eq!(ed_only.verify(&sw(&format!("v1a,AAAA {v1a}")), BODY, TS), Ok(()));
+    assert_eq!(
+        ed_only.verify(&sw(&format!("v1a,AAAA {v1a}")), BODY, TS),
+        Ok(())
+    );
     // public keys are for standard-webhooks only
     let misplaced = Verifier {
         public_keys: vec![pk()],
         ..Verifier::new(Scheme::Github, vec![b"k".to_vec()])
     };
-    assert!(matches!(misplaced.validate(), Err(VerifyError::Misconfigured(_))));
+    assert!(matches!(
+        misplaced.validate(),
+        Err(VerifyError::Misconfigured(_))
+    ));
 }

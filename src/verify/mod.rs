@@ -26,9 +26,12 @@ use sha2::Sha256;
 use subtle::{Choice, ConstantTimeEq};
 
 pub mod declarative;
+mod parts;
 pub mod sign;
 
 pub use declarative::{Algorithm, Encoding, Piece, Prefix, Rule, Timestamp};
+pub use parts::VerifyError;
+use parts::{parse_timestamp, required, B64};
 
 #[cfg(test)]
 mod declarative_tests;
@@ -256,44 +259,6 @@ pub fn decode_standard_webhooks_secret(secret: &str) -> Result<Vec<u8>, InvalidS
     Ok(key)
 }
 
-/// Why a delivery failed verification. `Display` is safe to send back to the
-/// sender: it names headers, never their values, the secrets or the body.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VerifyError {
-    /// A required header is absent (the header name, lower case).
-    #[error("missing signature header `{0}`")]
-    MissingHeader(String),
-    /// A header is present but cannot be parsed.
-    #[error("malformed signature header `{header}`: {why}")]
-    MalformedHeader { header: String, why: &'static str },
-    /// The signed timestamp is older than the tolerance.
-    #[error("signature timestamp is {age_secs}s old, outside the allowed tolerance")]
-    StaleTimestamp { age_secs: i64 },
-    /// The signed timestamp is further in the future than the tolerance.
-    #[error("signature timestamp is {ahead_secs}s in the future, outside the allowed tolerance")]
-    FutureTimestamp { ahead_secs: i64 },
-    /// The signed message covers the event ID, and the request has none.
-    #[error("the signed message covers the event ID, and the request has none")]
-    MissingEventId,
-    /// Well-formed, but no signature matches any secret.
-    #[error("no signature matches the payload")]
-    Mismatch,
-    /// The verifier itself is unusable (no secrets, an empty secret, or
-    /// hmac-sha256 without a header). Config validation should catch this
-    /// first; [`Verifier::verify`] fails closed with it.
-    #[error("signature verification is misconfigured: {0}")]
-    Misconfigured(&'static str),
-}
-
-impl VerifyError {
-    fn malformed(header: &str, why: &'static str) -> Self {
-        VerifyError::MalformedHeader {
-            header: header.to_owned(),
-            why,
-        }
-    }
-}
-
 /// A configured signature check for one route.
 #[derive(Clone)]
 pub struct Verifier {
@@ -365,9 +330,9 @@ impl Verifier {
         }
         match (self.scheme, &self.rule) {
             (Scheme::Hmac, None) => Err(VerifyError::Misconfigured("hmac needs its rule")),
-            (Scheme::Hmac, Some(rule)) => rule.problem().map_or(Ok(()), |why| {
-                Err(VerifyError::Misconfigured(why))
-            }),
+            (Scheme::Hmac, Some(rule)) => rule
+                .problem()
+                .map_or(Ok(()), |why| Err(VerifyError::Misconfigured(why))),
             _ => Ok(()),
         }
     }
@@ -421,7 +386,10 @@ impl Verifier {
     /// (their SHA-256 digests are compared, so lengths do not leak either).
     fn verify_token(&self, headers: &HeaderMap) -> Result<(), VerifyError> {
         use sha2::Digest as _;
-        let name = self.header.as_ref().map_or(headers::GITLAB_TOKEN, |h| h.as_str());
+        let name = self
+            .header
+            .as_ref()
+            .map_or(headers::GITLAB_TOKEN, |h| h.as_str());
         let given = Sha256::digest(required(headers, name)?.as_bytes());
         let mut matched = Choice::from(0u8);
         for secret in &self.secrets {
@@ -587,51 +555,12 @@ fn signature_list(
     }
 }
 
-/// Standard alphabet; padding accepted but not required.
-const B64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    base64::engine::GeneralPurposeConfig::new()
-        .with_encode_padding(true)
-        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
-);
-
 pub(crate) fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
     for part in parts {
         m.update(part);
     }
     m.finalize().into_bytes().into()
-}
-
-/// The single value of a required header, as trimmed visible ASCII.
-fn required<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, VerifyError> {
-    let mut values = headers.get_all(name).iter();
-    let value = values
-        .next()
-        .ok_or_else(|| VerifyError::MissingHeader(name.to_owned()))?;
-    if values.next().is_some() {
-        return Err(VerifyError::malformed(name, "the header is repeated"));
-    }
-    let value = value
-        .to_str()
-        .map_err(|_| VerifyError::malformed(name, "the value is not visible ASCII"))?
-        .trim();
-    if value.is_empty() {
-        return Err(VerifyError::malformed(name, "the value is empty"));
-    }
-    Ok(value)
-}
-
-/// Unix seconds: ASCII digits only (no sign, no fraction), fitting in i64.
-fn parse_timestamp(name: &str, raw: &str) -> Result<i64, VerifyError> {
-    if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(VerifyError::malformed(
-            name,
-            "the timestamp is not Unix seconds",
-        ));
-    }
-    raw.parse::<i64>()
-        .map_err(|_| VerifyError::malformed(name, "the timestamp is out of range"))
 }
 
 /// Standard base64 (padding optional) of exactly `N` bytes, for list

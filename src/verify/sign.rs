@@ -6,7 +6,8 @@
 
 use base64::Engine as _;
 
-use super::{mac, B64};
+use super::mac;
+use super::parts::B64;
 
 /// `Stripe-Signature` value: `t={t},v1={hex}` over `"{t}.{body}"`.
 pub fn stripe(secret: &[u8], t: i64, body: &[u8]) -> String {

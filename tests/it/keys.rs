@@ -100,7 +100,11 @@ fn python(script: &str, input: &Value, package: &str) -> Option<Value> {
         };
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
-            let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
             return Err(format!("python3 failed: {last}"));
         }
         serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
@@ -133,16 +137,28 @@ fn composite_ids_scope_event_ids_by_tenant() {
 
     // two tenants, one event ID: two events
     assert_forwarded(&post(&body("T1", &event)), "tenant 1");
-    assert_forwarded(&post(&body("T2", &event)), "tenant 2: not a replay of tenant 1");
+    assert_forwarded(
+        &post(&body("T2", &event)),
+        "tenant 2: not a replay of tenant 1",
+    );
     // the same pair again: a replay
     assert_replayed(&post(&body("T1", &event)), "tenant 1 again");
     assert_replayed(&post(&body("T2", &event)), "tenant 2 again");
     assert_eq!(h.up.total(), 2);
-    assert_eq!(show(&h.store, "tenants", &format!("T1:{event}"))["state"], "delivered");
-    assert_eq!(show(&h.store, "tenants", &format!("T2:{event}"))["state"], "delivered");
+    assert_eq!(
+        show(&h.store, "tenants", &format!("T1:{event}"))["state"],
+        "delivered"
+    );
+    assert_eq!(
+        show(&h.store, "tenants", &format!("T2:{event}"))["state"],
+        "delivered"
+    );
     // the consumer gets the composite key
     let got = h.up.received();
-    assert_eq!(got[0].header("Idempotency-Key"), Some(format!("T1:{event}").as_str()));
+    assert_eq!(
+        got[0].header("Idempotency-Key"),
+        Some(format!("T1:{event}").as_str())
+    );
 
     // a part missing is a missing ID; a tenant with `:` could pose as another
     let r = post(&json!({"event_id": event}).to_string());
@@ -163,7 +179,13 @@ fn composite_ids_mix_headers_and_the_body() {
     );
     let id = eid("m");
     let body = json!({"id": id}).to_string();
-    let post = |tenant: &str| h.post("/hooks/mixed", &headers(&[("X-Tenant", tenant)]), body.as_bytes());
+    let post = |tenant: &str| {
+        h.post(
+            "/hooks/mixed",
+            &headers(&[("X-Tenant", tenant)]),
+            body.as_bytes(),
+        )
+    };
     assert_forwarded(&post("acme"), "acme");
     assert_forwarded(&post("globex"), "globex");
     assert_replayed(&post("acme"), "acme again");
@@ -184,18 +206,34 @@ fn declarative_body_signature() {
     );
     let id = eid("b");
     let body = br#"{"action":"opened"}"#;
-    let sig = |key: &[u8]| format!("sha1={}", sign::tag(Algorithm::Sha1, Encoding::Hex, key, &[body]));
+    let sig = |key: &[u8]| {
+        format!(
+            "sha1={}",
+            sign::tag(Algorithm::Sha1, Encoding::Hex, key, &[body])
+        )
+    };
     let post = |key: &[u8], id: &str| {
-        h.post("/hooks/body", &headers(&[("X-Delivery", id), ("X-Signature", &sig(key))]), body)
+        h.post(
+            "/hooks/body",
+            &headers(&[("X-Delivery", id), ("X-Signature", &sig(key))]),
+            body,
+        )
     };
     assert_forwarded(&post(b"body-secret", &id), "signed");
     assert_replayed(&post(b"body-secret", &id), "duplicate");
     let next = eid("b-next");
     assert_invalid_signature(&post(b"forged", &next), "no signature matches");
-    assert_eq!(cli(&["events", "show", "--store", &h.store, "--route", "body", &next]).0, 3);
+    assert_eq!(
+        cli(&["events", "show", "--store", &h.store, "--route", "body", &next]).0,
+        3
+    );
     // without the prefix the signature is malformed
     let bare = sign::tag(Algorithm::Sha1, Encoding::Hex, b"body-secret", &[body]);
-    let r = h.post("/hooks/body", &headers(&[("X-Delivery", &next), ("X-Signature", &bare)]), body);
+    let r = h.post(
+        "/hooks/body",
+        &headers(&[("X-Delivery", &next), ("X-Signature", &bare)]),
+        body,
+    );
     assert_invalid_signature(&r, "x-signature");
     assert_eq!(h.up.total(), 1);
 }
@@ -213,10 +251,21 @@ fn declarative_timestamped_message() {
     let post = |key: &[u8], id: &str, ts: i64, account: &str, signed_account: &str| {
         let t = ts.to_string();
         let parts: [&[u8]; 7] = [
-            id.as_bytes(), b".", t.as_bytes(), b".", signed_account.as_bytes(), b".", body,
+            id.as_bytes(),
+            b".",
+            t.as_bytes(),
+            b".",
+            signed_account.as_bytes(),
+            b".",
+            body,
         ];
         let sig = sign::tag(Algorithm::Sha512, Encoding::Base64, key, &parts);
-        let hs = headers(&[("X-Event", id), ("X-Timestamp", &t), ("X-Account", account), ("X-Signature", &sig)]);
+        let hs = headers(&[
+            ("X-Event", id),
+            ("X-Timestamp", &t),
+            ("X-Account", account),
+            ("X-Signature", &sig),
+        ]);
         h.post("/hooks/stamped", &hs, body)
     };
     let id = eid("s");
@@ -229,15 +278,29 @@ fn declarative_timestamped_message() {
         let t = now.to_string();
         let parts: [&[u8]; 7] = [id.as_bytes(), b".", t.as_bytes(), b".", b"a1", b".", body];
         let sig = sign::tag(Algorithm::Sha512, Encoding::Base64, b"ts-secret", &parts);
-        let hs = headers(&[("X-Event", &other), ("X-Timestamp", &t), ("X-Account", "a1"), ("X-Signature", &sig)]);
+        let hs = headers(&[
+            ("X-Event", &other),
+            ("X-Timestamp", &t),
+            ("X-Account", "a1"),
+            ("X-Signature", &sig),
+        ]);
         h.post("/hooks/stamped", &hs, body)
     };
     assert_invalid_signature(&moved, "no signature matches");
-    assert_invalid_signature(&post(b"ts-secret", &other, now, "a2", "a1"), "no signature matches");
+    assert_invalid_signature(
+        &post(b"ts-secret", &other, now, "a2", "a1"),
+        "no signature matches",
+    );
     assert_invalid_signature(&post(b"ts-secret", &other, now - 120, "a1", "a1"), "old");
-    assert_invalid_signature(&post(b"forged", &other, now, "a1", "a1"), "no signature matches");
+    assert_invalid_signature(
+        &post(b"forged", &other, now, "a1", "a1"),
+        "no signature matches",
+    );
     assert_eq!(h.up.total(), 1);
-    assert_forwarded(&post(b"ts-secret", &other, now, "a1", "a1"), "the genuine one");
+    assert_forwarded(
+        &post(b"ts-secret", &other, now, "a1", "a1"),
+        "the genuine one",
+    );
 }
 
 /// `scheme: hmac` with a `k=v` list holding the timestamp and several
@@ -252,13 +315,37 @@ fn declarative_list_with_several_signatures() {
     let id = eid("l");
     let body = json!({"id": id}).to_string();
     let now = unix_now().to_string();
-    let tag = |key: &[u8]| sign::tag(Algorithm::Sha256, Encoding::Hex, key, &[now.as_bytes(), b".", body.as_bytes()]);
-    let post = |value: String| h.post("/hooks/listed", &headers(&[("X-Signature", &value)]), body.as_bytes());
+    let tag = |key: &[u8]| {
+        sign::tag(
+            Algorithm::Sha256,
+            Encoding::Hex,
+            key,
+            &[now.as_bytes(), b".", body.as_bytes()],
+        )
+    };
+    let post = |value: String| {
+        h.post(
+            "/hooks/listed",
+            &headers(&[("X-Signature", &value)]),
+            body.as_bytes(),
+        )
+    };
     // the sender signs with the old and the new secret during its rotation
-    let both = format!("t={now},v1={},v1={}", tag(b"old-secret"), tag(b"new-secret"));
+    let both = format!(
+        "t={now},v1={},v1={}",
+        tag(b"old-secret"),
+        tag(b"new-secret")
+    );
     assert_forwarded(&post(both.clone()), "old and new");
-    assert_replayed(&post(format!("v1={};t={now}", tag(b"new-secret"))), "new only, `;`, in another order");
-    let r = post(format!("t={now},v1={},v1={}", tag(b"old-secret"), tag(b"other")));
+    assert_replayed(
+        &post(format!("v1={};t={now}", tag(b"new-secret"))),
+        "new only, `;`, in another order",
+    );
+    let r = post(format!(
+        "t={now},v1={},v1={}",
+        tag(b"old-secret"),
+        tag(b"other")
+    ));
     assert_invalid_signature(&r, "no signature matches");
     assert_invalid_signature(&post(format!("v1={}", tag(b"new-secret"))), "x-signature");
     assert_eq!(h.up.total(), 1);
@@ -286,13 +373,33 @@ fn preset_scenario(
     let id = eid(name);
     let (hs, body) = deliver(secret.as_bytes(), &id);
     assert_forwarded(&h.post(&path, &hs, &body), name);
-    assert_eq!(h.up.received()[0].body, body, "{name}: the body reaches the consumer unchanged");
+    assert_eq!(
+        h.up.received()[0].body,
+        body,
+        "{name}: the body reaches the consumer unchanged"
+    );
     assert_replayed(&h.post(&path, &hs, &body), name);
     let next = eid(&format!("{name}-next"));
     let (hs, body) = deliver(b"not-the-secret", &next);
     assert_invalid_signature(&h.post(&path, &hs, &body), "");
-    assert_eq!(cli(&["events", "show", "--store", &h.store, "--route", name, &key_of(&next)]).0, 3);
-    assert_eq!(h.up.total(), 1, "{name}: the forgery never reaches the consumer");
+    assert_eq!(
+        cli(&[
+            "events",
+            "show",
+            "--store",
+            &h.store,
+            "--route",
+            name,
+            &key_of(&next)
+        ])
+        .0,
+        3
+    );
+    assert_eq!(
+        h.up.total(),
+        1,
+        "{name}: the forgery never reaches the consumer"
+    );
     let (hs, body) = deliver(secret.as_bytes(), &next);
     assert_forwarded(&h.post(&path, &hs, &body), name);
     assert_eq!(show(&h.store, name, &key_of(&next))["state"], "delivered");
@@ -348,7 +455,10 @@ fn paddle_preset() {
         assert_eq!(ok, true, "the SDK verifies its own signature");
         let hs = headers(&[("Paddle-Signature", header)]);
         assert_forwarded(&h.post("/hooks/paddle", &hs, body.as_bytes()), "SDK-signed");
-        assert_replayed(&h.post("/hooks/paddle", &hs, body.as_bytes()), "SDK-signed, again");
+        assert_replayed(
+            &h.post("/hooks/paddle", &hs, body.as_bytes()),
+            "SDK-signed, again",
+        );
     }
 }
 
@@ -364,7 +474,9 @@ fn typeform_preset() {
         let sig = sign::typeform(key, body.as_bytes());
         (headers(&[("Typeform-Signature", &sig)]), body.into_bytes())
     };
-    preset_scenario("typeform", "tf-webhook-secret", "", &deliver, &|id| id.to_string());
+    preset_scenario("typeform", "tf-webhook-secret", "", &deliver, &|id| {
+        id.to_string()
+    });
 }
 
 fn gitlab_body() -> String {
@@ -379,12 +491,21 @@ fn gitlab_preset_with_a_secret_token() {
             ("X-Gitlab-Event", "Push Hook"),
             ("X-Gitlab-Token", &token),
             ("Idempotency-Key", id),
-            ("X-Gitlab-Event-UUID", "13792a34-cac6-4fda-95a8-c58e00a3954e"),
+            (
+                "X-Gitlab-Event-UUID",
+                "13792a34-cac6-4fda-95a8-c58e00a3954e",
+            ),
         ]);
         (hs, gitlab_body().into_bytes())
     };
-    let h = preset_scenario("gitlab", "glwht-token-1", "", &deliver, &|id| id.to_string());
-    let r = h.post("/hooks/gitlab", &headers(&[("Idempotency-Key", &eid("g"))]), gitlab_body().as_bytes());
+    let h = preset_scenario("gitlab", "glwht-token-1", "", &deliver, &|id| {
+        id.to_string()
+    });
+    let r = h.post(
+        "/hooks/gitlab",
+        &headers(&[("Idempotency-Key", &eid("g"))]),
+        gitlab_body().as_bytes(),
+    );
     assert_invalid_signature(&r, "x-gitlab-token");
 }
 
@@ -414,8 +535,16 @@ fn gitlab_preset_with_a_signing_token() {
     let ts = unix_now();
     let input = json!({"secret": secret, "ts": ts, "ids": ids, "body": body});
     let sigs: Vec<String> = match python(STANDARD_WEBHOOKS_PY, &input, "standardwebhooks") {
-        Some(v) => v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect(),
-        None => ids.iter().map(|id| sign::standard_webhooks(key, id, ts, body.as_bytes())).collect(),
+        Some(v) => v
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap().to_string())
+            .collect(),
+        None => ids
+            .iter()
+            .map(|id| sign::standard_webhooks(key, id, ts, body.as_bytes()))
+            .collect(),
     };
     let post = |id: &str, sig: &str| {
         let t = ts.to_string();
@@ -446,7 +575,9 @@ fn zoom_body(account: &str, ts: u64) -> String {
 #[test]
 fn zoom_preset() {
     let extra = "    event_id:\n      parts: [{json_pointer: /payload/account_id}, {json_pointer: /event}, {json_pointer: /event_ts}]\n";
-    let event_ts = |id: &str| 1_700_000_000_000 + id.bytes().map(u64::from).sum::<u64>() + id.len() as u64 * 1000;
+    let event_ts = |id: &str| {
+        1_700_000_000_000 + id.bytes().map(u64::from).sum::<u64>() + id.len() as u64 * 1000
+    };
     let deliver = |key: &[u8], id: &str| {
         let body = zoom_body(id, event_ts(id));
         let ts = unix_now();
@@ -466,7 +597,10 @@ fn zoom_preset() {
     let ts = unix_now();
     let signed = headers(&[
         ("x-zm-request-timestamp", &ts.to_string()),
-        ("x-zm-signature", &sign::zoom(secret.as_bytes(), ts, challenge.as_bytes())),
+        (
+            "x-zm-signature",
+            &sign::zoom(secret.as_bytes(), ts, challenge.as_bytes()),
+        ),
     ]);
     for _ in 0..2 {
         let r = h.post("/hooks/zoom", &signed, challenge.as_bytes());
@@ -477,9 +611,15 @@ fn zoom_preset() {
     // an unsigned (or forged) one does not
     let forged = headers(&[
         ("x-zm-request-timestamp", &ts.to_string()),
-        ("x-zm-signature", &sign::zoom(b"guess", ts, challenge.as_bytes())),
+        (
+            "x-zm-signature",
+            &sign::zoom(b"guess", ts, challenge.as_bytes()),
+        ),
     ]);
-    assert_invalid_signature(&h.post("/hooks/zoom", &forged, challenge.as_bytes()), "no signature matches");
+    assert_invalid_signature(
+        &h.post("/hooks/zoom", &forged, challenge.as_bytes()),
+        "no signature matches",
+    );
     assert_eq!(h.up.total(), before + 2);
 }
 
@@ -494,9 +634,15 @@ fn zoom_route_without_an_event_id_is_refused_by_check() {
         "  - name: zoom\n    match:\n      path_prefix: /hooks/zoom\n    upstream: \"http://127.0.0.1:9\"\n    provider: zoom\n    verify:\n      secrets: [env:ZOOM_SECRET]\n",
     );
     std::fs::write(&file, text).unwrap();
-    let (code, _, err) = cli_env(&["check", "--config", &file.display().to_string()], &[("ZOOM_SECRET", "s")]);
+    let (code, _, err) = cli_env(
+        &["check", "--config", &file.display().to_string()],
+        &[("ZOOM_SECRET", "s")],
+    );
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("zoom.yaml:9:5: routes[0]: provider zoom has no event ID of its own"), "{err}");
+    assert!(
+        err.contains("zoom.yaml:9:5: routes[0]: provider zoom has no event ID of its own"),
+        "{err}"
+    );
 }
 
 // ------------------------------------------------------------ v1a
@@ -533,7 +679,11 @@ fn v1a_entries_right_key_wrong_key_and_beside_a_bad_v1() {
         };
         let entry = |seed: &str| signed[seed]["v1a"].as_str().unwrap().to_string();
         let pk = signed["1"]["pk"].as_str().unwrap().to_string();
-        assert_eq!(pk, sign::standard_webhooks_public_key(&[1; 32]), "ring and cryptography agree");
+        assert_eq!(
+            pk,
+            sign::standard_webhooks_public_key(&[1; 32]),
+            "ring and cryptography agree"
+        );
         let name = provider.replace('-', "");
         let h = harness(
             &name,
@@ -550,11 +700,21 @@ fn v1a_entries_right_key_wrong_key_and_beside_a_bad_v1() {
             ]);
             h.post(&path, &hs, body.as_bytes())
         };
-        let bad_v1 = format!("v1,{}", sign::standard_webhooks(b"not-the-key", &id, ts, body.as_bytes()).trim_start_matches("v1,"));
+        let bad_v1 = format!(
+            "v1,{}",
+            sign::standard_webhooks(b"not-the-key", &id, ts, body.as_bytes())
+                .trim_start_matches("v1,")
+        );
         // signed with the wrong key (seed 2): refused, nothing stored
         assert_invalid_signature(&post(&id, &entry("2")), "no signature matches");
-        assert_invalid_signature(&post(&id, &format!("{bad_v1} {}", entry("2"))), "no signature matches");
-        assert_eq!(cli(&["events", "show", "--store", &h.store, "--route", &name, &id]).0, 3);
+        assert_invalid_signature(
+            &post(&id, &format!("{bad_v1} {}", entry("2"))),
+            "no signature matches",
+        );
+        assert_eq!(
+            cli(&["events", "show", "--store", &h.store, "--route", &name, &id]).0,
+            3
+        );
         // the right key, beside a bad v1 entry (the route has both kinds)
         assert_forwarded(&post(&id, &format!("{bad_v1} {}", entry("1"))), provider);
         assert_replayed(&post(&id, &entry("1")), provider);
@@ -575,7 +735,10 @@ fn a_public_key_that_is_not_32_bytes_is_a_config_error() {
         "  - name: sw\n    match:\n      path_prefix: /hooks/sw\n    upstream: \"http://127.0.0.1:9\"\n    provider: standard-webhooks\n    verify:\n      secrets: [env:PK]\n",
     );
     std::fs::write(&file, text).unwrap();
-    let (code, _, err) = cli_env(&["check", "--config", &file.display().to_string()], &[("PK", "whpk_AAAAAAAA")]);
+    let (code, _, err) = cli_env(
+        &["check", "--config", &file.display().to_string()],
+        &[("PK", "whpk_AAAAAAAA")],
+    );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("sw.yaml:15:17: routes[0].verify.secrets[0]: a `whpk_` public key must be base64 of 32 bytes"), "{err}");
 }

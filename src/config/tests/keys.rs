@@ -60,7 +60,9 @@ fn composite_id_errors_point_at_their_part() {
         "{errs:?}"
     );
     one_error(
-        &bare(&format!("    event_id:\n      header: X-A\n      parts: [{{header: X-B}}]\n{verify_none}")),
+        &bare(&format!(
+            "    event_id:\n      header: X-A\n      parts: [{{header: X-B}}]\n{verify_none}"
+        )),
         10,
         5,
         "found both",
@@ -78,7 +80,10 @@ fn hmac_blocks_load_with_defaults_and_every_key() {
     let v = ok(&hmac_block("")).config.routes[0].verify.clone().unwrap();
     assert_eq!(v.scheme, Scheme::Hmac);
     let rule = v.rule.unwrap();
-    assert_eq!((rule.algorithm, rule.encoding), (Algorithm::Sha256, Encoding::Hex));
+    assert_eq!(
+        (rule.algorithm, rule.encoding),
+        (Algorithm::Sha256, Encoding::Hex)
+    );
     assert_eq!(rule.message.as_ref(), [Piece::Body]);
 
     let text = hmac_block(
@@ -86,7 +91,10 @@ fn hmac_blocks_load_with_defaults_and_every_key() {
     );
     let v = ok(&text).config.routes[0].verify.clone().unwrap();
     let rule = v.rule.unwrap();
-    assert_eq!((rule.algorithm, rule.encoding), (Algorithm::Sha512, Encoding::Base64));
+    assert_eq!(
+        (rule.algorithm, rule.encoding),
+        (Algorithm::Sha512, Encoding::Base64)
+    );
     assert_eq!(rule.prefix.as_ref().unwrap().text, "s=");
     assert_eq!(rule.signature_param.as_deref(), Some("h1"));
     assert!(matches!(rule.timestamp, Some(Timestamp::Param(p)) if p == "ts"));
@@ -112,9 +120,18 @@ fn every_hmac_error_is_reported_at_once_at_its_key() {
         ],
         "{errs:?}"
     );
-    assert!(errs[0].to_string().contains("sha1, sha256, sha512"), "{}", errs[0]);
+    assert!(
+        errs[0].to_string().contains("sha1, sha256, sha512"),
+        "{}",
+        errs[0]
+    );
     // a rule that does not hold together
-    one_error(&hmac_block("      message: \"{timestamp}\"\n"), 16, 7, "{body}");
+    one_error(
+        &hmac_block("      message: \"{timestamp}\"\n"),
+        16,
+        7,
+        "{body}",
+    );
     one_error(
         &hmac_block("      timestamp: {header: X-T}\n"),
         12,
@@ -152,7 +169,10 @@ fn a_signed_id_must_not_need_the_body() {
 "
     );
     one_error(&text, 15, 16, "must come from headers");
-    ok(&text.replace("{json_pointer: /id}", "{parts: [{header: X-A}, {header: X-B}]}"));
+    ok(&text.replace(
+        "{json_pointer: /id}",
+        "{parts: [{header: X-A}, {header: X-B}]}",
+    ));
 }
 
 #[test]
@@ -173,10 +193,19 @@ fn public_keys_are_32_bytes() {
     let v = l.config.routes[0].verify.clone().unwrap();
     assert_eq!((v.secrets.len(), v.public_keys.len()), (1, 1));
     let l = crate::config::load_str(&text("env:PK"), "cfg.yaml", &env).unwrap();
-    assert!(l.config.routes[0].verify.as_ref().unwrap().secrets.is_empty());
-    let e = crate::config::load_str(&text("env:PK_SHORT, env:PK_BAD"), "cfg.yaml", &env).unwrap_err();
+    assert!(l.config.routes[0]
+        .verify
+        .as_ref()
+        .unwrap()
+        .secrets
+        .is_empty());
+    let e =
+        crate::config::load_str(&text("env:PK_SHORT, env:PK_BAD"), "cfg.yaml", &env).unwrap_err();
     let shown = e.to_string();
-    assert!(shown.contains("secrets[0]: a `whpk_` public key must be base64 of 32 bytes"), "{shown}");
+    assert!(
+        shown.contains("secrets[0]: a `whpk_` public key must be base64 of 32 bytes"),
+        "{shown}"
+    );
     assert!(shown.contains("secrets[1]"), "{shown}");
     assert!(!shown.contains("AAAA"), "{shown}");
 }
@@ -204,7 +233,10 @@ fn new_presets() {
     assert_eq!(r.provider, Some(Provider::Gitlab));
     // zoom names no ID of its own
     one_error(&text("zoom", ""), 6, 5, "zoom has no event ID of its own");
-    let r = route(&text("zoom", "    event_id: {parts: [{json_pointer: /event}, {json_pointer: /event_ts}]}\n"));
+    let r = route(&text(
+        "zoom",
+        "    event_id: {parts: [{json_pointer: /event}, {json_pointer: /event_ts}]}\n",
+    ));
     assert_eq!(r.verify.as_ref().unwrap().scheme, Scheme::Zoom);
 }
 
@@ -222,7 +254,10 @@ fn new_presets_warn_below_their_horizon() {
         let l = ok(&text);
         let w: Vec<String> = l.warnings.iter().map(ToString::to_string).collect();
         assert_eq!(w.len(), 1, "{provider}: {w:?}");
-        assert!(w[0].contains(&format!("{provider}'s redelivery horizon ({horizon})")), "{w:?}");
+        assert!(
+            w[0].contains(&format!("{provider}'s redelivery horizon ({horizon})")),
+            "{w:?}"
+        );
         assert!(w[0].starts_with("cfg.yaml:12:16:"), "{w:?}");
     }
 }

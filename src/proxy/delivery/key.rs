@@ -53,7 +53,9 @@ pub fn json_key(
     }
     let on_missing = cfg.on_missing_id;
     let id = match (&cfg.event_id, json) {
-        (EventIdSource::Parts(parts), doc) => parts_id(parts, headers, doc).map_err(Refused::new)?,
+        (EventIdSource::Parts(parts), doc) => {
+            parts_id(parts, headers, doc).map_err(Refused::new)?
+        }
         (EventIdSource::JsonPointer(p), Some(doc)) => {
             match event_id::event_id_from_json_tokens(doc, p.tokens()) {
                 Ok(id) => Some(id),
@@ -126,9 +128,9 @@ fn parts_id(
                         "the request carries several different {h} headers"
                     )));
                 }
-                let text = first.to_str().map_err(|_| {
-                    invalid(format!("header {h}: the value is not visible ASCII"))
-                })?;
+                let text = first
+                    .to_str()
+                    .map_err(|_| invalid(format!("header {h}: the value is not visible ASCII")))?;
                 std::borrow::Cow::Borrowed(text)
             }
             IdPart::JsonPointer(p) => {
