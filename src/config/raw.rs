@@ -186,7 +186,7 @@ pub struct RawIdPart {
 #[derive(Debug)]
 pub enum RawVerifyField {
     None,
-    Block(RawVerify),
+    Block(Box<RawVerify>),
 }
 
 impl<'de> Deserialize<'de> for RawVerifyField {
@@ -206,7 +206,7 @@ impl<'de> Deserialize<'de> for RawVerifyField {
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawVerifyField, A::Error> {
                 RawVerify::deserialize(de::value::MapAccessDeserializer::new(map))
-                    .map(RawVerifyField::Block)
+                    .map(|v| RawVerifyField::Block(Box::new(v)))
             }
         }
         d.deserialize_any(V)

@@ -268,7 +268,7 @@ fn verify_field(
 ) -> Option<Verifier> {
     let (verify, verify_none) = match raw {
         Some(RawVerifyField::Block(v)) => (
-            verify::verify(ctx, &format!("{path}.verify"), v, provider),
+            verify::verify(ctx, &format!("{path}.verify"), *v, provider),
             false,
         ),
         Some(RawVerifyField::None) => (None, true),

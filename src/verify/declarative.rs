@@ -392,10 +392,8 @@ impl Rule {
                     return Err(VerifyError::malformed(name, "more than one timestamp"));
                 }
                 ts = Some(val);
-            } else if key == param {
-                if !found.push(self.decode(name, val)?) {
-                    return Err(VerifyError::malformed(name, "too many signatures"));
-                }
+            } else if key == param && !found.push(self.decode(name, val)?) {
+                return Err(VerifyError::malformed(name, "too many signatures"));
             }
             // other keys (Stripe's v0, future versions) are ignored
         }

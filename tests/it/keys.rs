@@ -28,6 +28,9 @@ const INVALID_SIGNATURE: &str = "urn:idemgate:problem:invalid-signature";
 
 type Headers = Vec<(String, String)>;
 
+/// Makes a signed delivery (headers, body) of an event: (key, event ID).
+type Deliver<'a> = &'a dyn Fn(&[u8], &str) -> (Headers, Vec<u8>);
+
 fn headers(pairs: &[(&str, &str)]) -> Headers {
     let mut h = vec![("Content-Type".to_string(), "application/json".to_string())];
     h.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
@@ -360,7 +363,7 @@ fn preset_scenario(
     name: &str,
     secret: &str,
     extra: &str,
-    deliver: &dyn Fn(&[u8], &str) -> (Headers, Vec<u8>),
+    deliver: Deliver<'_>,
     key_of: &dyn Fn(&str) -> String,
 ) -> Harness {
     let var = format!("{}_SECRET", name.to_uppercase());
