@@ -6,7 +6,7 @@
 use super::ctx::Ctx;
 use super::fields;
 use super::layer::{parse_layer, resolve, Layer, Resolved};
-use super::model::{DigestMode, Provider, Route, UpstreamUrl, Verifier};
+use super::model::{DigestMode, EventIdSource, Provider, Route, UpstreamUrl, Verifier};
 use super::raw::{RawMatch, RawRoute, RawVerifyField};
 use super::route_fields::route_fields;
 use super::verify;
@@ -46,6 +46,7 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, mut raw: RawRoute, d: &Layer) -> O
         verify::retention_warning(ctx, p, r.retention.value.duration(), at);
     }
     let verify = verify_field(ctx, path, verify, provider, guarded, errors_before);
+    signed_gitlab_id(&own, provider, verify.as_ref(), &mut r);
     check_signed_id(ctx, path, &r, verify.as_ref());
 
     if ctx.error_count() != errors_before {
@@ -191,6 +192,25 @@ fn presets(
             "required field `event_id` is missing: set event_id.header, event_id.json_pointer or event_id.parts, or a provider",
         ),
         None => {}
+    }
+}
+
+/// gitlab with a `whsec_` signing token: the event ID is the signed
+/// `webhook-id` (GitLab sets it to the `Idempotency-Key`), not the unsigned
+/// header, which a replayed capture could change to pass as a new event.
+fn signed_gitlab_id(
+    own: &Layer,
+    provider: Option<Provider>,
+    verify: Option<&Verifier>,
+    r: &mut Resolved,
+) {
+    let signed = verify.is_some_and(|v| v.scheme == crate::verify::Scheme::StandardWebhooks);
+    if provider == Some(Provider::Gitlab)
+        && signed
+        && own.event_id.is_none()
+        && !own.event_id_invalid
+    {
+        r.event_id.value = EventIdSource::Header(http::HeaderName::from_static("webhook-id"));
     }
 }
 

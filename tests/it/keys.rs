@@ -563,6 +563,19 @@ fn gitlab_preset_with_a_signing_token() {
     assert_replayed(&post(&ids[0], &sigs[0]), "again");
     // another delivery's signature does not sign this ID
     assert_invalid_signature(&post(&ids[1], &sigs[0]), "no signature matches");
+    // a captured delivery re-sent under another (unsigned) Idempotency-Key is
+    // still the signed webhook-id's event: replayed, not forwarded again
+    let t = ts.to_string();
+    let hs = headers(&[
+        ("Idempotency-Key", &ids[1]),
+        ("webhook-id", &ids[0]),
+        ("webhook-timestamp", &t),
+        ("webhook-signature", &sigs[0]),
+    ]);
+    assert_replayed(
+        &h.post("/hooks/gitlab", &hs, body.as_bytes()),
+        "re-keyed capture",
+    );
     assert_eq!(h.up.total(), 1);
 }
 

@@ -231,6 +231,8 @@ fn new_presets() {
     let r = route(&text("gitlab", "").replace("env:PLAIN", "env:WH_SECRET"));
     assert_eq!(r.verify.as_ref().unwrap().scheme, Scheme::StandardWebhooks);
     assert_eq!(r.provider, Some(Provider::Gitlab));
+    // then the event ID is the signed webhook-id, not the unsigned Idempotency-Key
+    assert!(matches!(&r.event_id, EventIdSource::Header(h) if h == "webhook-id"));
     // zoom names no ID of its own
     one_error(&text("zoom", ""), 6, 5, "zoom has no event ID of its own");
     let r = route(&text(
