@@ -403,6 +403,7 @@ fn request_bookkeeping(c: &mut Criterion) {
 
 /// The declarative verify of each fixed scheme beside its old hard-coded
 /// check, on the same headers and body (both must accept them).
+// long: three schemes × two paths and the v1a entry, each set up beside its bench
 fn signatures(c: &mut Criterion) {
     use http::{HeaderMap, HeaderValue};
     use idemgate::verify::{sign, Scheme, Verifier};
