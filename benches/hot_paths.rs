@@ -14,6 +14,11 @@
 //! - `event_id/*`: the header check and the JSON-pointer extraction, against
 //!   `str::from_utf8` and serde_json's own `Value::pointer`.
 //! - `claim/*`: the pure `decide` and `settle` steps.
+//! - `signature/*`: the github (body), slack (timestamp header) and stripe
+//!   (`k=v` list) checks of a 1 KiB body through the declarative rule that
+//!   verifies them now (`verify::Verifier`), each beside the hard-coded check
+//!   it replaced (`hot_paths/legacy.rs`, a copy kept for this comparison);
+//!   and a standard-webhooks `v1a` (Ed25519) entry.
 //! - `request/*`: the seen-events hint (a new key, a key met before) and one
 //!   log line appended to the log sink, against a plain `Vec` append.
 //! - `store/*`: one claim + one delivered settle of a fresh event, one
@@ -38,6 +43,9 @@ use idemgate::claim::{decide, settle, AttemptEnd, Current, Existing, State};
 use idemgate::store::{self, ClaimOutcome, ClaimRequest, ClaimStore, SettleOutcome, SettleRequest};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
+
+#[path = "hot_paths/legacy.rs"]
+mod legacy;
 
 /// A Stripe-like event, padded to exactly 1 KiB: nested objects, numbers,
 /// booleans, nulls and an array, as real webhook payloads have.
@@ -394,6 +402,105 @@ fn request_bookkeeping(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(pure, digests, event_ids, claim_steps, request_bookkeeping);
+/// The declarative verify of each fixed scheme beside its old hard-coded
+/// check, on the same headers and body (both must accept them).
+// long: three schemes × two paths and the v1a entry, each set up beside its bench
+fn signatures(c: &mut Criterion) {
+    use http::{HeaderMap, HeaderValue};
+    use idemgate::verify::{sign, Scheme, Verifier};
+
+    let body = webhook_body();
+    let secret = b"whsec_bench_secret_0123456789abcdef".to_vec();
+    let now = 1_718_000_000;
+    let legacy = legacy::Legacy {
+        secrets: vec![secret.clone()],
+        tolerance_ms: 300_000,
+    };
+    let headers = |pairs: &[(&'static str, String)]| {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        h.insert("user-agent", HeaderValue::from_static("Bench-Hookshot/1.0"));
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    };
+    let github = headers(&[("x-hub-signature-256", sign::github(&secret, &body))]);
+    let slack = headers(&[
+        ("x-slack-signature", sign::slack(&secret, now, &body)),
+        ("x-slack-request-timestamp", now.to_string()),
+    ]);
+    let stripe = headers(&[("stripe-signature", sign::stripe(&secret, now, &body))]);
+
+    let mut g = c.benchmark_group("signature");
+    g.throughput(Throughput::Bytes(body.len() as u64));
+    let verifier = |scheme| Verifier::new(scheme, vec![secret.clone()]);
+    let (gh, sl, st) = (
+        verifier(Scheme::Github),
+        verifier(Scheme::Slack),
+        verifier(Scheme::Stripe),
+    );
+    gh.verify(&github, &body, now).unwrap();
+    sl.verify(&slack, &body, now).unwrap();
+    st.verify(&stripe, &body, now).unwrap();
+    legacy.github(&github, &body).unwrap();
+    legacy.slack(&slack, &body, now).unwrap();
+    legacy.stripe(&stripe, &body, now).unwrap();
+    g.bench_function("github/declarative", |b| {
+        b.iter(|| gh.verify(black_box(&github), black_box(&body), now))
+    });
+    g.bench_function("github/hard_coded", |b| {
+        b.iter(|| legacy.github(black_box(&github), black_box(&body)))
+    });
+    g.bench_function("slack/declarative", |b| {
+        b.iter(|| sl.verify(black_box(&slack), black_box(&body), now))
+    });
+    g.bench_function("slack/hard_coded", |b| {
+        b.iter(|| legacy.slack(black_box(&slack), black_box(&body), now))
+    });
+    g.bench_function("stripe/declarative", |b| {
+        b.iter(|| st.verify(black_box(&stripe), black_box(&body), now))
+    });
+    g.bench_function("stripe/hard_coded", |b| {
+        b.iter(|| legacy.stripe(black_box(&stripe), black_box(&body), now))
+    });
+    // standard-webhooks v1a: Ed25519 (ring), one key
+    let seed = [7u8; 32];
+    let pk = sign::standard_webhooks_public_key(&seed);
+    let pk = base64_32(pk.trim_start_matches("whpk_"));
+    let ed = Verifier {
+        public_keys: vec![pk],
+        ..Verifier::new(Scheme::StandardWebhooks, vec![])
+    };
+    let sw = headers(&[
+        ("webhook-id", "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W".to_string()),
+        ("webhook-timestamp", now.to_string()),
+        (
+            "webhook-signature",
+            sign::standard_webhooks_v1a(&seed, "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W", now, &body),
+        ),
+    ]);
+    ed.verify(&sw, &body, now).unwrap();
+    g.bench_function("standard_webhooks_v1a/ed25519", |b| {
+        b.iter(|| ed.verify(black_box(&sw), black_box(&body), now))
+    });
+    g.finish();
+}
+
+/// 32 bytes from standard base64.
+fn base64_32(s: &str) -> [u8; 32] {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(s).unwrap();
+    bytes.try_into().unwrap()
+}
+
+criterion_group!(
+    pure,
+    digests,
+    event_ids,
+    claim_steps,
+    request_bookkeeping,
+    signatures
+);
 criterion_group!(stores, sqlite_store, postgres_store);
 criterion_main!(pure, stores);

@@ -30,7 +30,7 @@ use super::actions::{self, bool_param, no_params};
 use super::web::{json, method_not_allowed, query_pairs, segments, shown, ApiProblem};
 use crate::claim::now_ms;
 use crate::claim::State;
-use crate::config::{format_duration, Config, EventIdSource, OnAmbiguous, Route};
+use crate::config::{format_duration, Config, EventIdSource, IdPart, OnAmbiguous, Route};
 use crate::metrics::Metrics;
 use crate::store::json::{record_json, timestamp};
 use crate::store::operator;
@@ -381,6 +381,16 @@ fn route_settings(r: &Route) -> Value {
         (EventIdSource::JsonPointer(p), true) => json!({"json_pointer": p}),
         // the svix preset: the header set that was verified names the ID
         (EventIdSource::SvixId, true) => json!({"header": "svix-id", "or_header": "webhook-id"}),
+        (EventIdSource::Parts(parts), true) => {
+            let parts: Vec<Value> = parts
+                .iter()
+                .map(|p| match p {
+                    IdPart::Header(h) => json!({"header": h.as_str()}),
+                    IdPart::JsonPointer(p) => json!({"json_pointer": p.as_str()}),
+                })
+                .collect();
+            json!({ "parts": parts })
+        }
     };
     json!({
         "name": r.name,

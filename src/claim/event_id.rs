@@ -3,6 +3,8 @@
 //! A valid event ID is 1..=255 bytes, each visible ASCII (0x21..=0x7E). Error
 //! messages never echo the ID's bytes: they may be anything a sender put there.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 use thiserror::Error;
 
@@ -78,19 +80,59 @@ pub fn event_id_from_json(doc: &Value, pointer: &str) -> Result<String, JsonIdEr
 /// The result is then checked with [`validate_event_id`].
 pub fn event_id_from_json_tokens(doc: &Value, tokens: &[String]) -> Result<String, JsonIdError> {
     let value = json_pointer::lookup(doc, tokens).ok_or(JsonIdError::Absent)?;
-    let text = match value {
-        Value::String(s) => {
-            validate_event_id(s.as_bytes())?;
-            return Ok(s.clone());
-        }
-        Value::Number(n) => number_text(n),
-        Value::Null => return Err(JsonIdError::WrongType { found: "null" }),
-        Value::Bool(_) => return Err(JsonIdError::WrongType { found: "a boolean" }),
-        Value::Array(_) => return Err(JsonIdError::WrongType { found: "an array" }),
-        Value::Object(_) => return Err(JsonIdError::WrongType { found: "an object" }),
-    };
+    let text = id_text(value)?;
     validate_event_id(text.as_bytes())?;
-    Ok(text)
+    Ok(text.into_owned())
+}
+
+/// The text of a string or number as an event ID takes it (see
+/// [`event_id_from_json_tokens`]), not yet validated.
+pub fn id_text(value: &Value) -> Result<Cow<'_, str>, JsonIdError> {
+    match value {
+        Value::String(s) => Ok(Cow::Borrowed(s)),
+        Value::Number(n) => Ok(Cow::Owned(number_text(n))),
+        Value::Null => Err(JsonIdError::WrongType { found: "null" }),
+        Value::Bool(_) => Err(JsonIdError::WrongType { found: "a boolean" }),
+        Value::Array(_) => Err(JsonIdError::WrongType { found: "an array" }),
+        Value::Object(_) => Err(JsonIdError::WrongType { found: "an object" }),
+    }
+}
+
+/// Why the parts of a composite ID (SPEC §17) make no valid ID. Messages
+/// name the part by its position, never its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PartsError {
+    #[error("part {part} of the event ID is empty")]
+    EmptyPart { part: usize },
+    /// Only the last part may hold `:`, so that the join is unambiguous:
+    /// tenant `a:b` with ID `c` must not be tenant `a` with ID `b:c`.
+    #[error("part {part} of the event ID holds `:`, which only the last part may")]
+    Colon { part: usize },
+    #[error("{0}")]
+    Invalid(#[from] InvalidEventId),
+}
+
+/// Joins the parts of a composite ID with `:` and validates the whole.
+pub fn join_parts<'a>(parts: impl ExactSizeIterator<Item = &'a str>) -> Result<String, PartsError> {
+    let last = parts.len().saturating_sub(1);
+    let mut id = String::with_capacity(64);
+    for (i, part) in parts.enumerate() {
+        if part.is_empty() {
+            return Err(PartsError::EmptyPart { part: i + 1 });
+        }
+        if i < last && part.contains(':') {
+            return Err(PartsError::Colon { part: i + 1 });
+        }
+        if i > 0 {
+            id.push(':');
+        }
+        id.push_str(part);
+        if id.len() > MAX_EVENT_ID_LEN {
+            break; // refused below, without copying the rest
+        }
+    }
+    validate_event_id(id.as_bytes())?;
+    Ok(id)
 }
 
 fn number_text(n: &serde_json::Number) -> String {
@@ -268,5 +310,44 @@ mod tests {
             Err(JsonIdError::Invalid(InvalidEventId::TooLong { len: 256 }))
         );
         assert_eq!(id(&doc, "/ok").unwrap().len(), 255);
+    }
+
+    #[test]
+    fn composite_ids_join_with_colons_and_refuse_ambiguity() {
+        let join = |parts: &[&str]| join_parts(parts.iter().copied());
+        assert_eq!(join(&["T1", "Ev1"]).unwrap(), "T1:Ev1");
+        assert_eq!(join(&["only"]).unwrap(), "only");
+        // the last part may hold `:`; earlier ones may not
+        assert_eq!(join(&["T1", "urn:x:1"]).unwrap(), "T1:urn:x:1");
+        assert_eq!(join(&["a:b", "c"]), Err(PartsError::Colon { part: 1 }));
+        assert_eq!(
+            join(&["a", "", "c"]),
+            Err(PartsError::EmptyPart { part: 2 })
+        );
+        assert_eq!(
+            join(&["a b", "c"]),
+            Err(PartsError::Invalid(InvalidEventId::NotVisibleAscii {
+                at: 1
+            }))
+        );
+        let long = "x".repeat(200);
+        assert_eq!(
+            join(&[&long, &long]),
+            Err(PartsError::Invalid(InvalidEventId::TooLong { len: 401 }))
+        );
+        let msg = join(&["SECRET:X", "y"]).unwrap_err().to_string();
+        assert!(!msg.contains("SECRET"), "{msg}");
+    }
+
+    #[test]
+    fn id_text_is_what_a_pointer_id_takes() {
+        let doc = json!({"s": "x", "n": 7, "f": 1.5, "b": true});
+        assert_eq!(id_text(&doc["s"]).unwrap(), "x");
+        assert_eq!(id_text(&doc["n"]).unwrap(), "7");
+        assert_eq!(id_text(&doc["f"]).unwrap(), "1.5");
+        assert_eq!(
+            id_text(&doc["b"]),
+            Err(JsonIdError::WrongType { found: "a boolean" })
+        );
     }
 }

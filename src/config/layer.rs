@@ -7,10 +7,10 @@ use std::time::Duration;
 use super::ctx::Ctx;
 use super::fields;
 use super::model::{
-    BreakerCfg, DigestMode, DurationMs, EventIdSource, InFlight, OnAmbiguous, OnMissingId,
+    BreakerCfg, DigestMode, DurationMs, EventIdSource, IdPart, InFlight, OnAmbiguous, OnMissingId,
     OnStoreError, Rate, SettleOn,
 };
-use super::raw::{RawBreaker, RawDefaults, RawEventId, Text};
+use super::raw::{RawBreaker, RawDefaults, RawEventId, RawIdPart, Text};
 use super::route_fields::route_fields;
 use crate::claim::json_pointer::JsonPointer;
 
@@ -252,35 +252,97 @@ fn methods(ctx: &mut Ctx, path: &str, list: Vec<String>) -> Option<Vec<http::Met
     ok.then_some(methods)
 }
 
-/// Exactly one of `header` / `json_pointer`.
+/// Exactly one of `header` / `json_pointer` / `parts`.
 fn event_id_source(ctx: &mut Ctx, path: &str, raw: RawEventId) -> Option<EventIdSource> {
     let RawEventId {
         header,
         json_pointer,
+        parts,
     } = raw;
+    let found = [header.is_some(), json_pointer.is_some(), parts.is_some()];
+    match found.iter().filter(|f| **f).count() {
+        0 => {
+            ctx.at_key(
+                path,
+                "event_id needs exactly one source: `header`, `json_pointer` or `parts` (found none)",
+            );
+            return None;
+        }
+        1 => {}
+        n => {
+            let found = if n == 2 { "both" } else { "all three" };
+            ctx.at_key(
+                path,
+                format!("event_id needs exactly one source: `header`, `json_pointer` or `parts` (found {found})"),
+            );
+            return None;
+        }
+    }
+    if let Some(parts) = parts {
+        return id_parts(ctx, &format!("{path}.parts"), parts).map(EventIdSource::Parts);
+    }
+    match id_part(ctx, path, header, json_pointer)? {
+        IdPart::Header(h) => Some(EventIdSource::Header(h)),
+        IdPart::JsonPointer(p) => Some(EventIdSource::JsonPointer(p)),
+    }
+}
+
+/// Most parts a composite ID may have.
+const MAX_ID_PARTS: usize = 8;
+
+/// `event_id.parts`: one to [`MAX_ID_PARTS`] sources, each checked.
+fn id_parts(ctx: &mut Ctx, path: &str, raw: Vec<RawIdPart>) -> Option<Vec<IdPart>> {
+    if raw.is_empty() || raw.len() > MAX_ID_PARTS {
+        ctx.at_value(
+            path,
+            format!("parts needs 1 to {MAX_ID_PARTS} sources, e.g. [{{json_pointer: /team_id}}, {{json_pointer: /event_id}}]"),
+        );
+        return None;
+    }
+    let mut parts = Vec::with_capacity(raw.len());
+    let mut ok = true;
+    for (
+        i,
+        RawIdPart {
+            header,
+            json_pointer,
+        },
+    ) in raw.into_iter().enumerate()
+    {
+        let at = format!("{path}[{i}]");
+        if header.is_some() == json_pointer.is_some() {
+            ctx.at_key(
+                &at,
+                "each part needs exactly one of `header` or `json_pointer`",
+            );
+            ok = false;
+            continue;
+        }
+        match id_part(ctx, &at, header, json_pointer) {
+            Some(p) => parts.push(p),
+            None => ok = false,
+        }
+    }
+    ok.then_some(parts)
+}
+
+/// One source: a header name or a JSON pointer (exactly one is `Some`).
+fn id_part(
+    ctx: &mut Ctx,
+    path: &str,
+    header: Option<String>,
+    json_pointer: Option<String>,
+) -> Option<IdPart> {
     match (header, json_pointer) {
-        (Some(h), None) => fields::header_name(&h)
-            .map(EventIdSource::Header)
+        (Some(h), _) => fields::header_name(&h)
+            .map(IdPart::Header)
             .map_err(|e| ctx.at_value(&format!("{path}.header"), e))
             .ok(),
         (None, Some(p)) => fields::json_pointer(&p)
-            .map(EventIdSource::JsonPointer)
+            .map(IdPart::JsonPointer)
             .map_err(|e| ctx.at_value(&format!("{path}.json_pointer"), e))
             .ok(),
-        (None, None) => {
-            ctx.at_key(
-                path,
-                "event_id needs exactly one source: `header` or `json_pointer` (found none)",
-            );
-            None
-        }
-        (Some(_), Some(_)) => {
-            ctx.at_key(
-                path,
-                "event_id needs exactly one source: `header` or `json_pointer` (found both)",
-            );
-            None
-        }
+        (None, None) => None,
     }
 }
 

@@ -45,6 +45,7 @@ mod ctx;
 mod de;
 mod error;
 mod fields;
+mod hmac_rule;
 mod layer;
 mod model;
 mod raw;
@@ -66,9 +67,9 @@ pub use crate::store::{StoreKind, StoreUrl};
 pub use error::{ConfigError, ConfigErrors};
 pub use fields::route_name;
 pub use model::{
-    AdminConfig, AdminToken, Config, DigestMode, Downstream, DurationMs, EventIdSource, InFlight,
-    OnAmbiguous, OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn, StoreConfig,
-    SweeperConfig, Tls, UpstreamUrl, Verifier,
+    AdminConfig, AdminToken, Config, DigestMode, Downstream, DurationMs, EventIdSource, IdPart,
+    InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn,
+    StoreConfig, SweeperConfig, Tls, UpstreamUrl, Verifier,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 

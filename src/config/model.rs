@@ -251,6 +251,16 @@ pub enum EventIdSource {
     /// scheme verifies by, so the event ID is the ID the signature covers.
     /// Only a preset sets it; the config file cannot name it.
     SvixId,
+    /// A composite ID (SPEC §17): these parts joined with `:`. A part that
+    /// is absent is a missing ID.
+    Parts(Vec<IdPart>),
+}
+
+/// One part of a composite event ID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdPart {
+    Header(http::HeaderName),
+    JsonPointer(JsonPointer),
 }
 
 impl EventIdSource {
@@ -258,7 +268,18 @@ impl EventIdSource {
     pub fn json_pointer(&self) -> Option<&JsonPointer> {
         match self {
             EventIdSource::JsonPointer(p) => Some(p),
-            EventIdSource::Header(_) | EventIdSource::SvixId => None,
+            EventIdSource::Header(_) | EventIdSource::SvixId | EventIdSource::Parts(_) => None,
+        }
+    }
+
+    /// Whether the ID is read from the JSON body (wholly or in part).
+    pub fn reads_body(&self) -> bool {
+        match self {
+            EventIdSource::JsonPointer(_) => true,
+            EventIdSource::Parts(parts) => {
+                parts.iter().any(|p| matches!(p, IdPart::JsonPointer(_)))
+            }
+            EventIdSource::Header(_) | EventIdSource::SvixId => false,
         }
     }
 
@@ -270,7 +291,7 @@ impl EventIdSource {
             http::HeaderName::from_static(verify_headers::WEBHOOK_ID);
         match self {
             EventIdSource::Header(h) => Some(h),
-            EventIdSource::JsonPointer(_) => None,
+            EventIdSource::JsonPointer(_) | EventIdSource::Parts(_) => None,
             EventIdSource::SvixId => Some(match HeaderSet::of(headers) {
                 Some(HeaderSet::Webhook) => &WEBHOOK_ID,
                 Some(HeaderSet::Svix) | None => &SVIX_ID,
@@ -380,6 +401,10 @@ pub enum Provider {
     Slack,
     StandardWebhooks,
     Svix,
+    Paddle,
+    Gitlab,
+    Typeform,
+    Zoom,
 }
 
 impl Provider {
@@ -392,6 +417,10 @@ impl Provider {
             Provider::Slack => "slack",
             Provider::StandardWebhooks => "standard-webhooks",
             Provider::Svix => "svix",
+            Provider::Paddle => "paddle",
+            Provider::Gitlab => "gitlab",
+            Provider::Typeform => "typeform",
+            Provider::Zoom => "zoom",
         }
     }
 }
@@ -418,6 +447,16 @@ impl Route {
             EventIdSource::Header(h) => format!("header {h}"),
             EventIdSource::JsonPointer(p) => format!("json_pointer {p}"),
             EventIdSource::SvixId => "header svix-id (webhook-id when white-labelled)".to_string(),
+            EventIdSource::Parts(parts) => {
+                let parts: Vec<String> = parts
+                    .iter()
+                    .map(|p| match p {
+                        IdPart::Header(h) => format!("header {h}"),
+                        IdPart::JsonPointer(p) => format!("json_pointer {p}"),
+                    })
+                    .collect();
+                format!("parts [{}]", parts.join(", "))
+            }
         }
     }
 }

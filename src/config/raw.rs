@@ -168,6 +168,17 @@ pub struct RawMatch {
 pub struct RawEventId {
     pub header: Option<String>,
     pub json_pointer: Option<String>,
+    /// A composite ID (SPEC §17): each part a `header` or a `json_pointer`.
+    pub parts: Option<Vec<RawIdPart>>,
+}
+
+/// One part of a composite ID; both keys optional so that "zero or two
+/// sources" is one positioned error.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdPart {
+    pub header: Option<String>,
+    pub json_pointer: Option<String>,
 }
 
 /// `upstream_breaker:` as written; both keys required (a positioned
@@ -184,7 +195,7 @@ pub struct RawBreaker {
 #[derive(Debug)]
 pub enum RawVerifyField {
     None,
-    Block(RawVerify),
+    Block(Box<RawVerify>),
 }
 
 impl<'de> Deserialize<'de> for RawVerifyField {
@@ -204,7 +215,7 @@ impl<'de> Deserialize<'de> for RawVerifyField {
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<RawVerifyField, A::Error> {
                 RawVerify::deserialize(de::value::MapAccessDeserializer::new(map))
-                    .map(RawVerifyField::Block)
+                    .map(|v| RawVerifyField::Block(Box::new(v)))
             }
         }
         d.deserialize_any(V)
@@ -218,6 +229,21 @@ pub struct RawVerify {
     pub secrets: Option<Vec<String>>,
     pub tolerance: Option<Text>,
     pub header: Option<String>,
+    // `scheme: hmac` only (SPEC §17):
+    pub algorithm: Option<String>,
+    pub encoding: Option<String>,
+    pub prefix: Option<String>,
+    pub signature_param: Option<String>,
+    pub timestamp: Option<RawTimestamp>,
+    pub message: Option<String>,
+}
+
+/// `verify.timestamp`: `{header: NAME}` or `{param: KEY}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTimestamp {
+    pub header: Option<String>,
+    pub param: Option<String>,
 }
 
 /// Schemes are the verifier's type; the file names them by

@@ -6,7 +6,7 @@
 use super::ctx::Ctx;
 use super::fields;
 use super::layer::{parse_layer, resolve, Layer, Resolved};
-use super::model::{DigestMode, Provider, Route, UpstreamUrl, Verifier};
+use super::model::{DigestMode, EventIdSource, Provider, Route, UpstreamUrl, Verifier};
 use super::raw::{RawMatch, RawRoute, RawVerifyField};
 use super::route_fields::route_fields;
 use super::verify;
@@ -46,6 +46,8 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, mut raw: RawRoute, d: &Layer) -> O
         verify::retention_warning(ctx, p, r.retention.value.duration(), at);
     }
     let verify = verify_field(ctx, path, verify, provider, guarded, errors_before);
+    signed_gitlab_id(&own, provider, verify.as_ref(), &mut r);
+    check_signed_id(ctx, path, &r, verify.as_ref());
 
     if ctx.error_count() != errors_before {
         return None;
@@ -173,14 +175,56 @@ fn presets(
     if own.event_id.is_some() || own.event_id_invalid {
         return;
     }
-    match provider {
-        Some(p) => r.event_id.value = verify::preset_event_id(p),
+    match provider.map(|p| (p, verify::preset_event_id(p))) {
+        Some((_, Some(source))) => r.event_id.value = source,
+        // zoom: no ID of its own; the route (or `defaults`) must name one
+        Some((p, None)) if guarded && d.event_id.is_none() && !d.event_id_invalid => ctx.at_value(
+            path,
+            format!(
+                "provider {} has no event ID of its own: set event_id, e.g. parts: [{{json_pointer: /payload/account_id}}, {{json_pointer: /event}}, {{json_pointer: /event_ts}}]",
+                p.as_str()
+            ),
+        ),
+        Some((_, None)) => {}
         // unset everywhere (an invalid `defaults` one is reported already)
         None if guarded && d.event_id.is_none() && !d.event_id_invalid => ctx.at_value(
             path,
-            "required field `event_id` is missing: set event_id.header or event_id.json_pointer, or a provider",
+            "required field `event_id` is missing: set event_id.header, event_id.json_pointer or event_id.parts, or a provider",
         ),
         None => {}
+    }
+}
+
+/// gitlab with a `whsec_` signing token: the event ID is the signed
+/// `webhook-id` (GitLab sets it to the `Idempotency-Key`), not the unsigned
+/// header, which a replayed capture could change to pass as a new event.
+fn signed_gitlab_id(
+    own: &Layer,
+    provider: Option<Provider>,
+    verify: Option<&Verifier>,
+    r: &mut Resolved,
+) {
+    let signed = verify.is_some_and(|v| v.scheme == crate::verify::Scheme::StandardWebhooks);
+    if provider == Some(Provider::Gitlab)
+        && signed
+        && own.event_id.is_none()
+        && !own.event_id_invalid
+    {
+        r.event_id.value = EventIdSource::Header(http::HeaderName::from_static("webhook-id"));
+    }
+}
+
+/// A message that signs `{id}` is verified before the body is parsed, so
+/// its event ID must come from headers alone.
+fn check_signed_id(ctx: &mut Ctx, path: &str, r: &Resolved, verify: Option<&Verifier>) {
+    let signs_id = verify
+        .and_then(|v| v.rule.as_deref())
+        .is_some_and(|rule| rule.signs_id());
+    if signs_id && r.event_id.value.reads_body() {
+        ctx.at_value(
+            &format!("{path}.verify.message"),
+            "{id} is signed, so the event ID must come from headers (event_id.header, or parts that are all headers), not the body",
+        );
     }
 }
 
@@ -244,7 +288,7 @@ fn verify_field(
 ) -> Option<Verifier> {
     let (verify, verify_none) = match raw {
         Some(RawVerifyField::Block(v)) => (
-            verify::verify(ctx, &format!("{path}.verify"), v, provider),
+            verify::verify(ctx, &format!("{path}.verify"), *v, provider),
             false,
         ),
         Some(RawVerifyField::None) => (None, true),

@@ -23,14 +23,15 @@ const WHSEC_BASE64: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-/// Where each provider puts its event ID.
-pub fn preset_event_id(p: Provider) -> EventIdSource {
+/// Where each provider puts its event ID; `None` for zoom, which has none
+/// of its own (the route must name one).
+pub fn preset_event_id(p: Provider) -> Option<EventIdSource> {
     let header = |h: &'static str| EventIdSource::Header(http::HeaderName::from_static(h));
     let pointer = |p: &str| {
         let parsed = JsonPointer::parse(p).expect("a preset's pointer is valid");
         EventIdSource::JsonPointer(parsed)
     };
-    match p {
+    Some(match p {
         Provider::Stripe => pointer("/id"),
         Provider::Github => header("x-github-delivery"),
         Provider::Shopify => header("x-shopify-event-id"),
@@ -38,12 +39,18 @@ pub fn preset_event_id(p: Provider) -> EventIdSource {
         Provider::StandardWebhooks => header("webhook-id"),
         // `svix-id`, or `webhook-id` when Svix sends white-labelled headers.
         Provider::Svix => EventIdSource::SvixId,
-    }
+        Provider::Paddle | Provider::Typeform => pointer("/event_id"),
+        // GitLab 17.4+ keeps it across retries (and signs it as `webhook-id`).
+        Provider::Gitlab => header("idempotency-key"),
+        Provider::Zoom => return None,
+    })
 }
 
 /// What a provider's preset does with a delivery that has no event ID. Slack
 /// sends its `url_verification` handshake without `/event_id`; it must pass
 /// (unguarded, after its signature is checked) or the app cannot be enabled.
+/// (Zoom's `endpoint.url_validation` is recognised by its `event`, not by a
+/// missing ID: see [`Challenge`].)
 pub fn preset_on_missing_id(p: Provider) -> Option<OnMissingId> {
     match p {
         Provider::Slack => Some(OnMissingId::Forward),
@@ -51,7 +58,8 @@ pub fn preset_on_missing_id(p: Provider) -> Option<OnMissingId> {
     }
 }
 
-/// The signature scheme each provider uses.
+/// The signature scheme each provider uses. GitLab's depends on its secrets
+/// ([`gitlab_scheme`]).
 pub fn preset_scheme(p: Provider) -> Scheme {
     match p {
         Provider::Stripe => Scheme::Stripe,
@@ -59,18 +67,27 @@ pub fn preset_scheme(p: Provider) -> Scheme {
         Provider::Shopify => Scheme::Shopify,
         Provider::Slack => Scheme::Slack,
         Provider::StandardWebhooks | Provider::Svix => Scheme::StandardWebhooks,
+        Provider::Paddle => Scheme::Paddle,
+        Provider::Gitlab => Scheme::Token,
+        Provider::Typeform => Scheme::Typeform,
+        Provider::Zoom => Scheme::Zoom,
     }
 }
 
-/// How long each provider keeps retrying a delivery.
+/// How long each provider keeps retrying a delivery (docs/providers.md says
+/// where each figure comes from).
 pub fn redelivery_horizon(p: Provider) -> Duration {
     const HOUR: u64 = 3600;
     Duration::from_secs(match p {
-        Provider::Stripe | Provider::Github => 72 * HOUR,
+        Provider::Stripe | Provider::Github | Provider::Paddle => 72 * HOUR,
         Provider::Shopify => 4 * HOUR,
         Provider::Slack => HOUR,
         Provider::StandardWebhooks => 76 * HOUR,
         Provider::Svix => 28 * HOUR,
+        // GitLab retries only by hand, from its webhook log: keep a week.
+        Provider::Gitlab => 7 * 24 * HOUR,
+        Provider::Typeform => 10 * HOUR,
+        Provider::Zoom => 2 * HOUR,
     })
 }
 
@@ -97,14 +114,8 @@ pub fn verify(
     raw: RawVerify,
     provider: Option<Provider>,
 ) -> Option<Verifier> {
-    let RawVerify {
-        scheme: raw_scheme,
-        secrets,
-        tolerance,
-        header,
-    } = raw;
     let at = |key: &str| format!("{path}.{key}");
-    let scheme = match (raw_scheme, provider) {
+    let scheme = match (raw.scheme, provider) {
         (Some(s), _) => Some(s),
         (None, Some(p)) => Some(preset_scheme(p)),
         (None, None) => {
@@ -115,47 +126,33 @@ pub fn verify(
             None
         }
     };
-    let tolerance = ctx.duration(&at("tolerance"), tolerance.as_ref());
-    let header = match (scheme, header) {
-        (Some(Scheme::HmacSha256), Some(h)) => fields::header_name(&h)
-            .map_err(|e| ctx.at_value(&at("header"), e))
-            .ok(),
-        (Some(Scheme::HmacSha256), None) => {
-            ctx.at_key(
-                path,
-                "scheme hmac-sha256 requires `header` (the header holding the hex digest)",
-            );
+    let tolerance = ctx.duration(&at("tolerance"), raw.tolerance.as_ref());
+    let resolved = resolve_all(ctx, path, raw.secrets.as_deref());
+    // gitlab: a `whsec_` signing token is GitLab 19's standard-webhooks signature
+    let scheme = match (scheme, provider, raw.scheme) {
+        (Some(Scheme::Token), Some(Provider::Gitlab), None)
+            if !resolved.is_empty() && resolved.iter().all(|(_, r)| r.starts_with(b"whsec_")) =>
+        {
+            Some(Scheme::StandardWebhooks)
+        }
+        (s, _, _) => s,
+    };
+    let header = header_field(ctx, path, scheme, raw.header.as_deref());
+    let rule = match scheme {
+        Some(Scheme::Hmac) => super::hmac_rule::rule(ctx, path, &raw),
+        _ => {
+            super::hmac_rule::refuse_hmac_keys(ctx, path, &raw, scheme);
             None
         }
-        (Some(s), Some(_)) => {
-            ctx.at_key(
-                &at("header"),
-                format!(
-                    "`header` is only allowed with scheme hmac-sha256, not {}",
-                    s.as_str()
-                ),
-            );
-            None
-        }
-        (None, _) | (Some(_), None) => None,
     };
     let mut keys = Vec::new();
-    match secrets {
-        None => ctx.at_key(
-            path,
-            "required field `secrets` is missing (e.g. [env:WEBHOOK_SECRET])",
-        ),
-        Some(list) if list.is_empty() => {
-            ctx.at_value(&at("secrets"), "at least one secret is required")
-        }
-        Some(list) => {
-            for (i, reference) in list.iter().enumerate() {
-                let spath = format!("{path}.secrets[{i}]");
-                match resolve_secret(reference, ctx.env).and_then(|raw| key_bytes(scheme, raw)) {
-                    Ok(k) => keys.push(k),
-                    Err(e) => ctx.at_value(&spath, e),
-                }
-            }
+    let mut public_keys = Vec::new();
+    for (i, raw_key) in resolved {
+        let spath = format!("{path}.secrets[{i}]");
+        match key_bytes(scheme, raw_key) {
+            Ok(Key::Secret(k)) => keys.push(k),
+            Ok(Key::Public(k)) => public_keys.push(k),
+            Err(e) => ctx.at_value(&spath, e),
         }
     }
     Some(Verifier {
@@ -163,7 +160,77 @@ pub fn verify(
         secrets: keys,
         tolerance: tolerance.unwrap_or(DEFAULT_TOLERANCE),
         header,
+        rule: rule.map(Box::new),
+        public_keys,
     })
+}
+
+/// Every secret of the block, read (errors recorded), with its index.
+fn resolve_all(ctx: &mut Ctx, path: &str, secrets: Option<&[String]>) -> Vec<(usize, Vec<u8>)> {
+    let mut out = Vec::new();
+    match secrets {
+        None => ctx.at_key(
+            path,
+            "required field `secrets` is missing (e.g. [env:WEBHOOK_SECRET])",
+        ),
+        Some([]) => ctx.at_value(
+            &format!("{path}.secrets"),
+            "at least one secret is required",
+        ),
+        Some(list) => {
+            for (i, reference) in list.iter().enumerate() {
+                match resolve_secret(reference, ctx.env) {
+                    Ok(raw) => out.push((i, raw)),
+                    Err(e) => ctx.at_value(&format!("{path}.secrets[{i}]"), e),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `header`: the digest's header for hmac-sha256 (required), the token's
+/// for token (default `X-Gitlab-Token`), the signature's for hmac
+/// (required, read by the rule); no other scheme takes it.
+fn header_field(
+    ctx: &mut Ctx,
+    path: &str,
+    scheme: Option<Scheme>,
+    header: Option<&str>,
+) -> Option<http::HeaderName> {
+    let at = format!("{path}.header");
+    match (scheme, header) {
+        (Some(Scheme::HmacSha256 | Scheme::Token | Scheme::Hmac), Some(h)) => {
+            fields::header_name(h)
+                .map_err(|e| ctx.at_value(&at, e))
+                .ok()
+        }
+        (Some(Scheme::HmacSha256), None) => {
+            ctx.at_key(
+                path,
+                "scheme hmac-sha256 requires `header` (the header holding the hex digest)",
+            );
+            None
+        }
+        (Some(Scheme::Hmac), None) => {
+            ctx.at_key(
+                path,
+                "scheme hmac requires `header` (the header holding the signature)",
+            );
+            None
+        }
+        (Some(s), Some(_)) => {
+            ctx.at_key(
+                &at,
+                format!(
+                    "`header` is only allowed with scheme hmac-sha256, hmac or token, not {}",
+                    s.as_str()
+                ),
+            );
+            None
+        }
+        (None, _) | (Some(_), None) => None,
+    }
 }
 
 /// Reads an `env:NAME` or `file:PATH` secret. A `file:` secret loses one
@@ -202,17 +269,41 @@ pub fn resolve_secret(
     Ok(value)
 }
 
-/// Key bytes for the scheme: Standard Webhooks decodes `whsec_<base64>`; the
-/// others use the secret's bytes as written.
-fn key_bytes(scheme: Option<Scheme>, raw: Vec<u8>) -> Result<Vec<u8>, String> {
+/// A resolved secret as its scheme uses it.
+enum Key {
+    /// HMAC key bytes (or the token).
+    Secret(Vec<u8>),
+    /// standard-webhooks: an Ed25519 public key (`whpk_`).
+    Public([u8; 32]),
+}
+
+/// Key bytes for the scheme: Standard Webhooks decodes `whsec_<base64>`
+/// (an HMAC key) and `whpk_<base64>` (an Ed25519 public key, exactly 32
+/// bytes); the others use the secret's bytes as written.
+fn key_bytes(scheme: Option<Scheme>, raw: Vec<u8>) -> Result<Key, String> {
     if scheme != Some(Scheme::StandardWebhooks) {
-        return Ok(raw);
+        return Ok(Key::Secret(raw));
+    }
+    if let Some(encoded) = raw.strip_prefix(b"whpk_") {
+        return match WHSEC_BASE64.decode(encoded).map(<[u8; 32]>::try_from) {
+            Ok(Ok(key)) => Ok(Key::Public(key)),
+            Ok(Err(v)) => Err(format!(
+                "a `whpk_` public key must be base64 of 32 bytes (an Ed25519 key), not {}",
+                v.len()
+            )),
+            Err(_) => {
+                Err("the part of the public key after `whpk_` is not valid base64".to_string())
+            }
+        };
     }
     let Some(encoded) = raw.strip_prefix(b"whsec_") else {
-        return Err("a standard-webhooks secret must start with `whsec_`".to_string());
+        return Err(
+            "a standard-webhooks secret must start with `whsec_` (or `whpk_` for an Ed25519 public key)"
+                .to_string(),
+        );
     };
     match WHSEC_BASE64.decode(encoded) {
-        Ok(key) if !key.is_empty() => Ok(key),
+        Ok(key) if !key.is_empty() => Ok(Key::Secret(key)),
         Ok(_) => Err("the standard-webhooks secret is empty after `whsec_`".to_string()),
         Err(_) => Err(
             "the part of the standard-webhooks secret after `whsec_` is not valid base64"

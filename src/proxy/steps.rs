@@ -64,7 +64,7 @@ pub fn check_signature(
         return Ok(());
     };
     let now_secs = (now_ms() / 1000) as i64;
-    v.verify(&session.req_header().headers, body, now_secs)
+    v.verify_with_id(&session.req_header().headers, body, event_id, now_secs)
         .map_err(|e| {
             let p = Problem::new(ProblemKind::InvalidSignature, e.to_string());
             Refused::new(p.with_event_id(event_id))

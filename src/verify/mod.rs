@@ -21,11 +21,20 @@ use std::time::Duration;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderName};
+use ring::signature::{UnparsedPublicKey, ED25519};
 use sha2::Sha256;
 use subtle::{Choice, ConstantTimeEq};
 
+pub mod declarative;
+mod parts;
 pub mod sign;
 
+pub use declarative::{Algorithm, Encoding, Piece, Prefix, Rule, Timestamp};
+pub use parts::VerifyError;
+use parts::{parse_timestamp, required, B64};
+
+#[cfg(test)]
+mod declarative_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
@@ -47,6 +56,7 @@ pub mod headers {
     pub const SVIX_ID: &str = "svix-id";
     pub const SVIX_TIMESTAMP: &str = "svix-timestamp";
     pub const SVIX_SIGNATURE: &str = "svix-signature";
+    pub const GITLAB_TOKEN: &str = "x-gitlab-token";
 }
 
 /// Which names a standard-webhooks delivery uses: `webhook-id`,
@@ -122,17 +132,32 @@ pub enum Scheme {
     StandardWebhooks,
     /// Hex HMAC-SHA256 of the body in the configured header (optional `sha256=` prefix).
     HmacSha256,
+    /// The declarative scheme (SPEC §17): the verifier's [`Verifier::rule`].
+    Hmac,
+    /// A shared token compared in constant time (GitLab's `X-Gitlab-Token`).
+    Token,
+    /// `Paddle-Signature: ts=…;h1=…`, over `{ts}:{body}`.
+    Paddle,
+    /// `Typeform-Signature: sha256=<base64>`, over the body.
+    Typeform,
+    /// `x-zm-signature: v0=<hex>` + `x-zm-request-timestamp`, over `v0:{ts}:{body}`.
+    Zoom,
 }
 
 impl Scheme {
     /// Every scheme, in configuration order.
-    pub const ALL: [Scheme; 6] = [
+    pub const ALL: [Scheme; 11] = [
         Scheme::Stripe,
         Scheme::Github,
         Scheme::Shopify,
         Scheme::Slack,
         Scheme::StandardWebhooks,
         Scheme::HmacSha256,
+        Scheme::Hmac,
+        Scheme::Token,
+        Scheme::Paddle,
+        Scheme::Typeform,
+        Scheme::Zoom,
     ];
 
     /// The configuration name (`stripe`, …, `standard-webhooks`, `hmac-sha256`).
@@ -144,15 +169,36 @@ impl Scheme {
             Scheme::Slack => "slack",
             Scheme::StandardWebhooks => "standard-webhooks",
             Scheme::HmacSha256 => "hmac-sha256",
+            Scheme::Hmac => "hmac",
+            Scheme::Token => "token",
+            Scheme::Paddle => "paddle",
+            Scheme::Typeform => "typeform",
+            Scheme::Zoom => "zoom",
         }
     }
 
-    /// Whether the scheme carries a timestamp checked against the tolerance.
+    /// Whether the scheme carries a timestamp checked against the tolerance
+    /// (for `hmac`, its rule says: [`Rule::timestamp`]).
     pub fn is_timestamped(self) -> bool {
         matches!(
             self,
             Scheme::Stripe | Scheme::Slack | Scheme::StandardWebhooks
         )
+    }
+
+    /// The declarative rule a fixed scheme is an instance of (`None` for
+    /// standard-webhooks, token, and hmac/hmac-sha256, whose rule is configured).
+    pub fn fixed_rule(self) -> Option<&'static Rule> {
+        match self {
+            Scheme::Stripe => Some(&declarative::STRIPE),
+            Scheme::Github => Some(&declarative::GITHUB),
+            Scheme::Shopify => Some(&declarative::SHOPIFY),
+            Scheme::Slack => Some(&declarative::SLACK),
+            Scheme::Paddle => Some(&declarative::PADDLE),
+            Scheme::Typeform => Some(&declarative::TYPEFORM),
+            Scheme::Zoom => Some(&declarative::ZOOM),
+            Scheme::StandardWebhooks | Scheme::HmacSha256 | Scheme::Hmac | Scheme::Token => None,
+        }
     }
 
     /// Turns a secret as configured (after `env:`/`file:` resolution) into key
@@ -191,7 +237,7 @@ impl FromStr for Scheme {
 
 /// `verify.scheme` named no known scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("unknown signature scheme (expected one of stripe, github, shopify, slack, standard-webhooks, hmac-sha256)")]
+#[error("unknown signature scheme (expected one of stripe, github, shopify, slack, standard-webhooks, hmac-sha256, hmac, token, paddle, typeform, zoom)")]
 pub struct UnknownScheme;
 
 /// A configured secret could not be turned into a key. The message never
@@ -213,41 +259,6 @@ pub fn decode_standard_webhooks_secret(secret: &str) -> Result<Vec<u8>, InvalidS
     Ok(key)
 }
 
-/// Why a delivery failed verification. `Display` is safe to send back to the
-/// sender: it names headers, never their values, the secrets or the body.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VerifyError {
-    /// A required header is absent (the header name, lower case).
-    #[error("missing signature header `{0}`")]
-    MissingHeader(String),
-    /// A header is present but cannot be parsed.
-    #[error("malformed signature header `{header}`: {why}")]
-    MalformedHeader { header: String, why: &'static str },
-    /// The signed timestamp is older than the tolerance.
-    #[error("signature timestamp is {age_secs}s old, outside the allowed tolerance")]
-    StaleTimestamp { age_secs: i64 },
-    /// The signed timestamp is further in the future than the tolerance.
-    #[error("signature timestamp is {ahead_secs}s in the future, outside the allowed tolerance")]
-    FutureTimestamp { ahead_secs: i64 },
-    /// Well-formed, but no signature matches any secret.
-    #[error("no signature matches the payload")]
-    Mismatch,
-    /// The verifier itself is unusable (no secrets, an empty secret, or
-    /// hmac-sha256 without a header). Config validation should catch this
-    /// first; [`Verifier::verify`] fails closed with it.
-    #[error("signature verification is misconfigured: {0}")]
-    Misconfigured(&'static str),
-}
-
-impl VerifyError {
-    fn malformed(header: &str, why: &'static str) -> Self {
-        VerifyError::MalformedHeader {
-            header: header.to_owned(),
-            why,
-        }
-    }
-}
-
 /// A configured signature check for one route.
 #[derive(Clone)]
 pub struct Verifier {
@@ -257,8 +268,13 @@ pub struct Verifier {
     /// Timestamped schemes reject deliveries older *or newer* than this
     /// (`|now - t| <= tolerance` passes).
     pub tolerance: Duration,
-    /// hmac-sha256 only: the header holding the hex digest. Ignored otherwise.
+    /// hmac-sha256: the header holding the hex digest; token: the header
+    /// holding the token (default `x-gitlab-token`). Ignored otherwise.
     pub header: Option<HeaderName>,
+    /// `hmac` only: the declarative rule, built once at config load.
+    pub rule: Option<Box<Rule>>,
+    /// standard-webhooks: Ed25519 public keys (`whpk_…`) for `v1a` entries.
+    pub public_keys: Vec<[u8; 32]>,
 }
 
 impl fmt::Debug for Verifier {
@@ -271,6 +287,8 @@ impl fmt::Debug for Verifier {
             )
             .field("tolerance", &self.tolerance)
             .field("header", &self.header)
+            .field("rule", &self.rule)
+            .field("public_keys", &self.public_keys.len())
             .finish()
     }
 }
@@ -283,13 +301,15 @@ impl Verifier {
             secrets,
             tolerance: DEFAULT_TOLERANCE,
             header: None,
+            rule: None,
+            public_keys: Vec::new(),
         }
     }
 
     /// Checks that the verifier can ever pass: at least one secret, no empty
     /// secret, and a header for hmac-sha256. For use at config load time.
     pub fn validate(&self) -> Result<(), VerifyError> {
-        if self.secrets.is_empty() {
+        if self.secrets.is_empty() && self.public_keys.is_empty() {
             return Err(VerifyError::Misconfigured("no secret configured"));
         }
         if self.secrets.iter().any(|s| s.is_empty()) {
@@ -300,7 +320,21 @@ impl Verifier {
                 "hmac-sha256 needs `header` naming the header that holds the digest",
             ));
         }
-        Ok(())
+        if self.secrets.is_empty() && self.scheme != Scheme::StandardWebhooks {
+            return Err(VerifyError::Misconfigured("no secret configured"));
+        }
+        if !self.public_keys.is_empty() && self.scheme != Scheme::StandardWebhooks {
+            return Err(VerifyError::Misconfigured(
+                "public keys are for standard-webhooks only",
+            ));
+        }
+        match (self.scheme, &self.rule) {
+            (Scheme::Hmac, None) => Err(VerifyError::Misconfigured("hmac needs its rule")),
+            (Scheme::Hmac, Some(rule)) => rule
+                .problem()
+                .map_or(Ok(()), |why| Err(VerifyError::Misconfigured(why))),
+            _ => Ok(()),
+        }
     }
 
     /// Verifies one delivery. `now_unix_secs` is the current time in Unix
@@ -312,86 +346,60 @@ impl Verifier {
         body: &[u8],
         now_unix_secs: i64,
     ) -> Result<(), VerifyError> {
-        self.validate()?;
-        match self.scheme {
-            Scheme::Stripe => self.verify_stripe(headers, body, now_unix_secs),
-            Scheme::Github => {
-                let name = headers::GITHUB_SIGNATURE_256;
-                let value = required(headers, name)?;
-                let hex_sig = value
-                    .strip_prefix("sha256=")
-                    .ok_or_else(|| VerifyError::malformed(name, "expected `sha256=<hex>`"))?;
-                let sig = decode_hex_tag(name, hex_sig)?;
-                self.check(&[body], &[sig])
-            }
-            Scheme::Shopify => {
-                let name = headers::SHOPIFY_HMAC_SHA256;
-                let sig = decode_b64_tag(name, required(headers, name)?)?;
-                self.check(&[body], &[sig])
-            }
-            Scheme::Slack => {
-                let sig_name = headers::SLACK_SIGNATURE;
-                let ts_name = headers::SLACK_REQUEST_TIMESTAMP;
-                let sig_value = required(headers, sig_name)?;
-                let ts_value = required(headers, ts_name)?;
-                let ts = parse_timestamp(ts_name, ts_value)?;
-                let hex_sig = sig_value
-                    .strip_prefix("v0=")
-                    .ok_or_else(|| VerifyError::malformed(sig_name, "expected `v0=<hex>`"))?;
-                let sig = decode_hex_tag(sig_name, hex_sig)?;
-                self.check_timestamp(ts, now_unix_secs)?;
-                self.check(&[b"v0:", ts_value.as_bytes(), b":", body], &[sig])
-            }
-            Scheme::StandardWebhooks => self.verify_standard_webhooks(headers, body, now_unix_secs),
-            Scheme::HmacSha256 => {
-                let header = self
-                    .header
-                    .as_ref()
-                    .ok_or(VerifyError::Misconfigured("hmac-sha256 needs `header`"))?;
-                let name = header.as_str();
-                let value = required(headers, name)?;
-                // Tolerated: a `sha256=` prefix (any case), as GitHub-style senders add.
-                let hex_sig = match value.get(..7) {
-                    Some(p) if p.eq_ignore_ascii_case("sha256=") => &value[7..],
-                    _ => value,
-                };
-                let sig = decode_hex_tag(name, hex_sig)?;
-                self.check(&[body], &[sig])
-            }
-        }
+        self.verify_with_id(headers, body, None, now_unix_secs)
     }
 
-    fn verify_stripe(&self, headers: &HeaderMap, body: &[u8], now: i64) -> Result<(), VerifyError> {
-        let name = headers::STRIPE_SIGNATURE;
-        let value = required(headers, name)?;
-        let mut t: Option<(&str, i64)> = None;
-        let mut sigs = Vec::new();
-        for element in value.split(',') {
-            let element = element.trim();
-            if element.is_empty() {
-                continue;
+    /// [`Verifier::verify`] for a rule whose message covers the event ID
+    /// (`{id}`): `id` is the route's event ID as read from the request.
+    pub fn verify_with_id(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        id: Option<&str>,
+        now_unix_secs: i64,
+    ) -> Result<(), VerifyError> {
+        self.validate()?;
+        let check_ts = |ts| self.check_timestamp(ts, now_unix_secs);
+        let rule = match (self.scheme, self.scheme.fixed_rule()) {
+            (_, Some(rule)) => rule,
+            (Scheme::StandardWebhooks, _) => {
+                return self.verify_standard_webhooks(headers, body, now_unix_secs)
             }
-            let (key, val) = element
-                .split_once('=')
-                .ok_or_else(|| VerifyError::malformed(name, "an element is not `key=value`"))?;
-            match key.trim() {
-                "t" => {
-                    if t.is_some() {
-                        return Err(VerifyError::malformed(name, "more than one `t=`"));
-                    }
-                    let raw = val.trim();
-                    t = Some((raw, parse_timestamp(name, raw)?));
-                }
-                "v1" => sigs.push(decode_hex_tag(name, val.trim())?),
-                _ => {} // v0 (test-mode legacy) and future schemes are ignored
+            (Scheme::Token, _) => return self.verify_token(headers),
+            (Scheme::HmacSha256, _) => {
+                let header = self
+                    .header
+                    .clone()
+                    .ok_or(VerifyError::Misconfigured("hmac-sha256 needs `header`"))?;
+                let rule = Rule::hmac_sha256(header);
+                return rule.verify(&self.secrets, headers, body, id, check_ts);
             }
+            _ => self
+                .rule
+                .as_deref()
+                .ok_or(VerifyError::Misconfigured("hmac needs its rule"))?,
+        };
+        rule.verify(&self.secrets, headers, body, id, check_ts)
+    }
+
+    /// The token header's value against every secret, in constant time
+    /// (their SHA-256 digests are compared, so lengths do not leak either).
+    fn verify_token(&self, headers: &HeaderMap) -> Result<(), VerifyError> {
+        use sha2::Digest as _;
+        let name = self
+            .header
+            .as_ref()
+            .map_or(headers::GITLAB_TOKEN, |h| h.as_str());
+        let given = Sha256::digest(required(headers, name)?.as_bytes());
+        let mut matched = Choice::from(0u8);
+        for secret in &self.secrets {
+            matched |= Sha256::digest(secret).ct_eq(&given);
         }
-        let (t_raw, t) = t.ok_or_else(|| VerifyError::malformed(name, "no `t=` timestamp"))?;
-        if sigs.is_empty() {
-            return Err(VerifyError::malformed(name, "no `v1=` signature"));
+        if bool::from(matched) {
+            Ok(())
+        } else {
+            Err(VerifyError::Mismatch)
         }
-        self.check_timestamp(t, now)?;
-        self.check(&[t_raw.as_bytes(), b".", body], &sigs)
     }
 
     fn verify_standard_webhooks(
@@ -420,12 +428,32 @@ impl Verifier {
         }
         let ts_value = required(headers, set.timestamp())?;
         let ts = parse_timestamp(set.timestamp(), ts_value)?;
-        let sigs = signature_list(set.signature(), sig_value)?;
+        let list = signature_list(
+            set.signature(),
+            sig_value,
+            !self.secrets.is_empty(),
+            !self.public_keys.is_empty(),
+        )?;
         self.check_timestamp(ts, now)?;
-        self.check(
-            &[id.as_bytes(), b".", ts_value.as_bytes(), b".", body],
-            &sigs,
-        )
+        let parts: [&[u8]; 5] = [id.as_bytes(), b".", ts_value.as_bytes(), b".", body];
+        let hmac_ok = self.check(&parts, &list.v1).is_ok();
+        let ed_ok = !list.v1a.is_empty() && {
+            // Ed25519 signs the message whole: one copy, only for a v1a entry.
+            let message = parts.concat();
+            let mut ok = false;
+            for key in &self.public_keys {
+                let key = UnparsedPublicKey::new(&ED25519, key);
+                for sig in &list.v1a {
+                    ok |= key.verify(&message, sig).is_ok();
+                }
+            }
+            ok
+        };
+        if hmac_ok || ed_ok {
+            Ok(())
+        } else {
+            Err(VerifyError::Mismatch)
+        }
     }
 
     /// `|now - ts| <= tolerance` passes (compared at millisecond precision).
@@ -466,41 +494,66 @@ impl Verifier {
 
 // ----------------------------------------------------------------- helpers
 
-/// The candidate signatures of a standard-webhooks signature list: its
-/// space-separated `v1,<base64>` entries that decode to 32 bytes. As the
-/// providers' own libraries do, every other entry is skipped: other versions
-/// (`v1a,…` asymmetric, future ones), entries without a comma, and `v1`
-/// entries that are not base64 of exactly 32 bytes. A list with no usable
-/// entry is malformed (nothing could ever match it).
-fn signature_list(name: &str, value: &str) -> Result<Vec<[u8; 32]>, VerifyError> {
-    let mut sigs = Vec::new();
-    let mut v1_entries = 0usize;
-    for entry in value.split_ascii_whitespace() {
-        let Some(sig) = entry.strip_prefix("v1,") else {
-            continue;
-        };
-        v1_entries += 1;
-        if let Some(tag) = b64_tag(sig) {
-            sigs.push(tag);
-        }
-    }
-    match (sigs.is_empty(), v1_entries) {
-        (false, _) => Ok(sigs),
-        (true, 0) => Err(VerifyError::malformed(name, "no `v1,` signature")),
-        (true, _) => Err(VerifyError::malformed(
-            name,
-            "no `v1,` signature is base64 of 32 bytes",
-        )),
-    }
+/// The candidate signatures of a standard-webhooks list, by kind.
+struct SignatureList {
+    /// `v1,<base64>`: HMAC-SHA256 tags.
+    v1: Vec<[u8; 32]>,
+    /// `v1a,<base64>`: Ed25519 signatures.
+    v1a: Vec<[u8; 64]>,
 }
 
-/// Standard alphabet; padding accepted but not required.
-const B64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
-    &base64::alphabet::STANDARD,
-    base64::engine::GeneralPurposeConfig::new()
-        .with_encode_padding(true)
-        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
-);
+/// The candidate signatures of a standard-webhooks signature list: its
+/// space-separated `v1,<base64>` entries that decode to 32 bytes (when the
+/// verifier has HMAC secrets) and `v1a,<base64>` entries that decode to 64
+/// bytes (when it has public keys): an entry is checked only against keys of
+/// its kind. As the providers' own libraries do, every other entry is
+/// skipped: other versions, entries without a comma, entries of a kind the
+/// route has no key for, entries of the wrong length. A list with no usable
+/// entry is malformed (nothing could ever match it).
+fn signature_list(
+    name: &str,
+    value: &str,
+    hmac: bool,
+    ed25519: bool,
+) -> Result<SignatureList, VerifyError> {
+    let mut list = SignatureList {
+        v1: Vec::new(),
+        v1a: Vec::new(),
+    };
+    let mut entries = 0usize;
+    for entry in value.split_ascii_whitespace() {
+        if let Some(sig) = entry.strip_prefix("v1,").filter(|_| hmac) {
+            entries += 1;
+            if let Some(tag) = b64_array(sig) {
+                list.v1.push(tag);
+            }
+        } else if let Some(sig) = entry.strip_prefix("v1a,").filter(|_| ed25519) {
+            entries += 1;
+            if let Some(sig) = b64_array(sig) {
+                list.v1a.push(sig);
+            }
+        }
+    }
+    let (none, unusable) = match (hmac, ed25519) {
+        (true, false) => (
+            "no `v1,` signature",
+            "no `v1,` signature is base64 of 32 bytes",
+        ),
+        (false, true) => (
+            "no `v1a,` signature",
+            "no `v1a,` signature is base64 of 64 bytes",
+        ),
+        _ => (
+            "no `v1,` or `v1a,` signature",
+            "no signature decodes to its kind's length",
+        ),
+    };
+    match (list.v1.is_empty() && list.v1a.is_empty(), entries) {
+        (false, _) => Ok(list),
+        (true, 0) => Err(VerifyError::malformed(name, none)),
+        (true, _) => Err(VerifyError::malformed(name, unusable)),
+    }
+}
 
 pub(crate) fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
@@ -510,56 +563,9 @@ pub(crate) fn mac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     m.finalize().into_bytes().into()
 }
 
-/// The single value of a required header, as trimmed visible ASCII.
-fn required<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, VerifyError> {
-    let mut values = headers.get_all(name).iter();
-    let value = values
-        .next()
-        .ok_or_else(|| VerifyError::MissingHeader(name.to_owned()))?;
-    if values.next().is_some() {
-        return Err(VerifyError::malformed(name, "the header is repeated"));
-    }
-    let value = value
-        .to_str()
-        .map_err(|_| VerifyError::malformed(name, "the value is not visible ASCII"))?
-        .trim();
-    if value.is_empty() {
-        return Err(VerifyError::malformed(name, "the value is empty"));
-    }
-    Ok(value)
-}
-
-/// Unix seconds: ASCII digits only (no sign, no fraction), fitting in i64.
-fn parse_timestamp(name: &str, raw: &str) -> Result<i64, VerifyError> {
-    if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(VerifyError::malformed(
-            name,
-            "the timestamp is not Unix seconds",
-        ));
-    }
-    raw.parse::<i64>()
-        .map_err(|_| VerifyError::malformed(name, "the timestamp is out of range"))
-}
-
-/// 64 hex digits, either case.
-fn decode_hex_tag(name: &str, s: &str) -> Result<[u8; 32], VerifyError> {
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(s, &mut out)
-        .map_err(|_| VerifyError::malformed(name, "the signature is not 64 hex digits"))?;
-    Ok(out)
-}
-
-/// Standard base64 (padding optional) of exactly 32 bytes.
-fn decode_b64_tag(name: &str, s: &str) -> Result<[u8; 32], VerifyError> {
-    let bytes = B64
-        .decode(s.as_bytes())
-        .map_err(|_| VerifyError::malformed(name, "the signature is not valid base64"))?;
-    <[u8; 32]>::try_from(bytes.as_slice())
-        .map_err(|_| VerifyError::malformed(name, "the signature is not 32 bytes"))
-}
-
-/// [`decode_b64_tag`] without the why, for list entries that are skipped.
-fn b64_tag(s: &str) -> Option<[u8; 32]> {
+/// Standard base64 (padding optional) of exactly `N` bytes, for list
+/// entries that are skipped when they are not.
+fn b64_array<const N: usize>(s: &str) -> Option<[u8; N]> {
     let bytes = B64.decode(s.as_bytes()).ok()?;
-    <[u8; 32]>::try_from(bytes.as_slice()).ok()
+    <[u8; N]>::try_from(bytes.as_slice()).ok()
 }

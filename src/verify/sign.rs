@@ -6,7 +6,8 @@
 
 use base64::Engine as _;
 
-use super::{mac, B64};
+use super::mac;
+use super::parts::B64;
 
 /// `Stripe-Signature` value: `t={t},v1={hex}` over `"{t}.{body}"`.
 pub fn stripe(secret: &[u8], t: i64, body: &[u8]) -> String {
@@ -54,4 +55,55 @@ pub fn standard_webhooks_secret(key: &[u8]) -> String {
 /// Lower-case hex HMAC-SHA256 of the body: the value for `hmac-sha256`'s header.
 pub fn hmac_hex(secret: &[u8], body: &[u8]) -> String {
     hex::encode(mac(secret, &[body]))
+}
+
+/// `Paddle-Signature` value: `ts={ts};h1={hex}` over `"{ts}:{body}"`.
+pub fn paddle(secret: &[u8], ts: i64, body: &[u8]) -> String {
+    let ts = ts.to_string();
+    format!(
+        "ts={ts};h1={}",
+        hex::encode(mac(secret, &[ts.as_bytes(), b":", body]))
+    )
+}
+
+/// `Typeform-Signature` value: `sha256={base64}` over the body.
+pub fn typeform(secret: &[u8], body: &[u8]) -> String {
+    format!("sha256={}", B64.encode(mac(secret, &[body])))
+}
+
+/// `x-zm-signature` value: `v0={hex}` over `"v0:{ts}:{body}"`; send `ts` as
+/// `x-zm-request-timestamp`.
+pub fn zoom(secret: &[u8], ts: i64, body: &[u8]) -> String {
+    slack(secret, ts, body)
+}
+
+/// The tag of any algorithm, hex or base64: for `scheme: hmac` tests.
+pub fn tag(
+    algorithm: super::Algorithm,
+    encoding: super::Encoding,
+    secret: &[u8],
+    parts: &[&[u8]],
+) -> String {
+    let tag = algorithm.tag(secret, parts);
+    match encoding {
+        super::Encoding::Hex => hex::encode(tag),
+        super::Encoding::Base64 => B64.encode(tag),
+    }
+}
+
+/// A `v1a,{base64}` standard-webhooks entry: Ed25519 over
+/// `"{id}.{ts}.{body}"` with the key made from `seed` (32 bytes).
+pub fn standard_webhooks_v1a(seed: &[u8; 32], id: &str, ts: i64, body: &[u8]) -> String {
+    let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(seed)
+        .expect("any 32 bytes are an Ed25519 seed");
+    let message = [id.as_bytes(), b".", ts.to_string().as_bytes(), b".", body].concat();
+    format!("v1a,{}", B64.encode(pair.sign(&message)))
+}
+
+/// The `whpk_<base64>` configuration form of the public key of `seed`.
+pub fn standard_webhooks_public_key(seed: &[u8; 32]) -> String {
+    use ring::signature::KeyPair as _;
+    let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(seed)
+        .expect("any 32 bytes are an Ed25519 seed");
+    format!("whpk_{}", B64.encode(pair.public_key().as_ref()))
 }

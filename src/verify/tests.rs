@@ -1008,7 +1008,7 @@ fn scheme_names_round_trip() {
         assert_eq!(scheme.as_str().parse::<Scheme>(), Ok(scheme));
         assert_eq!(scheme.to_string(), scheme.as_str());
     }
-    for bad in ["svix", "Stripe", "hmac", "", "standard_webhooks"] {
+    for bad in ["svix", "Stripe", "HMAC", "", "standard_webhooks"] {
         assert_eq!(bad.parse::<Scheme>(), Err(UnknownScheme), "{bad}");
     }
     let timestamped: Vec<_> = Scheme::ALL
@@ -1091,6 +1091,34 @@ fn timestamp_is_checked_before_the_signature() {
     );
 }
 
+/// A delivery of `body` signed for `scheme` with the key `x`.
+fn signed_with_another_key(scheme: Scheme, now: i64, body: &[u8]) -> HeaderMap {
+    match scheme {
+        Scheme::Stripe => stripe_headers(&sign::stripe(b"x", now, body)),
+        Scheme::Github => github_headers(sign::github(b"x", body).as_bytes()),
+        Scheme::Shopify => shopify_headers(sign::shopify(b"x", body).as_bytes()),
+        Scheme::Slack => slack_headers(
+            sign::slack(b"x", now, body).as_bytes(),
+            now.to_string().as_bytes(),
+        ),
+        Scheme::StandardWebhooks => sw_headers(
+            "webhook",
+            "id",
+            &now.to_string(),
+            sign::standard_webhooks(b"x", "id", now, body).as_bytes(),
+        ),
+        Scheme::HmacSha256 | Scheme::Hmac | Scheme::Token => {
+            hmac_headers(&sign::hmac_hex(b"x", body))
+        }
+        Scheme::Paddle => hm(&[("paddle-signature", sign::paddle(b"x", now, body).as_bytes())]),
+        Scheme::Typeform => hm(&[("typeform-signature", sign::typeform(b"x", body).as_bytes())]),
+        Scheme::Zoom => hm(&[
+            ("x-zm-signature", sign::zoom(b"x", now, body).as_bytes()),
+            ("x-zm-request-timestamp", now.to_string().as_bytes()),
+        ]),
+    }
+}
+
 #[test]
 fn no_error_or_debug_output_reveals_secrets_body_or_values() {
     let secret = "TOPSECRET-c0ffee-key";
@@ -1103,22 +1131,7 @@ fn no_error_or_debug_output_reveals_secrets_body_or_values() {
             ..Verifier::new(scheme, vec![secret.as_bytes().to_vec()])
         };
         let now = 1_700_000_000;
-        let signed: HeaderMap = match scheme {
-            Scheme::Stripe => stripe_headers(&sign::stripe(b"x", now, body)),
-            Scheme::Github => github_headers(sign::github(b"x", body).as_bytes()),
-            Scheme::Shopify => shopify_headers(sign::shopify(b"x", body).as_bytes()),
-            Scheme::Slack => slack_headers(
-                sign::slack(b"x", now, body).as_bytes(),
-                now.to_string().as_bytes(),
-            ),
-            Scheme::StandardWebhooks => sw_headers(
-                "webhook",
-                "id",
-                &now.to_string(),
-                sign::standard_webhooks(b"x", "id", now, body).as_bytes(),
-            ),
-            Scheme::HmacSha256 => hmac_headers(&sign::hmac_hex(b"x", body)),
-        };
+        let signed = signed_with_another_key(scheme, now, body);
         errors.push(ver.verify(&signed, body, now).unwrap_err()); // mismatch
         errors.push(ver.verify(&signed, body, now + 10_000).unwrap_err()); // stale, or mismatch
         errors.push(ver.verify(&HeaderMap::new(), body, now).unwrap_err()); // missing
@@ -1133,6 +1146,10 @@ fn no_error_or_debug_output_reveals_secrets_body_or_values() {
             "webhook-timestamp",
             "webhook-signature",
             "x-signature",
+            "paddle-signature",
+            "typeform-signature",
+            "x-zm-signature",
+            "x-zm-request-timestamp",
         ]
         .into_iter()
         .map(|n| (n, sig_value.as_bytes()))

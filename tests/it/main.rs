@@ -57,6 +57,7 @@ mod hardening;
 mod headers;
 mod hostile;
 mod in_flight_wait;
+mod keys;
 mod listener;
 mod model;
 mod monitoring;

@@ -2,6 +2,7 @@
 
 mod admin;
 mod depth;
+mod keys;
 mod resolve;
 mod rules;
 mod secrets;

@@ -5,55 +5,147 @@ use pingora::proxy::Session;
 use serde_json::Value;
 
 use crate::claim::policy::{self, Key};
-use crate::claim::{digest, event_id};
-use crate::config::{DigestMode, OnMissingId};
+use crate::claim::{digest, event_id, json_pointer};
+use crate::config::{DigestMode, EventIdSource, IdPart, OnMissingId, Provider};
 use crate::problem::{Problem, ProblemKind};
 use crate::proxy::exit::Refused;
 use crate::proxy::routes::RouteRt;
 
-/// The event ID's key from its header, for a route that reads one (`None`
-/// for one that reads it from the body).
+/// The event ID's key from headers, for a route that reads it from headers
+/// alone (`None` for one that needs the body: a JSON pointer, a part of
+/// one, or zoom's challenge, which is known only from the body).
 pub fn header_key(session: &Session, route: &RouteRt) -> Result<Option<Key<String>>, Problem> {
     let headers = &session.req_header().headers;
-    let Some(h) = route.cfg.event_id.header_for(headers) else {
+    let cfg = &route.cfg;
+    if challenge(cfg.provider).is_some() {
+        return Ok(None);
+    }
+    let on_missing = cfg.on_missing_id;
+    if let EventIdSource::Parts(parts) = &cfg.event_id {
+        if cfg.event_id.reads_body() {
+            return Ok(None);
+        }
+        return parts_id(parts, headers, None).map(|id| Some(policy::key(id, on_missing)));
+    }
+    let Some(h) = cfg.event_id.header_for(headers) else {
         return Ok(None);
     };
-    let on_missing = route.cfg.on_missing_id;
     Ok(Some(policy::key(
         header_event_id(headers, h, on_missing)?,
         on_missing,
     )))
 }
 
-/// The event ID's key from the body, for a route that reads it at a JSON pointer.
-pub fn json_key(route: &RouteRt, json: Option<&Value>) -> Result<Key<String>, Refused> {
-    let id = match (route.cfg.event_id.json_pointer(), json) {
-        (Some(p), Some(doc)) => match event_id::event_id_from_json_tokens(doc, p.tokens()) {
-            Ok(id) => Some(id),
-            Err(event_id::JsonIdError::Absent) => None,
-            Err(e) => {
-                let p = Problem::new(ProblemKind::InvalidEventId, e.to_string());
-                return Err(Refused::new(p));
+/// The event ID's key once the body is read, for a route [`header_key`]
+/// left it to: a JSON pointer, parts, or a zoom route (whose signed
+/// `endpoint.url_validation` challenge passes unguarded, as Slack's
+/// `url_verification` does).
+pub fn json_key(
+    route: &RouteRt,
+    headers: &http::HeaderMap,
+    json: Option<&Value>,
+) -> Result<Key<String>, Refused> {
+    let cfg = &route.cfg;
+    if let (Some((pointer, value)), Some(doc)) = (challenge(cfg.provider), json) {
+        if doc.pointer(pointer).and_then(Value::as_str) == Some(value) {
+            return Ok(Key::Unguarded);
+        }
+    }
+    let on_missing = cfg.on_missing_id;
+    let id = match (&cfg.event_id, json) {
+        (EventIdSource::Parts(parts), doc) => {
+            parts_id(parts, headers, doc).map_err(Refused::new)?
+        }
+        (EventIdSource::JsonPointer(p), Some(doc)) => {
+            match event_id::event_id_from_json_tokens(doc, p.tokens()) {
+                Ok(id) => Some(id),
+                Err(event_id::JsonIdError::Absent) => None,
+                Err(e) => {
+                    let p = Problem::new(ProblemKind::InvalidEventId, e.to_string());
+                    return Err(Refused::new(p));
+                }
             }
-        },
-        _ => None,
+        }
+        (EventIdSource::Header(_) | EventIdSource::SvixId, _) => {
+            // a zoom route named a header: read it now
+            match cfg.event_id.header_for(headers) {
+                Some(h) => header_event_id(headers, h, on_missing).map_err(Refused::new)?,
+                None => None,
+            }
+        }
+        (EventIdSource::JsonPointer(_), None) => None,
     };
-    Ok(policy::key(id, route.cfg.on_missing_id))
+    Ok(policy::key(id, on_missing))
 }
 
-/// The body as JSON, when the digest or the event ID needs it.
+/// The body as JSON, when the digest, the event ID or a challenge needs it.
 pub fn json_body(
     route: &RouteRt,
     body: &[u8],
     header_id: Option<&str>,
 ) -> Result<Option<Value>, Refused> {
-    if route.cfg.digest != DigestMode::Json && route.cfg.event_id.json_pointer().is_none() {
+    let cfg = &route.cfg;
+    let needs = cfg.digest == DigestMode::Json
+        || cfg.event_id.reads_body()
+        || challenge(cfg.provider).is_some();
+    if !needs {
         return Ok(None);
     }
     digest::parse_json_body(body).map(Some).map_err(|e| {
         let p = Problem::new(ProblemKind::InvalidBody, e.to_string());
         Refused::new(p.with_event_id(header_id))
     })
+}
+
+/// The JSON member and value of a provider's signed handshake that passes
+/// unguarded: zoom's `{"event": "endpoint.url_validation"}`.
+fn challenge(provider: Option<Provider>) -> Option<(&'static str, &'static str)> {
+    match provider {
+        Some(Provider::Zoom) => Some(("/event", "endpoint.url_validation")),
+        _ => None,
+    }
+}
+
+/// A composite ID (SPEC §17): every part read (headers, and the body's
+/// pointers from the one parse of `doc`), joined with `:`. `Ok(None)` when
+/// a part is absent; a problem when one is invalid or the whole is.
+fn parts_id(
+    parts: &[IdPart],
+    headers: &http::HeaderMap,
+    doc: Option<&Value>,
+) -> Result<Option<String>, Problem> {
+    let invalid = |e: String| Problem::new(ProblemKind::InvalidEventId, e);
+    let mut texts: Vec<std::borrow::Cow<'_, str>> = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        let text = match part {
+            IdPart::Header(h) => {
+                let mut values = headers.get_all(h).iter();
+                let Some(first) = values.next() else {
+                    return Ok(None);
+                };
+                if values.any(|v| v != first) {
+                    return Err(invalid(format!(
+                        "the request carries several different {h} headers"
+                    )));
+                }
+                let text = first
+                    .to_str()
+                    .map_err(|_| invalid(format!("header {h}: the value is not visible ASCII")))?;
+                std::borrow::Cow::Borrowed(text)
+            }
+            IdPart::JsonPointer(p) => {
+                let Some(value) = doc.and_then(|d| json_pointer::lookup(d, p.tokens())) else {
+                    return Ok(None);
+                };
+                event_id::id_text(value)
+                    .map_err(|e| invalid(format!("part {} ({p}): {e}", i + 1)))?
+            }
+        };
+        texts.push(text);
+    }
+    event_id::join_parts(texts.iter().map(|t| t.as_ref()))
+        .map(Some)
+        .map_err(|e| invalid(e.to_string()))
 }
 
 /// The event ID from header `h`: `Ok(None)` when it is absent and the route

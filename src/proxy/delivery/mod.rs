@@ -99,7 +99,7 @@ async fn admit(
     let json = json_body(route, &body, header_id)?;
     let key = match header_key {
         Some(key) => key,
-        None => json_key(route, json.as_ref())?,
+        None => json_key(route, &session.req_header().headers, json.as_ref())?,
     };
     let id = match key {
         Key::EventId(id) => Some(id),
@@ -108,7 +108,7 @@ async fn admit(
         Key::Missing => {
             let p = Problem::new(
                 ProblemKind::MissingEventId,
-                "the body has no event ID at the configured JSON pointer",
+                "the request has no event ID where the route reads it (a JSON pointer, or a part)",
             );
             return Err(Refused::new(p).into());
         }
