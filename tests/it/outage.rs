@@ -450,13 +450,15 @@ fn a_statement_held_while_the_server_answers_is_given_up_at_the_limit() {
 }
 
 /// The upstream answered, then the settle cannot reach the database: it is
-/// retried with bounded backoff, counted as an error and logged with the
-/// event ID. The settle commits before the answer is passed on (SPEC §3),
-/// and this one did not: the sender gets a 503 to retry (a 2xx would be a
-/// delivery the store never learns of), and the claim stays in flight until
-/// its lease ends (no second forward before that).
+/// retried with bounded backoff for 3 s. The settle commits before the
+/// answer is passed on (SPEC §3), and this one did not: the sender gets a
+/// 503 to retry (a 2xx would be a delivery the store never learns of). The
+/// settle is then kept and retried in the background (SPEC §16,
+/// `idemgate_settles_pending`), logged with the event ID; once the database
+/// is back it commits, and the sender's retry is replayed — never forwarded
+/// a second time.
 #[test]
-fn settle_failing_after_the_upstream_answered_is_retried_then_counted() {
+fn settle_failing_after_the_upstream_answered_is_carried_until_it_commits() {
     let Some(s) = setup("settle") else { return };
     let (px, up) = (&s.px, &s.up);
     let id = eid("slow");
@@ -482,33 +484,42 @@ fn settle_failing_after_the_upstream_answered_is_retried_then_counted() {
     );
     assert_eq!(answer.header("Retry-After"), Some("1"));
     assert!(took < Duration::from_secs(15), "unbounded settle: {took:?}");
+    assert_eq!(px.metric("idemgate_settles_pending"), 1.0, "kept");
     assert_eq!(
         px.metric(r#"idemgate_settles_total{result="error",route="r"}"#),
-        1.0
+        0.0,
+        "not given up while the lease lasts"
     );
     // Log lines are written by a background thread: give it a moment.
     let names_the_event = |log: &str| {
         log.lines()
-            .any(|l| l.contains("settle failed") && l.contains(&id) && l.contains("ERROR"))
+            .any(|l| l.contains("settle failed; kept") && l.contains(&id) && l.contains("WARN"))
     };
     wait_until(Duration::from_secs(2), || names_the_event(&px.log()));
     let log = px.log();
     assert!(
         names_the_event(&log),
-        "no error line naming the event:\n{log}"
+        "no line naming the kept settle's event:\n{log}"
     );
 
     s.relay.restore();
-    let r = px.deliver(PATH, Some(&id), br#"{"n":1}"#);
-    let deadline = Instant::now() + RECOVERY;
-    let mut r = r;
-    while r.status == 503 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+    // the sender retries: 409 (the live claim) or 503 until the kept
+    // settle commits, then the replay
+    let deadline = Instant::now() + RECOVERY + Duration::from_secs(5);
+    let mut r = px.deliver(PATH, Some(&id), br#"{"n":1}"#);
+    while r.status != 200 && Instant::now() < deadline {
+        assert!(matches!(r.status, 409 | 503), "{} {:?}", r.status, r.text());
+        std::thread::sleep(Duration::from_millis(100));
         r = px.deliver(PATH, Some(&id), br#"{"n":1}"#);
     }
-    assert_eq!(r.status, 409, "the unsettled claim is still in flight");
-    assert!(r.header("Retry-After").is_some());
-    assert_eq!(up.count(&id), 1);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("Idempotency-Status"), Some("replayed"));
+    assert_eq!(up.count(&id), 1, "forwarded once");
+    assert_eq!(px.metric("idemgate_settles_pending"), 0.0);
+    assert_eq!(
+        px.metric(r#"idemgate_settles_total{result="error",route="r"}"#),
+        0.0
+    );
 }
 
 /// The server ends every connection while staying up (a restart between

@@ -639,7 +639,15 @@ fn sqlite_disk_fills_mid_load_then_frees() {
         "fresh deliveries while full: {full_answers:?}"
     );
     // Nothing reached the consumer without a committed claim, and every
-    // forwarded event whose settle did not commit was counted.
+    // forwarded event whose settle did not commit was counted — once the
+    // settles kept across the full disk (SPEC §16) committed or were given
+    // up at their lease's end.
+    assert!(
+        wait_until(Duration::from_secs(20), || px
+            .metric("idemgate_settles_pending")
+            == 0.0),
+        "settles still pending"
+    );
     let records = records_of(db);
     let forwarded: HashSet<String> = up
         .received()
