@@ -18,7 +18,7 @@
 //! binary (a release before, to show what it did).
 
 use crate::common;
-use crate::store_faults::{send_until_ok, ReadyLog, Seen, SetOnDrop, PATH};
+use crate::store_faults::{senders, ReadyLog, Seen, SetOnDrop, PATH};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -171,16 +171,7 @@ impl Failovers for External {
     }
 
     fn psql(&self, sql: &str) -> String {
-        let out = std::process::Command::new("psql")
-            .args([&self.url, "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .output()
-            .expect("psql runs");
-        assert!(
-            out.status.success(),
-            "psql: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        common::pg_cluster::psql_at(&self.url, sql)
     }
 }
 
@@ -239,7 +230,7 @@ fn under_load(label: &str, rounds: usize, db: &mut dyn Failovers, strict: bool) 
             .collect();
         let log = std::thread::scope(|s| {
             let _stop_senders = SetOnDrop(&stop);
-            senders(s, &seen, &stop, &storms, addrs);
+            senders(s, &seen, &stop, &storms, &addrs, 5, Duration::from_secs(60));
             let mut log = Vec::new();
             for _ in 0..rounds {
                 std::thread::sleep(Duration::from_secs(2));
@@ -288,48 +279,6 @@ fn under_load(label: &str, rounds: usize, db: &mut dyn Failovers, strict: bool) 
         panic!("{}{}", problems.join("\n"), log_tails(&replicas, 30));
     }
     figures
-}
-
-/// Six senders of unique events (every fourth a duplicate of one already
-/// delivered) and a thread of 5-way storms of one event, across both
-/// replicas, each retrying until a 2xx.
-fn senders<'s>(
-    s: &'s std::thread::Scope<'s, '_>,
-    seen: &'s Seen,
-    stop: &'s AtomicBool,
-    storms: &'s AtomicUsize,
-    addrs: [std::net::SocketAddr; 2],
-) {
-    for w in 0..6 {
-        s.spawn(move || {
-            let mut n = 0usize;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let dup = n
-                    .is_multiple_of(4)
-                    .then(|| {
-                        let ok = seen.ok.lock().unwrap();
-                        ok.keys().nth((n * 7919 + w) % ok.len().max(1)).cloned()
-                    })
-                    .flatten();
-                let id = dup.unwrap_or_else(|| eid(&format!("u{w}")));
-                send_until_ok(seen, &addrs, n + w, &id, Duration::from_secs(60));
-            }
-        });
-    }
-    s.spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            let id = eid("storm");
-            std::thread::scope(|st| {
-                for i in 0..5 {
-                    let id = &id;
-                    st.spawn(move || send_until_ok(seen, &addrs, i, id, Duration::from_secs(60)));
-                }
-            });
-            storms.fetch_add(1, Ordering::Relaxed);
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    });
 }
 
 /// The most `idemgate_settles_pending` one replica showed, sampled every

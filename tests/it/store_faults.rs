@@ -168,6 +168,50 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
+/// Six senders of unique events (every fourth a duplicate of one already
+/// delivered) and a thread of `storm`-way storms of one event, across
+/// `addrs`, each retrying until a 2xx or `patience` runs out; until `stop`.
+pub(crate) fn senders<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    seen: &'s Seen,
+    stop: &'s AtomicBool,
+    storms: &'s AtomicUsize,
+    addrs: &'s [SocketAddr],
+    storm: usize,
+    patience: Duration,
+) {
+    for w in 0..6 {
+        s.spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let dup = n
+                    .is_multiple_of(4)
+                    .then(|| {
+                        let ok = seen.ok.lock().unwrap();
+                        ok.keys().nth((n * 7919 + w) % ok.len().max(1)).cloned()
+                    })
+                    .flatten();
+                let id = dup.unwrap_or_else(|| eid(&format!("u{w}")));
+                send_until_ok(seen, addrs, n + w, &id, patience);
+            }
+        });
+    }
+    s.spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            let id = eid("storm");
+            std::thread::scope(|st| {
+                for i in 0..storm {
+                    let id = &id;
+                    st.spawn(move || send_until_ok(seen, addrs, i, id, patience));
+                }
+            });
+            storms.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+}
+
 /// One crash: when the postmaster was killed and when it was running again.
 struct Crash {
     killed: Instant,
@@ -219,44 +263,17 @@ fn postgres_crashes(crashes: usize) {
             .collect();
         let log = std::thread::scope(|s| {
             let _stop_senders = SetOnDrop(&stop);
-            // Senders: unique deliveries, duplicates of delivered events.
-            for w in 0..6 {
-                let (seen, stop) = (&seen, &stop);
-                s.spawn(move || {
-                    let mut n = 0usize;
-                    while !stop.load(Ordering::Relaxed) {
-                        n += 1;
-                        let dup = n
-                            .is_multiple_of(4)
-                            .then(|| {
-                                let ok = seen.ok.lock().unwrap();
-                                ok.keys().nth((n * 7919 + w) % ok.len().max(1)).cloned()
-                            })
-                            .flatten();
-                        let id = dup.unwrap_or_else(|| eid(&format!("u{w}")));
-                        send_until_ok(seen, &addrs, n + w, &id, Duration::from_secs(40));
-                    }
-                });
-            }
-            // 20-way storms of one event, across both replicas.
-            {
-                let (seen, stop, storms) = (&seen, &stop, &storms);
-                s.spawn(move || {
-                    while !stop.load(Ordering::Relaxed) {
-                        let id = eid("storm");
-                        std::thread::scope(|st| {
-                            for i in 0..20 {
-                                let id = &id;
-                                st.spawn(move || {
-                                    send_until_ok(seen, &addrs, i, id, Duration::from_secs(40))
-                                });
-                            }
-                        });
-                        storms.fetch_add(1, Ordering::Relaxed);
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                });
-            }
+            // Senders: unique deliveries, duplicates of delivered events,
+            // 20-way storms of one event.
+            senders(
+                s,
+                &seen,
+                &stop,
+                &storms,
+                &addrs,
+                20,
+                Duration::from_secs(40),
+            );
             // The crashes.
             let mut log = Vec::new();
             for c in 0..crashes {

@@ -59,17 +59,7 @@ impl Delivery<'_> {
         let mut tries = 0;
         let error = loop {
             tries += 1;
-            let req = SettleRequest {
-                route: name,
-                event_id,
-                attempt,
-                started_at: self.started_at,
-                instance: &shared.instance,
-                attempt_error,
-                now: now_ms(),
-                retention_ms: route.cfg.retention.ms(),
-                outcome: outcome.clone(),
-            };
+            let req = self.settle_request(outcome.clone(), attempt_error);
             let t = Instant::now();
             // Not cut off from outside: a settle under way when the deadline
             // passes is waited for, so an error counted here never committed.
@@ -95,18 +85,7 @@ impl Delivery<'_> {
                 None => break e,
             }
         };
-        let req = SettleRequest {
-            route: name,
-            event_id,
-            attempt,
-            started_at: self.started_at,
-            instance: &shared.instance,
-            attempt_error,
-            now: now_ms(),
-            retention_ms: route.cfg.retention.ms(),
-            outcome,
-        };
-        let owned = OwnedSettle::new(&req);
+        let owned = OwnedSettle::new(&self.settle_request(outcome, attempt_error));
         if shared
             .pending
             .carry(&shared.store, &shared.metrics, owned, self.lease_until)
@@ -117,6 +96,28 @@ impl Delivery<'_> {
             tracing::error!(route = name, event_id, attempt, tries, error = %error, "settle failed; the claim stays until its lease ends");
         }
         None
+    }
+}
+
+impl<'a> Delivery<'a> {
+    /// This attempt's settle, as of now.
+    fn settle_request<'r>(
+        &'r self,
+        outcome: SettleOutcome<'r>,
+        attempt_error: Option<&'r str>,
+    ) -> SettleRequest<'r> {
+        SettleRequest {
+            route: self.route.name(),
+            event_id: &self.event_id,
+            // only a claimed delivery settles
+            attempt: self.attempt.unwrap_or(0),
+            started_at: self.started_at,
+            instance: &self.shared.instance,
+            attempt_error,
+            now: now_ms(),
+            retention_ms: self.route.cfg.retention.ms(),
+            outcome,
+        }
     }
 }
 

@@ -205,16 +205,7 @@ impl PgCluster {
 
     /// Runs SQL with `psql` on the cluster; panics on failure; returns stdout.
     pub fn psql(&self, sql: &str) -> String {
-        let out = Command::new("psql")
-            .args([&self.url(), "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .output()
-            .expect("psql runs");
-        assert!(
-            out.status.success(),
-            "psql {sql}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        psql_at(&self.url(), sql)
     }
 }
 
@@ -364,6 +355,20 @@ impl PgCluster {
             }
         }
     }
+}
+
+/// Runs SQL with `psql` at `url`; panics on failure; returns stdout.
+pub fn psql_at(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([url, "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The pids whose parent is `pid` (from /proc).
