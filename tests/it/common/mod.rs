@@ -443,8 +443,10 @@ impl Harness {
             store,
             // On a port from `free_port`, which never hands out one a test
             // reserved for an upstream it starts later.
-            up: Consumer::start_on(SocketAddr::from(([127, 0, 0, 1], free_port())))
-                .expect("the sample consumer starts"),
+            up: kit::on_free_port(|port| {
+                Consumer::start_on(SocketAddr::from(([127, 0, 0, 1], port)))
+            })
+            .expect("the sample consumer starts"),
             routes: String::new(),
             env: Vec::new(),
         }

@@ -139,6 +139,21 @@ pub fn free_port() -> io::Result<u16> {
     ))
 }
 
+/// Starts a listener on a port from [`free_port`], taking another port when
+/// the one given was taken between the probe and `start`'s bind (another
+/// process on the machine may bind below the ephemeral range too; seen in
+/// CI as `AddrInUse` starting a test upstream).
+pub fn on_free_port<T>(mut start: impl FnMut(u16) -> io::Result<T>) -> io::Result<T> {
+    let mut last = None;
+    for _ in 0..8 {
+        match start(free_port()?) {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.expect("eight tries"))
+}
+
 /// Ports from 10000 up to the kernel's ephemeral range (Linux's default
 /// range starts at 32768): above the well-known services, below what the
 /// kernel hands out by itself.

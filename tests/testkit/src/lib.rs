@@ -24,7 +24,7 @@ pub mod serve;
 pub mod server;
 
 // The short paths are for the tests and benches; `demo` names the modules.
-pub use client::{deliver, free_port, get, wait_ready, wait_until, Client};
+pub use client::{deliver, free_port, get, on_free_port, wait_ready, wait_until, Client};
 pub use consumer::{Consumer, Reply};
 pub use http::{Request, Response};
 pub use serve::{memory_kib, proc_number, Ports, Serve};
