@@ -157,7 +157,7 @@ pub fn verify(
     }
     Some(Verifier {
         scheme: scheme?,
-        secrets: keys,
+        secrets: keys.into(),
         tolerance: tolerance.unwrap_or(DEFAULT_TOLERANCE),
         header,
         rule: rule.map(Box::new),

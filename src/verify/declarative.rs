@@ -9,86 +9,16 @@
 
 use std::borrow::Cow;
 
-use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderName};
-use sha1::Sha1;
-use sha2::{Sha256, Sha512};
 use subtle::{Choice, ConstantTimeEq};
 
+use super::mac::{Algorithm, Secrets, MAX_TAG};
 use super::parts::{parse_timestamp, required, VerifyError, B64};
 
 /// Most candidate signatures one header may carry (several: a rotation).
 pub const MAX_SIGNATURES: usize = 8;
 /// Most parts a message template may have (literal text and placeholders).
 pub const MAX_PIECES: usize = 16;
-/// Longest tag any algorithm produces (SHA-512).
-const MAX_TAG: usize = 64;
-
-/// The hash under the HMAC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algorithm {
-    Sha1,
-    Sha256,
-    Sha512,
-}
-
-impl Algorithm {
-    /// Every algorithm, by its configuration name.
-    pub const ALL: [(Algorithm, &'static str); 3] = [
-        (Algorithm::Sha1, "sha1"),
-        (Algorithm::Sha256, "sha256"),
-        (Algorithm::Sha512, "sha512"),
-    ];
-
-    /// The tag's length in bytes.
-    pub const fn tag_len(self) -> usize {
-        match self {
-            Algorithm::Sha1 => 20,
-            Algorithm::Sha256 => 32,
-            Algorithm::Sha512 => 64,
-        }
-    }
-
-    fn hex_why(self) -> &'static str {
-        match self {
-            Algorithm::Sha1 => "the signature is not 40 hex digits",
-            Algorithm::Sha256 => "the signature is not 64 hex digits",
-            Algorithm::Sha512 => "the signature is not 128 hex digits",
-        }
-    }
-
-    fn len_why(self) -> &'static str {
-        match self {
-            Algorithm::Sha1 => "the signature is not 20 bytes",
-            Algorithm::Sha256 => "the signature is not 32 bytes",
-            Algorithm::Sha512 => "the signature is not 64 bytes",
-        }
-    }
-
-    /// HMAC of the concatenated `parts` under `key` (for signing).
-    pub fn tag(self, key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-        let mut out = [0u8; MAX_TAG];
-        self.mac(key, parts, &mut out);
-        out[..self.tag_len()].to_vec()
-    }
-
-    /// HMAC of the concatenated `parts` under `key`, into `out[..tag_len]`.
-    fn mac(self, key: &[u8], parts: &[&[u8]], out: &mut [u8; MAX_TAG]) {
-        fn run<M: Mac + hmac::digest::KeyInit>(key: &[u8], parts: &[&[u8]], out: &mut [u8]) {
-            let mut m = <M as Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
-            for part in parts {
-                m.update(part);
-            }
-            out.copy_from_slice(&m.finalize().into_bytes());
-        }
-        let out = &mut out[..self.tag_len()];
-        match self {
-            Algorithm::Sha1 => run::<Hmac<Sha1>>(key, parts, out),
-            Algorithm::Sha256 => run::<Hmac<Sha256>>(key, parts, out),
-            Algorithm::Sha512 => run::<Hmac<Sha512>>(key, parts, out),
-        }
-    }
-}
 
 /// How the signature is written in the header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -306,7 +236,7 @@ impl Rule {
     /// `check_ts` before any MAC is computed.
     pub(super) fn verify(
         &self,
-        keys: &[Vec<u8>],
+        keys: &Secrets,
         headers: &HeaderMap,
         body: &[u8],
         id: Option<&str>,
@@ -325,7 +255,7 @@ impl Rule {
                     Some(Timestamp::Header(h)) => Some(required(headers, h.as_str())?),
                     _ => None,
                 };
-                found.push(self.decode(name, value)?);
+                self.decode(name, value, found.next().expect("an empty list has room"))?;
                 ts
             }
         };
@@ -347,15 +277,12 @@ impl Rule {
             };
         }
         let parts = &parts[..self.message.len()];
-        let len = self.algorithm.tag_len();
         let mut matched = Choice::from(0u8);
-        let mut tag = [0u8; MAX_TAG];
-        for key in keys {
-            self.algorithm.mac(key, parts, &mut tag);
+        keys.for_each_tag(self.algorithm, parts, |tag| {
             for candidate in found.as_slice() {
-                matched |= tag[..len].ct_eq(&candidate[..len]);
+                matched |= tag.ct_eq(&candidate[..tag.len()]);
             }
-        }
+        });
         if bool::from(matched) {
             Ok(())
         } else {
@@ -378,22 +305,25 @@ impl Rule {
             _ => None,
         };
         let mut ts = None;
-        for element in value.split([',', ';']) {
-            let element = element.trim();
+        for element in list_elements(value) {
+            let element = element.trim_ascii();
             if element.is_empty() {
                 continue;
             }
             let (key, val) = element
                 .split_once('=')
                 .ok_or_else(|| VerifyError::malformed(name, "an element is not `key=value`"))?;
-            let (key, val) = (key.trim(), val.trim());
+            let (key, val) = (key.trim_ascii(), val.trim_ascii());
             if Some(key) == ts_param {
                 if ts.is_some() {
                     return Err(VerifyError::malformed(name, "more than one timestamp"));
                 }
                 ts = Some(val);
-            } else if key == param && !found.push(self.decode(name, val)?) {
-                return Err(VerifyError::malformed(name, "too many signatures"));
+            } else if key == param {
+                let slot = found
+                    .next()
+                    .ok_or_else(|| VerifyError::malformed(name, "too many signatures"))?;
+                self.decode(name, val, slot)?;
             }
             // other keys (Stripe's v0, future versions) are ignored
         }
@@ -406,9 +336,9 @@ impl Rule {
         Ok(ts)
     }
 
-    /// One signature: the prefix stripped, then decoded to exactly the
-    /// algorithm's tag length.
-    fn decode(&self, name: &str, s: &str) -> Result<[u8; MAX_TAG], VerifyError> {
+    /// One signature into `out`: the prefix stripped, then decoded to
+    /// exactly the algorithm's tag length.
+    fn decode(&self, name: &str, s: &str, out: &mut [u8; MAX_TAG]) -> Result<(), VerifyError> {
         let s = match &self.prefix {
             None => s,
             Some(Prefix {
@@ -426,11 +356,10 @@ impl Rule {
             },
         };
         let len = self.algorithm.tag_len();
-        let mut out = [0u8; MAX_TAG];
         let malformed = |why| Err(VerifyError::malformed(name, why));
         match self.encoding {
             Encoding::Hex => {
-                if s.len() != 2 * len || hex::decode_to_slice(s, &mut out[..len]).is_err() {
+                if !decode_hex(s.as_bytes(), &mut out[..len]) {
                     return malformed(self.algorithm.hex_why());
                 }
             }
@@ -447,8 +376,27 @@ impl Rule {
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
+}
+
+/// The elements of a `k=v` list, split at `,` and `;`. The header is
+/// visible ASCII ([`required`]), so it is searched by byte.
+fn list_elements(value: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(value);
+    std::iter::from_fn(move || {
+        let s = rest?;
+        match s.bytes().position(|b| b == b',' || b == b';') {
+            Some(i) => {
+                rest = Some(&s[i + 1..]);
+                Some(&s[..i])
+            }
+            None => {
+                rest = None;
+                Some(s)
+            }
+        }
+    })
 }
 
 /// The decoded signatures of one delivery, on the stack.
@@ -467,19 +415,49 @@ impl Default for Candidates {
 }
 
 impl Candidates {
-    /// `false` when full.
-    fn push(&mut self, tag: [u8; MAX_TAG]) -> bool {
-        let Some(slot) = self.tags.get_mut(self.len) else {
-            return false;
-        };
-        *slot = tag;
+    /// The next free slot, taken (`None` when full): the signature is
+    /// decoded in place.
+    fn next(&mut self) -> Option<&mut [u8; MAX_TAG]> {
+        let slot = self.tags.get_mut(self.len)?;
         self.len += 1;
-        true
+        Some(slot)
     }
 
     fn as_slice(&self) -> &[[u8; MAX_TAG]] {
         &self.tags[..self.len]
     }
+}
+
+/// Exactly `2 * out.len()` hex digits (either case) into `out`; `false`
+/// when the length or any digit is wrong. One table lookup per digit and no
+/// early exit.
+pub(super) fn decode_hex(s: &[u8], out: &mut [u8]) -> bool {
+    /// A digit's value, or 0xff.
+    const VALUE: [u8; 256] = {
+        let mut t = [0xffu8; 256];
+        let mut i = 0;
+        while i < 10 {
+            t[b'0' as usize + i] = i as u8;
+            i += 1;
+        }
+        let mut i = 0;
+        while i < 6 {
+            t[b'a' as usize + i] = 10 + i as u8;
+            t[b'A' as usize + i] = 10 + i as u8;
+            i += 1;
+        }
+        t
+    };
+    if s.len() != 2 * out.len() {
+        return false;
+    }
+    let mut bad = 0u8;
+    for (pair, byte) in s.chunks_exact(2).zip(out.iter_mut()) {
+        let (hi, lo) = (VALUE[usize::from(pair[0])], VALUE[usize::from(pair[1])]);
+        bad |= hi | lo;
+        *byte = (hi << 4) | (lo & 0x0f);
+    }
+    bad < 16
 }
 
 /// Parses a message template: literal text with `{body}`, `{timestamp}`,

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use super::declarative::parse_message;
+use super::declarative::{decode_hex, parse_message};
 use super::*;
 use http::HeaderValue;
 
@@ -469,4 +469,30 @@ fn v1a_entries_are_checked_only_against_keys_of_their_kind() {
         misplaced.validate(),
         Err(VerifyError::Misconfigured(_))
     ));
+}
+
+#[test]
+fn hex_signatures_decode_in_either_case_and_nothing_else_passes() {
+    let mut out = [0u8; 4];
+    assert!(decode_hex(b"00fFa9B0", &mut out));
+    assert_eq!(out, [0x00, 0xff, 0xa9, 0xb0]);
+    let (all, lower) = (
+        "0123456789abcdefABCDEF",
+        hex::encode((0u8..=255).collect::<Vec<_>>()),
+    );
+    let mut every = [0u8; 256];
+    assert!(decode_hex(lower.as_bytes(), &mut every));
+    assert!(every.iter().enumerate().all(|(i, b)| usize::from(*b) == i));
+    // every byte that is not a hex digit, in either position of a pair
+    for bad in (0u8..=255).filter(|b| !all.as_bytes().contains(b)) {
+        for at in 0..2 {
+            let mut pair = *b"a0";
+            pair[at] = bad;
+            assert!(!decode_hex(&pair, &mut [0u8; 1]), "{bad:#x} at {at}");
+        }
+    }
+    // wrong lengths: short, long, odd
+    for s in [&b"00ff"[..], b"00ffa9b0c", b"00ffa9b0cc", b""] {
+        assert!(!decode_hex(s, &mut out), "{s:?}");
+    }
 }

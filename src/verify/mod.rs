@@ -26,10 +26,12 @@ use sha2::Sha256;
 use subtle::{Choice, ConstantTimeEq};
 
 pub mod declarative;
+mod mac;
 mod parts;
 pub mod sign;
 
-pub use declarative::{Algorithm, Encoding, Piece, Prefix, Rule, Timestamp};
+pub use declarative::{Encoding, Piece, Prefix, Rule, Timestamp};
+pub use mac::{Algorithm, Secrets};
 pub use parts::VerifyError;
 use parts::{parse_timestamp, required, B64};
 
@@ -264,7 +266,7 @@ pub fn decode_standard_webhooks_secret(secret: &str) -> Result<Vec<u8>, InvalidS
 pub struct Verifier {
     pub scheme: Scheme,
     /// Resolved key bytes (see [`Scheme::key_from_secret`]); any one matching passes.
-    pub secrets: Vec<Vec<u8>>,
+    pub secrets: Secrets,
     /// Timestamped schemes reject deliveries older *or newer* than this
     /// (`|now - t| <= tolerance` passes).
     pub tolerance: Duration,
@@ -298,7 +300,7 @@ impl Verifier {
     pub fn new(scheme: Scheme, secrets: Vec<Vec<u8>>) -> Self {
         Verifier {
             scheme,
-            secrets,
+            secrets: secrets.into(),
             tolerance: DEFAULT_TOLERANCE,
             header: None,
             rule: None,
@@ -392,7 +394,7 @@ impl Verifier {
             .map_or(headers::GITLAB_TOKEN, |h| h.as_str());
         let given = Sha256::digest(required(headers, name)?.as_bytes());
         let mut matched = Choice::from(0u8);
-        for secret in &self.secrets {
+        for secret in self.secrets.iter() {
             matched |= Sha256::digest(secret).ct_eq(&given);
         }
         if bool::from(matched) {
@@ -478,12 +480,11 @@ impl Verifier {
     /// candidate, in constant time and without an early exit.
     fn check(&self, parts: &[&[u8]], candidates: &[[u8; 32]]) -> Result<(), VerifyError> {
         let mut matched = Choice::from(0u8);
-        for secret in &self.secrets {
-            let tag = mac(secret, parts);
+        self.secrets.for_each_tag(Algorithm::Sha256, parts, |tag| {
             for candidate in candidates {
-                matched |= tag[..].ct_eq(&candidate[..]);
+                matched |= tag.ct_eq(&candidate[..]);
             }
-        }
+        });
         if bool::from(matched) {
             Ok(())
         } else {

@@ -63,7 +63,7 @@ pub(super) fn required<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str
     let value = value
         .to_str()
         .map_err(|_| VerifyError::malformed(name, "the value is not visible ASCII"))?
-        .trim();
+        .trim_ascii();
     if value.is_empty() {
         return Err(VerifyError::malformed(name, "the value is empty"));
     }

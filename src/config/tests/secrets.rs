@@ -23,7 +23,12 @@ fn with_verify(scheme: &str, secret: &str) -> String {
 }
 
 fn keys(text: &str) -> Vec<Vec<u8>> {
-    ok(text).config.routes[0].verify.clone().unwrap().secrets
+    ok(text).config.routes[0]
+        .verify
+        .clone()
+        .unwrap()
+        .secrets
+        .to_vec()
 }
 
 #[test]
