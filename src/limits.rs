@@ -9,6 +9,14 @@
 //! A route without limits has an unlimited [`Limits`]: its check is one load
 //! of the breaker (closed unless the upstream pushed back), and nothing is
 //! counted.
+//!
+//! `upstream_wait` (off unless set) lets a request past the slot or the
+//! token wait for one, in this process, before its 503: a sender whose
+//! retries back off exponentially otherwise meets a refusal per retry and
+//! soon waits its longest backoff while the consumer idles (the storm in
+//! `benches/load/storm.rs`). A waiter holds a connection and its body, so
+//! at most [`MAX_WAITING`] wait per route; a freed slot wakes one of them,
+//! and a token is reserved ahead (GCRA) so that waiters are served in turn.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -16,6 +24,14 @@ use std::time::{Duration, Instant};
 
 /// Microseconds on this process's monotonic clock.
 pub type Micros = u64;
+
+/// Most requests of one route waiting for a slot or a token at once
+/// (`upstream_wait`); past it a request is refused at once.
+pub const MAX_WAITING: u32 = 256;
+
+/// The longest `upstream_wait` a route may set: well inside any sender's
+/// own timeout (GitHub's is 10 s).
+pub const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// The longest an upstream's `Retry-After` opens the breaker.
 pub const MAX_PUSHBACK: Duration = Duration::from_secs(600);
@@ -66,6 +82,8 @@ pub struct LimitsCfg {
     pub concurrency: Option<u32>,
     pub rate: Option<Rate>,
     pub breaker: Option<BreakerCfg>,
+    /// `upstream_wait`: how long a request may wait for a slot or a token.
+    pub wait: Option<Duration>,
 }
 
 /// Why a request was not let through: its 503 and `Retry-After`.
@@ -96,6 +114,10 @@ pub struct Limits {
     /// GCRA's theoretical arrival time of the next request, µs.
     tat: AtomicU64,
     breaker: Breaker,
+    /// Requests waiting for a slot or a token (`upstream_wait`).
+    waiting: AtomicU32,
+    /// Woken (one waiter) when a slot is given back, with `upstream_wait`.
+    freed: tokio::sync::Notify,
 }
 
 /// The breaker's state: `open_until` 0 is closed; a time past is half-open.
@@ -128,6 +150,8 @@ pub struct Snapshot {
     pub breaker: &'static str,
     /// While open: seconds until it half-opens.
     pub open_secs: u64,
+    /// Requests waiting for a slot or a token (`upstream_wait`).
+    pub waiting: u32,
 }
 
 fn secs_ceil(us: Micros) -> u64 {
@@ -142,6 +166,8 @@ impl Limits {
             in_flight: AtomicU32::new(0),
             tat: AtomicU64::new(0),
             breaker: Breaker::default(),
+            waiting: AtomicU32::new(0),
+            freed: tokio::sync::Notify::new(),
         }
     }
 
@@ -183,9 +209,70 @@ impl Limits {
             }
         }
         if let Some(rate) = self.cfg.rate {
-            self.take_token(rate, now)?;
+            self.take_token(rate, now, 0)?;
         }
         Ok(Some(permit))
+    }
+
+    /// [`Limits::admit`], and with `upstream_wait` a request refused for
+    /// want of a slot or a token waits for one, up to that long (the
+    /// breaker is never waited for). Cancel-safe: a waiter dropped
+    /// mid-wait gives back its slot; a token it reserved is spent.
+    pub async fn admit_waiting(self: &Arc<Self>, guarded: bool) -> Result<Option<Permit>, Refusal> {
+        let refused = match self.admit(now(), guarded) {
+            Err(r @ Refusal::Saturated { .. }) => r,
+            other => return other,
+        };
+        let Some(wait) = self.cfg.wait else {
+            return Err(refused);
+        };
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(refused);
+        }
+        let _waiting = Waiting(&self.waiting);
+        let deadline = now() + wait.as_micros() as Micros;
+        let mut permit = self.admit_breaker_only(guarded)?;
+        if let Some(max) = self.cfg.concurrency {
+            loop {
+                match self.take_slot(max) {
+                    Ok(slot) => break permit.slot = slot,
+                    Err(r) => {
+                        let left = deadline.saturating_sub(now());
+                        if left == 0 {
+                            return Err(r);
+                        }
+                        let freed = self.freed.notified();
+                        // a slot given back between the check and here stored
+                        // a wakeup in `freed`: nothing is missed
+                        let _ = tokio::time::timeout(Duration::from_micros(left), freed).await;
+                    }
+                }
+            }
+        } else {
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            permit.slot = true;
+        }
+        if let Some(rate) = self.cfg.rate {
+            let t = now();
+            let due = self.take_token(rate, t, deadline.saturating_sub(t))?;
+            if due > t {
+                tokio::time::sleep(Duration::from_micros(due - t)).await;
+            }
+        }
+        Ok(Some(permit))
+    }
+
+    /// A permit that holds nothing yet but, for a guarded request, the
+    /// breaker's pass (its probe while half-open).
+    fn admit_breaker_only(self: &Arc<Self>, guarded: bool) -> Result<Permit, Refusal> {
+        let open = guarded && self.breaker.open_until.load(Ordering::Acquire) != 0;
+        let probe = open && self.breaker.pass(now())?;
+        Ok(Permit {
+            limits: self.clone(),
+            slot: false,
+            probe: AtomicBool::new(probe),
+        })
     }
 
     fn take_slot(&self, max: u32) -> Result<bool, Refusal> {
@@ -209,17 +296,19 @@ impl Limits {
     }
 
     /// GCRA: a token bucket of `burst` tokens refilled one every
-    /// `interval`, as one timestamp. Starts full.
-    fn take_token(&self, rate: Rate, now: Micros) -> Result<(), Refusal> {
+    /// `interval`, as one timestamp. Starts full. A token up to `ahead` µs
+    /// in the future may be reserved: the answer is when it is due (`now`
+    /// or later), and the next one is counted from it.
+    fn take_token(&self, rate: Rate, now: Micros, ahead: Micros) -> Result<Micros, Refusal> {
         let interval = (rate.every.as_micros() as u64 / u64::from(rate.per.max(1))).max(1);
         let tolerance = (rate.burst() - 1) * interval;
         let mut tat = self.tat.load(Ordering::Acquire);
         loop {
             let start = tat.max(now);
-            if start - now > tolerance {
-                let wait = start - now - tolerance;
+            let due = now.max(start.saturating_sub(tolerance));
+            if due - now > ahead {
                 return Err(Refusal::Saturated {
-                    retry_after_secs: secs_ceil(wait),
+                    retry_after_secs: secs_ceil(due - now),
                 });
             }
             match self.tat.compare_exchange_weak(
@@ -228,7 +317,7 @@ impl Limits {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(due),
                 Err(seen) => tat = seen,
             }
         }
@@ -295,6 +384,7 @@ impl Limits {
             in_flight: self.in_flight.load(Ordering::Acquire),
             breaker,
             open_secs,
+            waiting: self.waiting.load(Ordering::Acquire),
         }
     }
 }
@@ -344,10 +434,22 @@ impl Permit {
     }
 }
 
+/// One waiter counted in [`Limits::admit_waiting`], uncounted on every exit.
+struct Waiting<'a>(&'a AtomicU32);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.slot {
             self.limits.in_flight.fetch_sub(1, Ordering::AcqRel);
+            if self.limits.cfg.wait.is_some() {
+                self.limits.freed.notify_one();
+            }
         }
         if self.probe.load(Ordering::Acquire) {
             // no outcome: the next delivery probes
@@ -599,5 +701,160 @@ mod tests {
         assert_eq!(retry_after("-1", now), None);
         assert_eq!(retry_after("soon", now), None);
         assert_eq!(retry_after("", now), None);
+    }
+}
+
+/// `upstream_wait`, on the real clock (each test well under a second).
+#[cfg(test)]
+mod wait_tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn waiting(concurrency: Option<u32>, rate: Option<Rate>, wait_ms: u64) -> Arc<Limits> {
+        Arc::new(Limits::new(LimitsCfg {
+            concurrency,
+            rate,
+            wait: Some(Duration::from_millis(wait_ms)),
+            ..LimitsCfg::default()
+        }))
+    }
+
+    fn run<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn a_slot_given_back_goes_to_a_waiter() {
+        run(async {
+            let l = waiting(Some(1), None, 2_000);
+            let held = l.admit(now(), true).unwrap();
+            let t = Instant::now();
+            let waiter = tokio::spawn({
+                let l = l.clone();
+                async move { l.admit_waiting(true).await }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(l.snapshot(now()).waiting, 1);
+            drop(held);
+            let permit = waiter.await.unwrap().unwrap();
+            assert!(permit.is_some());
+            let waited = t.elapsed();
+            assert!(waited >= Duration::from_millis(100) && waited < Duration::from_millis(1_500));
+            assert_eq!(l.snapshot(now()).waiting, 0);
+            assert_eq!(l.snapshot(now()).in_flight, 1, "the waiter holds the slot");
+        });
+    }
+
+    #[test]
+    fn a_waiter_is_refused_at_its_deadline_and_uncounted() {
+        run(async {
+            let l = waiting(Some(1), None, 150);
+            let _held = l.admit(now(), true).unwrap();
+            let t = Instant::now();
+            let r = l.admit_waiting(true).await.map(|p| p.is_some());
+            assert_eq!(
+                r,
+                Err(Refusal::Saturated {
+                    retry_after_secs: 1
+                })
+            );
+            assert!(t.elapsed() >= Duration::from_millis(150));
+            let s = l.snapshot(now());
+            assert_eq!((s.waiting, s.in_flight), (0, 1));
+        });
+    }
+
+    #[test]
+    fn tokens_are_reserved_in_turn_and_a_wait_too_short_is_refused_at_once() {
+        run(async {
+            // 10/s: a bucket of 10, then one every 100 ms
+            let rate = Rate {
+                per: 10,
+                every: Duration::from_secs(1),
+            };
+            let l = waiting(None, Some(rate), 1_000);
+            for _ in 0..10 {
+                l.admit(now(), true).unwrap();
+            }
+            let t = Instant::now();
+            let mut at = Vec::new();
+            for _ in 0..3 {
+                l.admit_waiting(true).await.unwrap();
+                at.push(t.elapsed());
+            }
+            for (i, d) in at.iter().enumerate() {
+                let want = Duration::from_millis(100 * (i as u64 + 1));
+                assert!(
+                    *d + Duration::from_millis(15) >= want
+                        && *d < want + Duration::from_millis(400),
+                    "{at:?}"
+                );
+            }
+            // 1/m: the next token is a minute away, past any wait
+            let slow = waiting(
+                None,
+                Some(Rate {
+                    per: 1,
+                    every: Duration::from_secs(60),
+                }),
+                1_000,
+            );
+            slow.admit(now(), true).unwrap();
+            let t = Instant::now();
+            let r = slow.admit_waiting(true).await.map(|p| p.is_some());
+            assert_eq!(
+                r,
+                Err(Refusal::Saturated {
+                    retry_after_secs: 60
+                })
+            );
+            assert!(
+                t.elapsed() < Duration::from_millis(100),
+                "refused without waiting"
+            );
+        });
+    }
+
+    #[test]
+    fn at_most_max_waiting_wait_and_the_breaker_is_never_waited_for() {
+        run(async {
+            let l = waiting(Some(1), None, 2_000);
+            let held = l.admit(now(), true).unwrap();
+            let waiters: Vec<_> = (0..MAX_WAITING)
+                .map(|_| {
+                    let l = l.clone();
+                    tokio::spawn(async move { l.admit_waiting(true).await.is_ok() })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(l.snapshot(now()).waiting, MAX_WAITING);
+            let t = Instant::now();
+            assert!(l.admit_waiting(true).await.is_err(), "one past the bound");
+            assert!(t.elapsed() < Duration::from_millis(50));
+            for w in &waiters {
+                w.abort();
+            }
+            drop(held);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let s = l.snapshot(now());
+            assert_eq!(
+                (s.waiting, s.in_flight),
+                (0, 0),
+                "aborted waiters hold nothing"
+            );
+            // an open breaker: refused at once, as `upstream-unavailable`
+            l.pushed_back(now(), Duration::from_secs(30));
+            let r = l.admit_waiting(true).await.map(|p| p.is_some());
+            assert_eq!(
+                r,
+                Err(Refusal::Open {
+                    retry_after_secs: 30
+                })
+            );
+        });
     }
 }

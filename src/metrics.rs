@@ -151,6 +151,8 @@ pub struct Metrics {
 #[derive(Clone)]
 struct UpstreamGauges {
     in_flight: IntGaugeVec,
+    /// `idemgate_upstream_waiting{route}`: routes with `upstream_wait`.
+    waiting: IntGaugeVec,
     breaker_open: IntGaugeVec,
     /// The routes' limits, set once the proxy's routes exist.
     limits: Arc<OnceLock<RouteLimits>>,
@@ -182,6 +184,12 @@ impl UpstreamGauges {
                 "idemgate_upstream_in_flight",
                 "Requests of the route in flight to its upstream in this process (routes with an \
                  upstream limit).",
+                &["route"],
+            ),
+            waiting: r.int_gauges(
+                "idemgate_upstream_waiting",
+                "Requests of the route waiting in this process for a slot or a token \
+                 (routes with upstream_wait).",
                 &["route"],
             ),
             breaker_open: r.int_gauges(
@@ -482,6 +490,9 @@ impl Metrics {
             if limits.limited() {
                 self.upstream.in_flight.with_label_values(&[route]);
             }
+            if limits.cfg().wait.is_some() {
+                self.upstream.waiting.with_label_values(&[route]);
+            }
         }
         let _ = self.upstream.limits.set(routes);
     }
@@ -507,6 +518,10 @@ impl Metrics {
             if limits.limited() {
                 let in_flight = self.upstream.in_flight.with_label_values(&[route]);
                 in_flight.set(i64::from(s.in_flight));
+            }
+            if limits.cfg().wait.is_some() {
+                let waiting = self.upstream.waiting.with_label_values(&[route]);
+                waiting.set(i64::from(s.waiting));
             }
             let open = self.upstream.breaker_open.with_label_values(&[route]);
             // half-open counts: the breaker is not closed until a probe succeeds
@@ -568,6 +583,7 @@ mod tests {
                 every: std::time::Duration::from_secs(1),
             }),
             breaker: None,
+            wait: None,
         }));
         let plain = Arc::new(Limits::new(LimitsCfg::default()));
         m.follow_limits(vec![

@@ -1,8 +1,9 @@
 //! The retry storm (issue 42, `LOAD_STORM=20000`): a consumer with a fixed
 //! capacity comes back to a backlog of events whose senders all retry with
-//! backoff, as Stripe does (faster, to fit a run). Twice, each time with a
-//! fresh idemgate and store: without limits, then with `upstream_concurrency`
-//! and `upstream_rate` set to the consumer's capacity. Reported: requests
+//! backoff, as Stripe does (faster, to fit a run). Three times, each time
+//! with a fresh idemgate and store: without limits, with
+//! `upstream_concurrency` and `upstream_rate` set to the consumer's
+//! capacity, and with those and `upstream_wait: 1s`. Reported: requests
 //! that reached the consumer, its errors, the time until every event was
 //! delivered, and duplicate side effects (0 in both, or idemgate failed).
 //!
@@ -228,21 +229,52 @@ fn sender(backlog: Arc<Backlog>, addr: SocketAddr, tag: String, refused: Arc<Ato
     }
 }
 
-/// A fresh idemgate (its own store) in front of `up`, with the consumer's
-/// capacity as its limits or none; ready.
+/// What stands between the senders and the consumer in one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protection {
+    None,
+    /// `upstream_concurrency` and `upstream_rate` at the consumer's capacity.
+    Limits,
+    /// The same, and `upstream_wait: WAIT`.
+    LimitsWaiting,
+}
+
+/// `upstream_wait` of the third run.
+const WAIT: &str = "1s";
+
+impl Protection {
+    fn config(self) -> String {
+        let limits = format!(
+            "    upstream_concurrency: {CAP_CONCURRENT}\n    upstream_rate: \"{CAP_RATE}/s\"\n"
+        );
+        match self {
+            Protection::None => String::new(),
+            Protection::Limits => limits,
+            Protection::LimitsWaiting => format!("{limits}    upstream_wait: {WAIT}\n"),
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Protection::None => "no limits".to_string(),
+            Protection::Limits => format!("limits {CAP_CONCURRENT} at once, {CAP_RATE}/s"),
+            Protection::LimitsWaiting => format!("the same, waiting up to {WAIT}"),
+        }
+    }
+}
+
+/// A fresh idemgate (its own store) in front of `up`, protecting it as
+/// `p` says; ready.
 fn start_idemgate(
     s: &Settings,
     dir: &std::path::Path,
     up: SocketAddr,
-    limits: bool,
+    p: Protection,
 ) -> (Serve, Ports) {
     let ports = Ports::free().expect("ports");
+    let limits = format!("{p:?}").to_lowercase();
     let store = dir.join(format!("storm-{limits}.db"));
-    let extra = if limits {
-        format!("    upstream_concurrency: {CAP_CONCURRENT}\n    upstream_rate: \"{CAP_RATE}/s\"\n")
-    } else {
-        String::new()
-    };
+    let extra = p.config();
     let config = format!(
         "{}store:\n  url: \"sqlite://{}\"\nroutes:\n  - name: storm\n    match:\n      path_prefix: /storm\n    \
          upstream: \"http://{up}\"\n    event_id:\n      header: X-Event-ID\n    verify: none\n{extra}",
@@ -267,11 +299,11 @@ fn start_idemgate(
     (px, ports)
 }
 
-/// One run: a fresh idemgate (limits or none) in front of a fresh consumer.
-fn run(s: &Settings, dir: &std::path::Path, events: usize, limits: bool) -> Vec<String> {
+/// One run: a fresh idemgate in front of a fresh consumer.
+fn run(s: &Settings, dir: &std::path::Path, events: usize, p: Protection) -> Vec<String> {
     let seen = Arc::new(Seen::default());
     let up = consumer(seen.clone());
-    let (mut px, ports) = start_idemgate(s, dir, up, limits);
+    let (mut px, ports) = start_idemgate(s, dir, up, p);
     let now = Instant::now();
     let backlog = Arc::new(Backlog {
         due: Mutex::new(
@@ -283,7 +315,7 @@ fn run(s: &Settings, dir: &std::path::Path, events: usize, limits: bool) -> Vec<
         left: AtomicUsize::new(events),
     });
     let refused = Arc::new(AtomicU64::new(0));
-    let tag = format!("storm{}-{}", u8::from(limits), std::process::id());
+    let tag = format!("storm{}-{}", p as u8, std::process::id());
     let started = Instant::now();
     let senders: Vec<_> = (0..SENDERS)
         .map(|_| {
@@ -310,11 +342,7 @@ fn run(s: &Settings, dir: &std::path::Path, events: usize, limits: bool) -> Vec<
     );
     vec![format!(
         "{:<28} {:>9} {:>9} {:>6.1}% {:>10} {:>9.1} {:>11} {:>6}",
-        if limits {
-            format!("limits {CAP_CONCURRENT} at once, {CAP_RATE}/s")
-        } else {
-            "no limits".to_string()
-        },
+        p.label(),
         requests,
         errors,
         100.0 * errors as f64 / requests.max(1) as f64,
@@ -325,7 +353,7 @@ fn run(s: &Settings, dir: &std::path::Path, events: usize, limits: bool) -> Vec<
     )]
 }
 
-/// Both runs, reported.
+/// The three runs, reported.
 pub(crate) fn storm(s: &Settings, dir: &std::path::Path, rep: &mut Report) {
     let events = s.storm;
     rep.line(format!(
@@ -337,8 +365,12 @@ pub(crate) fn storm(s: &Settings, dir: &std::path::Path, rep: &mut Report) {
         "{:<28} {:>9} {:>9} {:>7} {:>10} {:>9} {:>11} {:>6}",
         "idemgate", "consumer", "errors", "", "503s", "all in s", "dup effects", "left"
     ));
-    for limits in [false, true] {
-        for l in run(s, dir, events, limits) {
+    for p in [
+        Protection::None,
+        Protection::Limits,
+        Protection::LimitsWaiting,
+    ] {
+        for l in run(s, dir, events, p) {
             rep.line(l);
         }
     }

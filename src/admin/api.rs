@@ -417,7 +417,8 @@ fn limits_settings(l: &crate::limits::LimitsCfg) -> Value {
     let breaker = l
         .breaker
         .map(|b| json!({"failures": b.failures, "open": format_duration(b.open)}));
-    json!({"concurrency": l.concurrency, "rate": rate, "breaker": breaker})
+    let wait = l.wait.map(format_duration);
+    json!({"concurrency": l.concurrency, "rate": rate, "wait": wait, "breaker": breaker})
 }
 
 /// A route's consumer as this process sees it now (SPEC §15): requests in
@@ -429,6 +430,7 @@ fn upstream_state(metrics: &Metrics, route: &str) -> Value {
     let limited = cfg.concurrency.is_some() || cfg.rate.is_some() || cfg.breaker.is_some();
     json!({
         "in_flight": limited.then_some(s.in_flight),
+        "waiting": cfg.wait.is_some().then_some(s.waiting),
         "breaker": s.breaker,
         "breaker_open_seconds": (s.open_secs > 0).then_some(s.open_secs),
     })

@@ -168,6 +168,22 @@ fn rate(ctx: &mut Ctx, path: &str, text: Text) -> Option<Option<Rate>> {
     None
 }
 
+/// `upstream_wait`: a duration up to [`crate::limits::MAX_WAIT`].
+fn wait(ctx: &mut Ctx, path: &str, text: Text) -> Option<Option<Duration>> {
+    let d = ctx.duration(path, Some(&text))?;
+    if d > crate::limits::MAX_WAIT {
+        let max = super::format_duration(crate::limits::MAX_WAIT);
+        ctx.at_value(
+            path,
+            format!(
+                "upstream_wait is at most {max}: a waiting request holds its sender's connection"
+            ),
+        );
+        return None;
+    }
+    Some(Some(d))
+}
+
 /// `upstream_breaker`: `failures` (1 or more) and `open` (a duration).
 fn breaker(ctx: &mut Ctx, path: &str, raw: RawBreaker) -> Option<Option<BreakerCfg>> {
     let failures = match raw.failures.map(u32::try_from) {

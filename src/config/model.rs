@@ -437,6 +437,7 @@ impl Route {
             concurrency: self.upstream_concurrency,
             rate: self.upstream_rate,
             breaker: self.upstream_breaker,
+            wait: self.upstream_wait,
         }
     }
 
@@ -496,6 +497,9 @@ impl Config {
                 }
                 if let Some(rate) = r.upstream_rate {
                     line.push_str(&format!("  upstream_rate={rate}"));
+                }
+                if let Some(w) = r.upstream_wait {
+                    line.push_str(&format!("  upstream_wait={}", format_duration(w)));
                 }
                 if let Some(b) = r.upstream_breaker {
                     let open = format_duration(b.open);

@@ -40,6 +40,7 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, mut raw: RawRoute, d: &Layer) -> O
     presets(ctx, path, &own, d, provider, guarded, &mut r);
     check_digest(ctx, path, &r);
     check_lease(ctx, path, &own, &r);
+    check_wait(ctx, path, &r);
     check_unverified(ctx, path, &r);
     if let Some(p) = provider {
         let at = r.retention.set_at.as_deref().unwrap_or(path);
@@ -249,6 +250,19 @@ fn check_unverified(ctx: &mut Ctx, path: &str, r: &Resolved) {
         ctx.at_value(
             r.unverified_methods.set_at.as_deref().unwrap_or(path),
             format!("{m} is in guard_methods: a guarded method is always verified and cannot be unverified"),
+        );
+    }
+}
+
+/// `upstream_wait` waits for a slot or a token: it needs one of them.
+fn check_wait(ctx: &mut Ctx, path: &str, r: &Resolved) {
+    if r.upstream_wait.value.is_some()
+        && r.upstream_concurrency.value.is_none()
+        && r.upstream_rate.value.is_none()
+    {
+        ctx.at_value(
+            r.upstream_wait.set_at.as_deref().unwrap_or(path),
+            "upstream_wait needs upstream_concurrency or upstream_rate: it waits for a slot or a token",
         );
     }
 }

@@ -81,6 +81,10 @@ macro_rules! route_fields {
             /// `{failures: F, open: D}`: after F consecutive failed attempts
             /// nothing is forwarded for D, then one delivery tries (SPEC §15).
             upstream_breaker: RawBreaker => Option<BreakerCfg> = None, parse breaker;
+            /// How long a request past `upstream_concurrency` or
+            /// `upstream_rate` may wait, in this process, for a slot or a
+            /// token before its 503 (unset: refused at once, SPEC §15).
+            upstream_wait: Text => Option<Duration> = None, parse wait;
         }
     };
 }

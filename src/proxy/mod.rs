@@ -352,7 +352,7 @@ impl Gate {
         ctx: &mut Ctx,
         route: &RouteRt,
     ) -> Result<bool> {
-        match pass_through::admit(route) {
+        match pass_through::admit(route).await {
             Ok(permit) => {
                 ctx.permit = permit;
                 Ok(false)

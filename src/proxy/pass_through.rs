@@ -11,7 +11,7 @@ use super::exit::{self, Ending, Handled, Refused, Relay, Verdict};
 use super::routes::RouteRt;
 use super::shared::Shared;
 use super::steps;
-use crate::limits::{self, Permit};
+use crate::limits::Permit;
 use crate::metrics::Outcome;
 use crate::problem::{upstream_refusal, Problem};
 
@@ -61,12 +61,14 @@ pub async fn pass_buffered(shared: &Shared, session: &mut Session, route: &Route
 }
 
 /// Admits an unguarded request against the route's upstream concurrency
-/// and rate (SPEC §15; not the breaker, which is the deliveries'): the
-/// permit to hold while it is forwarded, or its 503 `upstream-saturated`.
-pub fn admit(route: &RouteRt) -> Result<Option<Permit>, Refused> {
+/// and rate (SPEC §15; not the breaker, which is the deliveries'),
+/// waiting up to `upstream_wait`: the permit to hold while it is
+/// forwarded, or its 503 `upstream-saturated`.
+pub async fn admit(route: &RouteRt) -> Result<Option<Permit>, Refused> {
     route
         .limits
-        .admit(limits::now(), false)
+        .admit_waiting(false)
+        .await
         .map_err(|r| Refused::new(upstream_refusal(r, None)))
 }
 
@@ -77,7 +79,7 @@ pub async fn forward_admitted(
     route: &RouteRt,
     body: Bytes,
 ) -> Ending {
-    let _permit = admit(route)?;
+    let _permit = admit(route).await?;
     forward(shared, session, route, body).await
 }
 

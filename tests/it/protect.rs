@@ -3,7 +3,9 @@
 //! with 503 `upstream-saturated` and claims nothing while duplicates are
 //! still replayed; `upstream_rate` counted over 5 s; the breaker opens after
 //! F failures, lets exactly one delivery through when it half-opens, and
-//! closes on its success; a consumer's 429 `Retry-After: 3` opens it 3 s.
+//! closes on its success; a consumer's 429 `Retry-After: 3` opens it 3 s;
+//! with `upstream_wait` a delivery past the slot waits for one, and is
+//! refused, unclaimed, when none comes in time.
 
 use std::time::{Duration, Instant};
 
@@ -67,7 +69,7 @@ fn past_its_concurrency_a_delivery_is_refused_unclaimed_while_duplicates_replay(
     let r = &routes["routes"][0];
     assert_eq!(
         r["limits"],
-        serde_json::json!({"concurrency": 2, "rate": null, "breaker": null})
+        serde_json::json!({"concurrency": 2, "rate": null, "wait": null, "breaker": null})
     );
     assert_eq!(r["upstream_state"]["in_flight"], 2, "{r}");
     assert_eq!(r["upstream_state"]["breaker"], "closed", "{r}");
@@ -310,6 +312,95 @@ fn limits_are_validated_with_their_positions() {
         format!("{file}:17:5: routes[0].upstream_breaker: upstream_breaker needs `open`"),
     ] {
         assert!(err.contains(&want), "missing {want:?} in:\n{err}");
+    }
+}
+
+#[test]
+fn with_upstream_wait_a_delivery_waits_for_a_slot_and_is_refused_when_none_comes() {
+    let tag = "protect-wait";
+    let h = Harness::guarded(tag, "    upstream_concurrency: 1\n    upstream_wait: 2s\n");
+    let done = eid("done");
+    assert_eq!(h.deliver("/hooks/r", Some(&done), b"{}").status, 200);
+    let (a, b) = (eid("a"), eid("b"));
+    h.up.hold(&a, 200, ms(800));
+    let first = deliver_in_flight(&h, "/hooks/r", &a, b"{}");
+    let t = Instant::now();
+    let second = deliver_in_background(h.addr, "/hooks/r", &b, b"{}");
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            h.metric("idemgate_upstream_waiting{route=\"r\"}") == 1.0
+        }),
+        "{}",
+        h.metrics()
+    );
+    let routes = testkit::get(h.admin, "/api/routes")
+        .expect("GET /api/routes")
+        .json();
+    let r = &routes["routes"][0];
+    assert_eq!(r["limits"]["wait"], "2s", "{r}");
+    assert_eq!(r["upstream_state"]["waiting"], 1, "{r}");
+    // a duplicate of a delivered event does not wait
+    let dup_at = Instant::now();
+    let dup = h.deliver("/hooks/r", Some(&done), b"{}");
+    assert_eq!(dup.header("Idempotent-Replayed"), Some("true"), "{dup:?}");
+    assert!(dup_at.elapsed() < ms(500), "{:?}", dup_at.elapsed());
+    assert_eq!(h.up.count(&b), 0, "waiting, not forwarded");
+    assert_eq!(first.join().unwrap().unwrap().status, 200);
+    let r = second.join().unwrap().unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        t.elapsed() >= ms(300),
+        "it waited for the slot: {:?}",
+        t.elapsed()
+    );
+    assert_state(&h.store, "r", &b, "delivered", 1);
+    assert_eq!(h.up.count(&b), 1);
+    assert_eq!(h.metric("idemgate_upstream_waiting{route=\"r\"}"), 0.0);
+    assert_eq!(h.requests("r", "saturated"), 0.0);
+
+    // no slot within the wait: refused, unclaimed, after the wait
+    let (c, d) = (eid("c"), eid("d"));
+    h.up.hold(&c, 200, Duration::from_secs(4));
+    let long = deliver_in_flight(&h, "/hooks/r", &c, b"{}");
+    let t = Instant::now();
+    let late = h.deliver("/hooks/r", Some(&d), b"{}");
+    assert_eq!(refused(&late, "upstream-saturated"), 1);
+    assert!(
+        t.elapsed() >= ms(1900),
+        "refused after its wait: {:?}",
+        t.elapsed()
+    );
+    assert!(unclaimed(&h, &d));
+    assert_eq!(h.up.count(&d), 0);
+    assert_eq!(h.requests("r", "saturated"), 1.0);
+    assert_eq!(long.join().unwrap().unwrap().status, 200);
+}
+
+#[test]
+fn upstream_wait_is_validated_with_its_position() {
+    let dir = TempDir::new("protect-wait-config");
+    let path = dir.path().join("bad.yaml");
+    let routes = route("a", "/a", "http://127.0.0.1:9", "    upstream_wait: 1s\n")
+        + &route(
+            "b",
+            "/b",
+            "http://127.0.0.1:9",
+            "    upstream_rate: \"5/s\"\n    upstream_wait: 6s\n",
+        );
+    let text = config_text(1, 2, &dir.sqlite_url("x.db"), &routes);
+    std::fs::write(&path, &text).unwrap();
+    let (code, _, err) = cli(&["check", "--config", path.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    let file = path.display().to_string();
+    for want in [
+        "routes[0].upstream_wait: upstream_wait needs upstream_concurrency or upstream_rate",
+        "routes[1].upstream_wait: upstream_wait is at most 5s",
+    ] {
+        let line = err
+            .lines()
+            .find(|l| l.contains(want))
+            .unwrap_or_else(|| panic!("missing {want:?} in:\n{err}"));
+        assert!(line.starts_with(&format!("{file}:")), "{line}");
     }
 }
 

@@ -196,12 +196,16 @@
     const set = [];
     if (l.concurrency) set.push('at most ' + l.concurrency + ' at once');
     if (l.rate) set.push(l.rate);
+    if (l.wait) set.push('waits up to ' + l.wait);
     if (l.breaker) set.push('breaker ' + l.breaker.failures + ' failures → ' + l.breaker.open);
     const breaker = st.breaker || 'closed';
     return el('td', { class: 'limits', data: { route: r.name, breaker: breaker } },
       el('div', { data: { limit: 'limits', route: r.name }, text: set.length ? set.join(', ') : 'no limits' }),
       st.in_flight !== null && st.in_flight !== undefined
         ? el('div', { data: { limit: 'in-flight', route: r.name }, text: st.in_flight + ' in flight' })
+        : null,
+      st.waiting !== null && st.waiting !== undefined
+        ? el('div', { data: { limit: 'waiting', route: r.name }, text: st.waiting + ' waiting' })
         : null,
       el('div', { class: breaker === 'closed' ? 'muted' : 'hot', data: { limit: 'breaker', route: r.name },
         text: 'breaker ' + breaker + (st.breaker_open_seconds ? ' (' + st.breaker_open_seconds + ' s left)' : '') }));

@@ -150,8 +150,9 @@ impl Delivery<'_> {
             if let Some(outcome) = self.peek().await? {
                 return Ok(Admission::Decided(outcome));
             }
-            // to claim: a slot may have come free meanwhile
-            match limits.admit(limits::now(), true) {
+            // to claim: a slot may have come free meanwhile, or with
+            // `upstream_wait` it is waited for
+            match limits.admit_waiting(true).await {
                 Ok(permit) => return Ok(Admission::Let(permit)),
                 Err(refusal) => refusal,
             }
