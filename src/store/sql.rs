@@ -128,9 +128,21 @@ macro_rules! settle_ambiguous {
 pub(crate) use settle_ambiguous;
 pub const SETTLE_AMBIGUOUS: &str = settle_ambiguous!();
 
+/// A record that its first attempt delivered (its own columns hold that
+/// attempt, [`first_delivered`]): a settle of attempt 1 that finds it is
+/// that attempt's settle again (a commit not acknowledged, retried), not
+/// a new outcome, and writes no row.
+macro_rules! first_delivered_by_attempt_1 {
+    () => {
+        "state = 'delivered' AND attempts = 1"
+    };
+}
+pub(crate) use first_delivered_by_attempt_1;
+
 /// The attempt's row, written in the settle's commit (SPEC §13). Its real
 /// outcome replaces a row written for it as lost (an ended lease found
-/// before its answer came). The values of [`settle_delivered!`]; `result`
+/// before its answer came); a delivered row is final (a settle repeated
+/// after its commit was not acknowledged finds it and leaves it). The values of [`settle_delivered!`]; `result`
 /// is the expression given.
 macro_rules! attempt_upsert {
     ($result:literal) => {
@@ -143,13 +155,17 @@ macro_rules! attempt_upsert {
 SELECT $1, $2, $3, $11, $4, $6, ",
             $result,
             ", $14, $4 - $11, $12
-WHERE EXISTS (SELECT 1 FROM records WHERE route = $1 AND event_id = $2)",
+WHERE EXISTS (SELECT 1 FROM records WHERE route = $1 AND event_id = $2",
+            "\n                AND NOT ($3 = 1 AND ",
+            $crate::store::sql::first_delivered_by_attempt_1!(),
+            "))",
             $and,
             "
 ON CONFLICT (route, event_id, attempt) DO UPDATE SET
     started_at = excluded.started_at, ended_at = excluded.ended_at, status = excluded.status,
     result = excluded.result, error = excluded.error, duration_ms = excluded.duration_ms,
-    instance = excluded.instance"
+    instance = excluded.instance
+WHERE record_attempts.result <> 'delivered'"
         )
     };
 }

@@ -1342,6 +1342,26 @@ mod cases {
                 Some(T0 + 25)
             )
         );
+        // the same settle again (its commit was not acknowledged, and the
+        // carrier retried it): nothing changes, the history still says
+        // delivered, and a repeat of a later attempt's delivery likewise
+        assert_eq!(s.settle(&req).await.unwrap(), SettleResult::Stale);
+        let again = operator::history(s, R, "d").await.unwrap();
+        let seen: Vec<_> = again
+            .iter()
+            .map(|a| (a.attempt, a.result.as_str()))
+            .collect();
+        assert_eq!(seen, [(1, "delivered")], "{again:?}");
+        own(s, "d2", T0).await;
+        own(s, "d2", T0 + LEASE).await;
+        let second = settle_req("d2", 2, T0 + LEASE + 5, delivered(200));
+        assert_eq!(s.settle(&second).await.unwrap(), SettleResult::Delivered);
+        assert_eq!(s.settle(&second).await.unwrap(), SettleResult::Stale);
+        let late_first = settle_req("d2", 1, T0 + LEASE + 6, delivered(200));
+        assert_eq!(s.settle(&late_first).await.unwrap(), SettleResult::Stale);
+        let h2 = operator::history(s, R, "d2").await.unwrap();
+        let seen: Vec<_> = h2.iter().map(|a| (a.attempt, a.result.as_str())).collect();
+        assert_eq!(seen, [(1, "stale"), (2, "delivered")], "{h2:?}");
     }
 
     /// Taking over an ended lease (`release`) records the attempt that held

@@ -99,15 +99,51 @@ w AS (
     FROM u LEFT JOIN d ON d.route = u.r AND d.event_id = u.e
     -- a first attempt that delivered is its record's own columns (sql::HISTORY)
     WHERE NOT (u.a = 1 AND d.route IS NOT NULL)
-      AND EXISTS (SELECT 1 FROM records WHERE records.route = u.r AND records.event_id = u.e)
+      AND EXISTS (SELECT 1 FROM records WHERE records.route = u.r AND records.event_id = u.e
+                  AND NOT (u.a = 1 AND records.state = 'delivered' AND records.attempts = 1))
     ON CONFLICT (route, event_id, attempt) DO UPDATE SET
         started_at = excluded.started_at, ended_at = excluded.ended_at, status = excluded.status,
         result = excluded.result, error = excluded.error, duration_ms = excluded.duration_ms,
-        instance = excluded.instance),
+        instance = excluded.instance
+    WHERE record_attempts.result <> 'delivered'),
 t AS (
     DELETE FROM record_attempts a USING u
     WHERE u.a > 20 AND a.route = u.r AND a.event_id = u.e AND a.attempt <= u.a - 20)
 SELECT route, event_id FROM d";
+
+/// [`DELIVER_MANY`] for a batch of first attempts, by far the most common:
+/// a first attempt that delivers is its record's own columns
+/// ([`sql::first_delivered`]), so the statement is the update alone (no
+/// attempt rows to join, insert or trim: the release before's cost). $1–$8
+/// as [`DELIVER_MANY`]'s.
+const DELIVER_FIRSTS: &str = "\
+UPDATE records SET state = 'delivered', last_status = u.s, last_error = NULL,
+    lease_until = NULL, delivered_at = u.n, updated_at = u.n, expires_at = u.x,
+    replay_status = u.rs, replay_content_type = u.rct, replay_body = u.rb
+FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
+            $7::text[], $8::bytea[]) AS u(r, e, s, n, x, rs, rct, rb)
+WHERE records.route = u.r AND records.event_id = u.e AND records.state <> 'delivered'
+RETURNING records.route, records.event_id";
+
+/// After [`DELIVER_FIRSTS`]: the rows of first attempts whose settle
+/// changed nothing (the record was delivered already, by a later attempt;
+/// a record its first attempt delivered is this settle repeated, and gets
+/// no row), as [`DELIVER_MANY`] writes them. No record changed for them, so their
+/// rows need no commit of their own to share. $1 routes, $2 event_ids,
+/// $3 statuses, $4 ends, $5 starts, $6 instances
+const STALE_FIRSTS: &str = "\
+INSERT INTO record_attempts
+    (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
+SELECT u.r, u.e, 1, u.st, u.n, u.s, 'stale', NULL, u.n - u.st, u.c
+FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::text[])
+    AS u(r, e, s, n, st, c)
+WHERE EXISTS (SELECT 1 FROM records WHERE records.route = u.r AND records.event_id = u.e
+              AND NOT (records.state = 'delivered' AND records.attempts = 1))
+ON CONFLICT (route, event_id, attempt) DO UPDATE SET
+    started_at = excluded.started_at, ended_at = excluded.ended_at, status = excluded.status,
+    result = excluded.result, error = excluded.error, duration_ms = excluded.duration_ms,
+    instance = excluded.instance
+WHERE record_attempts.result <> 'delivered'";
 
 type Key = (String, String);
 type Reply<O> = oneshot::Sender<Result<O, StoreError>>;
@@ -574,7 +610,8 @@ async fn deliver_many(
         bodies.push(body.as_deref());
     }
     let (routes, event_ids) = key_arrays(items, which, |s| (&s.route, &s.event_id));
-    let rows = sqlx::query(DELIVER_MANY)
+    let firsts = which.iter().all(|&i| items[i].attempt == 1);
+    let query = sqlx::query(if firsts { DELIVER_FIRSTS } else { DELIVER_MANY })
         .bind(routes)
         .bind(event_ids)
         .bind(statuses)
@@ -587,25 +624,63 @@ async fn deliver_many(
         )
         .bind(replay_statuses)
         .bind(content_types)
-        .bind(bodies)
-        .bind(which.iter().map(|&i| items[i].attempt).collect::<Vec<_>>())
-        .bind(
-            which
-                .iter()
-                .map(|&i| items[i].started_at)
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            which
-                .iter()
-                .map(|&i| items[i].instance.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .fetch_all(&mut *conn)
-        .await?;
-    rows.iter()
+        .bind(bodies);
+    let query = if firsts {
+        query
+    } else {
+        query
+            .bind(which.iter().map(|&i| items[i].attempt).collect::<Vec<_>>())
+            .bind(started_ats(items, which))
+            .bind(instances(items, which))
+    };
+    let rows = query.fetch_all(&mut *conn).await?;
+    let delivered: HashSet<Key> = rows
+        .iter()
         .map(|row| Ok((row.try_get("route")?, row.try_get("event_id")?)))
-        .collect()
+        .collect::<Result<_, StoreError>>()?;
+    if firsts && delivered.len() < which.len() {
+        let stale: Vec<usize> = which
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let s = &items[i];
+                !delivered.contains(&(s.route.clone(), s.event_id.clone()))
+            })
+            .collect();
+        write_stale_firsts(conn, items, &stale).await?;
+    }
+    Ok(delivered)
+}
+
+/// [`STALE_FIRSTS`] for `which`.
+async fn write_stale_firsts(
+    conn: &mut PgConnection,
+    items: &[OwnedSettle],
+    which: &[usize],
+) -> Result<(), StoreError> {
+    let (routes, event_ids) = key_arrays(items, which, |s| (&s.route, &s.event_id));
+    let status = |i: usize| match &items[i].outcome {
+        OwnedOutcome::Delivered { status, .. } => i64::from(*status),
+        _ => 0,
+    };
+    sqlx::query(STALE_FIRSTS)
+        .bind(routes)
+        .bind(event_ids)
+        .bind(which.iter().map(|&i| status(i)).collect::<Vec<_>>())
+        .bind(which.iter().map(|&i| items[i].now).collect::<Vec<_>>())
+        .bind(started_ats(items, which))
+        .bind(instances(items, which))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+fn started_ats(items: &[OwnedSettle], which: &[usize]) -> Vec<i64> {
+    which.iter().map(|&i| items[i].started_at).collect()
+}
+
+fn instances<'a>(items: &'a [OwnedSettle], which: &[usize]) -> Vec<&'a str> {
+    which.iter().map(|&i| items[i].instance.as_str()).collect()
 }
 
 #[cfg(test)]
