@@ -16,16 +16,21 @@ pub const MAX_HEADER_SECTION: usize = 64 * 1024;
 /// What the header fields refuse once the route (if any) is known: a
 /// section over [`MAX_HEADER_SECTION`] (431), a value outside ASCII (400).
 pub fn refusal(req: &RequestHeader, route: Option<&RouteRt>) -> Option<Problem> {
-    let bytes: usize = req
-        .headers
-        .iter()
-        .map(|(k, v)| k.as_str().len() + v.len() + 4)
-        .sum();
+    // one walk for both: the size, and whether any value is not ASCII at
+    // all (the route's exemption is looked up only then)
+    let (mut bytes, mut obs_text) = (0, false);
+    for (k, v) in req.headers.iter() {
+        bytes += k.as_str().len() + v.len() + 4;
+        obs_text |= !v.as_bytes().is_ascii();
+    }
     if bytes > MAX_HEADER_SECTION {
         return Some(Problem::new(
             ProblemKind::HeadersTooLarge,
             format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
         ));
+    }
+    if !obs_text {
+        return None;
     }
     let exempt = route
         .filter(|r| r.guards(&req.method))
@@ -43,13 +48,14 @@ pub fn refusal(req: &RequestHeader, route: Option<&RouteRt>) -> Option<Problem> 
 /// `Transfer-Encoding` beside idemgate's framing. nginx drops them too
 /// (`underscores_in_headers off`). How many fields were dropped.
 pub fn drop_underscored(req: &mut RequestHeader) -> u64 {
-    if !req.headers.keys().any(|k| k.as_str().contains('_')) {
+    let underscored = |k: &HeaderName| k.as_str().bytes().any(|b| b == b'_');
+    if !req.headers.keys().any(underscored) {
         return 0; // the common case: no allocation
     }
     let names: Vec<HeaderName> = req
         .headers
         .keys()
-        .filter(|k| k.as_str().contains('_'))
+        .filter(|k| underscored(k))
         .cloned()
         .collect();
     let mut dropped = 0;

@@ -89,8 +89,29 @@ fn is_target_byte(b: u8) -> bool {
 /// which the proxy refuses after routing: a route's event-ID header judges
 /// its own).
 fn is_value_byte(b: u8) -> bool {
-    b == b'\t' || (0x20..0x7f).contains(&b) || b >= 0x80
+    VALUE[usize::from(b)]
 }
+
+/// [`is_value_byte`] as a table (a value is checked a byte at a time).
+const VALUE: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = b == 0x09 || (b >= 0x20 && b != 0x7f);
+        b += 1;
+    }
+    t
+};
+
+/// A byte of a `Host` value: a request-target byte but `@`, `/` and `?`
+/// (an authority has no userinfo, path or query).
+const HOST: [bool; 256] = {
+    let mut t = TARGET;
+    t[b'@' as usize] = false;
+    t[b'/' as usize] = false;
+    t[b'?' as usize] = false;
+    t
+};
 
 /// `s` without the optional whitespace (SP, HTAB) around it: not
 /// `trim_ascii`, which also takes form feeds and would let one through.
@@ -141,17 +162,19 @@ struct Lines<'a> {
 
 impl<'a> Lines<'a> {
     fn next(&mut self) -> Result<Option<&'a [u8]>, Refusal> {
-        let Some(lf) = self.rest.iter().position(|&b| b == b'\n') else {
+        // the first CR or LF, in one vectorised search: a CR ends the
+        // line only as the first byte of CRLF
+        let Some(end) = memchr::memchr2(b'\r', b'\n', self.rest) else {
             return Ok(None);
         };
-        let mut line = &self.rest[..lf];
-        self.rest = &self.rest[lf + 1..];
-        if let [before @ .., b'\r'] = line {
-            line = before;
-        }
-        if line.contains(&b'\r') {
-            return Err(Refusal::BadRequest("a bare CR in the head"));
-        }
+        let line = &self.rest[..end];
+        let after = match self.rest[end..] {
+            [b'\n', ..] => end + 1,
+            [b'\r', b'\n', ..] => end + 2,
+            [b'\r'] => return Ok(None), // its LF has not come yet
+            _ => return Err(Refusal::BadRequest("a bare CR in the head")),
+        };
+        self.rest = &self.rest[after..];
         Ok(Some(line))
     }
 }
@@ -288,10 +311,7 @@ impl<'a> Fields<'a> {
         if name.eq_ignore_ascii_case(b"host") {
             self.hosts += 1;
             self.host = value;
-            if !value
-                .iter()
-                .all(|&b| is_target_byte(b) && !b"@/?".contains(&b))
-            {
+            if !value.iter().all(|&b| HOST[usize::from(b)]) {
                 return Err(bad("the Host is not an authority"));
             }
         } else if name.eq_ignore_ascii_case(b"content-length") {
