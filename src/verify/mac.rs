@@ -86,7 +86,6 @@ impl Algorithm {
 /// The resolved key bytes of one verifier (any one matching passes). Read
 /// as a slice; not changed after construction, which is what lets the keyed
 /// states be kept.
-#[derive(Default)]
 pub struct Secrets {
     raw: Vec<Vec<u8>>,
     keyed: OnceLock<Keyed>,
@@ -174,12 +173,6 @@ impl Clone for Secrets {
     /// The bytes; the copy keys its own states on first use.
     fn clone(&self) -> Self {
         self.raw.clone().into()
-    }
-}
-
-impl PartialEq for Secrets {
-    fn eq(&self, other: &Self) -> bool {
-        self.raw == other.raw
     }
 }
 

@@ -214,13 +214,7 @@ fn under_load(label: &str, rounds: usize, db: &mut dyn Failovers, strict: bool) 
 
     let (log, ready, pending_max) = std::thread::scope(|s| {
         let _stop_watchers = SetOnDrop(&watching);
-        let ready: Vec<_> = replicas
-            .iter()
-            .map(|p| {
-                let (admin, watching) = (p.admin, &watching);
-                s.spawn(move || ReadyLog::watch(admin, watching))
-            })
-            .collect();
+        let ready = ReadyLog::watch_each(s, &replicas, &watching);
         let pending: Vec<_> = replicas
             .iter()
             .map(|p| {

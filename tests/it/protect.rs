@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use testkit::consumer::Reply;
 
+use crate::admin_util::get_json;
 use crate::common::*;
 use crate::core_util::*;
 
@@ -63,9 +64,7 @@ fn past_its_concurrency_a_delivery_is_refused_unclaimed_while_duplicates_replay(
     );
 
     // the admin API (and the console) show the limits and the state
-    let routes = testkit::get(h.admin, "/api/routes")
-        .expect("GET /api/routes")
-        .json();
+    let routes = get_json(&h, "/api/routes");
     let r = &routes["routes"][0];
     assert_eq!(
         r["limits"],
@@ -333,9 +332,7 @@ fn with_upstream_wait_a_delivery_waits_for_a_slot_and_is_refused_when_none_comes
         "{}",
         h.metrics()
     );
-    let routes = testkit::get(h.admin, "/api/routes")
-        .expect("GET /api/routes")
-        .json();
+    let routes = get_json(&h, "/api/routes");
     let r = &routes["routes"][0];
     assert_eq!(r["limits"]["wait"], "2s", "{r}");
     assert_eq!(r["upstream_state"]["waiting"], 1, "{r}");

@@ -140,6 +140,21 @@ impl ReadyLog {
         log
     }
 
+    /// One watcher per replica, on threads of `s`, until `stop`.
+    pub(crate) fn watch_each<'scope>(
+        s: &'scope std::thread::Scope<'scope, '_>,
+        replicas: &[Proxy],
+        stop: &'scope AtomicBool,
+    ) -> Vec<std::thread::ScopedJoinHandle<'scope, ReadyLog>> {
+        replicas
+            .iter()
+            .map(|p| {
+                let admin = p.admin;
+                s.spawn(move || ReadyLog::watch(admin, stop))
+            })
+            .collect()
+    }
+
     /// Whether it answered 503 in the outage that began at `killed` (and
     /// before `until`, the next one), and when it answered 200 after that.
     pub(crate) fn outage(&self, killed: Instant, until: Instant) -> (bool, Option<Instant>) {
@@ -254,13 +269,7 @@ fn postgres_crashes(crashes: usize) {
 
     let (crash_log, ready_logs) = std::thread::scope(|s| {
         let _stop_watchers = SetOnDrop(&watching);
-        let ready: Vec<_> = replicas
-            .iter()
-            .map(|p| {
-                let (admin, watching) = (p.admin, &watching);
-                s.spawn(move || ReadyLog::watch(admin, watching))
-            })
-            .collect();
+        let ready = ReadyLog::watch_each(s, &replicas, &watching);
         let log = std::thread::scope(|s| {
             let _stop_senders = SetOnDrop(&stop);
             // Senders: unique deliveries, duplicates of delivered events,

@@ -614,7 +614,7 @@ async fn deliver_many(
     let query = sqlx::query(if firsts { DELIVER_FIRSTS } else { DELIVER_MANY })
         .bind(routes)
         .bind(event_ids)
-        .bind(statuses)
+        .bind(&statuses)
         .bind(which.iter().map(|&i| items[i].now).collect::<Vec<_>>())
         .bind(
             which
@@ -639,34 +639,32 @@ async fn deliver_many(
         .map(|row| Ok((row.try_get("route")?, row.try_get("event_id")?)))
         .collect::<Result<_, StoreError>>()?;
     if firsts && delivered.len() < which.len() {
-        let stale: Vec<usize> = which
+        let (stale, stale_statuses): (Vec<usize>, Vec<i64>) = which
             .iter()
-            .copied()
-            .filter(|&i| {
+            .zip(&statuses)
+            .filter(|(&i, _)| {
                 let s = &items[i];
                 !delivered.contains(&(s.route.clone(), s.event_id.clone()))
             })
-            .collect();
-        write_stale_firsts(conn, items, &stale).await?;
+            .map(|(&i, &status)| (i, status))
+            .unzip();
+        write_stale_firsts(conn, items, &stale, stale_statuses).await?;
     }
     Ok(delivered)
 }
 
-/// [`STALE_FIRSTS`] for `which`.
+/// [`STALE_FIRSTS`] for `which`, whose answers were `statuses`.
 async fn write_stale_firsts(
     conn: &mut PgConnection,
     items: &[OwnedSettle],
     which: &[usize],
+    statuses: Vec<i64>,
 ) -> Result<(), StoreError> {
     let (routes, event_ids) = key_arrays(items, which, |s| (&s.route, &s.event_id));
-    let status = |i: usize| match &items[i].outcome {
-        OwnedOutcome::Delivered { status, .. } => i64::from(*status),
-        _ => 0,
-    };
     sqlx::query(STALE_FIRSTS)
         .bind(routes)
         .bind(event_ids)
-        .bind(which.iter().map(|&i| status(i)).collect::<Vec<_>>())
+        .bind(statuses)
         .bind(which.iter().map(|&i| items[i].now).collect::<Vec<_>>())
         .bind(started_ats(items, which))
         .bind(instances(items, which))
