@@ -225,12 +225,7 @@ fn the_overview_lists_the_routes_with_counters_that_match_metrics() {
 /// The `[data-field]` rows of the event detail: field → text.
 /// Waits until the link list `css` shows `id`.
 fn wait_listed(b: &Browser, what: &str, css: &str, id: &str) {
-    let found = b.wait_for(what, |b| {
-        b.find_all(css)
-            .into_iter()
-            .map(|e| b.text(&e))
-            .find(|t| t == id)
-    });
+    let found = b.wait_for(what, |b| b.texts(css).into_iter().find(|t| t == id));
     assert_eq!(found, id);
 }
 
@@ -402,7 +397,7 @@ fn a_forced_release_with_the_token_makes_the_next_delivery_forwarded() {
     b.type_text(&input, "not-the-token");
     b.click(&b.find("#confirm-ok").unwrap());
     let error = b.wait_for("the refusal", |b| {
-        Some(b.text(&b.find("#confirm-error").unwrap())).filter(|t| !t.is_empty())
+        b.text_of("#confirm-error").filter(|t| !t.is_empty())
     });
     assert!(error.contains("refused"), "{error}");
     assert_eq!(show(&s.store, "orders", &id)["state"], "delivered");
@@ -450,8 +445,8 @@ fn a_forced_release_with_the_token_makes_the_next_delivery_forwarded() {
     b.click(&b.find("#confirm-keep").unwrap());
     b.click(&b.find("#confirm-ok").unwrap());
     b.wait_for("the release", |b| {
-        let r = b.text(&b.find("#action-result").unwrap());
-        r.starts_with("Released").then_some(())
+        b.text_of("#action-result")
+            .filter(|r| r.starts_with("Released"))
     });
     let kept = b.execute(
         "return [document.cookie, sessionStorage.getItem('idemgate.admin-token')]",
@@ -513,11 +508,7 @@ fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
     // the search results
     b.goto(&s.url(&format!("#/events?route=orders&prefix={}", enc(&tag))));
     let texts = b.wait_for("the results", |b| {
-        let t: Vec<String> = b
-            .find_all("#results tbody a.event-link")
-            .iter()
-            .map(|e| b.text(e))
-            .collect();
+        let t = b.texts("#results tbody a.event-link");
         (t.len() == sent.len()).then_some(t)
     });
     let mut want = sent.to_vec();
@@ -624,8 +615,7 @@ fn confirm(b: &Browser, button: &str, token: Option<&str>) {
 
 fn wait_result(b: &Browser, css: &str, starts: &str) -> String {
     b.wait_for(&format!("{css} saying {starts:?}"), |b| {
-        let t = b.text(&b.find(css).unwrap());
-        t.starts_with(starts).then_some(t)
+        b.text_of(css).filter(|t| t.starts_with(starts))
     })
 }
 
@@ -738,7 +728,7 @@ fn ambiguous_events_are_resolved_both_ways_from_the_console() {
     b.type_text(&b.find("#confirm-token").unwrap(), TOKEN);
     b.click(&b.find("#confirm-ok").unwrap());
     let error = b.wait_for("the status refused", |b| {
-        Some(b.text(&b.find("#confirm-error").unwrap())).filter(|t| !t.is_empty())
+        b.text_of("#confirm-error").filter(|t| !t.is_empty())
     });
     assert!(error.contains("100 to 599"), "{error}");
     assert_eq!(
@@ -879,7 +869,7 @@ fn show_paused_at(store: &str, route: &str) -> String {
 /// column, if it is there.
 fn shown_limit(b: &Browser, what: &str, route: &str) -> Option<String> {
     let css = format!("#routes [data-limit=\"{what}\"][data-route=\"{route}\"]");
-    b.find(&css).map(|e| b.text(&e))
+    b.text_of(&css)
 }
 
 #[test]

@@ -237,6 +237,29 @@ impl Browser {
             .to_string()
     }
 
+    /// The rendered text of every element matching `css`, read in one
+    /// script so a refresh that replaces them between a find and a read
+    /// cannot leave a stale element reference.
+    pub fn texts(&self, css: &str) -> Vec<String> {
+        let v = self.execute(
+            "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText.trim());",
+            json!([css]),
+        );
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| t.as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The rendered text of the first element matching `css`, if any (one
+    /// script, as [`Browser::texts`]).
+    pub fn text_of(&self, css: &str) -> Option<String> {
+        self.texts(css).into_iter().next()
+    }
+
     pub fn displayed(&self, e: &Element) -> bool {
         self.cmd("GET", &format!("/element/{}/displayed", e.0), Value::Null)
             .is_ok_and(|v| v == true)
