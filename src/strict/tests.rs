@@ -282,3 +282,92 @@ fn never_more_lenient_than_pingora() {
     }
     assert!(passed > 1000, "only {passed} mutants passed");
 }
+
+/// What the full rules make of the first line of `buf`: its name and
+/// value as [`Fields::add`] splits them, and the bytes after the line;
+/// `None` where they refuse it or it is not there.
+fn by_the_full_rules(buf: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let mut lines = Lines { rest: buf };
+    let line = lines.next().ok()??;
+    let mut fields = Fields::default();
+    fields.add(line).ok()?;
+    let colon = line.iter().position(|&b| b == b':')?;
+    Some((&line[..colon], trim_ows(&line[colon + 1..]), lines.rest))
+}
+
+proptest::proptest! {
+    /// The one-walk reader takes a line only as the full rules do: the
+    /// same name, value and end. (The bytes are drawn from those the rules
+    /// turn on, so most lines are near a boundary.)
+    #[test]
+    fn a_plain_field_is_read_as_the_full_rules_read_it(
+        buf in proptest::collection::vec(
+            proptest::sample::select(b"aZ-_:; \t\r\n\x00\x7f\x80\xff,@/".to_vec()),
+            0..24,
+        )
+    ) {
+        if let Some(quick) = plain_field(&buf) {
+            proptest::prop_assert_eq!(Some(quick), by_the_full_rules(&buf));
+        }
+    }
+}
+
+proptest::proptest! {
+    /// The eight-at-a-time token walk stops where the byte-by-byte one does.
+    #[test]
+    fn token_len_is_the_bytewise_walk(s in proptest::collection::vec(
+        proptest::prop_oneof![
+            proptest::num::u8::ANY,
+            proptest::sample::select(b"aZ09-_~!:; \t(".to_vec()),
+        ],
+        0..40,
+    )) {
+        let bytewise = s.iter().position(|&b| !is_tchar(b)).unwrap_or(s.len());
+        proptest::prop_assert_eq!(token_len(&s), bytewise);
+    }
+
+    /// The eight-at-a-time walk stops where the byte-by-byte one does.
+    #[test]
+    fn value_len_is_the_bytewise_walk(s in proptest::collection::vec(
+        proptest::prop_oneof![
+            proptest::num::u8::ANY,
+            proptest::sample::select(b"\t\r\n \x1f\x7f\x80a".to_vec()),
+            proptest::sample::select(b"abcdefgh:; ".to_vec()),
+        ],
+        0..40,
+    )) {
+        let bytewise = s.iter().position(|&b| !is_value_byte(b)).unwrap_or(s.len());
+        proptest::prop_assert_eq!(value_len(&s), bytewise);
+    }
+}
+
+#[test]
+fn plain_fields_and_those_left_to_the_full_rules() {
+    let taken: &[(&[u8], &[u8], &[u8])] = &[
+        (b"Host: a\r\nX", b"a", b"X"),
+        (b"Host:a \t \nX", b"a", b"X"),
+        (b"X-E:\r\n\r\n", b"", b"\r\n"),
+        (b"X: a  b\r\n", b"a  b", b""),
+        (b"X: caf\xc3\xa9\r\n", b"caf\xc3\xa9", b""),
+    ];
+    for (buf, value, rest) in taken {
+        let (_, v, r) = plain_field(buf).unwrap();
+        assert_eq!((v, r), (*value, *rest), "{}", buf.escape_ascii());
+    }
+    let left: &[&[u8]] = &[
+        b"\r\n",
+        b" X: a\r\n",
+        b"X : a\r\n",
+        b"X a\r\n",
+        b": a\r\n",
+        b"X: a\rb\r\n",
+        b"X: a\x00\r\n",
+        b"X: a\x7f\r\n",
+        b"X: a\r",
+        b"X: a",
+        b"X:   ",
+    ];
+    for buf in left {
+        assert_eq!(plain_field(buf), None, "{}", buf.escape_ascii());
+    }
+}
