@@ -39,14 +39,17 @@ pub fn raw_digest(body: &[u8]) -> Digest {
     Sha256::digest(body).into()
 }
 
-/// Lower-case hex, 64 characters. Through a fixed buffer: `hex::encode`
-/// collects an iterator of chars, a few hundred ns per request.
+/// Lower-case hex, 64 characters, a digit pair per byte from a table:
+/// `hex::encode` collects an iterator of chars, and even its
+/// `encode_to_slice` took ~490 instructions per request (callgrind).
 pub fn to_hex(d: &Digest) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 64];
-    hex::encode_to_slice(d, &mut out).expect("64 hex digits for 32 bytes");
-    std::str::from_utf8(&out)
-        .expect("hex digits are ASCII")
-        .to_owned()
+    for (pair, &b) in out.chunks_exact_mut(2).zip(d) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 15)];
+    }
+    String::from_utf8(out.to_vec()).expect("hex digits are ASCII")
 }
 
 /// The body is not JSON (or not I-JSON). The message gives the position and
