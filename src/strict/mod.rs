@@ -195,50 +195,53 @@ fn plain_field(buf: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
     Some((&buf[..colon], &value[..trimmed], rest))
 }
 
-/// How many bytes `s` starts with that a token may hold ([`is_tchar`]):
-/// eight table lookups at a time, without a branch per byte, while all
-/// eight are (a field name is most often 4 to 16 bytes).
-fn token_len(s: &[u8]) -> usize {
-    let mut words = s.chunks_exact(8);
+/// How many bytes `s` starts with that `byte_ok` takes: eight at a time
+/// while `all_ok` takes the eight (a test without a branch per byte), then
+/// byte by byte from the first eight it does not.
+#[inline(always)]
+fn leading(s: &[u8], all_ok: impl Fn(&[u8; 8]) -> bool, byte_ok: impl Fn(u8) -> bool) -> usize {
     let mut at = 0;
-    for w in &mut words {
-        if !w.iter().fold(true, |all, &b| all & is_tchar(b)) {
+    for w in s.chunks_exact(8) {
+        if !all_ok(w.try_into().expect("eight bytes")) {
             break;
         }
         at += 8;
     }
     at + s[at..]
         .iter()
-        .position(|&b| !is_tchar(b))
+        .position(|&b| !byte_ok(b))
         .unwrap_or(s.len() - at)
 }
 
+/// How many bytes `s` starts with that a token may hold ([`is_tchar`]),
+/// by eight table lookups at a time (a field name is most often 4 to 16
+/// bytes).
+fn token_len(s: &[u8]) -> usize {
+    leading(
+        s,
+        |w| w.iter().fold(true, |all, &b| all & is_tchar(b)),
+        is_tchar,
+    )
+}
+
 /// How many bytes `s` starts with that a field value may hold
-/// ([`is_value_byte`]): eight at a time while no byte of the eight is below
-/// 0x20 or 0x7F (a word with a tab, which is allowed, or with a CR, where a
-/// value ends, is looked at byte by byte).
+/// ([`is_value_byte`]), by two word tests per eight: no byte below 0x20
+/// and none equal to 0x7F (eight with a tab, which is allowed, or a CR,
+/// where a value ends, are looked at byte by byte).
 fn value_len(s: &[u8]) -> usize {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
     const SPACE: u64 = u64::from_ne_bytes([0x20; 8]);
     const DEL: u64 = u64::from_ne_bytes([0x7f; 8]);
-    let mut words = s.chunks_exact(8);
-    let mut at = 0;
-    for w in &mut words {
-        let w = u64::from_ne_bytes(w.try_into().expect("eight bytes"));
+    let all_ok = |w: &[u8; 8]| {
+        let w = u64::from_ne_bytes(*w);
         // a byte below 0x20 (of those without the high bit: obs-text is
         // allowed), and a byte equal to 0x7F (one that xor makes zero)
         let low = w.wrapping_sub(SPACE) & !w & HIGH;
         let del = (w ^ DEL).wrapping_sub(ONES) & !(w ^ DEL) & HIGH;
-        if low | del != 0 {
-            break;
-        }
-        at += 8;
-    }
-    at + s[at..]
-        .iter()
-        .position(|&b| !is_value_byte(b))
-        .unwrap_or(s.len() - at)
+        low | del == 0
+    };
+    leading(s, all_ok, is_value_byte)
 }
 
 /// The head's lines, each without its terminator.
