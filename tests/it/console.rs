@@ -526,7 +526,7 @@ fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
         no_markup(&b, id);
     }
     // a release dialog quotes the ID as text too
-    b.click(&b.wait_visible("#release"));
+    b.click_on("#release");
     b.wait_visible("#confirm[open]");
     assert!(b.text(&b.find("#confirm-text").unwrap()).contains(&issue));
     no_markup(&b, "dialog");
@@ -605,7 +605,7 @@ impl Held {
 /// Clicks `button`, waits for the dialog, optionally types the token, and
 /// confirms.
 fn confirm(b: &Browser, button: &str, token: Option<&str>) {
-    b.click(&b.wait_visible(button));
+    b.click_on(button);
     b.wait_visible("#confirm[open]");
     if let Some(t) = token {
         b.type_text(&b.find("#confirm-token").unwrap(), t);

@@ -269,6 +269,21 @@ impl Browser {
         self.must("POST", &format!("/element/{}/click", e.0), json!({}));
     }
 
+    /// Clicks the displayed element `css` matches, found again if a
+    /// redraw replaced it between the find and the click (the overview
+    /// redraws every 3 s).
+    pub fn click_on(&self, css: &str) {
+        for _ in 0..5 {
+            let e = self.wait_visible(css);
+            match self.cmd("POST", &format!("/element/{}/click", e.0), json!({})) {
+                Ok(_) => return,
+                Err(e) if e.error == "stale element reference" => continue,
+                Err(e) => panic!("click {css}: {e:?}"),
+            }
+        }
+        panic!("click {css}: the element went stale five times");
+    }
+
     pub fn clear(&self, e: &Element) {
         self.must("POST", &format!("/element/{}/clear", e.0), json!({}));
     }
