@@ -42,6 +42,7 @@ use crate::metrics::{status_class, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use exit::Refused;
 pub use in_flight::InFlightRequests;
+pub use pending::PendingSettles;
 use routes::{RouteRt, RouteTable};
 pub use shared::Shared;
 

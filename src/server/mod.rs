@@ -25,7 +25,7 @@ use crate::listener::{self, Downstream, Table};
 use crate::metrics::Metrics;
 use crate::proxy::routes::PruneIdle;
 use crate::proxy::routes::{RouteError, RouteTable};
-use crate::proxy::{Gate, InFlightRequests, Shared};
+use crate::proxy::{Gate, InFlightRequests, PendingSettles, Shared};
 use crate::store::ClaimStore;
 use crate::sweeper::{RouteState, Sweeper};
 use upgrade::{KeepFds, SharedFds, SignalError, Signals};
@@ -139,6 +139,7 @@ pub fn run(
     let conf = server_conf(&config);
     let gate = gate(&config, &conf, store.clone(), metrics.clone())?;
     let in_flight = gate.shared.in_flight.clone();
+    let pending = gate.shared.pending.clone();
     let opt = upgrade.then(|| Opt {
         upgrade: true,
         ..Opt::default()
@@ -161,8 +162,11 @@ pub fn run(
     let (done, finished) = mpsc::channel();
     spawn_drain_watch(
         server.watch_execution_phase(),
-        in_flight.clone(),
-        table,
+        Draining {
+            in_flight: in_flight.clone(),
+            table,
+            pending,
+        },
         config.shutdown_grace,
         upgrade,
         done.clone(),
@@ -264,8 +268,7 @@ fn add_services(
 /// `done`.
 fn spawn_drain_watch(
     mut phases: tokio::sync::broadcast::Receiver<ExecutionPhase>,
-    in_flight: Arc<InFlightRequests>,
-    table: Arc<Table>,
+    draining: Draining,
     grace: Duration,
     upgraded: bool,
     done: mpsc::Sender<()>,
@@ -275,8 +278,9 @@ fn spawn_drain_watch(
             Ok(ExecutionPhase::Running) if !upgraded => upgrade::notify_systemd(),
             Ok(ExecutionPhase::ShutdownStarted) => {
                 let stopped = Instant::now();
-                drain(&in_flight, &table, grace);
-                if in_flight.handing_over() && std::env::var_os("NOTIFY_SOCKET").is_some() {
+                drain(&draining, grace);
+                if draining.in_flight.handing_over() && std::env::var_os("NOTIFY_SOCKET").is_some()
+                {
                     // the new process tells systemd it is the main process
                     // now; this one must not exit before (systemd would
                     // stop the service, the new process with it)
@@ -302,17 +306,31 @@ const HAND_OVER_LINGER: Duration = Duration::from_secs(2);
 /// table only when its task first runs.
 const QUIET: Duration = Duration::from_millis(200);
 
-/// Waits, up to `grace`, until no guarded request is in flight and no
-/// client connection has a request in progress or coming, for [`QUIET`]
-/// (idle kept-alive connections are closed meanwhile).
-fn drain(in_flight: &InFlightRequests, table: &Table, grace: Duration) {
+/// What a graceful stop waits for.
+struct Draining {
+    in_flight: Arc<InFlightRequests>,
+    table: Arc<Table>,
+    /// Settles carried across a store outage (SPEC §16): their upstream
+    /// answered, and a settle dropped here leaves its claim to the lease's
+    /// end and then to SPEC §12 (a second delivery, or an event held).
+    pending: Arc<PendingSettles>,
+}
+
+/// Waits, up to `grace`, until no guarded request is in flight, no client
+/// connection has a request in progress or coming, and no settle is still
+/// carried, for [`QUIET`] (idle kept-alive connections are closed
+/// meanwhile). A carried settle gives up by itself a second before its
+/// lease ends, so a store that stays away holds the stop no longer than
+/// that.
+fn drain(d: &Draining, grace: Duration) {
     let started = Instant::now();
     let deadline = started + grace;
     let mut quiet_since: Option<Instant> = None;
     loop {
-        table.close_idle();
-        let (requests, connections) = (in_flight.current(), table.busy());
-        if requests > 0 || connections > 0 {
+        d.table.close_idle();
+        let (requests, connections, settles) =
+            (d.in_flight.current(), d.table.busy(), d.pending.len());
+        if requests > 0 || connections > 0 || settles > 0 {
             quiet_since = None;
         } else if quiet_since.get_or_insert_with(Instant::now).elapsed() >= QUIET {
             tracing::info!(
@@ -325,7 +343,8 @@ fn drain(in_flight: &InFlightRequests, table: &Table, grace: Duration) {
             tracing::warn!(
                 in_flight = requests,
                 connections,
-                "grace period over with requests in flight"
+                settles_pending = settles,
+                "grace period over with requests in flight or settles pending"
             );
             return;
         }

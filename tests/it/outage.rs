@@ -457,17 +457,17 @@ fn a_statement_held_while_the_server_answers_is_given_up_at_the_limit() {
 /// `idemgate_settles_pending`), logged with the event ID; once the database
 /// is back it commits, and the sender's retry is replayed — never forwarded
 /// a second time.
-#[test]
-fn settle_failing_after_the_upstream_answered_is_carried_until_it_commits() {
-    let Some(s) = setup("settle") else { return };
+/// Delivers `id` and cuts the database while the consumer works on it: the
+/// settle cannot commit, the sender gets a 503, and the settle is kept
+/// (`idemgate_settles_pending` 1).
+fn deliver_with_the_settle_cut(s: &Setup, id: &str) {
     let (px, up) = (&s.px, &s.up);
-    let id = eid("slow");
-    up.hold(&id, 200, Duration::from_millis(800));
+    up.hold(id, 200, Duration::from_millis(800));
     let t = Instant::now();
     let answer = std::thread::scope(|sc| {
-        let h = sc.spawn(|| px.deliver(PATH, Some(&id), br#"{"n":1}"#));
+        let h = sc.spawn(|| px.deliver(PATH, Some(id), br#"{"n":1}"#));
         let deadline = Instant::now() + Duration::from_secs(10);
-        while up.count(&id) == 0 {
+        while up.count(id) == 0 {
             assert!(Instant::now() < deadline, "never reached the consumer");
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -485,6 +485,14 @@ fn settle_failing_after_the_upstream_answered_is_carried_until_it_commits() {
     assert_eq!(answer.header("Retry-After"), Some("1"));
     assert!(took < Duration::from_secs(15), "unbounded settle: {took:?}");
     assert_eq!(px.metric("idemgate_settles_pending"), 1.0, "kept");
+}
+
+#[test]
+fn settle_failing_after_the_upstream_answered_is_carried_until_it_commits() {
+    let Some(s) = setup("settle") else { return };
+    let (px, up) = (&s.px, &s.up);
+    let id = eid("slow");
+    deliver_with_the_settle_cut(&s, &id);
     assert_eq!(
         px.metric(r#"idemgate_settles_total{result="error",route="r"}"#),
         0.0,
@@ -520,6 +528,45 @@ fn settle_failing_after_the_upstream_answered_is_carried_until_it_commits() {
         px.metric(r#"idemgate_settles_total{result="error",route="r"}"#),
         0.0
     );
+}
+
+/// A graceful stop while a settle is carried (a deploy during a database
+/// outage) waits for it, within `shutdown_grace`: the database comes back
+/// a second after the SIGTERM, the settle commits, and only then does the
+/// process exit. Started again, it replays the event. (Before, the stop
+/// ended at once, and the claim held its event until the lease ended:
+/// then a second delivery, or an event held for an operator.)
+#[test]
+fn a_graceful_stop_waits_for_a_carried_settle() {
+    let Some(mut s) = setup("stopcarry") else {
+        return;
+    };
+    let id = eid("carried");
+    deliver_with_the_settle_cut(&s, &id);
+    let stopped = Instant::now();
+    let code = std::thread::scope(|sc| {
+        let px = &mut s.px;
+        let stop = sc.spawn(move || px.stop(Duration::from_secs(20)));
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(!stop.is_finished(), "exited with a settle still carried");
+        s.relay.restore();
+        stop.join().unwrap()
+    });
+    let took = stopped.elapsed();
+    eprintln!("stop with a carried settle took {took:?}");
+    assert_eq!(code, Some(0), "{}", s.px.log());
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    let log = s.px.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("pending settle committed") && l.contains(&id)),
+        "{log}"
+    );
+    s.px.spawn();
+    let again = s.px.deliver(PATH, Some(&id), br#"{"n":1}"#);
+    assert_eq!(again.status, 200, "{:?}", again.json());
+    assert_eq!(again.header("Idempotency-Status"), Some("replayed"));
+    assert_eq!(s.up.count(&id), 1, "forwarded once");
 }
 
 /// The server ends every connection while staying up (a restart between
