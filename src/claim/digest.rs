@@ -39,15 +39,17 @@ pub fn raw_digest(body: &[u8]) -> Digest {
     Sha256::digest(body).into()
 }
 
+/// Lower-case hex digits: the digest's hex and canonical JSON's `\u00XX`.
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
 /// Lower-case hex, 64 characters, a digit pair per byte from a table:
 /// `hex::encode` collects an iterator of chars, and even its
 /// `encode_to_slice` took ~490 instructions per request (callgrind).
 pub fn to_hex(d: &Digest) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 64];
     for (pair, &b) in out.chunks_exact_mut(2).zip(d) {
-        pair[0] = DIGITS[usize::from(b >> 4)];
-        pair[1] = DIGITS[usize::from(b & 15)];
+        pair[0] = HEX_DIGITS[usize::from(b >> 4)];
+        pair[1] = HEX_DIGITS[usize::from(b & 15)];
     }
     String::from_utf8(out.to_vec()).expect("hex digits are ASCII")
 }
@@ -349,7 +351,6 @@ fn cmp_utf16(a: &str, b: &str) -> Ordering {
 }
 
 fn write_str<S: Sink>(s: &str, out: &mut S) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     out.put_byte(b'"');
     let bytes = s.as_bytes();
     let mut run = 0;
@@ -373,8 +374,8 @@ fn write_str<S: Sink>(s: &str, out: &mut S) {
                 b'u',
                 b'0',
                 b'0',
-                HEX[usize::from(b >> 4)],
-                HEX[usize::from(b & 0xF)],
+                HEX_DIGITS[usize::from(b >> 4)],
+                HEX_DIGITS[usize::from(b & 0xF)],
             ]);
         } else {
             out.put(short);
