@@ -15,7 +15,7 @@ use pingora::services::background::BackgroundService;
 use crate::claim::{now_ms, Millis};
 use crate::metrics::Metrics;
 use crate::paused::PausedRoutes;
-use crate::store::{operator, ClaimStore, StoreError};
+use crate::store::{ClaimStore, StoreError};
 
 pub struct Sweeper {
     pub store: Arc<dyn ClaimStore>,
@@ -169,7 +169,7 @@ impl Sweeper {
     async fn hold_ended_leases(&self) {
         let mut held = 0;
         loop {
-            match operator::hold_ended_leases(self.store.as_ref(), now_ms(), HOLD_BATCH).await {
+            match self.store.hold_ended_leases(now_ms(), HOLD_BATCH).await {
                 Ok(n) => {
                     held += n;
                     if (n as i64) < HOLD_BATCH {
@@ -231,7 +231,7 @@ impl BackgroundService for Sweeper {
 impl RouteState {
     /// The paused routes, for the proxy and `idemgate_route_paused`.
     async fn refresh_paused(&self) {
-        match operator::paused(self.store.as_ref()).await {
+        match self.store.paused().await {
             Ok(paused) => {
                 for r in &self.routes {
                     self.metrics
@@ -246,7 +246,7 @@ impl RouteState {
 
     /// `idemgate_ambiguous_records`.
     async fn count_ambiguous(&self) {
-        match operator::ambiguous_counts(self.store.as_ref()).await {
+        match self.store.ambiguous_counts().await {
             Ok(counts) => {
                 for r in &self.routes {
                     let n = counts

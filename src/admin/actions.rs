@@ -13,7 +13,7 @@ use super::web::{json, query_pairs, shown, ApiProblem};
 use crate::claim::now_ms;
 use crate::claim::State;
 use crate::store::json::{parse_time, record_json, timestamp};
-use crate::store::operator::{self, BulkRelease, Resolution, ResolveOutcome};
+use crate::store::{BulkRelease, Resolution, ResolveOutcome, ResolveRequest};
 use crate::store::{ClaimStore, ReleaseOutcome, ReleaseRequest};
 
 type Answer = Result<Response<Vec<u8>>, ApiProblem>;
@@ -127,7 +127,13 @@ pub async fn resolve(
             ))
         }
     };
-    let outcome = operator::resolve(store, route, id, how, now_ms())
+    let outcome = store
+        .resolve(&ResolveRequest {
+            route,
+            event_id: id,
+            how,
+            now: now_ms(),
+        })
         .await
         .map_err(ApiProblem::store)?;
     match outcome {
@@ -225,9 +231,7 @@ pub async fn release_bulk(
         dry_run: b.dry_run,
         now: now_ms(),
     };
-    let n = operator::release_bulk(store, &req)
-        .await
-        .map_err(ApiProblem::store)?;
+    let n = store.release_bulk(&req).await.map_err(ApiProblem::store)?;
     tracing::info!(
         route = b.route.as_str(),
         state = state.as_str(),
@@ -258,7 +262,8 @@ pub async fn set_paused(
 ) -> Answer {
     no_params(query)?;
     no_body(body)?;
-    operator::set_paused(store, name, paused, now_ms())
+    store
+        .set_paused(name, paused, now_ms())
         .await
         .map_err(ApiProblem::store)?;
     tracing::info!(
@@ -272,7 +277,7 @@ pub async fn set_paused(
             "route resumed"
         }
     );
-    let all = operator::paused(store).await.map_err(ApiProblem::store)?;
+    let all = store.paused().await.map_err(ApiProblem::store)?;
     let since = all.iter().find(|(r, _)| r == name).map(|(_, at)| *at);
     Ok(json(
         StatusCode::OK,
@@ -295,10 +300,7 @@ pub fn unknown_route(name: &str) -> ApiProblem {
 
 /// The record as it is after an action, as `events show --json` prints it.
 async fn record_after(store: &dyn ClaimStore, route: &str, id: &str) -> Answer {
-    match operator::show(store, route, id)
-        .await
-        .map_err(ApiProblem::store)?
-    {
+    match store.show(route, id).await.map_err(ApiProblem::store)? {
         Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
         // swept in between: there is nothing left to show
         None => Err(ApiProblem::not_found(route, id)),

@@ -33,7 +33,6 @@ use crate::claim::State;
 use crate::config::{format_duration, Config, EventIdSource, IdPart, OnAmbiguous, Route};
 use crate::metrics::Metrics;
 use crate::store::json::{record_json, timestamp};
-use crate::store::operator;
 use crate::store::{ClaimStore, ListFilter, ListKey};
 
 /// `limit` when the request names none, and the most it may name.
@@ -289,7 +288,9 @@ impl Api {
         query: Option<&str>,
     ) -> Result<Response<Vec<u8>>, ApiProblem> {
         no_params(query)?;
-        let found = operator::show(&*self.store, route, id)
+        let found = self
+            .store
+            .show(route, id)
             .await
             .map_err(ApiProblem::store)?;
         match found {
@@ -447,8 +448,7 @@ struct RouteStates {
 
 impl RouteStates {
     async fn read(store: &dyn ClaimStore) -> RouteStates {
-        let (paused, ambiguous) =
-            tokio::join!(operator::paused(store), operator::ambiguous_counts(store));
+        let (paused, ambiguous) = tokio::join!(store.paused(), store.ambiguous_counts());
         let ok = |r: Result<Vec<(String, i64)>, crate::store::StoreError>| {
             r.map_err(|e| tracing::warn!(error = %e, "admin API: the routes' state is unknown"))
                 .ok()
