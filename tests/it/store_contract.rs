@@ -1425,13 +1425,14 @@ mod cases {
             s.claim(&held_claim(id, T0 + LEASE)).await.unwrap();
         }
         claim_and_settle(s, "done", T0, RETENTION, delivered(200)).await;
-        let resolve = |event_id: &'static str, how| {
-            s.resolve(&ResolveRequest {
+        let resolve = |event_id: &'static str, how| async move {
+            let req = ResolveRequest {
                 route: R,
                 event_id,
                 how,
                 now: T0 + LEASE + 1,
-            })
+            };
+            s.resolve(&req).await
         };
         assert_eq!(
             resolve("done", Resolution::Failed).await.unwrap(),
