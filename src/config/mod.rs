@@ -34,7 +34,9 @@
 //! `route.rs` (one route: presets and the checks across its fields),
 //! `admin.rs` (the admin token), `tls.rs` (the listener's certificate),
 //! `fields.rs` (small value parsers: upstream URL, JSON pointer, header),
-//! `verify.rs` (provider presets, secrets, warnings), `model.rs` (the output).
+//! `verify.rs` (provider presets, secrets, warnings), `hmac_rule.rs` (the
+//! `scheme: hmac` block, SPEC §17), `error.rs` (a problem with its file,
+//! line and column), `model.rs` (the output).
 //!
 //! A new route key: an entry in `route_fields.rs`, its parser in `layer.rs`
 //! if serde's check is not enough, any rule binding it to other fields in

@@ -6,10 +6,10 @@
 //! requests (chunked or large bodies, upgrades) take pingora's streaming
 //! proxy path.
 //!
-//! Every request read whole comes to one ending (`verdict`: a replay, an
-//! upstream answer to relay, or a problem), which one exit counts and
-//! writes; `guard` is the guarded path (its policies are
-//! `claim::policy`'s), `unguarded` the others.
+//! Every request read whole comes to one ending (`exit.rs`'s `Verdict`: a
+//! replay, an upstream answer to relay, or a problem), which one exit counts
+//! and writes; `delivery/` is the guarded path (its policies are
+//! `claim::policy`'s), `pass_through.rs` the unguarded ones read whole.
 
 pub mod body;
 mod delivery;
