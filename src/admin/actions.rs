@@ -9,9 +9,10 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::web::{json, query_pairs, shown, ApiProblem};
+use super::web::{json, query_pairs, shown, ApiProblem, ApiRequest};
 use crate::claim::now_ms;
 use crate::claim::State;
+use crate::problem::AdminKind;
 use crate::store::json::{parse_time, record_json, timestamp};
 use crate::store::operator::{self, BulkRelease, Resolution, ResolveOutcome};
 use crate::store::{ClaimStore, ReleaseOutcome, ReleaseRequest};
@@ -25,10 +26,9 @@ pub async fn release(
     store: &dyn ClaimStore,
     route: &str,
     id: &str,
-    query: Option<&str>,
-    body: &[u8],
-    peer: &str,
+    req: &ApiRequest<'_>,
 ) -> Answer {
+    let (query, body, peer) = (req.query, req.body, req.peer.as_str());
     let mut force = false;
     for (k, v) in query_pairs(query)? {
         match k.as_str() {
@@ -64,14 +64,12 @@ pub async fn release(
             record_after(store, route, id).await
         }
         ReleaseOutcome::NotFound => Err(ApiProblem::not_found(route, id)),
-        ReleaseOutcome::RefusedDelivered => Err(ApiProblem::new(
-            StatusCode::CONFLICT,
-            "delivered",
-            "Event already delivered",
+        ReleaseOutcome::RefusedDelivered => Err(ApiProblem::admin(
+            AdminKind::Delivered,
             "the event is delivered: releasing it makes the next delivery reach the \
              consumer again; add ?force=true if that is what you want",
         )
-        .with_event_id(id)),
+        .with_event_id(Some(id))),
     }
 }
 
@@ -103,12 +101,11 @@ pub async fn resolve(
     store: &dyn ClaimStore,
     route: &str,
     id: &str,
-    query: Option<&str>,
-    body: &[u8],
-    peer: &str,
+    req: &ApiRequest<'_>,
 ) -> Answer {
-    no_params(query)?;
-    let b: ResolveBody = json_body(body, RESOLVE_BODY)?;
+    let peer = req.peer.as_str();
+    no_params(req.query)?;
+    let b: ResolveBody = json_body(req.body, RESOLVE_BODY)?;
     let how = match (b.how, b.status) {
         (ResolveAs::Delivered, None) => Resolution::Delivered { status: 200 },
         (ResolveAs::Delivered, Some(status)) if (100..=599).contains(&status) => {
@@ -147,16 +144,14 @@ pub async fn resolve(
             record_after(store, route, id).await
         }
         ResolveOutcome::NotFound => Err(ApiProblem::not_found(route, id)),
-        ResolveOutcome::NotAmbiguous(state) => Err(ApiProblem::new(
-            StatusCode::CONFLICT,
-            "not-ambiguous",
-            "Event is not ambiguous",
+        ResolveOutcome::NotAmbiguous(state) => Err(ApiProblem::admin(
+            AdminKind::NotAmbiguous,
             format!(
                 "the record is {state}: only an ambiguous record can be resolved \
                  (a failed or processing one is released instead)"
             ),
         )
-        .with_event_id(id)),
+        .with_event_id(Some(id))),
     }
 }
 
@@ -285,10 +280,8 @@ pub async fn set_paused(
 }
 
 pub fn unknown_route(name: &str) -> ApiProblem {
-    ApiProblem::new(
-        StatusCode::NOT_FOUND,
-        "unknown-route",
-        "No such route",
+    ApiProblem::admin(
+        AdminKind::UnknownRoute,
         format!("no route named `{}` is configured", shown(name)),
     )
 }
@@ -389,10 +382,7 @@ mod tests {
             (br#"["failed"]"#, "a JSON object"),
         ] {
             let e = json_body::<ResolveBody>(bad, "SHAPE").err().unwrap();
-            assert_eq!(
-                (e.status, e.name),
-                (StatusCode::BAD_REQUEST, "invalid-body")
-            );
+            assert_eq!((e.status(), e.kind.name()), (400, "invalid-body"));
             assert!(e.detail.contains(says), "{bad:?}: {}", e.detail);
             if !bad.trim_ascii().is_empty() {
                 assert!(e.detail.contains("SHAPE"), "{}", e.detail);
@@ -401,6 +391,6 @@ mod tests {
         let b: BulkBody = json_body(br#"{"route":"r","state":"failed"}"#, "x").unwrap();
         assert!(!b.dry_run && b.updated_after.is_none() && b.updated_before.is_none());
         assert!(no_body(b"").is_ok());
-        assert_eq!(no_body(b"{}").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(no_body(b"{}").unwrap_err().status(), 400);
     }
 }

@@ -32,6 +32,7 @@ use crate::claim::now_ms;
 use crate::claim::State;
 use crate::config::{format_duration, Config, EventIdSource, IdPart, OnAmbiguous, Route};
 use crate::metrics::Metrics;
+use crate::problem::AdminKind;
 use crate::store::json::{record_json, timestamp};
 use crate::store::operator;
 use crate::store::{ClaimStore, ListFilter, ListKey};
@@ -42,20 +43,7 @@ const MAX_LIMIT: i64 = 500;
 /// A cursor longer than this was not made here.
 const MAX_CURSOR: usize = 1024;
 
-/// The parts of a request the API looks at (a seam for unit tests).
-pub struct ApiRequest<'a> {
-    pub method: &'a Method,
-    /// Still percent-encoded.
-    pub path: &'a str,
-    pub query: Option<&'a str>,
-    /// Every `Authorization` header's value.
-    pub authorization: Vec<&'a [u8]>,
-    /// For the log line of an action.
-    pub peer: String,
-    /// The body, read whole (at most [`super::MAX_BODY`] bytes): an
-    /// action's JSON document.
-    pub body: &'a [u8],
-}
+pub use super::web::ApiRequest;
 
 pub struct Api {
     store: Arc<dyn ClaimStore>,
@@ -119,11 +107,11 @@ impl Api {
             }
             ["events", route, id, "release"] if named(route, id) => {
                 self.action(req)?;
-                actions::release(&*self.store, route, id, req.query, req.body, &req.peer).await
+                actions::release(&*self.store, route, id, req).await
             }
             ["events", route, id, "resolve"] if named(route, id) => {
                 self.action(req)?;
-                actions::resolve(&*self.store, route, id, req.query, req.body, &req.peer).await
+                actions::resolve(&*self.store, route, id, req).await
             }
             ["routes", name, verb @ ("pause" | "resume")] if !name.is_empty() => {
                 self.action(req)?;
@@ -150,22 +138,13 @@ impl Api {
     /// `Authorization: Bearer <token>` carries it.
     fn authorize(&self, headers: &[&[u8]]) -> Result<(), ApiProblem> {
         let Some(expected) = &self.token else {
-            return Err(ApiProblem::new(
-                StatusCode::FORBIDDEN,
-                "actions-disabled",
-                "Admin actions are disabled",
+            return Err(ApiProblem::admin(
+                AdminKind::ActionsDisabled,
                 "no admin.token is configured, so every action is refused; \
                  set admin.token (env:NAME or file:PATH) to enable them",
             ));
         };
-        let unauthorized = |detail: &str| {
-            ApiProblem::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Admin token required",
-                detail,
-            )
-        };
+        let unauthorized = |detail: &str| ApiProblem::admin(AdminKind::Unauthorized, detail);
         let presented = match headers {
             [] => {
                 return Err(unauthorized(
@@ -340,10 +319,8 @@ fn encode_cursor(key: &ListKey) -> String {
 
 fn decode_cursor(text: &str) -> Result<ListKey, ApiProblem> {
     let bad = || {
-        ApiProblem::new(
-            StatusCode::BAD_REQUEST,
-            "invalid-cursor",
-            "Invalid cursor",
+        ApiProblem::admin(
+            AdminKind::InvalidCursor,
             "`before` must be a `next` value from an earlier answer",
         )
     };
@@ -584,8 +561,8 @@ mod tests {
         ] {
             let e = decode_cursor(bad).unwrap_err();
             assert_eq!(
-                (e.status, e.name),
-                (StatusCode::BAD_REQUEST, "invalid-cursor"),
+                (e.status(), e.kind.name()),
+                (400, "invalid-cursor"),
                 "{bad}"
             );
         }
