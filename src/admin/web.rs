@@ -309,8 +309,8 @@ mod tests {
         );
         assert!(query_pairs(None).unwrap().is_empty());
         assert!(query_pairs(Some("&&")).unwrap().is_empty());
-        assert_eq!(query_pairs(Some("a=1&a=2")).unwrap_err().status, 400);
-        assert_eq!(query_pairs(Some("a=%")).unwrap_err().status, 400);
+        assert_eq!(query_pairs(Some("a=1&a=2")).unwrap_err().status(), 400);
+        assert_eq!(query_pairs(Some("a=%")).unwrap_err().status(), 400);
     }
 
     #[test]
