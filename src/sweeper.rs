@@ -2,7 +2,7 @@
 //! batches, turns the ended leases of claims held under `on_ambiguous: hold`
 //! `ambiguous` (SPEC §12) and keeps the gauge of processing ages current.
 //! The paused routes and the ambiguous count are followed by
-//! [`crate::paused::RouteState`].
+//! `paused`'s `RouteState`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
