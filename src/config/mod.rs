@@ -69,8 +69,8 @@ pub use crate::store::{StoreKind, StoreUrl};
 pub use error::{ConfigError, ConfigErrors};
 pub use fields::route_name;
 pub use model::{
-    AdminConfig, AdminToken, Config, DigestMode, Downstream, DurationMs, EventIdSource, IdPart,
-    InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn,
+    AdminConfig, AdminToken, Challenge, Config, DigestMode, Downstream, DurationMs, EventIdSource,
+    IdPart, InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn,
     StoreConfig, SweeperConfig, Tls, UpstreamUrl, Verifier,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};

@@ -23,11 +23,12 @@ use crate::admin::Admin;
 use crate::config::Config;
 use crate::listener::{self, Downstream, Table};
 use crate::metrics::Metrics;
+use crate::paused::RouteState;
 use crate::proxy::routes::PruneIdle;
 use crate::proxy::routes::{RouteError, RouteTable};
 use crate::proxy::{Gate, InFlightRequests, PendingSettles, Shared};
 use crate::store::ClaimStore;
-use crate::sweeper::{RouteState, Sweeper};
+use crate::sweeper::Sweeper;
 use upgrade::{KeepFds, SharedFds, SignalError, Signals};
 
 /// Why the server could not start. `Display` is the line the CLI prints.

@@ -13,7 +13,7 @@ fn exported() -> BTreeSet<String> {
         concurrency: Some(1),
         ..Default::default()
     };
-    let limited = std::sync::Arc::new(idemgate::limits::Limits::new(limits));
+    let limited = std::sync::Arc::new(idemgate::limits::RouteLimits::new(limits));
     m.follow_limits(vec![("r".to_string(), limited)]);
     let text = String::from_utf8(m.render()).unwrap();
     text.lines()

@@ -9,13 +9,15 @@ use crate::claim::policy::{self, OnAmbiguous, StoreStep};
 use crate::limits::{self, AttemptEnd};
 use crate::metrics::Outcome;
 use crate::proxy::exit::{Ending, Refused, Relay, Stop, Verdict};
-use crate::proxy::forward::{self, Answered, UpstreamFailure};
-use crate::proxy::{pass_through, steps};
+use crate::proxy::forward::{self, Answered, Upstream, UpstreamFailure};
+use crate::proxy::pass_through;
 use crate::store::SettleOutcome;
 
 use super::claim::{ClaimStop, Claimed};
-use super::event::Delivery;
 use super::settle::store_unavailable;
+use super::Delivery;
+
+// ---- Delivery: from the claim to the ending (forward, the upstream's answer, the breaker)
 
 impl Delivery<'_> {
     /// Claims the event, then forwards it (boxed, like the unguarded
@@ -69,10 +71,11 @@ impl Delivery<'_> {
             .idempotency_key_header
             .as_ref()
             .map(|h| (h, self.event_id.as_str()));
-        let req = steps::upstream_request(session, self.route, body.len(), key)?;
+        let upstream = Upstream::of(self.shared, self.route);
+        let req = upstream.request(session, body.len(), key)?;
         crate::failpoint::hit("after_claim");
         let hold = cfg.on_ambiguous == OnAmbiguous::Hold;
-        let mut answered = match steps::exchange(self.shared, self.route, req, body, hold).await {
+        let mut answered = match upstream.exchange(req, body, hold).await {
             Ok(a) => a,
             Err(failure) => return Err(self.upstream_failed(failure).await),
         };
