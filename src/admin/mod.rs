@@ -39,6 +39,9 @@ pub struct Admin {
     pub proxy_listen: SocketAddr,
     /// Set once a connection to `proxy_listen` succeeded.
     pub proxy_up: AtomicBool,
+    /// Set when the graceful stop begins: `/readyz` answers 503 from then
+    /// until the process exits (SPEC §20), while the drain goes on.
+    pub stopping: Arc<AtomicBool>,
     /// `/api/…` and the console.
     pub api: api::Api,
     /// The admin listener is on loopback: the API and the console answer
@@ -87,6 +90,13 @@ impl ServeHttp for Admin {
         match session.req_header().uri.path() {
             "/healthz" => text(StatusCode::OK, plain, b"ok\n".to_vec()),
             "/readyz" => {
+                if self.stopping.load(Ordering::Acquire) {
+                    return text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        plain,
+                        b"stopping: draining before exit\n".to_vec(),
+                    );
+                }
                 if !self.proxy_accepts().await {
                     return text(
                         StatusCode::SERVICE_UNAVAILABLE,

@@ -70,6 +70,7 @@ mod protect;
 mod providers;
 mod replicas;
 mod smuggling;
+mod stopping;
 mod store_contract;
 mod store_edges;
 mod store_faults;
