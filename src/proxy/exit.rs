@@ -150,7 +150,10 @@ pub async fn answer(
 ) -> Handled {
     let (outcome, upstream_status) = summary(&ending);
     let handled = write(shared, session, route, ending).await;
-    if let Some(line) = log {
+    if outcome == Outcome::StoreUnavailable {
+        // thousands a second during an outage: one summary line a second
+        crate::telemetry::outage::note(outcome.as_str());
+    } else if let Some(line) = log {
         tracing::info!(
             route = route.name(),
             event_id = line.event_id.unwrap_or(""),

@@ -68,6 +68,7 @@ mod paths;
 mod properties;
 mod protect;
 mod providers;
+mod readiness;
 mod replicas;
 mod smuggling;
 mod stopping;
