@@ -55,6 +55,7 @@ mod crash;
 mod failover;
 mod hardening;
 mod headers;
+mod helm;
 mod hostile;
 mod in_flight_wait;
 mod keys;
