@@ -108,7 +108,18 @@ impl ServeHttp for Admin {
                     );
                 }
                 let t = std::time::Instant::now();
-                let ping = tokio::time::timeout_at(deadline, self.store.ping()).await;
+                // on a task of its own: a probe that gives up must not cut
+                // the ping short, or a connection being tested is handed
+                // back untested, and every later probe waits on it again
+                let store = self.store.clone();
+                let ping = tokio::spawn(async move { store.ping().await });
+                let ping = match tokio::time::timeout_at(deadline, ping).await {
+                    Ok(Ok(answer)) => Ok(answer),
+                    Ok(Err(_)) => Ok(Err(crate::store::StoreError::Unavailable(
+                        "the readiness ping stopped".into(),
+                    ))),
+                    Err(elapsed) => Err(elapsed),
+                };
                 self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
                 // the body says only that: the store's error text (paths,
                 // hosts, driver messages) goes to the log
