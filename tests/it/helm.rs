@@ -250,6 +250,7 @@ fn localise(config: &str, ports: &Ports, store: &str, sock: &Path) -> String {
 /// through the 503s included), `/readyz` is 503 from SIGTERM to the exit,
 /// every answered event is delivered in the store, and the process exits 0
 /// within the pod's grace.
+// long: one timeline, in the kubelet's order: render, start, load, deletion, preStop, SIGTERM, drain, the figures
 #[test]
 fn a_pods_stop_under_load_fails_no_request_and_ends_within_the_grace() {
     if !helm_tools() {
