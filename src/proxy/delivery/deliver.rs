@@ -35,6 +35,7 @@ impl Delivery<'_> {
                 let name = route.name();
                 // counted, and summarised once a second (`telemetry::outage`)
                 tracing::debug!(route = name, event_id, error = %e, "claim failed: store unavailable");
+                crate::telemetry::outage::store_error(e.to_string());
                 if policy::without_store(route.cfg.on_store_error, StoreStep::Claim)
                     == policy::WithoutStore::Refuse
                 {
