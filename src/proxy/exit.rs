@@ -166,8 +166,14 @@ pub async fn answer(
     log: Option<LogLine<'_>>,
 ) -> Exit {
     let (outcome, upstream_status) = summary(&ending);
+    let without_store = outcome == Outcome::StoreUnavailable;
+    if without_store {
+        // thousands a second during an outage: a summary line a second,
+        // noted before the answer goes out, as the counts are
+        crate::telemetry::outage::note(outcome.as_str());
+    }
     let exit = write(shared, session, route, ending).await;
-    if let Some(line) = log {
+    if let (false, Some(line)) = (without_store, log) {
         tracing::info!(
             route = route.name(),
             event_id = line.event_id.unwrap_or(""),

@@ -35,18 +35,21 @@ impl Delivery<'_> {
             Err(ClaimStop::Refused(p)) => Err(Refused::new(p).into()),
             Err(ClaimStop::Store(e)) => {
                 let name = route.name();
-                tracing::warn!(route = name, event_id, error = %e, "claim failed: store unavailable");
+                // counted, and summarised once a second (`telemetry::outage`)
+                tracing::debug!(route = name, event_id, error = %e, "claim failed: store unavailable");
+                crate::telemetry::outage::store_error(e.to_string());
                 if policy::without_store(route.cfg.on_store_error, StoreStep::Claim)
                     == policy::WithoutStore::Refuse
                 {
                     let detail = "the claim store did not answer; retry later";
                     return Err(Refused::new(store_unavailable(event_id, detail)).into());
                 }
-                tracing::warn!(
+                tracing::debug!(
                     route = name,
                     event_id,
                     "store unavailable: forwarding unguarded"
                 );
+                crate::telemetry::outage::note("forwarded_unguarded");
                 if self.permit.is_some() {
                     // within the slot this delivery holds already
                     return Box::pin(pass_through::forward(self.shared, session, route, body))

@@ -173,8 +173,12 @@ impl Backend for SqliteStore {
         .await
     }
 
+    /// On a connection of its own, opened for this read and closed after:
+    /// a pooled one may answer from its page cache after the file changed
+    /// under it, so `/readyz` said ready on a file that could not serve.
     async fn ping(&self) -> Result<(), StoreError> {
-        self.cold_read(reads::ping).await
+        let path = self.path.clone();
+        blocking(move || reads::ping(&direct::open(&path, direct::Role::Reader)?)).await
     }
 
     async fn claim(
