@@ -29,7 +29,9 @@ impl Drop for Proxy {
 fn start_proxy(dir: &Path, upstream: &str) -> Result<(Proxy, SocketAddr), String> {
     let (listen, admin) = kit::free_ports().map_err(|e| e.to_string())?;
     let config = format!(
-        r#"{head}store:
+        r#"listen: "{listen}"
+admin_listen: "{admin}"
+store:
   url: "sqlite://{db}"
 routes:
   - name: demo
@@ -42,7 +44,6 @@ routes:
     lease: 10s
     upstream_timeout: 5s
 "#,
-        head = format!("listen: \"{listen}\"\nadmin_listen: \"{admin}\"\n"),
         db = dir.join("idemgate.db").display()
     );
     let path = dir.join("demo.yaml");
