@@ -21,6 +21,7 @@ use crate::store::ClaimStore;
 mod actions;
 pub mod api;
 pub mod console;
+mod ready;
 mod web;
 
 /// `/readyz` answers within this, whatever the store does (SPEC §5): a
@@ -46,6 +47,8 @@ pub struct Admin {
     /// Set when the graceful stop begins: `/readyz` answers 503 from then
     /// until the process exits (SPEC §20), while the drain goes on.
     pub stopping: Arc<AtomicBool>,
+    /// The store's readiness ping under way, joined by every probe.
+    pub store_ping: ready::StorePing,
     /// `/api/…` and the console.
     pub api: api::Api,
     /// The admin listener is on loopback: the API and the console answer
@@ -110,18 +113,7 @@ impl ServeHttp for Admin {
                     );
                 }
                 let t = std::time::Instant::now();
-                // on a task of its own: a probe that gives up must not cut
-                // the ping short, or a connection being tested is handed
-                // back untested, and every later probe waits on it again
-                let store = self.store.clone();
-                let ping = tokio::spawn(async move { store.ping().await });
-                let ping = match tokio::time::timeout_at(deadline, ping).await {
-                    Ok(Ok(answer)) => Ok(answer),
-                    Ok(Err(_)) => Ok(Err(crate::store::StoreError::Unavailable(
-                        "the readiness ping stopped".into(),
-                    ))),
-                    Err(elapsed) => Err(elapsed),
-                };
+                let ping = self.store_ping.answer(&self.store, deadline).await;
                 self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
                 // the body says only that: the store's error text (paths,
                 // hosts, driver messages) goes to the log
@@ -133,12 +125,12 @@ impl ServeHttp for Admin {
                     )
                 };
                 match ping {
-                    Ok(Ok(())) => text(StatusCode::OK, plain, b"ready\n".to_vec()),
-                    Ok(Err(e)) => {
+                    Some(Ok(())) => text(StatusCode::OK, plain, b"ready\n".to_vec()),
+                    Some(Err(e)) => {
                         tracing::warn!(error = %e, "/readyz: the store does not answer");
                         unavailable()
                     }
-                    Err(_) => {
+                    None => {
                         tracing::warn!(
                             "/readyz: the store gave no answer within {}",
                             humantime::format_duration(READY_TIMEOUT)

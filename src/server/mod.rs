@@ -7,6 +7,7 @@
 
 mod stopping;
 mod upgrade;
+mod wrap;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -250,6 +251,7 @@ fn add_services(
             proxy_listen: config.listen,
             proxy_up: Default::default(),
             stopping: stopping.clone(),
+            store_ping: Default::default(),
             api: crate::admin::api::Api::new(config, store.clone(), metrics.clone()),
             loopback_only: config.admin_listen.ip().is_loopback(),
         },

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use pingora::server::{ListenFds, ShutdownWatch};
 use pingora::services::{ServiceReadyNotifier, ServiceWithDependents};
 
+use super::wrap::delegate_to_inner;
 use crate::proxy::InFlightRequests;
 
 /// The admin service, given a shutdown signal of its own: it is told to stop
@@ -55,15 +56,5 @@ impl<S: ServiceWithDependents> ServiceWithDependents for UntilExit<S> {
             .await
     }
 
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn threads(&self) -> Option<usize> {
-        self.inner.threads()
-    }
-
-    fn listen_addresses(&self) -> Option<Vec<String>> {
-        self.inner.listen_addresses()
-    }
+    delegate_to_inner!();
 }

@@ -14,6 +14,7 @@ use pingora::server::{ListenFds, ShutdownSignal, ShutdownSignalWatch, ShutdownWa
 use pingora::services::{ServiceReadyNotifier, ServiceWithDependents};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use super::wrap::delegate_to_inner;
 use crate::proxy::InFlightRequests;
 
 /// How long SIGQUIT waits for a new `serve --upgrade` to appear on
@@ -222,17 +223,7 @@ impl<S: ServiceWithDependents> ServiceWithDependents for KeepFds<S> {
             .await
     }
 
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn threads(&self) -> Option<usize> {
-        self.inner.threads()
-    }
-
-    fn listen_addresses(&self) -> Option<Vec<String>> {
-        self.inner.listen_addresses()
-    }
+    delegate_to_inner!();
 }
 
 /// Under systemd (`Type=notify`, `NotifyAccess=all`, `NOTIFY_SOCKET` set):

@@ -411,14 +411,8 @@ impl Run<'_> {
             self.s
                 .settle(&SettleRequest {
                     route: ROUTE,
-                    event_id: EVENTS[ev],
-                    attempt,
-                    now,
                     retention_ms: RETENTION,
-                    outcome,
-                    started_at: 0,
-                    instance: "test",
-                    attempt_error: None,
+                    ..crate::store_contract::settle_req(EVENTS[ev], attempt, now, outcome)
                 })
                 .await,
             "settle",

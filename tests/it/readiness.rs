@@ -46,10 +46,12 @@ fn readyz_answers_within_500ms_when_the_store_stops_answering() {
             .all(|&(status, took)| status == 503 && took < READY_WITHIN),
         "every /readyz 503 within {READY_WITHIN:?}: {timings:?}"
     );
-    // Not asserted yet (open, see the branch's report): whether /readyz
-    // comes back to 200 within 10 s once the store answers again; it did in
-    // one run of three here.
+    // and once it answers again, ready within 10 s: the probes joined one
+    // ping (admin/ready.rs) instead of leaving one hung connection each
+    // (before: back in 1 run of 3)
     let back = wait_until(Duration::from_secs(10), || timed_readyz(px.admin).0 == 200);
-    eprintln!("/readyz back to 200 within 10 s of the store answering again: {back}");
-    eprintln!("/readyz with a silent store: {timings:?}");
+    assert!(
+        back,
+        "/readyz back to 200 within 10 s of the store answering again"
+    );
 }

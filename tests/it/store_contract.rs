@@ -99,7 +99,7 @@ async fn settle(
         .expect("settle")
 }
 
-fn settle_req<'a>(
+pub(crate) fn settle_req<'a>(
     event_id: &'a str,
     attempt: i64,
     now: Millis,
@@ -176,6 +176,20 @@ async fn release(s: &dyn ClaimStore, event_id: &str, force: bool, now: Millis) -
     s.release(&common::release_req(R, event_id, force, now))
         .await
         .unwrap()
+}
+
+/// The record is held: the claim is answered outcome-unknown.
+fn assert_outcome_unknown(out: &ClaimOutcome) {
+    assert!(
+        matches!(
+            out,
+            ClaimOutcome::Existing {
+                decision: Refusal::OutcomeUnknown,
+                ..
+            }
+        ),
+        "{out:?}"
+    );
 }
 
 fn decision_of(outcome: &ClaimOutcome) -> Decision {
@@ -1207,17 +1221,7 @@ mod cases {
             "{live:?}"
         );
         for now in [T0 + LEASE, T0 + LEASE + 5] {
-            let out = s.claim(&held_claim("h", now)).await.unwrap();
-            assert!(
-                matches!(
-                    out,
-                    ClaimOutcome::Existing {
-                        decision: Refusal::OutcomeUnknown,
-                        ..
-                    }
-                ),
-                "{out:?}"
-            );
+            assert_outcome_unknown(&s.claim(&held_claim("h", now)).await.unwrap());
         }
         let rec = get(s, "h").await;
         assert_eq!(
@@ -1236,17 +1240,7 @@ mod cases {
             ("ambiguous", Some("held-by"))
         );
         // a release-mode claim takes nothing from an ambiguous record either
-        let out = claim(s, "h", D1, T0 + LEASE + 9).await;
-        assert!(
-            matches!(
-                out,
-                ClaimOutcome::Existing {
-                    decision: Refusal::OutcomeUnknown,
-                    ..
-                }
-            ),
-            "{out:?}"
-        );
+        assert_outcome_unknown(&claim(s, "h", D1, T0 + LEASE + 9).await);
         assert!(matches!(
             claim(s, "h", D2, T0 + LEASE + 9).await,
             ClaimOutcome::Existing {
