@@ -33,13 +33,14 @@ impl StorePing {
         deadline: Instant,
     ) -> Option<Result<(), String>> {
         let mut answer = self.join_or_start(store);
-        let waited = tokio::time::timeout_at(deadline, answer.wait_for(Option::is_some)).await;
-        let got = match waited {
-            Ok(Ok(got)) => (*got).clone(),
+        let waited = tokio::time::timeout_at(deadline, answer.wait_for(Option::is_some))
+            .await
+            .map(|seen| seen.map(|got| (*got).clone()));
+        match waited {
+            Ok(Ok(got)) => got,
             Ok(Err(_)) => Some(Err("the readiness ping stopped".into())),
             Err(_) => None,
-        };
-        got
+        }
     }
 
     /// The ping under way, or a new one.
