@@ -19,6 +19,7 @@ pub(crate) mod sql;
 pub mod sqlite;
 mod ticket;
 mod url;
+pub mod valkey;
 
 use std::sync::Arc;
 
@@ -32,6 +33,7 @@ pub use contract::{
 };
 pub use contract::{Param, Statement, Value};
 pub use url::{redact_url, StoreKind, StoreUrl};
+pub use valkey::target::{Durability, ValkeyTarget};
 
 /// Opens the store a URL names; `max_connections` sizes the pool.
 pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn ClaimStore>, StoreError> {
@@ -49,6 +51,9 @@ pub async fn open_url(
         ))),
         StoreKind::Postgres => Ok(Arc::new(Bounded::new(
             postgres::PostgresStore::open(url, max_connections).await?,
+        ))),
+        StoreKind::Valkey => Ok(Arc::new(Bounded::new(
+            valkey::ValkeyStore::open(url).await?,
         ))),
     }
 }

@@ -44,6 +44,39 @@ async fn sqlite_backend() -> Backend {
     }
 }
 
+/// The 3-shard cluster every valkey case shares (started once; its nodes
+/// die with the test process), and the turn that keeps the cases apart:
+/// each flushes it first.
+async fn valkey_turn() -> Option<(tokio::sync::MutexGuard<'static, ()>, String)> {
+    static CLUSTER: std::sync::OnceLock<Option<common::valkey::Valkey>> =
+        std::sync::OnceLock::new();
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(|| {
+        CLUSTER
+            .get_or_init(|| common::valkey::Valkey::cluster("contract"))
+            .as_ref()
+            .map(|v| {
+                v.flush();
+                v.url("replicas=1")
+            })
+    })
+    .await
+    .unwrap()?;
+    Some((turn, cluster))
+}
+
+async fn valkey_backend(url: String) -> Backend {
+    let store = store::open(&url, 4).await.expect("open valkey");
+    store.migrate().await.expect("migrate valkey");
+    Backend {
+        store,
+        url,
+        _dir: None,
+        _schema: None,
+    }
+}
+
 async fn postgres_backend() -> Option<Backend> {
     let base = common::pg_url()?;
     let schema = common::PgSchema::create(&base, "contract");
@@ -1528,15 +1561,24 @@ mod cases {
     }
 }
 
-/// Runs every case once per backend, each on a fresh database.
+/// Runs every case once per backend, each on a fresh database; the cases
+/// in `sql:` use operator statements the valkey store does not run yet.
 macro_rules! contract {
-    ($($case:ident),* $(,)?) => {
+    (every: [$($case:ident),* $(,)?], sql: [$($sql:ident),* $(,)?] $(,)?) => {
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
                     let b = super::sqlite_backend().await;
                     super::cases::$case(&b).await;
+                    b.store.close().await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $sql() {
+                    let b = super::sqlite_backend().await;
+                    super::cases::$sql(&b).await;
                     b.store.close().await;
                 }
             )*
@@ -1550,37 +1592,61 @@ macro_rules! contract {
                     b.store.close().await;
                 }
             )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $sql() {
+                    let Some(b) = super::postgres_backend().await else { return };
+                    super::cases::$sql(&b).await;
+                    b.store.close().await;
+                }
+            )*
+        }
+        /// On a 3-shard Valkey cluster (three primaries, a replica each).
+        mod valkey {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let Some((_turn, url)) = super::valkey_turn().await else { return };
+                    let b = super::valkey_backend(url).await;
+                    super::cases::$case(&b).await;
+                    b.store.close().await;
+                }
+            )*
         }
     };
 }
 
 contract!(
-    new_claim,
-    replay_of_delivered,
-    mismatch_in_every_state,
-    in_flight_with_retry_after,
-    reclaim_after_lease_expiry,
-    reclaim_after_release,
-    fenced_release,
-    delivered_from_a_stale_attempt_wins,
-    settle_on_delivered_or_absent_is_stale,
-    every_transition_refreshes_expires_at,
-    operator_release,
-    sweep_deletes_only_expired_in_batches,
-    sweep_deletes_the_oldest_first,
-    list_order_filters_and_limit,
-    list_pages_after_a_key,
-    list_by_id_prefix_and_ended_lease,
-    oldest_processing_per_route,
-    migrations_are_idempotent,
-    concurrent_claims_one_winner,
-    sql_agrees_with_decide,
-    hold_turns_an_ended_lease_ambiguous,
-    settles_write_their_attempts,
-    a_lost_lease_is_recorded_when_taken_over,
-    attempts_keep_the_newest_and_go_with_the_record,
-    operator_actions,
-    held_ended_leases_turn_ambiguous,
+    every: [
+        new_claim,
+        replay_of_delivered,
+        mismatch_in_every_state,
+        in_flight_with_retry_after,
+        reclaim_after_lease_expiry,
+        reclaim_after_release,
+        fenced_release,
+        delivered_from_a_stale_attempt_wins,
+        settle_on_delivered_or_absent_is_stale,
+        every_transition_refreshes_expires_at,
+        operator_release,
+        sweep_deletes_only_expired_in_batches,
+        sweep_deletes_the_oldest_first,
+        list_order_filters_and_limit,
+        list_pages_after_a_key,
+        list_by_id_prefix_and_ended_lease,
+        oldest_processing_per_route,
+        migrations_are_idempotent,
+        concurrent_claims_one_winner,
+        sql_agrees_with_decide,
+    ],
+    sql: [
+        hold_turns_an_ended_lease_ambiguous,
+        settles_write_their_attempts,
+        a_lost_lease_is_recorded_when_taken_over,
+        attempts_keep_the_newest_and_go_with_the_record,
+        operator_actions,
+        held_ended_leases_turn_ambiguous,
+    ],
 );
 
 /// PostgreSQL-only races that need a second session holding a row lock.
