@@ -190,22 +190,28 @@ impl ValkeyStore {
                 .arg(keys)
                 .arg(args);
             pipe.cmd("CLIENT").arg("ID");
-            match conn.route_pipeline(pipe, 0, 2, primary(slot)).await {
-                Err(e) if e.code() == Some("NOSCRIPT") => {
+            let values = conn
+                .route_pipeline(pipe, 0, 2, primary(slot))
+                .await
+                .map_err(driver)?;
+            let [value, id] = <[Value; 2]>::try_from(values)
+                .map_err(|v| StoreError::Corrupt(format!("{} answers to a script", v.len())))?;
+            match &value {
+                // a pipeline answers a command's error in its place
+                Value::ServerError(e) if e.code() == "NOSCRIPT" => {
                     let mut load = redis::cmd("SCRIPT");
                     load.arg("LOAD").arg(script_text(script, &self.scripts));
-                    conn.route_command(
-                        load,
-                        redis::cluster_routing::RoutingInfo::SingleNode(primary(slot)),
-                    )
-                    .await
-                    .map_err(driver)?;
+                    let node = redis::cluster_routing::RoutingInfo::SingleNode(primary(slot));
+                    conn.route_command(load, node).await.map_err(driver)?;
                 }
-                Err(e) => return Err(driver(e)),
-                Ok(values) => {
-                    let [value, id] = <[Value; 2]>::try_from(values).map_err(|v| {
-                        StoreError::Corrupt(format!("{} answers to a script", v.len()))
-                    })?;
+                Value::ServerError(e) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "valkey: {} {}",
+                        e.code(),
+                        e.details().unwrap_or_default()
+                    )))
+                }
+                _ => {
                     let id = redis::from_redis_value(id)
                         .map_err(|e| StoreError::Corrupt(format!("CLIENT ID: {e}")))?;
                     return Ok((value, id));

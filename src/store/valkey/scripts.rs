@@ -82,8 +82,6 @@ if not state then
   return take(1, false)
 end
 if r[3] == digest then
-  -- the same claim run again (its first answer was lost): it holds the record
-  if state == 'processing' and r[7] == ARGV[8] then return {'claimed', tonumber(r[4]), false} end
   if state == 'failed' then return take(tonumber(r[4]) + 1, 'failed') end
   if state == 'processing' and (not r[2] or tonumber(r[2]) <= tonumber(now)) then
     local lost = {started_at = r[5], ended_at = r[2] or nil, error = LOST, instance = r[6] or nil}

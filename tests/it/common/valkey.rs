@@ -3,8 +3,7 @@
 //! loopback ports (never 6379) in a temp dir with append-only files fsynced
 //! at every write, as V4-NOTES lists the flags. [`Valkey::cluster`] forms
 //! three primaries with one replica each (Debian's `redis-cli --cluster
-//! create`); [`Valkey::primary_with_replica`] is one primary and one replica
-//! outside cluster mode. Dropping the handle kills every node and removes
+//! create`). Dropping the handle kills every node and removes
 //! the dir, also when the test failed. Without the package or `redis-cli`:
 //! SKIP outside CI, a failure in CI.
 
@@ -108,23 +107,6 @@ impl Valkey {
         Some(v)
     }
 
-    /// One primary and one replica of it, not in cluster mode.
-    pub fn primary_with_replica(tag: &str) -> Option<Valkey> {
-        let server = tools()?;
-        let mut v = Valkey {
-            nodes: Vec::new(),
-            server,
-            cluster: false,
-            dir: TempDir::new(&format!("valkey-{tag}")),
-        };
-        v.spawn(&[]);
-        let primary = v.nodes[0].port.to_string();
-        v.spawn(&["--replicaof", "127.0.0.1", &primary]);
-        v.wait_answering();
-        v.wait_formed(1);
-        Some(v)
-    }
-
     /// Starts one more node; `extra` flags after the common ones.
     fn spawn(&mut self, extra: &[&str]) {
         let port = free_port();
@@ -187,7 +169,15 @@ impl Valkey {
                     self.cli(n.port, &["cluster", "info"])
                         .contains("cluster_state:ok")
                 });
-            ok && linked >= primaries
+            // and the cluster's own view says every node is online
+            let online = !self.cluster
+                || self
+                    .cli(self.nodes[0].port, &["cluster", "shards"])
+                    .lines()
+                    .filter(|l| l.trim() == "online")
+                    .count()
+                    == self.nodes.len();
+            ok && linked >= primaries && online
         });
     }
 
