@@ -13,8 +13,9 @@
 //! - [`store`]: the `ClaimStore` trait; the `Backend` trait, with SQLite and
 //!   PostgreSQL implementations, made a `ClaimStore` by `Bounded`.
 //! - [`path`]: RFC 3986 normalisation of request paths (routes match, and requests carry, the normal form).
-//! - [`strict`]: the strict HTTP/1.1 request grammar: heads and chunked framing (SPEC §4).
+//! - [`strict`]: the strict HTTP/1.1 request grammar: heads, header fields and chunked framing (SPEC §4).
 //! - [`proxy`]: the pingora hooks, route matching and guarded forwarding.
+//! - [`paused`]: the routes an operator paused (SPEC §14), as last read from the store.
 //! - [`limits`]: per-route upstream concurrency, rate and breaker (SPEC §15), atomics only.
 //! - [`listener`]: client connections: limits, timeouts, TLS, head reading.
 //! - [`problem`]: problem+json responses and request outcomes.

@@ -9,7 +9,7 @@ use prometheus::{
     GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
 };
 
-use crate::limits::Limits;
+use crate::limits::RouteLimits;
 use crate::telemetry::registry::{encode_text, Registrar};
 use crate::telemetry::LOG_LINES_DROPPED;
 
@@ -155,11 +155,11 @@ struct UpstreamGauges {
     waiting: IntGaugeVec,
     breaker_open: IntGaugeVec,
     /// The routes' limits, set once the proxy's routes exist.
-    limits: Arc<OnceLock<RouteLimits>>,
+    limits: Arc<OnceLock<LimitsByRoute>>,
 }
 
 /// Each route's name and limits.
-pub type RouteLimits = Vec<(String, Arc<Limits>)>;
+pub type LimitsByRoute = Vec<(String, Arc<RouteLimits>)>;
 
 /// `idemgate_ambiguous_records` and `idemgate_route_paused` (SPEC §12, §14).
 fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
@@ -485,7 +485,7 @@ impl Metrics {
     }
 
     /// The routes' limits whose state the upstream gauges show (once).
-    pub fn follow_limits(&self, routes: RouteLimits) {
+    pub fn follow_limits(&self, routes: LimitsByRoute) {
         for (route, limits) in &routes {
             if limits.limited() {
                 self.upstream.in_flight.with_label_values(&[route]);
@@ -576,7 +576,7 @@ mod tests {
     fn upstream_gauges_follow_the_routes_limits_at_each_scrape() {
         use crate::limits::{LimitsCfg, Rate};
         let m = Metrics::new();
-        let limited = Arc::new(Limits::new(LimitsCfg {
+        let limited = Arc::new(RouteLimits::new(LimitsCfg {
             concurrency: Some(2),
             rate: Some(Rate {
                 per: 5,
@@ -585,7 +585,7 @@ mod tests {
             breaker: None,
             wait: None,
         }));
-        let plain = Arc::new(Limits::new(LimitsCfg::default()));
+        let plain = Arc::new(RouteLimits::new(LimitsCfg::default()));
         m.follow_limits(vec![
             ("a".into(), limited.clone()),
             ("b".into(), plain.clone()),
@@ -619,6 +619,7 @@ mod tests {
     }
 
     #[test]
+    // long: one use of every metric of SPEC §5, then one assertion each
     fn exposes_every_spec_metric() {
         let m = Metrics::new();
         m.init_routes(["r"]);

@@ -39,6 +39,8 @@ pub enum PathError {
     AboveRoot,
     /// A control character, a space, DEL or a byte past ASCII.
     InvalidByte,
+    /// The normal form, with the query, does not parse as a request target.
+    NotAUri,
 }
 
 impl fmt::Display for PathError {
@@ -56,6 +58,7 @@ impl fmt::Display for PathError {
             PathError::InvalidByte => {
                 "the path holds a byte that is not visible ASCII (encode it as %XX)"
             }
+            PathError::NotAUri => "the path is not a valid URI",
         })
     }
 }
@@ -113,6 +116,21 @@ fn already_normal(path: &[u8]) -> bool {
         }
     }
     true
+}
+
+/// The request target `uri` with its path in normal form, the query kept:
+/// `None` when the path is normal already (the common case: a scan, no
+/// allocation), or why it has no normal form.
+pub fn normal_uri(uri: &http::Uri) -> Result<Option<http::Uri>, PathError> {
+    let normal = match normalise(uri.path())? {
+        Cow::Borrowed(_) => return Ok(None),
+        Cow::Owned(normal) => normal,
+    };
+    let pq = match uri.query() {
+        Some(q) => format!("{normal}?{q}"),
+        None => normal,
+    };
+    pq.parse().map(Some).map_err(|_| PathError::NotAUri)
 }
 
 /// The normal form of `path` (a request's path, without the query), or
@@ -296,5 +314,15 @@ mod tests {
             assert_eq!(n(&once).unwrap(), once, "{p}");
             assert!(matches!(normalise(&once), Ok(Cow::Borrowed(_))), "{once}");
         }
+    }
+
+    /// The request target keeps its query; a normal one is not rebuilt.
+    #[test]
+    fn the_uri_is_rebuilt_only_when_its_path_changes() {
+        let uri = |s: &str| s.parse::<http::Uri>().unwrap();
+        assert_eq!(normal_uri(&uri("/a/b?x=1")), Ok(None));
+        let rebuilt = normal_uri(&uri("/a//%62/./c?x=%2F")).unwrap().unwrap();
+        assert_eq!(rebuilt, uri("/a/b/c?x=%2F"));
+        assert_eq!(normal_uri(&uri("/a/%2F")), Err(PathError::EncodedSeparator));
     }
 }

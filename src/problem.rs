@@ -1,7 +1,11 @@
 //! The responses idemgate writes itself: RFC 9457 problem+json bodies with a
 //! `urn:idemgate:problem:NAME` type, and the `Idempotency-Status` outcome each
-//! one carries. The one place that maps a refusal to an HTTP status.
+//! one carries. The one place that maps a refusal to an HTTP status, and the
+//! one place every problem's NAME is spelled: the proxy's and the admin
+//! API's ([`AdminKind`]), which share `invalid-body`, `body-too-large` and
+//! `store-unavailable` with the proxy.
 
+use crate::limits::OverLimit;
 use crate::metrics::Outcome;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +41,81 @@ pub enum ProblemKind {
     /// `invalid-request` with 501: a transfer coding or method idemgate
     /// does not implement (RFC 9112 §6.1).
     NotImplemented,
+    /// One of the admin API's own (SPEC §11).
+    Admin(AdminKind),
+}
+
+/// The admin API's own refusals (SPEC §11). They answer an operator, never
+/// a proxied request: no outcome is counted for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminKind {
+    InvalidQuery,
+    /// `invalid-path`, titled for the API: a path segment that does not decode.
+    InvalidPath,
+    NoEndpoint,
+    /// No record of this event ID.
+    NotFound,
+    /// With [`Problem::allow`].
+    MethodNotAllowed,
+    /// A release of a delivered event without `force`.
+    Delivered,
+    /// A resolve of a record that is not `ambiguous`.
+    NotAmbiguous,
+    UnknownRoute,
+    /// No `admin.token`: every action is refused.
+    ActionsDisabled,
+    Unauthorized,
+    InvalidCursor,
+    /// A `Host` that is not a loopback name.
+    MisdirectedRequest,
+}
+
+impl AdminKind {
+    fn status(self) -> u16 {
+        match self {
+            AdminKind::InvalidQuery | AdminKind::InvalidPath | AdminKind::InvalidCursor => 400,
+            AdminKind::Unauthorized => 401,
+            AdminKind::ActionsDisabled => 403,
+            AdminKind::NoEndpoint | AdminKind::NotFound | AdminKind::UnknownRoute => 404,
+            AdminKind::MethodNotAllowed => 405,
+            AdminKind::Delivered | AdminKind::NotAmbiguous => 409,
+            AdminKind::MisdirectedRequest => 421,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            AdminKind::InvalidQuery => "invalid-query",
+            AdminKind::InvalidPath => ProblemKind::InvalidPath.name(),
+            AdminKind::NoEndpoint => "no-endpoint",
+            AdminKind::NotFound => "not-found",
+            AdminKind::MethodNotAllowed => "method-not-allowed",
+            AdminKind::Delivered => "delivered",
+            AdminKind::NotAmbiguous => "not-ambiguous",
+            AdminKind::UnknownRoute => "unknown-route",
+            AdminKind::ActionsDisabled => "actions-disabled",
+            AdminKind::Unauthorized => "unauthorized",
+            AdminKind::InvalidCursor => "invalid-cursor",
+            AdminKind::MisdirectedRequest => "misdirected-request",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            AdminKind::InvalidQuery => "Invalid query parameter",
+            AdminKind::InvalidPath => "Invalid path",
+            AdminKind::NoEndpoint => "No such endpoint",
+            AdminKind::NotFound => "No such record",
+            AdminKind::MethodNotAllowed => "Method not allowed",
+            AdminKind::Delivered => "Event already delivered",
+            AdminKind::NotAmbiguous => "Event is not ambiguous",
+            AdminKind::UnknownRoute => "No such route",
+            AdminKind::ActionsDisabled => "Admin actions are disabled",
+            AdminKind::Unauthorized => "Admin token required",
+            AdminKind::InvalidCursor => "Invalid cursor",
+            AdminKind::MisdirectedRequest => "Not a loopback host name",
+        }
+    }
 }
 
 impl ProblemKind {
@@ -61,6 +140,7 @@ impl ProblemKind {
             ProblemKind::UpstreamTimeout => 504,
             ProblemKind::NoRoute => 404,
             ProblemKind::HeadersTooLarge => 431,
+            ProblemKind::Admin(k) => k.status(),
         }
     }
 
@@ -85,6 +165,7 @@ impl ProblemKind {
             ProblemKind::UpstreamSaturated => "upstream-saturated",
             ProblemKind::UpstreamUnavailable => "upstream-unavailable",
             ProblemKind::InvalidRequest | ProblemKind::NotImplemented => "invalid-request",
+            ProblemKind::Admin(k) => k.name(),
         }
     }
 
@@ -110,6 +191,7 @@ impl ProblemKind {
             ProblemKind::UpstreamUnavailable => "Upstream unavailable",
             ProblemKind::InvalidRequest => "Invalid request",
             ProblemKind::NotImplemented => "Not implemented",
+            ProblemKind::Admin(k) => k.title(),
         }
     }
 
@@ -128,9 +210,12 @@ impl ProblemKind {
             ProblemKind::UpstreamUnreachable | ProblemKind::UpstreamTimeout => Outcome::Forwarded,
             ProblemKind::NoRoute => Outcome::NoRoute,
             ProblemKind::InvalidPath => Outcome::InvalidPath,
+            // an admin API problem never reaches the proxy's exit, which
+            // alone counts outcomes; were one to, it is a request refused
             ProblemKind::HeadersTooLarge
             | ProblemKind::InvalidRequest
-            | ProblemKind::NotImplemented => Outcome::InvalidRequest,
+            | ProblemKind::NotImplemented
+            | ProblemKind::Admin(_) => Outcome::InvalidRequest,
             ProblemKind::OutcomeUnknown => Outcome::OutcomeUnknown,
             ProblemKind::RoutePaused => Outcome::Paused,
             ProblemKind::UpstreamSaturated => Outcome::Saturated,
@@ -147,6 +232,8 @@ pub struct Problem {
     pub event_id: Option<String>,
     /// Seconds for `Retry-After` (409 and 503).
     pub retry_after: Option<u64>,
+    /// With 405 (the admin API): the methods the resource takes (`Allow`).
+    pub allow: Option<&'static str>,
 }
 
 impl Problem {
@@ -156,7 +243,13 @@ impl Problem {
             detail: detail.into(),
             event_id: None,
             retry_after: None,
+            allow: None,
         }
+    }
+
+    /// One of the admin API's own problems.
+    pub fn admin(kind: AdminKind, detail: impl Into<String>) -> Problem {
+        Problem::new(ProblemKind::Admin(kind), detail)
     }
 
     pub fn with_event_id(mut self, event_id: Option<&str>) -> Problem {
@@ -185,15 +278,8 @@ impl Problem {
     }
 }
 
-/// A problem+json document of type `urn:idemgate:problem:NAME` (also the
-/// admin API's, whose problems are its own).
-pub fn document(
-    name: &str,
-    title: &str,
-    status: u16,
-    detail: &str,
-    event_id: Option<&str>,
-) -> Vec<u8> {
+/// A problem+json document of type `urn:idemgate:problem:NAME`.
+fn document(name: &str, title: &str, status: u16, detail: &str, event_id: Option<&str>) -> Vec<u8> {
     let mut doc = serde_json::json!({
         "type": format!("urn:idemgate:problem:{name}"),
         "title": title,
@@ -208,16 +294,15 @@ pub fn document(
 
 /// What a route's limits refused (SPEC §15): nothing was claimed, the
 /// sender retries after `Retry-After`.
-pub fn upstream_refusal(r: crate::limits::Refusal, event_id: Option<&str>) -> Problem {
-    use crate::limits::Refusal;
+pub fn upstream_refusal(r: OverLimit, event_id: Option<&str>) -> Problem {
     let (kind, detail, secs) = match r {
-        Refusal::Saturated { retry_after_secs } => (
+        OverLimit::Saturated { retry_after_secs } => (
             ProblemKind::UpstreamSaturated,
             "the route's upstream is at its configured concurrency or rate; nothing was \
              claimed, retry later",
             retry_after_secs,
         ),
-        Refusal::Open { retry_after_secs } => (
+        OverLimit::Open { retry_after_secs } => (
             ProblemKind::UpstreamUnavailable,
             "the route's upstream failed or asked for a pause; nothing was claimed, retry later",
             retry_after_secs,

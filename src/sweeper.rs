@@ -1,8 +1,8 @@
 //! The background housekeeping of `serve`: deletes expired records in bounded
 //! batches, turns the ended leases of claims held under `on_ambiguous: hold`
-//! `ambiguous` (SPEC §12), follows the routes paused in the store (SPEC §14)
-//! and keeps the gauges of processing ages, ambiguous records and paused
-//! routes current.
+//! `ambiguous` (SPEC §12) and keeps the gauge of processing ages current.
+//! The paused routes and the ambiguous count are followed by
+//! `paused`'s `RouteState`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,8 +14,7 @@ use pingora::services::background::BackgroundService;
 
 use crate::claim::{now_ms, Millis};
 use crate::metrics::Metrics;
-use crate::paused::PausedRoutes;
-use crate::store::{operator, ClaimStore, StoreError};
+use crate::store::{ClaimStore, StoreError};
 
 pub struct Sweeper {
     pub store: Arc<dyn ClaimStore>,
@@ -26,17 +25,6 @@ pub struct Sweeper {
     pub routes: Vec<String>,
     /// What the last sweep deleted: what the next one expects (see [`Pacing`]).
     pub last_swept: AtomicU64,
-}
-
-/// Follows the routes' state in the store on a loop of its own (a sweep may
-/// take most of its interval): the paused routes, which every process
-/// follows within 2 s (SPEC §14), and the count of ambiguous records.
-pub struct RouteState {
-    pub store: Arc<dyn ClaimStore>,
-    pub metrics: Metrics,
-    pub routes: Vec<String>,
-    /// The paused routes the proxy checks.
-    pub paused: Arc<PausedRoutes>,
 }
 
 /// How a sweep spaces its batches.
@@ -135,11 +123,6 @@ fn pause_after(
 
 /// How often the oldest-processing gauge is refreshed.
 const GAUGE_EVERY: Duration = Duration::from_secs(5);
-/// How often the paused routes are read: a pause reaches every process
-/// within 2 s (SPEC §14).
-const PAUSES_EVERY: Duration = Duration::from_secs(1);
-/// How often the ambiguous records are counted (SPEC §5: at most every 30 s).
-const AMBIGUOUS_EVERY: Duration = Duration::from_secs(30);
 /// Held leases turned `ambiguous` per statement.
 const HOLD_BATCH: i64 = 500;
 
@@ -169,7 +152,7 @@ impl Sweeper {
     async fn hold_ended_leases(&self) {
         let mut held = 0;
         loop {
-            match operator::hold_ended_leases(self.store.as_ref(), now_ms(), HOLD_BATCH).await {
+            match self.store.hold_ended_leases(now_ms(), HOLD_BATCH).await {
                 Ok(n) => {
                     held += n;
                     if (n as i64) < HOLD_BATCH {
@@ -222,56 +205,6 @@ impl BackgroundService for Sweeper {
             tokio::select! {
                 _ = sweep.tick() => self.sweep().await,
                 _ = gauge.tick() => self.refresh_gauge().await,
-                _ = shutdown.changed() => return,
-            }
-        }
-    }
-}
-
-impl RouteState {
-    /// The paused routes, for the proxy and `idemgate_route_paused`.
-    async fn refresh_paused(&self) {
-        match operator::paused(self.store.as_ref()).await {
-            Ok(paused) => {
-                for r in &self.routes {
-                    self.metrics
-                        .paused(r, paused.iter().any(|(route, _)| route == r));
-                }
-                self.paused.replace(paused);
-            }
-            // the last known state stands until the store answers
-            Err(e) => tracing::debug!(error = %e, "reading the paused routes failed"),
-        }
-    }
-
-    /// `idemgate_ambiguous_records`.
-    async fn count_ambiguous(&self) {
-        match operator::ambiguous_counts(self.store.as_ref()).await {
-            Ok(counts) => {
-                for r in &self.routes {
-                    let n = counts
-                        .iter()
-                        .find(|(route, _)| route == r)
-                        .map_or(0, |c| c.1);
-                    self.metrics.ambiguous(r, n);
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "counting ambiguous records failed"),
-        }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for RouteState {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut pauses = tokio::time::interval(PAUSES_EVERY);
-        pauses.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut ambiguous = tokio::time::interval(AMBIGUOUS_EVERY);
-        ambiguous.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = pauses.tick() => self.refresh_paused().await,
-                _ = ambiguous.tick() => self.count_ambiguous().await,
                 _ = shutdown.changed() => return,
             }
         }

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use crate::processes::{lock, LEFTOVERS};
+use crate::processes::lock;
 use crate::settings::Settings;
+use crate::world::LEFTOVERS;
 
 /// Creates `schema` for this run (dropped at the end, or by the next run
 /// after a SIGKILL: name it `load_PID` or `load_PID_WORD`); its store URL.

@@ -4,9 +4,9 @@ use std::fmt::Write as _;
 
 use crate::processes::sh;
 use crate::procfs::rss_mib;
-use crate::runs::{Run, World};
 use crate::scenarios::{scenario, Target};
 use crate::settings::Settings;
+use crate::world::{Run, World};
 
 pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     v.retain(|x| x.is_finite());

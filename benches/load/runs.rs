@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -15,8 +14,9 @@ use crate::procfs::{
 use crate::report::{run_header, run_line, Report};
 use crate::scenarios::scenario;
 use crate::scenarios::{Ids, Scenario, Target};
-use crate::servers::{tool, Idemgate, Nginx};
+use crate::servers::tool;
 use crate::settings::Settings;
+use crate::world::{Run, World};
 use crate::wrk::{body_for, event_id, parse_wrk, wrk_script, Pace, WrkResult};
 
 /// `idemgate_requests_total` by (route, outcome).
@@ -46,72 +46,6 @@ pub(crate) fn outcomes(admin: SocketAddr) -> BTreeMap<(String, String), f64> {
     m
 }
 // ------------------------------------------------------------------ runs
-
-pub(crate) struct World {
-    pub(crate) dir: PathBuf,
-    pub(crate) upstream: Nginx,
-    pub(crate) proxy: Option<Nginx>,
-    pub(crate) sqlite: Idemgate,
-    pub(crate) pg: Option<Idemgate>,
-    pub(crate) tck: f64,
-    pub(crate) ncpu: usize,
-}
-
-impl World {
-    pub(crate) fn addr(&self, t: Target) -> Option<SocketAddr> {
-        match t {
-            Target::Upstream => Some(self.upstream.addr),
-            Target::NginxProxy => self.proxy.as_ref().map(|n| n.addr),
-            Target::IdemSqlite => Some(self.sqlite.addr),
-            Target::IdemPg => self.pg.as_ref().map(|p| p.addr),
-        }
-    }
-    /// The process whose CPU a scenario measures (`None`: the client's ceiling).
-    pub(crate) fn server_pid(&self, t: Target) -> Option<u32> {
-        match t {
-            Target::Upstream => None,
-            Target::NginxProxy => self.proxy.as_ref().map(|n| n.pid),
-            Target::IdemSqlite => Some(self.sqlite.pid),
-            Target::IdemPg => self.pg.as_ref().map(|p| p.pid),
-        }
-    }
-    pub(crate) fn admin(&self, t: Target) -> Option<SocketAddr> {
-        match t {
-            Target::IdemSqlite => Some(self.sqlite.admin),
-            Target::IdemPg => self.pg.as_ref().map(|p| p.admin),
-            _ => None,
-        }
-    }
-    pub(crate) fn idemgates(&self) -> Vec<&Idemgate> {
-        std::iter::once(&self.sqlite)
-            .chain(self.pg.as_ref())
-            .collect()
-    }
-}
-
-#[derive(Clone, Debug)]
-pub(crate) struct Run {
-    pub(crate) key: char,
-    pub(crate) conns: usize,
-    pub(crate) round: usize,
-    pub(crate) wrk: WrkResult,
-    pub(crate) rps: f64,
-    /// CPU µs per request: the process under test, the upstream, wrk, all
-    /// postgres processes, and the rest of the machine.
-    pub(crate) cpu_server: Option<f64>,
-    pub(crate) cpu_upstream: f64,
-    pub(crate) cpu_wrk: f64,
-    pub(crate) cpu_pg: f64,
-    /// What the process under test read and wrote per request.
-    pub(crate) io_server: Option<IoPerRequest>,
-    /// KiB of WAL the PostgreSQL server wrote per request (PostgreSQL
-    /// scenarios): the server's I/O, which `io_server` does not see.
-    pub(crate) pg_wal_kib: Option<f64>,
-    /// Share of the machine's capacity busy with work the harness did not start.
-    pub(crate) foreign_pct: f64,
-    pub(crate) mix: String,
-    pub(crate) problems: Vec<String>,
-}
 
 pub(crate) struct Snapshot {
     pub(crate) server: u64,
@@ -410,14 +344,6 @@ fn outcome_mix(
 /// A byte counter's growth from `from` to `to`, in KiB per one of `n` requests.
 pub(crate) fn kib_per(n: f64, from: u64, to: u64) -> f64 {
     to.saturating_sub(from) as f64 / 1024.0 / n
-}
-
-pub(crate) fn target_dir() -> PathBuf {
-    // CARGO_TARGET_TMPDIR is <target>/tmp.
-    Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("target"))
 }
 
 /// Announces the rounds, runs each scenario once for `s.warmup` seconds at

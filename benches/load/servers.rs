@@ -12,8 +12,8 @@ use crate::pg::{pg_exec, pg_run_schema};
 use crate::processes::{command, spawn};
 use crate::procfs::clk_tck;
 use crate::report::Report;
-use crate::runs::World;
 use crate::settings::Settings;
+use crate::world::{Idemgate, Nginx, World};
 
 /// A tool's path: on PATH, or in the sbin directories (nginx lives in /usr/sbin).
 pub(crate) fn tool(name: &str) -> String {
@@ -48,12 +48,6 @@ pub(crate) fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> 
         std::thread::sleep(Duration::from_millis(25));
     }
     panic!("{what} did not become ready within {timeout:?}");
-}
-
-#[derive(Clone, Copy)]
-pub(crate) struct Nginx {
-    pub(crate) pid: u32,
-    pub(crate) addr: SocketAddr,
 }
 
 /// An nginx in the foreground (`daemon off`), everything under `dir`.
@@ -92,14 +86,6 @@ pub(crate) fn start_nginx(dir: &Path, name: &str, workers: &str, server_block: &
 
 /// The attack run's header, body and keep-alive timeouts, in seconds.
 pub(crate) const ATTACK_TIMEOUTS: (u64, u64, u64) = (5, 8, 10);
-
-#[derive(Clone, Copy)]
-pub(crate) struct Idemgate {
-    pub(crate) name: &'static str,
-    pub(crate) pid: u32,
-    pub(crate) addr: SocketAddr,
-    pub(crate) admin: SocketAddr,
-}
 
 #[allow(clippy::too_many_arguments)] // a bench's plain plumbing
 pub(crate) fn start_idemgate(

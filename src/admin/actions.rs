@@ -9,14 +9,16 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::web::{json, query_pairs, shown, ApiProblem};
+use super::web::{json, query_pairs, shown, ApiRequest};
 use crate::claim::now_ms;
 use crate::claim::State;
+use crate::problem::AdminKind;
+use crate::problem::Problem;
 use crate::store::json::{parse_time, record_json, timestamp};
-use crate::store::operator::{self, BulkRelease, Resolution, ResolveOutcome};
+use crate::store::{BulkRelease, Resolution, ResolveOutcome, ResolveRequest};
 use crate::store::{ClaimStore, ReleaseOutcome, ReleaseRequest};
 
-type Answer = Result<Response<Vec<u8>>, ApiProblem>;
+type Answer = Result<Response<Vec<u8>>, Problem>;
 
 /// `POST /api/events/{route}/{event_id}/release[?force=true]`: as `events
 /// release`. An `ambiguous` record is released too (SPEC §12: the same as
@@ -25,16 +27,15 @@ pub async fn release(
     store: &dyn ClaimStore,
     route: &str,
     id: &str,
-    query: Option<&str>,
-    body: &[u8],
-    peer: &str,
+    req: &ApiRequest<'_>,
 ) -> Answer {
+    let (query, body, peer) = (req.query, req.body, req.peer.as_str());
     let mut force = false;
     for (k, v) in query_pairs(query)? {
         match k.as_str() {
             "force" => force = bool_param("force", &v)?,
             other => {
-                return Err(ApiProblem::bad_query(format!(
+                return Err(Problem::bad_query(format!(
                     "unknown parameter `{}`: this endpoint takes force",
                     shown(other)
                 )))
@@ -50,7 +51,7 @@ pub async fn release(
             now: now_ms(),
         })
         .await
-        .map_err(ApiProblem::store)?;
+        .map_err(Problem::store)?;
     match outcome {
         ReleaseOutcome::Released { previous } => {
             tracing::info!(
@@ -63,15 +64,13 @@ pub async fn release(
             );
             record_after(store, route, id).await
         }
-        ReleaseOutcome::NotFound => Err(ApiProblem::not_found(route, id)),
-        ReleaseOutcome::RefusedDelivered => Err(ApiProblem::new(
-            StatusCode::CONFLICT,
-            "delivered",
-            "Event already delivered",
+        ReleaseOutcome::NotFound => Err(Problem::not_found(route, id)),
+        ReleaseOutcome::RefusedDelivered => Err(Problem::admin(
+            AdminKind::Delivered,
             "the event is delivered: releasing it makes the next delivery reach the \
              consumer again; add ?force=true if that is what you want",
         )
-        .with_event_id(id)),
+        .with_event_id(Some(id))),
     }
 }
 
@@ -103,33 +102,38 @@ pub async fn resolve(
     store: &dyn ClaimStore,
     route: &str,
     id: &str,
-    query: Option<&str>,
-    body: &[u8],
-    peer: &str,
+    req: &ApiRequest<'_>,
 ) -> Answer {
-    no_params(query)?;
-    let b: ResolveBody = json_body(body, RESOLVE_BODY)?;
+    let peer = req.peer.as_str();
+    no_params(req.query)?;
+    let b: ResolveBody = json_body(req.body, RESOLVE_BODY)?;
     let how = match (b.how, b.status) {
         (ResolveAs::Delivered, None) => Resolution::Delivered { status: 200 },
         (ResolveAs::Delivered, Some(status)) if (100..=599).contains(&status) => {
             Resolution::Delivered { status }
         }
         (ResolveAs::Delivered, Some(status)) => {
-            return Err(ApiProblem::bad_body(format!(
+            return Err(Problem::bad_body(format!(
                 "status {status}: the status replayed to later deliveries is from 100 to 599"
             )))
         }
         (ResolveAs::Failed, None) => Resolution::Failed,
         (ResolveAs::Failed, Some(_)) => {
-            return Err(ApiProblem::bad_body(
+            return Err(Problem::bad_body(
                 "status goes with \"as\": \"delivered\" only: a record resolved as failed \
                  is forwarded again, not replayed",
             ))
         }
     };
-    let outcome = operator::resolve(store, route, id, how, now_ms())
+    let outcome = store
+        .resolve(&ResolveRequest {
+            route,
+            event_id: id,
+            how,
+            now: now_ms(),
+        })
         .await
-        .map_err(ApiProblem::store)?;
+        .map_err(Problem::store)?;
     match outcome {
         ResolveOutcome::Resolved => {
             let (resolved_as, status) = match how {
@@ -146,17 +150,15 @@ pub async fn resolve(
             );
             record_after(store, route, id).await
         }
-        ResolveOutcome::NotFound => Err(ApiProblem::not_found(route, id)),
-        ResolveOutcome::NotAmbiguous(state) => Err(ApiProblem::new(
-            StatusCode::CONFLICT,
-            "not-ambiguous",
-            "Event is not ambiguous",
+        ResolveOutcome::NotFound => Err(Problem::not_found(route, id)),
+        ResolveOutcome::NotAmbiguous(state) => Err(Problem::admin(
+            AdminKind::NotAmbiguous,
             format!(
                 "the record is {state}: only an ambiguous record can be resolved \
                  (a failed or processing one is released instead)"
             ),
         )
-        .with_event_id(id)),
+        .with_event_id(Some(id))),
     }
 }
 
@@ -191,14 +193,14 @@ pub async fn release_bulk(
     let b: BulkBody = json_body(body, BULK_BODY)?;
     let state = match State::parse(&b.state) {
         Some(State::Delivered) => {
-            return Err(ApiProblem::bad_body(
+            return Err(Problem::bad_body(
                 "state delivered: a delivered record is never released in bulk \
                  (release it alone, with ?force=true)",
             ))
         }
         Some(s) => s,
         None => {
-            return Err(ApiProblem::bad_body(format!(
+            return Err(Problem::bad_body(format!(
                 "state `{}`: expected failed, ambiguous or processing",
                 shown(&b.state)
             )))
@@ -206,7 +208,7 @@ pub async fn release_bulk(
     };
     let time = |name: &str, v: &Option<String>| {
         v.as_deref().map(parse_time).transpose().map_err(|_| {
-            ApiProblem::bad_body(format!(
+            Problem::bad_body(format!(
                 "{name} `{}`: expected an RFC 3339 time in UTC, such as 2026-12-06T10:00:00Z",
                 shown(v.as_deref().unwrap_or_default())
             ))
@@ -225,9 +227,7 @@ pub async fn release_bulk(
         dry_run: b.dry_run,
         now: now_ms(),
     };
-    let n = operator::release_bulk(store, &req)
-        .await
-        .map_err(ApiProblem::store)?;
+    let n = store.release_bulk(&req).await.map_err(Problem::store)?;
     tracing::info!(
         route = b.route.as_str(),
         state = state.as_str(),
@@ -258,9 +258,10 @@ pub async fn set_paused(
 ) -> Answer {
     no_params(query)?;
     no_body(body)?;
-    operator::set_paused(store, name, paused, now_ms())
+    store
+        .set_paused(name, paused, now_ms())
         .await
-        .map_err(ApiProblem::store)?;
+        .map_err(Problem::store)?;
     tracing::info!(
         route = name,
         paused,
@@ -272,7 +273,7 @@ pub async fn set_paused(
             "route resumed"
         }
     );
-    let all = operator::paused(store).await.map_err(ApiProblem::store)?;
+    let all = store.paused().await.map_err(Problem::store)?;
     let since = all.iter().find(|(r, _)| r == name).map(|(_, at)| *at);
     Ok(json(
         StatusCode::OK,
@@ -284,37 +285,32 @@ pub async fn set_paused(
     ))
 }
 
-pub fn unknown_route(name: &str) -> ApiProblem {
-    ApiProblem::new(
-        StatusCode::NOT_FOUND,
-        "unknown-route",
-        "No such route",
+pub fn unknown_route(name: &str) -> Problem {
+    Problem::admin(
+        AdminKind::UnknownRoute,
         format!("no route named `{}` is configured", shown(name)),
     )
 }
 
 /// The record as it is after an action, as `events show --json` prints it.
 async fn record_after(store: &dyn ClaimStore, route: &str, id: &str) -> Answer {
-    match operator::show(store, route, id)
-        .await
-        .map_err(ApiProblem::store)?
-    {
+    match store.show(route, id).await.map_err(Problem::store)? {
         Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
         // swept in between: there is nothing left to show
-        None => Err(ApiProblem::not_found(route, id)),
+        None => Err(Problem::not_found(route, id)),
     }
 }
 
 /// The action's JSON document; `shape` says what it takes, for the refusal.
-fn json_body<T: DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, ApiProblem> {
+fn json_body<T: DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, Problem> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiProblem::bad_body(format!(
+        return Err(Problem::bad_body(format!(
             "this action needs a JSON body: {shape}"
         )));
     }
     // serde would take a struct's fields from an array too, by position
     if body.trim_ascii_start().first() != Some(&b'{') {
-        return Err(ApiProblem::bad_body(format!(
+        return Err(Problem::bad_body(format!(
             "the body must be a JSON object: {shape}"
         )));
     }
@@ -324,37 +320,37 @@ fn json_body<T: DeserializeOwned>(body: &[u8], shape: &str) -> Result<T, ApiProb
         } else {
             "the body is not JSON"
         };
-        ApiProblem::bad_body(format!("{what} ({e}); send {shape}"))
+        Problem::bad_body(format!("{what} ({e}); send {shape}"))
     })
 }
 
 /// An action that takes nothing in its body: anything there was meant for
 /// something else, and is refused rather than ignored.
-fn no_body(body: &[u8]) -> Result<(), ApiProblem> {
+fn no_body(body: &[u8]) -> Result<(), Problem> {
     if body.is_empty() {
         Ok(())
     } else {
-        Err(ApiProblem::bad_body(
+        Err(Problem::bad_body(
             "this action takes no body (its options are query parameters)",
         ))
     }
 }
 
-pub fn no_params(query: Option<&str>) -> Result<(), ApiProblem> {
+pub fn no_params(query: Option<&str>) -> Result<(), Problem> {
     match query_pairs(query)?.first() {
         None => Ok(()),
-        Some((k, _)) => Err(ApiProblem::bad_query(format!(
+        Some((k, _)) => Err(Problem::bad_query(format!(
             "unknown parameter `{}`: this endpoint takes none",
             shown(k)
         ))),
     }
 }
 
-pub fn bool_param(name: &str, v: &str) -> Result<bool, ApiProblem> {
+pub fn bool_param(name: &str, v: &str) -> Result<bool, Problem> {
     match v {
         "true" => Ok(true),
         "false" => Ok(false),
-        _ => Err(ApiProblem::bad_query(format!(
+        _ => Err(Problem::bad_query(format!(
             "{name} `{}`: expected true or false",
             shown(v)
         ))),
@@ -389,10 +385,7 @@ mod tests {
             (br#"["failed"]"#, "a JSON object"),
         ] {
             let e = json_body::<ResolveBody>(bad, "SHAPE").err().unwrap();
-            assert_eq!(
-                (e.status, e.name),
-                (StatusCode::BAD_REQUEST, "invalid-body")
-            );
+            assert_eq!((e.status(), e.kind.name()), (400, "invalid-body"));
             assert!(e.detail.contains(says), "{bad:?}: {}", e.detail);
             if !bad.trim_ascii().is_empty() {
                 assert!(e.detail.contains("SHAPE"), "{}", e.detail);
@@ -401,6 +394,6 @@ mod tests {
         let b: BulkBody = json_body(br#"{"route":"r","state":"failed"}"#, "x").unwrap();
         assert!(!b.dry_run && b.updated_after.is_none() && b.updated_before.is_none());
         assert!(no_body(b"").is_ok());
-        assert_eq!(no_body(b"{}").unwrap_err().status, StatusCode::BAD_REQUEST);
+        assert_eq!(no_body(b"{}").unwrap_err().status(), 400);
     }
 }

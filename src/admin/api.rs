@@ -27,13 +27,14 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::actions::{self, bool_param, no_params};
-use super::web::{json, method_not_allowed, query_pairs, segments, shown, ApiProblem};
+use super::web::{json, method_not_allowed, query_pairs, segments, shown};
 use crate::claim::now_ms;
 use crate::claim::State;
 use crate::config::{format_duration, Config, EventIdSource, IdPart, OnAmbiguous, Route};
 use crate::metrics::Metrics;
+use crate::problem::AdminKind;
+use crate::problem::Problem;
 use crate::store::json::{record_json, timestamp};
-use crate::store::operator;
 use crate::store::{ClaimStore, ListFilter, ListKey};
 
 /// `limit` when the request names none, and the most it may name.
@@ -42,20 +43,7 @@ const MAX_LIMIT: i64 = 500;
 /// A cursor longer than this was not made here.
 const MAX_CURSOR: usize = 1024;
 
-/// The parts of a request the API looks at (a seam for unit tests).
-pub struct ApiRequest<'a> {
-    pub method: &'a Method,
-    /// Still percent-encoded.
-    pub path: &'a str,
-    pub query: Option<&'a str>,
-    /// Every `Authorization` header's value.
-    pub authorization: Vec<&'a [u8]>,
-    /// For the log line of an action.
-    pub peer: String,
-    /// The body, read whole (at most [`super::MAX_BODY`] bytes): an
-    /// action's JSON document.
-    pub body: &'a [u8],
-}
+pub use super::web::ApiRequest;
 
 pub struct Api {
     store: Arc<dyn ClaimStore>,
@@ -93,10 +81,10 @@ impl Api {
         }
     }
 
-    async fn route_request(&self, req: &ApiRequest<'_>) -> Result<Response<Vec<u8>>, ApiProblem> {
+    async fn route_request(&self, req: &ApiRequest<'_>) -> Result<Response<Vec<u8>>, Problem> {
         let segs = match segments(req.path, "/api/") {
             Some(s) => s?,
-            None => return Err(ApiProblem::no_endpoint(ENDPOINTS)),
+            None => return Err(Problem::no_endpoint(ENDPOINTS)),
         };
         let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
         let get = req.method == Method::GET;
@@ -119,11 +107,11 @@ impl Api {
             }
             ["events", route, id, "release"] if named(route, id) => {
                 self.action(req)?;
-                actions::release(&*self.store, route, id, req.query, req.body, &req.peer).await
+                actions::release(&*self.store, route, id, req).await
             }
             ["events", route, id, "resolve"] if named(route, id) => {
                 self.action(req)?;
-                actions::resolve(&*self.store, route, id, req.query, req.body, &req.peer).await
+                actions::resolve(&*self.store, route, id, req).await
             }
             ["routes", name, verb @ ("pause" | "resume")] if !name.is_empty() => {
                 self.action(req)?;
@@ -134,38 +122,29 @@ impl Api {
                 actions::set_paused(&*self.store, name, paused, req.query, req.body, &req.peer)
                     .await
             }
-            _ => Err(ApiProblem::no_endpoint(ENDPOINTS)),
+            _ => Err(Problem::no_endpoint(ENDPOINTS)),
         }
     }
 
     /// An action is a POST with the token.
-    fn action(&self, req: &ApiRequest<'_>) -> Result<(), ApiProblem> {
+    fn action(&self, req: &ApiRequest<'_>) -> Result<(), Problem> {
         if req.method != Method::POST {
-            return Err(ApiProblem::method_not_allowed("POST"));
+            return Err(Problem::method_not_allowed("POST"));
         }
         self.authorize(&req.authorization)
     }
 
     /// 403 without a configured token, 401 unless exactly one
     /// `Authorization: Bearer <token>` carries it.
-    fn authorize(&self, headers: &[&[u8]]) -> Result<(), ApiProblem> {
+    fn authorize(&self, headers: &[&[u8]]) -> Result<(), Problem> {
         let Some(expected) = &self.token else {
-            return Err(ApiProblem::new(
-                StatusCode::FORBIDDEN,
-                "actions-disabled",
-                "Admin actions are disabled",
+            return Err(Problem::admin(
+                AdminKind::ActionsDisabled,
                 "no admin.token is configured, so every action is refused; \
                  set admin.token (env:NAME or file:PATH) to enable them",
             ));
         };
-        let unauthorized = |detail: &str| {
-            ApiProblem::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Admin token required",
-                detail,
-            )
-        };
+        let unauthorized = |detail: &str| Problem::admin(AdminKind::Unauthorized, detail);
         let presented = match headers {
             [] => {
                 return Err(unauthorized(
@@ -185,7 +164,7 @@ impl Api {
         }
     }
 
-    async fn routes(&self, query: Option<&str>) -> Result<Response<Vec<u8>>, ApiProblem> {
+    async fn routes(&self, query: Option<&str>) -> Result<Response<Vec<u8>>, Problem> {
         no_params(query)?;
         let live = Live::read(&self.metrics);
         let state = RouteStates::read(&*self.store).await;
@@ -210,7 +189,7 @@ impl Api {
         ))
     }
 
-    async fn list(&self, query: Option<&str>) -> Result<Response<Vec<u8>>, ApiProblem> {
+    async fn list(&self, query: Option<&str>) -> Result<Response<Vec<u8>>, Problem> {
         let mut filter = ListFilter {
             limit: DEFAULT_LIMIT,
             ..Default::default()
@@ -221,7 +200,7 @@ impl Api {
                 "route" => filter.route = Some(route_param(&v)?),
                 "state" => {
                     filter.state = Some(State::parse(&v).ok_or_else(|| {
-                        ApiProblem::bad_query(format!(
+                        Problem::bad_query(format!(
                             "state `{}`: expected processing, delivered, failed or ambiguous",
                             shown(&v)
                         ))
@@ -229,7 +208,7 @@ impl Api {
                 }
                 "prefix" if v.is_empty() => {}
                 "prefix" if v.len() > crate::claim::event_id::MAX_EVENT_ID_LEN => {
-                    return Err(ApiProblem::bad_query(
+                    return Err(Problem::bad_query(
                         "prefix is longer than any event ID can be",
                     ))
                 }
@@ -241,7 +220,7 @@ impl Api {
                         .ok()
                         .filter(|n| (1..=MAX_LIMIT).contains(n))
                         .ok_or_else(|| {
-                            ApiProblem::bad_query(format!(
+                            Problem::bad_query(format!(
                                 "limit `{}`: expected a whole number from 1 to {MAX_LIMIT}",
                                 shown(&v)
                             ))
@@ -249,7 +228,7 @@ impl Api {
                 }
                 "before" => filter.after = Some(decode_cursor(&v)?),
                 other => {
-                    return Err(ApiProblem::bad_query(format!(
+                    return Err(Problem::bad_query(format!(
                         "unknown parameter `{}`: this endpoint takes route, state, prefix, \
                          stuck, limit and before",
                         shown(other)
@@ -259,7 +238,7 @@ impl Api {
         }
         if stuck {
             if filter.state.is_some_and(|s| s != State::Processing) {
-                return Err(ApiProblem::bad_query(
+                return Err(Problem::bad_query(
                     "stuck=true lists processing records; it cannot be combined with another state",
                 ));
             }
@@ -268,7 +247,7 @@ impl Api {
         let limit = filter.limit;
         // one more than asked, to know whether a next page exists
         filter.limit += 1;
-        let mut records = self.store.list(&filter).await.map_err(ApiProblem::store)?;
+        let mut records = self.store.list(&filter).await.map_err(Problem::store)?;
         let next = if records.len() as i64 > limit {
             records.truncate(limit as usize);
             records.last().map(|r| encode_cursor(&r.list_key()))
@@ -287,14 +266,12 @@ impl Api {
         route: &str,
         id: &str,
         query: Option<&str>,
-    ) -> Result<Response<Vec<u8>>, ApiProblem> {
+    ) -> Result<Response<Vec<u8>>, Problem> {
         no_params(query)?;
-        let found = operator::show(&*self.store, route, id)
-            .await
-            .map_err(ApiProblem::store)?;
+        let found = self.store.show(route, id).await.map_err(Problem::store)?;
         match found {
             Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
-            None => Err(ApiProblem::not_found(route, id)),
+            None => Err(Problem::not_found(route, id)),
         }
     }
 }
@@ -307,7 +284,7 @@ const ENDPOINTS: &str = "the admin API has GET /api/routes, GET /api/events, \
 
 /// A route name has the config's grammar, `[a-z0-9_-]{1,64}`; a route that
 /// is no longer configured may still have records.
-fn route_param(v: &str) -> Result<String, ApiProblem> {
+fn route_param(v: &str) -> Result<String, Problem> {
     let ok = !v.is_empty()
         && v.len() <= 64
         && v.bytes()
@@ -315,7 +292,7 @@ fn route_param(v: &str) -> Result<String, ApiProblem> {
     if ok {
         Ok(v.to_owned())
     } else {
-        Err(ApiProblem::bad_query(format!(
+        Err(Problem::bad_query(format!(
             "route `{}` is not a route name ([a-z0-9_-], 1 to 64)",
             shown(v)
         )))
@@ -338,12 +315,10 @@ fn encode_cursor(key: &ListKey) -> String {
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(&doc).expect("JSON"))
 }
 
-fn decode_cursor(text: &str) -> Result<ListKey, ApiProblem> {
+fn decode_cursor(text: &str) -> Result<ListKey, Problem> {
     let bad = || {
-        ApiProblem::new(
-            StatusCode::BAD_REQUEST,
-            "invalid-cursor",
-            "Invalid cursor",
+        Problem::admin(
+            AdminKind::InvalidCursor,
             "`before` must be a `next` value from an earlier answer",
         )
     };
@@ -447,8 +422,7 @@ struct RouteStates {
 
 impl RouteStates {
     async fn read(store: &dyn ClaimStore) -> RouteStates {
-        let (paused, ambiguous) =
-            tokio::join!(operator::paused(store), operator::ambiguous_counts(store));
+        let (paused, ambiguous) = tokio::join!(store.paused(), store.ambiguous_counts());
         let ok = |r: Result<Vec<(String, i64)>, crate::store::StoreError>| {
             r.map_err(|e| tracing::warn!(error = %e, "admin API: the routes' state is unknown"))
                 .ok()
@@ -584,8 +558,8 @@ mod tests {
         ] {
             let e = decode_cursor(bad).unwrap_err();
             assert_eq!(
-                (e.status, e.name),
-                (StatusCode::BAD_REQUEST, "invalid-cursor"),
+                (e.status(), e.kind.name()),
+                (400, "invalid-cursor"),
                 "{bad}"
             );
         }

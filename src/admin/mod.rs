@@ -14,6 +14,8 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
 use crate::metrics::Metrics;
+use crate::problem::{AdminKind, Problem, ProblemKind};
+use crate::proxy::body::{self, BodyError};
 use crate::store::ClaimStore;
 
 mod actions;
@@ -21,8 +23,10 @@ pub mod api;
 pub mod console;
 mod web;
 
-/// `/readyz` waits no longer than this for the store.
-const READY_TIMEOUT: Duration = Duration::from_secs(2);
+/// `/readyz` answers within this, whatever the store does (SPEC §5): a
+/// probe's default timeout is 1 s, and a store that has not answered by
+/// then is not ready. The proxy's check and the store's share it.
+const READY_TIMEOUT: Duration = Duration::from_millis(450);
 /// The most an action's body may hold: its JSON documents are a few dozen
 /// bytes.
 pub const MAX_BODY: usize = 4096;
@@ -39,6 +43,9 @@ pub struct Admin {
     pub proxy_listen: SocketAddr,
     /// Set once a connection to `proxy_listen` succeeded.
     pub proxy_up: AtomicBool,
+    /// Set when the graceful stop begins: `/readyz` answers 503 from then
+    /// until the process exits (SPEC §20), while the drain goes on.
+    pub stopping: Arc<AtomicBool>,
     /// `/api/…` and the console.
     pub api: api::Api,
     /// The admin listener is on loopback: the API and the console answer
@@ -87,6 +94,14 @@ impl ServeHttp for Admin {
         match session.req_header().uri.path() {
             "/healthz" => text(StatusCode::OK, plain, b"ok\n".to_vec()),
             "/readyz" => {
+                if self.stopping.load(Ordering::Acquire) {
+                    return text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        plain,
+                        b"stopping: draining before exit\n".to_vec(),
+                    );
+                }
+                let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
                 if !self.proxy_accepts().await {
                     return text(
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -95,7 +110,18 @@ impl ServeHttp for Admin {
                     );
                 }
                 let t = std::time::Instant::now();
-                let ping = tokio::time::timeout(READY_TIMEOUT, self.store.ping()).await;
+                // on a task of its own: a probe that gives up must not cut
+                // the ping short, or a connection being tested is handed
+                // back untested, and every later probe waits on it again
+                let store = self.store.clone();
+                let ping = tokio::spawn(async move { store.ping().await });
+                let ping = match tokio::time::timeout_at(deadline, ping).await {
+                    Ok(Ok(answer)) => Ok(answer),
+                    Ok(Err(_)) => Ok(Err(crate::store::StoreError::Unavailable(
+                        "the readiness ping stopped".into(),
+                    ))),
+                    Err(elapsed) => Err(elapsed),
+                };
                 self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
                 // the body says only that: the store's error text (paths,
                 // hosts, driver messages) goes to the log
@@ -145,24 +171,12 @@ impl Admin {
         } else {
             Some(console::asset(path)?)
         };
-        if self.loopback_only {
-            let host = req
-                .headers
-                .get(http::header::HOST)
-                .map(|h| h.to_str().unwrap_or("\u{fffd}"));
-            if host.is_some_and(|h| !web::loopback_host(h)) {
-                session.set_keepalive(None);
-                return Some(
-                    web::ApiProblem::new(
-                        StatusCode::MISDIRECTED_REQUEST,
-                        "misdirected-request",
-                        "Not a loopback host name",
-                        "the admin listener is on loopback and answers only Host: localhost, \
-                         127.0.0.1 or [::1] (a page that points another name here is refused)",
-                    )
-                    .into_response(),
-                );
-            }
+        if self.loopback_only && !web::loopback_host_of(req) {
+            session.set_keepalive(None);
+            let detail = "the admin listener is on loopback and answers only Host: localhost, \
+                          127.0.0.1 or [::1] (a page that points another name here is refused)";
+            let p = Problem::admin(AdminKind::MisdirectedRequest, detail);
+            return Some(p.into_response());
         }
         if let Some(resp) = asset {
             return Some(resp);
@@ -209,32 +223,25 @@ fn declares_body(session: &ServerSession) -> bool {
             .is_some_and(|v| v.as_bytes() != b"0")
 }
 
-/// An API request's body, read whole: at most [`MAX_BODY`] bytes (a larger
-/// declared length is refused before a byte is read), within
-/// [`BODY_TIMEOUT`] in all. A refusal closes the connection after the
-/// answer; what was not read is never drained. A chunked body also closes
-/// it: the answer is given whatever the framing said.
-async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, web::ApiProblem> {
+/// An API request's body, read whole by the proxy's one bounded reader
+/// ([`body::read_bounded`]): at most [`MAX_BODY`] bytes (a larger declared
+/// length is refused before a byte is read), within [`BODY_TIMEOUT`] in
+/// all. A refusal closes the connection after the answer; what was not
+/// read is never drained. A chunked body also closes it: the answer is
+/// given whatever the framing said.
+async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, Problem> {
     if !declares_body(session) {
         return Ok(Vec::new());
     }
     let headers = &session.req_header().headers;
     let chunked = headers.contains_key(http::header::TRANSFER_ENCODING);
-    // pingora refused an invalid length already; a chunked body has none
-    let declared = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
-    let expects_continue = headers
-        .get(http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let expects_continue = body::expects_continue(session.req_header());
     let too_large = || {
-        web::ApiProblem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body-too-large",
-            "Request body too large",
-            format!("an action's body is a small JSON document: at most {MAX_BODY} bytes"),
-        )
+        let detail = format!("an action's body is a small JSON document: at most {MAX_BODY} bytes");
+        Problem::new(ProblemKind::BodyTooLarge, detail)
     };
+    // pingora refused an invalid length already; a chunked body has none
+    let declared = body::declared_length(session.req_header());
     if chunked {
         session.set_keepalive(None);
     } else if declared.is_some_and(|n| n > MAX_BODY as u64) {
@@ -245,43 +252,24 @@ async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, web::ApiProbl
         session.set_keepalive(None);
         return Err(unreadable());
     }
-    let read = tokio::time::timeout(BODY_TIMEOUT, async {
-        let mut body = Vec::new();
-        while let Some(chunk) = session.read_request_body().await? {
-            if body.len() + chunk.len() > MAX_BODY {
-                return Ok(None);
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok::<_, Box<pingora::Error>>(Some(body))
-    })
-    .await;
-    match read {
-        Ok(Ok(Some(body))) => Ok(body),
-        Ok(Ok(None)) => {
-            session.set_keepalive(None);
-            Err(too_large())
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "admin API: the request body could not be read");
-            session.set_keepalive(None);
-            Err(unreadable())
-        }
-        Err(_) => {
-            session.set_keepalive(None);
-            Err(web::ApiProblem::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "invalid-body",
-                "Request body timed out",
-                format!(
-                    "the body did not arrive within {}",
-                    humantime::format_duration(BODY_TIMEOUT)
-                ),
-            ))
-        }
+    let read = body::read_bounded(session, MAX_BODY as u64, BODY_TIMEOUT).await;
+    if read.is_err() {
+        session.set_keepalive(None);
     }
+    read.map(Vec::from).map_err(|e| match e {
+        BodyError::TooLarge => too_large(),
+        BodyError::Timeout => {
+            let waited = humantime::format_duration(BODY_TIMEOUT);
+            let detail = format!("the body did not arrive within {waited}");
+            Problem::new(ProblemKind::BodyTimeout, detail)
+        }
+        BodyError::Framing | BodyError::Broken(_) => {
+            tracing::debug!(error = ?e, "admin API: the request body could not be read");
+            unreadable()
+        }
+    })
 }
 
-fn unreadable() -> web::ApiProblem {
-    web::ApiProblem::bad_body("the request body could not be read (cut short, or badly framed)")
+fn unreadable() -> Problem {
+    Problem::bad_body("the request body could not be read (cut short, or badly framed)")
 }

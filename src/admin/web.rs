@@ -2,8 +2,25 @@
 //! path segments and query strings, the `Host` check, the response headers
 //! every answer carries, and problem+json refusals.
 
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderValue, Method, Response, StatusCode};
 use serde_json::Value;
+
+use crate::problem::{AdminKind, Problem, ProblemKind};
+
+/// The parts of a request the API looks at (a seam for unit tests).
+pub struct ApiRequest<'a> {
+    pub method: &'a Method,
+    /// Still percent-encoded.
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    /// Every `Authorization` header's value.
+    pub authorization: Vec<&'a [u8]>,
+    /// For the log line of an action.
+    pub peer: String,
+    /// The body, read whole (at most [`super::MAX_BODY`] bytes): an
+    /// action's JSON document.
+    pub body: &'a [u8],
+}
 
 /// What every API and console answer carries: nothing is cached, nothing is
 /// sniffed into another type, nothing is framed, no referrer leaves.
@@ -41,115 +58,53 @@ pub fn json(status: StatusCode, doc: &Value) -> Response<Vec<u8>> {
     response(status, "application/json", DATA_CSP, body)
 }
 
-/// An admin API refusal: which one, and the text for a person.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiProblem {
-    pub status: StatusCode,
-    /// NAME of `urn:idemgate:problem:NAME`.
-    pub name: &'static str,
-    pub title: &'static str,
-    pub detail: String,
-    pub event_id: Option<String>,
-    /// With 405: the methods the resource takes (the `Allow` header).
-    pub allow: Option<&'static str>,
-}
-
-impl ApiProblem {
-    pub fn new(
-        status: StatusCode,
-        name: &'static str,
-        title: &'static str,
-        detail: impl Into<String>,
-    ) -> ApiProblem {
-        ApiProblem {
-            status,
-            name,
-            title,
-            detail: detail.into(),
-            event_id: None,
-            allow: None,
-        }
+/// The admin API's problems, as its handlers give them.
+impl Problem {
+    pub fn bad_query(detail: impl Into<String>) -> Problem {
+        Problem::admin(AdminKind::InvalidQuery, detail)
     }
 
-    pub fn bad_query(detail: impl Into<String>) -> ApiProblem {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid-query",
-            "Invalid query parameter",
-            detail,
-        )
-    }
-
-    pub fn no_endpoint(detail: impl Into<String>) -> ApiProblem {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "no-endpoint",
-            "No such endpoint",
-            detail,
-        )
+    pub fn no_endpoint(detail: impl Into<String>) -> Problem {
+        Problem::admin(AdminKind::NoEndpoint, detail)
     }
 
     /// 400: an action's body is missing, not JSON, or not what it takes.
-    pub fn bad_body(detail: impl Into<String>) -> ApiProblem {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid-body",
-            "Invalid request body",
-            detail,
-        )
+    pub fn bad_body(detail: impl Into<String>) -> Problem {
+        Problem::new(ProblemKind::InvalidBody, detail)
     }
 
     /// 404 for a record that does not exist.
-    pub fn not_found(route: &str, id: &str) -> ApiProblem {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "No such record",
-            format!("route `{}` has no record of this event ID", shown(route)),
-        )
-        .with_event_id(id)
+    pub fn not_found(route: &str, id: &str) -> Problem {
+        let detail = format!("route `{}` has no record of this event ID", shown(route));
+        Problem::admin(AdminKind::NotFound, detail).with_event_id(Some(id))
     }
 
     /// 503 for a store that failed; its own error text goes to the log, not
     /// to the client.
-    pub fn store(e: crate::store::StoreError) -> ApiProblem {
+    pub fn store(e: crate::store::StoreError) -> Problem {
         tracing::warn!(error = %e, "admin API: store operation failed");
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store-unavailable",
-            "Claim store unavailable",
+        Problem::new(
+            ProblemKind::StoreUnavailable,
             "the claim store did not answer; idemgate's log says why",
         )
     }
 
     /// 405 with the methods the resource takes.
-    pub fn method_not_allowed(allow: &'static str) -> ApiProblem {
-        ApiProblem {
+    pub fn method_not_allowed(allow: &'static str) -> Problem {
+        let detail = format!("this resource answers {allow}");
+        Problem {
             allow: Some(allow),
-            ..Self::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method-not-allowed",
-                "Method not allowed",
-                format!("this resource answers {allow}"),
-            )
+            ..Problem::admin(AdminKind::MethodNotAllowed, detail)
         }
     }
 
-    pub fn with_event_id(mut self, id: &str) -> ApiProblem {
-        self.event_id = Some(id.to_owned());
-        self
-    }
-
+    /// The admin API's answer: the problem+json document with the common
+    /// headers, and `WWW-Authenticate` (401), `Retry-After` (503) or
+    /// `Allow` (405).
     pub fn into_response(self) -> Response<Vec<u8>> {
-        let body = crate::problem::document(
-            self.name,
-            self.title,
-            self.status.as_u16(),
-            &self.detail,
-            self.event_id.as_deref(),
-        );
-        let mut resp = response(self.status, crate::problem::CONTENT_TYPE, DATA_CSP, body);
-        match self.status {
+        let status = StatusCode::from_u16(self.status()).expect("problem statuses are valid");
+        let mut resp = response(status, crate::problem::CONTENT_TYPE, DATA_CSP, self.body());
+        match status {
             StatusCode::UNAUTHORIZED => {
                 resp.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
@@ -172,7 +127,7 @@ impl ApiProblem {
 
 /// 405 with the methods the resource takes.
 pub fn method_not_allowed(allow: &'static str) -> Response<Vec<u8>> {
-    ApiProblem::method_not_allowed(allow).into_response()
+    Problem::method_not_allowed(allow).into_response()
 }
 
 /// Decodes `%XX` escapes (and `+` as a space when `plus_is_space`, as in a
@@ -205,7 +160,7 @@ pub fn percent_decode(s: &str, plus_is_space: bool) -> Option<String> {
 /// The path's segments after `prefix`, each percent-decoded (so `%2F` is a
 /// `/` inside a segment, never a separator). A segment with a control
 /// character (NUL included) cannot name a record: `Err`.
-pub fn segments(path: &str, prefix: &str) -> Option<Result<Vec<String>, ApiProblem>> {
+pub fn segments(path: &str, prefix: &str) -> Option<Result<Vec<String>, Problem>> {
     let rest = path.strip_prefix(prefix)?;
     let mut out = Vec::new();
     for raw in rest.split('/') {
@@ -224,28 +179,23 @@ pub fn segments(path: &str, prefix: &str) -> Option<Result<Vec<String>, ApiProbl
     Some(Ok(out))
 }
 
-fn invalid_path(detail: &str) -> ApiProblem {
-    ApiProblem::new(
-        StatusCode::BAD_REQUEST,
-        "invalid-path",
-        "Invalid path",
-        detail,
-    )
+fn invalid_path(detail: &str) -> Problem {
+    Problem::admin(AdminKind::InvalidPath, detail)
 }
 
 /// The query string as decoded pairs; a repeated name is refused (which of
 /// two values would count is a guess).
-pub fn query_pairs(query: Option<&str>) -> Result<Vec<(String, String)>, ApiProblem> {
+pub fn query_pairs(query: Option<&str>) -> Result<Vec<(String, String)>, Problem> {
     let mut out: Vec<(String, String)> = Vec::new();
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let (Some(k), Some(v)) = (percent_decode(k, true), percent_decode(v, true)) else {
-            return Err(ApiProblem::bad_query(
+            return Err(Problem::bad_query(
                 "the query string has a malformed %-escape or is not UTF-8",
             ));
         };
         if out.iter().any(|(name, _)| *name == k) {
-            return Err(ApiProblem::bad_query(format!(
+            return Err(Problem::bad_query(format!(
                 "`{}` is given twice",
                 shown(&k)
             )));
@@ -269,6 +219,14 @@ pub fn shown(s: &str) -> String {
 /// IPv4 literal in 127.0.0.0/8 or `[::1]`, with or without a port. A page
 /// from another site that points its own name at 127.0.0.1 (DNS rebinding)
 /// sends its own name here, so it is refused.
+/// Whether `req`'s `Host` names loopback ([`loopback_host`]); a request
+/// without one passes.
+pub fn loopback_host_of(req: &pingora::http::RequestHeader) -> bool {
+    let host = req.headers.get(http::header::HOST);
+    host.map(|h| h.to_str().unwrap_or("\u{fffd}"))
+        .is_none_or(loopback_host)
+}
+
 pub fn loopback_host(host: &str) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
         match rest.split_once(']') {
@@ -347,8 +305,8 @@ mod tests {
         );
         assert!(query_pairs(None).unwrap().is_empty());
         assert!(query_pairs(Some("&&")).unwrap().is_empty());
-        assert_eq!(query_pairs(Some("a=1&a=2")).unwrap_err().status, 400);
-        assert_eq!(query_pairs(Some("a=%")).unwrap_err().status, 400);
+        assert_eq!(query_pairs(Some("a=1&a=2")).unwrap_err().status(), 400);
+        assert_eq!(query_pairs(Some("a=%")).unwrap_err().status(), 400);
     }
 
     #[test]
@@ -382,8 +340,8 @@ mod tests {
 
     #[test]
     fn problems_are_problem_json_with_their_headers() {
-        let r = ApiProblem::new(StatusCode::UNAUTHORIZED, "unauthorized", "t", "d")
-            .with_event_id("e")
+        let r = Problem::admin(AdminKind::Unauthorized, "d")
+            .with_event_id(Some("e"))
             .into_response();
         assert_eq!(r.status(), 401);
         assert_eq!(r.headers()["content-type"], "application/problem+json");

@@ -268,6 +268,7 @@ mod tests {
     /// Every state, digest and lease position, under both `on_ambiguous`
     /// settings: the whole table of SPEC §3.
     #[test]
+    // long: the whole table of SPEC §3 in one place, one row a line
     fn decide_full_table() {
         use Decision::{Claim, Hold, Refuse};
         use Refusal::{InFlight, Mismatch, OutcomeUnknown, Replay};

@@ -56,7 +56,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_migrate: bool,
     /// Take the listening sockets over from the running `serve` that shares
-    /// `upgrade_sock` (send that one SIGQUIT); see the README's "Reloading".
+    /// `upgrade_sock` (send that one SIGQUIT); see docs/operating.md, "Reloading without downtime".
     #[arg(long)]
     pub upgrade: bool,
 }

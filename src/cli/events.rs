@@ -10,10 +10,10 @@ use super::{
 use crate::claim::now_ms;
 use crate::claim::State;
 use crate::store::json::{parse_time, record_json, timestamp};
-use crate::store::operator::{self, BulkRelease, Resolution, ResolveOutcome};
 use crate::store::{
     self, ClaimStore, ListFilter, Record, ReleaseOutcome, ReleaseRequest, StoreError,
 };
+use crate::store::{BulkRelease, Resolution, ResolveOutcome, ResolveRequest};
 
 async fn open(url: &str) -> Result<std::sync::Arc<dyn ClaimStore>, StoreError> {
     store::open(url, 2).await
@@ -115,7 +115,7 @@ fn show(args: ShowArgs) -> i32 {
     let rec = &args.record;
     let res = block_on(async {
         let s = open(&rec.store.store).await?;
-        let r = operator::show(s.as_ref(), &rec.route, &rec.event_id).await;
+        let r = s.show(&rec.route, &rec.event_id).await;
         s.close().await;
         r
     });
@@ -214,7 +214,7 @@ fn release_bulk(args: ReleaseArgs) -> i32 {
     };
     let res = block_on(async {
         let s = open(&args.store.store).await?;
-        let r = operator::release_bulk(s.as_ref(), &req).await;
+        let r = s.release_bulk(&req).await;
         s.close().await;
         r
     });
@@ -246,7 +246,14 @@ fn resolve(args: ResolveArgs) -> i32 {
     };
     let res = block_on(async {
         let s = open(&rec.store.store).await?;
-        let r = operator::resolve(s.as_ref(), &rec.route, &rec.event_id, how, now_ms()).await;
+        let r = s
+            .resolve(&ResolveRequest {
+                route: &rec.route,
+                event_id: &rec.event_id,
+                how,
+                now: now_ms(),
+            })
+            .await;
         s.close().await;
         r
     });
@@ -289,9 +296,9 @@ pub fn routes(cmd: RoutesCommand) -> i32 {
         let s = open(store_url).await?;
         let r = async {
             if let Some((name, paused)) = change {
-                operator::set_paused(s.as_ref(), name, paused, now_ms()).await?;
+                s.set_paused(name, paused, now_ms()).await?;
             }
-            operator::paused(s.as_ref()).await
+            s.paused().await
         }
         .await;
         s.close().await;

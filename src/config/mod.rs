@@ -34,7 +34,9 @@
 //! `route.rs` (one route: presets and the checks across its fields),
 //! `admin.rs` (the admin token), `tls.rs` (the listener's certificate),
 //! `fields.rs` (small value parsers: upstream URL, JSON pointer, header),
-//! `verify.rs` (provider presets, secrets, warnings), `model.rs` (the output).
+//! `verify.rs` (provider presets, secrets, warnings), `hmac_rule.rs` (the
+//! `scheme: hmac` block, SPEC §17), `error.rs` (a problem with its file,
+//! line and column), `model.rs` (the output).
 //!
 //! A new route key: an entry in `route_fields.rs`, its parser in `layer.rs`
 //! if serde's check is not enough, any rule binding it to other fields in
@@ -67,8 +69,8 @@ pub use crate::store::{StoreKind, StoreUrl};
 pub use error::{ConfigError, ConfigErrors};
 pub use fields::route_name;
 pub use model::{
-    AdminConfig, AdminToken, Config, DigestMode, Downstream, DurationMs, EventIdSource, IdPart,
-    InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn,
+    AdminConfig, AdminToken, Challenge, Config, DigestMode, Downstream, DurationMs, EventIdSource,
+    IdPart, InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn,
     StoreConfig, SweeperConfig, Tls, UpstreamUrl, Verifier,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};

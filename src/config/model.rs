@@ -132,6 +132,15 @@ pub struct SweeperConfig {
     pub batch_size: u32,
 }
 
+/// A provider's signed handshake, sent without an event ID, that passes
+/// unguarded (after its signature is checked) when the body's member at
+/// `pointer` is `value`: zoom's `{"event": "endpoint.url_validation"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge {
+    pub pointer: &'static str,
+    pub value: &'static str,
+}
+
 /// Builds [`Route`] from the field list of [`route_fields!`]: the route's
 /// identity, then the shared fields with their docs, then provider and verify.
 macro_rules! route_struct {
@@ -153,6 +162,9 @@ macro_rules! route_struct {
             $($(#[doc = $doc])* pub $field: $parsed,)*
             /// The provider preset the route named, if any.
             pub provider: Option<Provider>,
+            /// The preset's signed handshake that passes unguarded, if it
+            /// has one ([`Challenge`]).
+            pub challenge: Option<Challenge>,
             /// Signature verification, when configured: the verifier itself.
             pub verify: Option<Verifier>,
         }

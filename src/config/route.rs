@@ -75,6 +75,7 @@ macro_rules! assemble {
                 upstream: id.upstream?,
                 $($field: r.$field.value,)*
                 provider,
+                challenge: provider.and_then(verify::preset_challenge),
                 verify,
             })
         }

@@ -14,7 +14,7 @@ use super::model::Tls;
 use super::raw::RawTls;
 
 /// The ALPN protocols the listener offers: HTTP/1.1 only (no h2; see the
-/// README's section on exposing idemgate).
+/// docs/internet.md).
 const ALPN: &[&[u8]] = &[b"http/1.1"];
 
 pub fn tls_config(ctx: &mut Ctx, raw: RawTls) -> Option<Tls> {

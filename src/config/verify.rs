@@ -11,7 +11,7 @@ use base64::Engine;
 
 use super::ctx::Ctx;
 use super::fields;
-use super::model::{EventIdSource, OnMissingId, Provider, Scheme, Verifier};
+use super::model::{Challenge, EventIdSource, OnMissingId, Provider, Scheme, Verifier};
 use super::raw::RawVerify;
 use super::units::format_duration;
 use crate::claim::json_pointer::JsonPointer;
@@ -50,10 +50,23 @@ pub fn preset_event_id(p: Provider) -> Option<EventIdSource> {
 /// sends its `url_verification` handshake without `/event_id`; it must pass
 /// (unguarded, after its signature is checked) or the app cannot be enabled.
 /// (Zoom's `endpoint.url_validation` is recognised by its `event`, not by a
-/// missing ID: see [`Challenge`].)
+/// missing ID: see [`preset_challenge`].)
 pub fn preset_on_missing_id(p: Provider) -> Option<OnMissingId> {
     match p {
         Provider::Slack => Some(OnMissingId::Forward),
+        _ => None,
+    }
+}
+
+/// The signed handshake each provider sends without an event ID, that
+/// passes unguarded: zoom's `endpoint.url_validation` (its challenge is
+/// answered by the consumer, so it must reach it).
+pub fn preset_challenge(p: Provider) -> Option<Challenge> {
+    match p {
+        Provider::Zoom => Some(Challenge {
+            pointer: "/event",
+            value: "endpoint.url_validation",
+        }),
         _ => None,
     }
 }

@@ -20,9 +20,7 @@ use tokio::io::AsyncReadExt;
 /// pingora's own head buffer). A guarded request keeps it until its answer,
 /// so it is what a connection dripping its body costs beyond its head.
 const FIRST_READ: usize = 4 * 1024;
-/// Largest head read here: idemgate refuses header sections over
-/// [`crate::proxy::MAX_HEADER_SECTION`] bytes, plus room for the request line.
-pub const MAX_HEAD: usize = crate::proxy::MAX_HEADER_SECTION + 8 * 1024;
+pub use crate::strict::fields::MAX_HEAD;
 
 /// How waiting for a head ended.
 #[derive(Debug)]

@@ -46,10 +46,10 @@ use crate::config;
 use crate::metrics::Metrics;
 use crate::problem::{Problem, ProblemKind};
 use crate::proxy::Gate;
-use crate::strict::{self, chunked::Chunked, Body, Refusal};
+use crate::strict::{self, chunked::Chunked, BadHead, Body};
 use framed::{Framed, Left};
 use head::Head;
-pub use table::{Conn, Limits, Reason, Table};
+pub use table::{Conn, ConnectionLimits, Reason, Table};
 
 /// pingora's L4 read buffer for the listener: none. Heads are read into a
 /// buffer of their own ([`head`]) and bodies into pingora's body buffer, so
@@ -74,7 +74,7 @@ impl Downstream {
         metrics: &Metrics,
     ) -> Downstream {
         let table = Table::new(
-            Limits {
+            ConnectionLimits {
                 header_timeout: limits.header_timeout,
                 keepalive_timeout: limits.keepalive_timeout,
                 max_connections: limits.max_connections,
@@ -147,11 +147,11 @@ async fn drain(stream: &mut Stream) {
 }
 
 /// The problem for a head [`strict::check`] refused.
-fn refusal_problem(r: Refusal) -> Problem {
+fn refusal_problem(r: BadHead) -> Problem {
     match r {
-        Refusal::BadRequest(why) => Problem::new(ProblemKind::InvalidRequest, why),
-        Refusal::NotImplemented(why) => Problem::new(ProblemKind::NotImplemented, why),
-        Refusal::TooManyFields => Problem::new(
+        BadHead::BadRequest(why) => Problem::new(ProblemKind::InvalidRequest, why),
+        BadHead::NotImplemented(why) => Problem::new(ProblemKind::NotImplemented, why),
+        BadHead::TooManyFields => Problem::new(
             ProblemKind::HeadersTooLarge,
             format!(
                 "the request has more than {} header fields",

@@ -83,7 +83,7 @@ struct Inner {
 
 /// The limits the table enforces (from `downstream`).
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct ConnectionLimits {
     pub header_timeout: Duration,
     pub keepalive_timeout: Duration,
     pub max_connections: usize,
@@ -99,7 +99,7 @@ struct Series {
 
 pub struct Table {
     inner: Mutex<Inner>,
-    limits: Limits,
+    limits: ConnectionLimits,
     epoch: Instant,
     series: Series,
 }
@@ -111,7 +111,7 @@ pub struct Conn {
 }
 
 impl Table {
-    pub fn new(limits: Limits, metrics: &Metrics) -> Arc<Table> {
+    pub fn new(limits: ConnectionLimits, metrics: &Metrics) -> Arc<Table> {
         let series = Series {
             active: metrics.connections_gauge("active"),
             idle: metrics.connections_gauge("idle"),
@@ -419,7 +419,7 @@ mod tests {
     fn table(max: usize, header_ms: u64, keepalive_ms: u64) -> (Arc<Table>, Metrics) {
         let m = Metrics::new();
         let t = Table::new(
-            Limits {
+            ConnectionLimits {
                 header_timeout: Duration::from_millis(header_ms),
                 keepalive_timeout: Duration::from_millis(keepalive_ms),
                 max_connections: max,

@@ -1,9 +1,13 @@
-//! Reading a guarded request's body in full, bounded in size and in time:
-//! the digest and the claim need all of it before anything is forwarded.
+//! Reading a request's body in full, bounded in size and in time: the
+//! digest and the claim need all of it before anything is forwarded. The
+//! one bounded reader ([`read_bounded`]) serves the proxy and the admin
+//! listener.
 
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use pingora::http::RequestHeader;
+use pingora::protocols::http::ServerSession;
 use pingora::proxy::Session;
 
 use crate::problem::ProblemKind;
@@ -55,9 +59,12 @@ impl BodyError {
 
 /// The declared `Content-Length`, if any and well-formed.
 pub fn content_length(session: &Session) -> Option<u64> {
-    session
-        .req_header()
-        .headers
+    declared_length(session.req_header())
+}
+
+/// The `Content-Length` `req` declares, if any and well-formed.
+pub fn declared_length(req: &RequestHeader) -> Option<u64> {
+    req.headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
@@ -86,8 +93,7 @@ pub fn buffered_pass_through(session: &Session) -> bool {
 /// Whether the sender waits for `100 Continue` before sending the body.
 /// Only an HTTP/1.1 sender does: an HTTP/1.0 one has no 1xx answers, and
 /// its expectation is ignored (RFC 9110 §10.1.1, §15.2).
-pub fn expects_continue(session: &Session) -> bool {
-    let req = session.req_header();
+pub fn expects_continue(req: &RequestHeader) -> bool {
     req.version == http::Version::HTTP_11
         && req
             .headers
@@ -134,14 +140,24 @@ pub async fn read_full(session: &mut Session, max_body: u64) -> Result<Bytes, Bo
             "the request has both Content-Length and Transfer-Encoding",
         )));
     }
+    let total = session.get_read_timeout().unwrap_or(DEFAULT_BODY_TIMEOUT);
+    read_bounded(session, max_body, total).await
+}
+
+/// The one bounded body reader: the whole body, at most `max_body` bytes,
+/// within `total` in all.
+pub async fn read_bounded(
+    session: &mut ServerSession,
+    max_body: u64,
+    total: Duration,
+) -> Result<Bytes, BodyError> {
     // The declared length is a hint only up to 64 KiB: a sender that
     // announces 1 MiB and sends nothing must not make idemgate hold 1 MiB.
-    let hint = content_length(session)
+    let hint = declared_length(session.req_header())
         .unwrap_or(4096)
         .min(max_body)
         .min(64 * 1024) as usize;
     let mut buf = BytesMut::with_capacity(hint);
-    let total = session.get_read_timeout().unwrap_or(DEFAULT_BODY_TIMEOUT);
     let read = async {
         while let Some(chunk) = session.read_request_body().await.map_err(classify)? {
             if (buf.len() + chunk.len()) as u64 > max_body {

@@ -2,6 +2,11 @@
 //! answers it: the guarded path and the unguarded ones that read the body
 //! first come to a [`Verdict`] or stop with a [`Refused`] problem, and
 //! [`answer`] counts it, writes it and, for a guarded request, logs it.
+//!
+//! Counting a request is this file's alone: every count hands back a
+//! [`Counted`] proof, which only this file can make, and the hooks keep it
+//! in the request's state, so the last hook (`logging`) counts only a
+//! request that has none (pingora's streaming path, [`count_streamed`]).
 
 use std::time::Instant;
 
@@ -12,7 +17,7 @@ use super::forward::{self, Answered, UpstreamFailure};
 use super::respond;
 use super::routes::RouteRt;
 use super::shared::Shared;
-use crate::metrics::{CloseReason, Outcome};
+use crate::metrics::{status_class, CloseReason, Outcome};
 use crate::problem::{Problem, ProblemKind};
 use crate::store::Recorded;
 
@@ -128,6 +133,18 @@ fn summary(ending: &Ending) -> (Outcome, Option<u16>) {
 /// (or the connection is gone).
 pub type Handled = pingora::Result<bool>;
 
+/// Proof that a request's count is settled: it was counted once, or its
+/// connection broke on idemgate's own path before any answer (not
+/// counted, as before). Only this file makes one.
+pub struct Counted(());
+
+/// A request answered on idemgate's own path: for pingora, and the proof
+/// that it was counted.
+pub struct Exit {
+    pub counted: Counted,
+    pub handled: Handled,
+}
+
 /// What the one log line of a guarded request tells besides its ending.
 pub struct LogLine<'a> {
     pub started: Instant,
@@ -147,10 +164,16 @@ pub async fn answer(
     route: &RouteRt,
     ending: Ending,
     log: Option<LogLine<'_>>,
-) -> Handled {
+) -> Exit {
     let (outcome, upstream_status) = summary(&ending);
-    let handled = write(shared, session, route, ending).await;
-    if let Some(line) = log {
+    let without_store = outcome == Outcome::StoreUnavailable;
+    if without_store {
+        // thousands a second during an outage: a summary line a second,
+        // noted before the answer goes out, as the counts are
+        crate::telemetry::outage::note(outcome.as_str());
+    }
+    let exit = write(shared, session, route, ending).await;
+    if let (false, Some(line)) = (without_store, log) {
         tracing::info!(
             route = route.name(),
             event_id = line.event_id.unwrap_or(""),
@@ -162,35 +185,32 @@ pub async fn answer(
             "guarded request"
         );
     }
-    handled
+    exit
 }
 
-async fn write(shared: &Shared, session: &mut Session, route: &RouteRt, ending: Ending) -> Handled {
-    match ending {
+async fn write(shared: &Shared, session: &mut Session, route: &RouteRt, ending: Ending) -> Exit {
+    let (counted, handled) = match ending {
         Ok(Verdict::Replay(recorded)) => {
-            count(shared, Some(route), Outcome::Replayed);
-            respond::replay(session, &recorded).await?;
+            let counted = count(shared, Some(route), Outcome::Replayed);
+            (counted, respond::replay(session, &recorded).await)
         }
         Ok(Verdict::Relay(relay)) => {
-            count(shared, Some(route), relay.outcome);
+            let counted = count(shared, Some(route), relay.outcome);
             // Boxed: streaming the answer is most of this future's size
             // (the connection's reuse with it), and inline it would make
             // every request's future that large, replays and refusals too.
-            Box::pin(forward::relay(
-                session,
-                &shared.connector,
-                &route.idle,
-                &route.peer,
-                relay.answered,
-                relay.prefix,
-                relay.outcome.as_str(),
-            ))
-            .await?;
+            let upstream = forward::Upstream::of(shared, route);
+            let outcome = relay.outcome.as_str();
+            let relayed = upstream.relay(session, relay.answered, relay.prefix, outcome);
+            (counted, Box::pin(relayed).await)
         }
         Err(Stop::Refused(refused)) => return refuse(shared, session, Some(route), refused).await,
-        Err(Stop::Broken(e)) => return Err(e),
+        Err(Stop::Broken(e)) => (Counted(()), Err(e)),
+    };
+    Exit {
+        counted,
+        handled: handled.map(|()| true),
     }
-    Ok(true)
 }
 
 /// Counts and writes a problem; `route` is `None` for a request that
@@ -200,21 +220,62 @@ pub async fn refuse(
     session: &mut Session,
     route: Option<&RouteRt>,
     r: Refused,
-) -> Handled {
-    count(shared, route, r.outcome);
+) -> Exit {
+    let counted = count(shared, route, r.outcome);
     if r.problem.kind == ProblemKind::BodyTimeout {
         // a 408 closes its connection
         shared.metrics.connection_closed(CloseReason::BodyTimeout);
     }
-    respond::problem(session, &r.problem, r.outcome.as_str(), r.close).await?;
-    Ok(true)
+    let written = respond::problem(session, &r.problem, r.outcome.as_str(), r.close).await;
+    Exit {
+        counted,
+        handled: written.map(|()| true),
+    }
 }
 
-fn count(shared: &Shared, route: Option<&RouteRt>, outcome: Outcome) {
+fn count(shared: &Shared, route: Option<&RouteRt>, outcome: Outcome) -> Counted {
     match route {
         Some(route) => shared
             .metrics
             .route_request(&route.requests, route.name(), outcome),
         None => shared.metrics.request("", outcome),
     }
+    Counted(())
+}
+
+/// Counts an unguarded request on pingora's streaming path once, as soon
+/// as its outcome is known and before its answer goes out: a sender that
+/// reads `/metrics` right after its answer finds it counted. `status` is
+/// the upstream's answer; else `failure` says what broke, if anything did.
+/// `upstream_started`: when it went upstream, for the upstream's time.
+pub fn count_streamed(
+    shared: &Shared,
+    route: &RouteRt,
+    upstream_started: Option<Instant>,
+    status: Option<u16>,
+    failure: Option<&pingora::Error>,
+) -> Counted {
+    use pingora::{ErrorSource, ErrorType};
+    let counted = count(shared, Some(route), Outcome::Unguarded);
+    let (name, metrics) = (route.name(), &shared.metrics);
+    let class = match (status, failure) {
+        (Some(s), _) => status_class(s),
+        // the sender's side failed: no upstream outcome to count
+        (None, Some(e)) if e.esource() == &ErrorSource::Downstream => return counted,
+        (None, Some(e))
+            if matches!(
+                e.etype(),
+                ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout
+            ) =>
+        {
+            "timeout"
+        }
+        (None, Some(_)) => "connect_error",
+        (None, None) => return counted,
+    };
+    metrics.upstream_outcome(name, class);
+    if let Some(t) = upstream_started {
+        metrics.upstream_time(name, t.elapsed());
+    }
+    counted
 }

@@ -19,6 +19,8 @@ use pingora::ErrorType;
 use super::hop;
 use super::idle::IdleConnections;
 use super::respond::IDEMPOTENCY_STATUS;
+use super::routes::RouteRt;
+use super::shared::Shared;
 use crate::problem::ProblemKind;
 
 /// Dropped from a request whose body idemgate read, besides the hop-by-hop
@@ -109,7 +111,7 @@ pub struct Answered {
 /// sent neither body nor length), `Host` (the upstream's, `host`, when the
 /// sender gave none, as HTTP/1.0 allows), and the idempotency key (replacing
 /// any the sender set).
-pub fn upstream_request(
+fn build_request(
     original: &RequestHeader,
     path_and_query: &str,
     body_len: usize,
@@ -146,102 +148,165 @@ pub fn upstream_request(
 /// on its own). Larger bodies follow the header, as pingora writes them.
 const COALESCE_LIMIT: usize = 64 * 1024;
 
-/// Sends the request and waits for the final response header, all within
-/// `timeout`, on one of the route's idle connections or a new one. A kept
-/// connection that fails before any byte of an answer arrived — it was
-/// closed or reset while idle, or the consumer closed it after the liveness
-/// check ([`IdleConnections::take`]) — gets the request once more, on a new
-/// connection, with the same header (so the same idempotency key):
-/// `on_retry` counts it. With `hold` (SPEC §12) only while the request's
-/// last byte was not written yet: after that the consumer may have acted.
-/// Nothing is retried once the upstream has answered anything, nor on a
-/// new connection.
-pub async fn exchange(
-    upstream: Upstream<'_>,
-    req: RequestHeader,
-    body: Bytes,
-    hold: bool,
-    on_retry: &(dyn Fn() + Sync),
-) -> Result<Answered, UpstreamFailure> {
-    let Upstream {
-        connector,
-        idle,
-        peer,
-        timeout,
-    } = upstream;
-    let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + timeout;
-    // set once the request's last byte is written, read if the time runs out
-    let written = AtomicBool::new(false);
-    let attempt = async {
+/// A route's upstream as idemgate's own path reaches it: the route's kept
+/// connections and peer, the shared connector, and the metrics its answers
+/// and failures are counted in.
+#[derive(Clone, Copy)]
+pub struct Upstream<'a> {
+    shared: &'a Shared,
+    route: &'a RouteRt,
+}
+
+impl<'a> Upstream<'a> {
+    pub fn of(shared: &'a Shared, route: &'a RouteRt) -> Self {
+        Upstream { shared, route }
+    }
+
+    /// The request as this upstream gets it ([`build_request`]): the
+    /// sender's, its path rewritten for the route, with `key` as the
+    /// idempotency key.
+    pub fn request(
+        &self,
+        session: &Session,
+        body_len: usize,
+        key: Option<(&http::HeaderName, &str)>,
+    ) -> pingora::Result<RequestHeader> {
+        let original = session.req_header();
+        let pq = original
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let host = &self.route.cfg.upstream.host_header;
+        build_request(original, &self.route.upstream_path(pq), body_len, key, host)
+    }
+
+    /// Sends the request and waits for the final response header, all
+    /// within `upstream_timeout`, on one of the route's idle connections or
+    /// a new one ([`Upstream::attempt`]); counts the answer, or the
+    /// failure.
+    pub async fn exchange(
+        &self,
+        req: RequestHeader,
+        body: Bytes,
+        hold: bool,
+    ) -> Result<Answered, UpstreamFailure> {
+        let (name, metrics) = (self.route.name(), &self.shared.metrics);
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.route.cfg.upstream_timeout;
+        // set once the request's last byte is written, read if the time runs out
+        let written = AtomicBool::new(false);
+        let attempt = self.attempt(&req, &body, hold, &written);
+        let exchanged = match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(Ok((client, header))) => Ok(Answered {
+                client,
+                header,
+                elapsed: started.elapsed(),
+                broken: None,
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(UpstreamFailure::Timeout {
+                written: written.load(Ordering::Relaxed),
+            }),
+        };
+        match &exchanged {
+            Ok(answered) => {
+                metrics.upstream_answered(name, answered.header.status.as_u16(), answered.elapsed)
+            }
+            Err(failure) => metrics.upstream_outcome(name, failure.class()),
+        }
+        exchanged
+    }
+
+    /// The request on a kept connection, or a new one. A kept connection
+    /// that fails before any byte of an answer arrived — it was closed or
+    /// reset while idle, or the consumer closed it after the liveness check
+    /// ([`IdleConnections::take`]) — gets the request once more, on a new
+    /// connection, with the same header (so the same idempotency key),
+    /// counted as a retry. With `hold` (SPEC §12) only while the request's
+    /// last byte was not written yet: after that the consumer may have
+    /// acted. Nothing is retried once the upstream has answered anything,
+    /// nor on a new connection.
+    async fn attempt(
+        &self,
+        req: &RequestHeader,
+        body: &Bytes,
+        hold: bool,
+        written: &AtomicBool,
+    ) -> Result<(HttpSession, ResponseHeader), UpstreamFailure> {
+        let (route, peer) = (self.route, &self.route.peer);
         let mut retried = false;
         loop {
             written.store(false, Ordering::Relaxed);
-            let kept = if retried { None } else { idle.take() };
+            let kept = if retried { None } else { route.idle.take() };
             let (client, reused) = match kept {
                 Some(stream) => (
                     HttpSession::H1(Http1Session::new_with_options(stream, peer)),
                     true,
                 ),
-                None => connector
+                None => self
+                    .shared
+                    .connector
                     .get_http_session(peer)
                     .await
                     .map_err(|e| connect_failure(&e))?,
             };
-            let client = match try_once(client, peer, &req, &body, timeout, &written).await {
-                Ok(client) => client,
+            let timeout = route.cfg.upstream_timeout;
+            match try_once(client, peer, req, body, timeout, written).await {
+                Ok(client) => return final_header(client),
                 Err(Try::Gone(_))
                     if reused && !retried && !(hold && written.load(Ordering::Relaxed)) =>
                 {
                     retried = true;
-                    on_retry();
-                    continue;
+                    self.shared.metrics.upstream_retry(route.name());
                 }
                 Err(Try::Gone(e) | Try::Failed(e)) => {
                     return Err(failure(&e, written.load(Ordering::Relaxed)))
                 }
-            };
-            let header =
-                client
-                    .response_header()
-                    .cloned()
-                    .ok_or_else(|| UpstreamFailure::Failed {
-                        why: "no response header",
-                        error: "upstream sent no response header".into(),
-                    })?;
-            if header.status == http::StatusCode::SWITCHING_PROTOCOLS {
-                // idemgate never asks for an upgrade (hop::strip_request)
-                return Err(UpstreamFailure::Failed {
-                    why: "answered 101 Switching Protocols",
-                    error: "upstream answered 101 Switching Protocols to a request without Upgrade"
-                        .into(),
-                });
             }
-            return Ok((client, header));
         }
-    };
-    match tokio::time::timeout_at(deadline, attempt).await {
-        Ok(Ok((client, header))) => Ok(Answered {
-            client,
-            header,
-            elapsed: started.elapsed(),
-            broken: None,
-        }),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(UpstreamFailure::Timeout {
-            written: written.load(Ordering::Relaxed),
-        }),
+    }
+
+    /// Passes the upstream's answer on to the sender ([`relay`]) and keeps
+    /// the connection among the route's idle ones when it is reusable.
+    pub async fn relay(
+        &self,
+        session: &mut Session,
+        answered: Answered,
+        prefix: Option<Bytes>,
+        status_header: &str,
+    ) -> pingora::Result<()> {
+        let (connector, route) = (&self.shared.connector, self.route);
+        relay(
+            session,
+            connector,
+            &route.idle,
+            &route.peer,
+            answered,
+            prefix,
+            status_header,
+        )
+        .await
     }
 }
 
-/// Where a request goes: the route's connector, kept connections, peer and
-/// `upstream_timeout`.
-#[derive(Clone, Copy)]
-pub struct Upstream<'a> {
-    pub connector: &'a Connector,
-    pub idle: &'a IdleConnections,
-    pub peer: &'a HttpPeer,
-    pub timeout: Duration,
+/// The final response header a try read: a 101 is refused (idemgate never
+/// asks for an upgrade, [`hop::strip_request`]).
+fn final_header(client: HttpSession) -> Result<(HttpSession, ResponseHeader), UpstreamFailure> {
+    let header = client
+        .response_header()
+        .cloned()
+        .ok_or_else(|| UpstreamFailure::Failed {
+            why: "no response header",
+            error: "upstream sent no response header".into(),
+        })?;
+    if header.status == http::StatusCode::SWITCHING_PROTOCOLS {
+        return Err(UpstreamFailure::Failed {
+            why: "answered 101 Switching Protocols",
+            error: "upstream answered 101 Switching Protocols to a request without Upgrade".into(),
+        });
+    }
+    Ok((client, header))
 }
 
 /// How one try of a request on one connection failed.
@@ -266,19 +331,7 @@ async fn try_once(
     let whole = matches!(client, HttpSession::H1(_)) && coalesces(req, body);
     let sent = match client {
         HttpSession::H1(h1) if whole => write_whole(h1, req, body, peer, timeout).await,
-        mut client => {
-            client.set_read_timeout(Some(timeout));
-            client.set_write_timeout(Some(timeout));
-            let sent = async {
-                client.write_request_header(Box::new(req.clone())).await?;
-                if !body.is_empty() {
-                    client.write_request_body(body.clone(), true).await?;
-                }
-                client.finish_request_body().await?;
-                Ok::<(), Box<pingora::Error>>(())
-            };
-            sent.await.map(|()| client)
-        }
+        client => write_apart(client, req, body, timeout).await,
     };
     let mut client = sent.map_err(|e| {
         // the kept connection was gone before the request was written
@@ -326,7 +379,7 @@ pub fn closed_before_answer(e: &pingora::Error) -> bool {
 /// reads the answer is then built afresh on the connection and does not know
 /// the request; for what it reads that is the same, because the request
 /// carries an exact `Content-Length` and no `Connection` or `Upgrade` header
-/// ([`upstream_request`] drops them), and a `HEAD` is written the usual way.
+/// ([`build_request`] drops them), and a `HEAD` is written the usual way.
 fn coalesces(req: &RequestHeader, body: &[u8]) -> bool {
     !body.is_empty() && body.len() <= COALESCE_LIMIT && req.method != http::Method::HEAD
 }
@@ -362,6 +415,24 @@ async fn write_whole(
     let mut client = HttpSession::H1(Http1Session::new_with_options(stream, peer));
     client.set_read_timeout(Some(timeout));
     client.set_write_timeout(Some(timeout));
+    Ok(client)
+}
+
+/// Writes the request header, then the body, as pingora writes them, with
+/// `timeout` for the session's reads and writes.
+async fn write_apart(
+    mut client: HttpSession,
+    req: &RequestHeader,
+    body: &Bytes,
+    timeout: Duration,
+) -> pingora::Result<HttpSession> {
+    client.set_read_timeout(Some(timeout));
+    client.set_write_timeout(Some(timeout));
+    client.write_request_header(Box::new(req.clone())).await?;
+    if !body.is_empty() {
+        client.write_request_body(body.clone(), true).await?;
+    }
+    client.finish_request_body().await?;
     Ok(client)
 }
 
@@ -432,7 +503,7 @@ pub fn bodiless(method: &http::Method, status: u16) -> bool {
 /// rest of its body and keeps the upstream connection among the route's
 /// idle ones when it is reusable. `prefix` is body that was already read
 /// (to be stored for replay).
-pub async fn relay(
+async fn relay(
     session: &mut Session,
     connector: &Connector,
     idle: &IdleConnections,
@@ -465,24 +536,35 @@ pub async fn relay(
         }
         session.write_response_body(None, true).await?;
     }
-    if answered.client.response_done() {
-        match answered.client {
-            HttpSession::H1(mut h1) => {
-                h1.respect_keepalive();
-                if let Some(stream) = h1.reuse().await {
-                    idle.put(stream);
-                }
-            }
-            other => {
-                connector
-                    .release_http_session(other, peer, peer.options.idle_timeout)
-                    .await
+    keep_or_close(answered.client, connector, idle, peer).await;
+    Ok(())
+}
+
+/// An upstream connection whose answer was relayed: kept among the route's
+/// idle ones when its answer was read to the end and it may be reused,
+/// closed otherwise.
+async fn keep_or_close(
+    mut client: HttpSession,
+    connector: &Connector,
+    idle: &IdleConnections,
+    peer: &HttpPeer,
+) {
+    if !client.response_done() {
+        return client.shutdown().await;
+    }
+    match client {
+        HttpSession::H1(mut h1) => {
+            h1.respect_keepalive();
+            if let Some(stream) = h1.reuse().await {
+                idle.put(stream);
             }
         }
-    } else {
-        answered.client.shutdown().await;
+        other => {
+            connector
+                .release_http_session(other, peer, peer.options.idle_timeout)
+                .await
+        }
     }
-    Ok(())
 }
 
 /// Reads the upstream body up to `limit` bytes (for `replay_body`). Returns the

@@ -6,15 +6,15 @@
 //! requests (chunked or large bodies, upgrades) take pingora's streaming
 //! proxy path.
 //!
-//! Every request read whole comes to one ending (`verdict`: a replay, an
-//! upstream answer to relay, or a problem), which one exit counts and
-//! writes; `guard` is the guarded path (its policies are
-//! `claim::policy`'s), `unguarded` the others.
+//! Every request read whole comes to one ending (`exit::Verdict`: a replay,
+//! an upstream answer to relay, or a problem), which one exit
+//! (`exit::answer`) counts and writes, handing back the proof that it
+//! counted; `delivery` is the guarded path (its policies are
+//! `claim::policy`'s), `pass_through` the unguarded ones read whole.
 
 pub mod body;
 mod delivery;
 mod exit;
-mod fields;
 pub mod forward;
 pub mod hop;
 pub mod idle;
@@ -27,7 +27,6 @@ pub mod seen;
 mod shared;
 mod steps;
 
-use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,15 +37,14 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType, Result};
 
-use crate::metrics::{status_class, Outcome};
+use crate::metrics::Outcome;
 use crate::problem::{Problem, ProblemKind};
-use exit::Refused;
+use crate::strict::fields::{self, FieldFault, MAX_HEADER_SECTION};
+use exit::{Exit, Refused};
 pub use in_flight::InFlightRequests;
 pub use pending::PendingSettles;
 use routes::{RouteRt, RouteTable};
 pub use shared::Shared;
-
-pub use fields::MAX_HEADER_SECTION;
 
 /// The proxy: its routes and what every request shares. Its hooks gather
 /// facts and hand the request to [`delivery`] (guarded), [`pass_through`]
@@ -56,20 +54,30 @@ pub struct Gate {
     pub shared: Shared,
 }
 
-/// Per-request state shared by the hooks.
+/// Per-request state shared by pingora's hooks.
 #[derive(Default)]
-pub struct Ctx {
+pub struct RequestCtx {
     route: Option<Arc<RouteRt>>,
     /// When the request went upstream on pingora's path (unguarded).
     upstream_started: Option<Instant>,
-    /// The unguarded request is counted already (see `count_unguarded`).
-    counted: bool,
+    /// The request's count is settled ([`exit::Counted`]): by the exit
+    /// that answered it, or once on pingora's path (`count_unguarded`).
+    counted: Option<exit::Counted>,
     /// pingora's path: the request is being sent once more (a kept
     /// connection failed before answering), on a connection of its own.
     retried: bool,
     /// pingora's path: the route's limits let the request through (SPEC
     /// §15); its slot is given back when the context is dropped.
     permit: Option<crate::limits::Permit>,
+}
+
+impl RequestCtx {
+    /// The request was answered on idemgate's own path: its count is
+    /// settled by that exit.
+    fn answered(&mut self, exit: Exit) -> Result<bool> {
+        self.counted = Some(exit.counted);
+        exit.handled
+    }
 }
 
 /// Pool keys for retried requests on pingora's path: each retry gets a new
@@ -80,16 +88,16 @@ static RETRY_POOL: AtomicU64 = AtomicU64::new(1);
 
 #[async_trait]
 impl ProxyHttp for Gate {
-    type CTX = Ctx;
+    type CTX = RequestCtx;
 
-    fn new_ctx(&self) -> Ctx {
-        Ctx::default()
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
     }
 
     /// Phase 1, after the request header: the path's normal form, the route,
     /// and for guarded requests the whole protocol. `Ok(true)` means the
     /// response was written here.
-    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         if session.req_header().version < http::Version::HTTP_11 {
             // RFC 9110 §15.2: no 1xx to an HTTP/1.0 client (pingora would
             // relay an upstream's)
@@ -99,73 +107,20 @@ impl ProxyHttp for Gate {
         if dropped > 0 {
             self.shared.metrics.underscore_headers_dropped(dropped);
         }
-        // Routes see, and upstreams get, the normal form of the path (the
-        // common, already normal path costs a scan and no allocation).
-        let changed = match crate::path::normalise(session.req_header().uri.path()) {
-            Ok(Cow::Borrowed(_)) => None,
-            Ok(Cow::Owned(normal)) => Some(normal),
-            Err(e) => {
-                let p = Problem::new(ProblemKind::InvalidPath, e.to_string());
-                return pass_through::refuse_unrouted(&self.shared, session, p).await;
-            }
+        let exit = match self.route_request(session, ctx).await {
+            Some(exit) => exit,
+            None => return self.stream_unguarded(session, ctx).await,
         };
-        if let Some(normal) = changed {
-            let req = session.req_header_mut();
-            let pq = match req.uri.query() {
-                Some(q) => format!("{normal}?{q}"),
-                None => normal,
-            };
-            match pq.parse::<http::Uri>() {
-                Ok(uri) => req.set_uri(uri),
-                Err(_) => {
-                    let p = Problem::new(ProblemKind::InvalidPath, "the path is not a valid URI");
-                    return pass_through::refuse_unrouted(&self.shared, session, p).await;
-                }
-            }
-        }
-        let req = session.req_header();
-        let host = routes::request_host(req);
-        let found = self.routes.find(host.as_deref(), req.uri.path()).cloned();
-        if let Some(p) = fields::refusal(req, found.as_deref()) {
-            let refused = Refused::new(p).closing(true);
-            return exit::refuse(&self.shared, session, found.as_deref(), refused).await;
-        }
-        let Some(route) = found else {
-            let p = Problem::new(
-                ProblemKind::NoRoute,
-                format!("no route matches {}", req.uri.path()),
-            );
-            return pass_through::refuse_unrouted(&self.shared, session, p).await;
-        };
-        let method = &req.method;
-        let guarded = route.guards(method);
-        let verified = route.verifies(method);
-        ctx.route = Some(route.clone());
-        if !guarded && self.shared.paused.contains(route.name()) {
-            // a paused route forwards nothing (SPEC §14); the body is not read
-            let p = delivery::route_paused(None);
-            let refused = Refused::new(p).closing(true);
-            ctx.counted = true; // as `paused`, not once more as unguarded
-            return exit::refuse(&self.shared, session, Some(&route), refused).await;
-        }
-        if !guarded {
-            if verified {
-                // read, verified, then forwarded unguarded (SPEC §8)
-                ctx.counted = true;
-                return pass_through::pass_verified(&self.shared, session, &route).await;
-            }
-            if body::buffered_pass_through(session) {
-                ctx.counted = true; // counted where it is forwarded
-                return pass_through::pass_buffered(&self.shared, session, &route).await;
-            }
-            return self.stream_unguarded(session, ctx, &route).await;
-        }
-        delivery::run(&self.shared, session, &route).await
+        ctx.answered(exit)
     }
 
     /// Unguarded requests only: the route's upstream (on a retry, on a
     /// connection of its own).
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
         let route = ctx
             .route
             .as_ref()
@@ -185,7 +140,7 @@ impl ProxyHttp for Gate {
         &self,
         session: &mut Session,
         upstream: &mut RequestHeader,
-        ctx: &mut Ctx,
+        ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let Some(route) = &ctx.route {
             let pq = session
@@ -220,9 +175,9 @@ impl ProxyHttp for Gate {
     /// unguarded`.
     async fn upstream_response_filter(
         &self,
-        session: &mut Session,
+        _session: &mut Session,
         upstream: &mut ResponseHeader,
-        ctx: &mut Ctx,
+        ctx: &mut RequestCtx,
     ) -> Result<()> {
         if upstream.status == http::StatusCode::SWITCHING_PROTOCOLS {
             // no upgrade is ever forwarded (hop.rs): a 101 is the upstream's fault
@@ -236,7 +191,7 @@ impl ProxyHttp for Gate {
         if upstream.status.is_informational() {
             return Ok(()); // an interim answer; the final one is counted
         }
-        self.count_unguarded(session, ctx, Some(upstream.status.as_u16()), None);
+        self.count_unguarded(ctx, Some(upstream.status.as_u16()), None);
         upstream.insert_header(respond::IDEMPOTENCY_STATUS, Outcome::Unguarded.as_str())?;
         Ok(())
     }
@@ -249,7 +204,7 @@ impl ProxyHttp for Gate {
         peer: &HttpPeer,
         session: &mut Session,
         e: Box<Error>,
-        ctx: &mut Ctx,
+        ctx: &mut RequestCtx,
         client_reused: bool,
     ) -> Box<Error> {
         let retry = client_reused
@@ -269,8 +224,13 @@ impl ProxyHttp for Gate {
     /// before answering (502, 504), or the sender's streamed body did (408
     /// for a stall past `body_timeout`, 400 for a body that broke off or
     /// was malformed) — answered here while no byte of a response went out.
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        self.count_unguarded(session, ctx, None, Some(e));
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        self.count_unguarded(ctx, None, Some(e));
         let from_upstream = e.esource() == &pingora::ErrorSource::Upstream;
         let kind = if e.esource() == &pingora::ErrorSource::Downstream {
             downstream_failure(e)
@@ -319,8 +279,8 @@ impl ProxyHttp for Gate {
 
     /// Every path, once, after the response: counts the unguarded requests
     /// that neither an upstream answer nor a failure counted.
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        self.count_unguarded(session, ctx, None, e);
+    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        self.count_unguarded(ctx, None, e);
         if e.is_some_and(|e| {
             e.etype() == &ErrorType::WriteTimedout && e.esource() != &pingora::ErrorSource::Upstream
         }) {
@@ -330,6 +290,27 @@ impl ProxyHttp for Gate {
                 .connection_closed(crate::metrics::CloseReason::WriteTimeout);
         }
     }
+}
+
+/// What the header fields refuse once the route (if any) is known
+/// ([`fields::judge`]): the route's own event-ID header is exempt from the
+/// `obs-text` rule (its invalid values are `invalid-event-id`).
+fn field_refusal(req: &RequestHeader, route: Option<&RouteRt>) -> Option<Problem> {
+    let exempt = || {
+        route
+            .filter(|r| r.guards(&req.method))
+            .and_then(|r| r.cfg.event_id.header_for(&req.headers))
+    };
+    Some(match fields::judge(req, exempt)? {
+        FieldFault::TooLarge => Problem::new(
+            ProblemKind::HeadersTooLarge,
+            format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
+        ),
+        FieldFault::ObsText => Problem::new(
+            ProblemKind::InvalidRequest,
+            "a header value holds a byte outside ASCII",
+        ),
+    })
 }
 
 /// What a failure of the sender's side of a streamed request is answered
@@ -344,69 +325,83 @@ fn downstream_failure(e: &Error) -> Option<ProblemKind> {
 }
 
 impl Gate {
+    /// The path's normal form (routes see it, and upstreams get it), the
+    /// route, and the request answered on idemgate's own path: guarded
+    /// ([`delivery`]), unguarded read whole ([`pass_through`]), or refused.
+    /// `None`: an unguarded request for pingora's streaming path.
+    async fn route_request(&self, session: &mut Session, ctx: &mut RequestCtx) -> Option<Exit> {
+        let shared = &self.shared;
+        match crate::path::normal_uri(&session.req_header().uri) {
+            Ok(None) => {}
+            Ok(Some(uri)) => session.req_header_mut().set_uri(uri),
+            Err(e) => {
+                let p = Problem::new(ProblemKind::InvalidPath, e.to_string());
+                return Some(pass_through::refuse_unrouted(shared, session, p).await);
+            }
+        }
+        let req = session.req_header();
+        let host = routes::request_host(req);
+        let found = self.routes.find(host.as_deref(), req.uri.path()).cloned();
+        if let Some(p) = field_refusal(req, found.as_deref()) {
+            let refused = Refused::new(p).closing(true);
+            return Some(exit::refuse(shared, session, found.as_deref(), refused).await);
+        }
+        let Some(route) = found else {
+            let p = Problem::new(
+                ProblemKind::NoRoute,
+                format!("no route matches {}", req.uri.path()),
+            );
+            return Some(pass_through::refuse_unrouted(shared, session, p).await);
+        };
+        let method = &req.method;
+        let (guarded, verified) = (route.guards(method), route.verifies(method));
+        ctx.route = Some(route.clone());
+        if guarded {
+            return Some(delivery::run(shared, session, &route).await);
+        }
+        if shared.paused.contains(route.name()) {
+            // a paused route forwards nothing (SPEC §14); the body is not read
+            let refused = Refused::new(delivery::route_paused(None)).closing(true);
+            return Some(exit::refuse(shared, session, Some(&route), refused).await);
+        }
+        if verified {
+            // read, verified, then forwarded unguarded (SPEC §8)
+            return Some(pass_through::pass_verified(shared, session, &route).await);
+        }
+        if body::buffered_pass_through(session) {
+            return Some(pass_through::pass_buffered(shared, session, &route).await);
+        }
+        None
+    }
+
     /// An unguarded request for pingora's streaming path, within the
     /// route's limits (SPEC §15): the context holds its slot to the end
     /// (`Ok(false)`), or it is refused here without its body being read.
-    async fn stream_unguarded(
-        &self,
-        session: &mut Session,
-        ctx: &mut Ctx,
-        route: &RouteRt,
-    ) -> Result<bool> {
-        match pass_through::admit(route).await {
+    async fn stream_unguarded(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let Some(route) = ctx.route.clone() else {
+            return Error::e_explain(ErrorType::InternalError, "no route");
+        };
+        match pass_through::within_limits(&route).await {
             Ok(permit) => {
                 ctx.permit = permit;
                 Ok(false)
             }
             Err(refused) => {
-                ctx.counted = true;
                 let refused = refused.closing(true);
-                exit::refuse(&self.shared, session, Some(route), refused).await
+                let exit = exit::refuse(&self.shared, session, Some(&route), refused).await;
+                ctx.answered(exit)
             }
         }
     }
 
-    /// Counts an unguarded request once, as soon as its outcome is known and
-    /// before its answer goes out: a sender that reads `/metrics` right after
-    /// its answer finds it counted. `status` is the upstream's answer; else
-    /// `failure` says what broke, if anything did.
-    fn count_unguarded(
-        &self,
-        session: &Session,
-        ctx: &mut Ctx,
-        status: Option<u16>,
-        failure: Option<&Error>,
-    ) {
+    /// Counts a request on pingora's streaming path once, unless its count
+    /// is settled already ([`exit::count_streamed`]).
+    fn count_unguarded(&self, ctx: &mut RequestCtx, status: Option<u16>, failure: Option<&Error>) {
         let Some(route) = &ctx.route else { return };
-        if ctx.counted || route.guards(&session.req_header().method) {
-            return; // guarded requests were counted where they were decided
-        }
-        ctx.counted = true;
-        let name = route.name();
-        let metrics = &self.shared.metrics;
-        metrics.route_request(&route.requests, name, Outcome::Unguarded);
-        let class = match (status, failure) {
-            (Some(s), _) => status_class(s),
-            (None, Some(e))
-                if e.esource() != &pingora::ErrorSource::Downstream
-                    && matches!(
-                        e.etype(),
-                        ErrorType::ConnectTimedout
-                            | ErrorType::ReadTimedout
-                            | ErrorType::WriteTimedout
-                    ) =>
-            {
-                "timeout"
-            }
-            // the sender's side failed: no upstream outcome to count
-            (None, Some(e)) if e.esource() == &pingora::ErrorSource::Downstream => return,
-            (None, Some(_)) => "connect_error",
-            (None, None) => return,
-        };
-        metrics.upstream_outcome(name, class);
-        if let Some(t) = ctx.upstream_started {
-            metrics.upstream_time(name, t.elapsed());
-        }
+        let started = ctx.upstream_started;
+        ctx.counted.get_or_insert_with(|| {
+            exit::count_streamed(&self.shared, route, started, status, failure)
+        });
     }
 }
 
@@ -446,7 +441,7 @@ mod tests {
         };
         let (stream, _peer) = tokio::io::duplex(64);
         let mut session = Session::new_h1(Box::new(stream));
-        let mut ctx = Ctx::default();
+        let mut ctx = RequestCtx::default();
         let size = std::mem::size_of_val(&*gate.request_filter(&mut session, &mut ctx));
         assert!(size < 6 * 1024, "request_filter's future is {size} bytes");
         let _ = std::fs::remove_dir_all(&dir);

@@ -7,7 +7,8 @@ use bytes::Bytes;
 use pingora::proxy::Session;
 
 use super::body;
-use super::exit::{self, Ending, Handled, Refused, Relay, Verdict};
+use super::exit::{self, Ending, Exit, Refused, Relay, Verdict};
+use super::forward::Upstream;
 use super::routes::RouteRt;
 use super::shared::Shared;
 use super::steps;
@@ -19,8 +20,9 @@ use crate::problem::{upstream_refusal, Problem};
 /// form): counted with `route=""`. The path decides it, so a sender
 /// waiting for `100 Continue` gets the answer at once, on a connection
 /// that closes; otherwise the body is read and dropped.
-pub async fn refuse_unrouted(shared: &Shared, session: &mut Session, p: Problem) -> Handled {
-    let close = body::expects_continue(session) || body::read_full(session, 1 << 20).await.is_err();
+pub async fn refuse_unrouted(shared: &Shared, session: &mut Session, p: Problem) -> Exit {
+    let close = body::expects_continue(session.req_header())
+        || body::read_full(session, 1 << 20).await.is_err();
     exit::refuse(shared, session, None, Refused::new(p).closing(close)).await
 }
 
@@ -28,14 +30,14 @@ pub async fn refuse_unrouted(shared: &Shared, session: &mut Session, p: Problem)
 /// `verify` (SPEC §8: every method is verified but `unverified_methods`):
 /// read whole (bounded by `max_body`), verified, then forwarded
 /// unguarded. A forged one gets 401 and reaches nothing.
-pub async fn pass_verified(shared: &Shared, session: &mut Session, route: &RouteRt) -> Handled {
+pub async fn pass_verified(shared: &Shared, session: &mut Session, route: &RouteRt) -> Exit {
     let ending = verified(shared, session, route).await;
     exit::answer(shared, session, route, ending, None).await
 }
 
 async fn verified(shared: &Shared, session: &mut Session, route: &RouteRt) -> Ending {
     steps::check_declared_length(session, route.cfg.max_body)?;
-    steps::send_continue(session, body::expects_continue(session)).await?;
+    steps::send_continue(session, body::expects_continue(session.req_header())).await?;
     // as on the guarded path: 408 for a body late past body_timeout
     let body = steps::read_body(session, route).await?;
     steps::check_signature(session, route, &body, None)?;
@@ -46,7 +48,7 @@ async fn verified(shared: &Shared, session: &mut Session, route: &RouteRt) -> En
 /// ([`body::buffered_pass_through`]): it goes out as guarded requests
 /// do, header and body in one write on one of the route's kept
 /// connections. No claim and no log line, as on pingora's path.
-pub async fn pass_buffered(shared: &Shared, session: &mut Session, route: &RouteRt) -> Handled {
+pub async fn pass_buffered(shared: &Shared, session: &mut Session, route: &RouteRt) -> Exit {
     let ending = match body::read_full(session, body::BUFFERED_PASS_LIMIT).await {
         // boxed: inline, the exchange (~12 KiB) made the request
         // filter's future that large for every request, guarded
@@ -64,7 +66,7 @@ pub async fn pass_buffered(shared: &Shared, session: &mut Session, route: &Route
 /// and rate (SPEC §15; not the breaker, which is the deliveries'),
 /// waiting up to `upstream_wait`: the permit to hold while it is
 /// forwarded, or its 503 `upstream-saturated`.
-pub async fn admit(route: &RouteRt) -> Result<Option<Permit>, Refused> {
+pub async fn within_limits(route: &RouteRt) -> Result<Option<Permit>, Refused> {
     route
         .limits
         .admit_waiting(false)
@@ -79,7 +81,7 @@ pub async fn forward_admitted(
     route: &RouteRt,
     body: Bytes,
 ) -> Ending {
-    let _permit = admit(route).await?;
+    let _permit = within_limits(route).await?;
     forward(shared, session, route, body).await
 }
 
@@ -92,8 +94,9 @@ pub async fn forward(
     route: &RouteRt,
     body: Bytes,
 ) -> Ending {
-    let req = steps::upstream_request(session, route, body.len(), None)?;
-    match steps::exchange(shared, route, req, body, false).await {
+    let upstream = Upstream::of(shared, route);
+    let req = upstream.request(session, body.len(), None)?;
+    match upstream.exchange(req, body, false).await {
         Ok(answered) => Ok(Verdict::Relay(Relay {
             answered,
             prefix: None,

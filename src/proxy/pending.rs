@@ -25,7 +25,7 @@ use std::time::Duration;
 use crate::claim::{now_ms, Millis};
 use crate::metrics::Metrics;
 use crate::store::owned::{OwnedOutcome, OwnedSettle};
-use crate::store::{operator, ClaimStore};
+use crate::store::{ClaimStore, UnacknowledgedClaim};
 
 /// The most settles one process keeps.
 pub const MAX_PENDING: usize = 10_000;
@@ -123,9 +123,13 @@ impl PendingSettles {
             while now_ms() < lease_until {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(LONGEST_PAUSE);
-                let released =
-                    operator::release_unacknowledged(&*store, &route, &event_id, token, now_ms());
-                match released.await {
+                let claim = UnacknowledgedClaim {
+                    route: &route,
+                    event_id: &event_id,
+                    token,
+                    now: now_ms(),
+                };
+                match store.release_unacknowledged(&claim).await {
                     Ok(true) => {
                         tracing::info!(
                             route,

@@ -14,7 +14,7 @@ use pingora::services::background::BackgroundService;
 use pingora::upstreams::peer::{HttpPeer, HttpUpstreamRequestPolicy};
 
 use crate::config::Route;
-use crate::limits::Limits;
+use crate::limits::RouteLimits;
 
 use super::idle::IdleConnections;
 
@@ -36,7 +36,7 @@ pub struct RouteRt {
     pub idle: IdleConnections,
     /// What protects the consumer (SPEC §15): the route's limits and
     /// breaker in this process (shared with the metrics and the console).
-    pub limits: Arc<Limits>,
+    pub limits: Arc<RouteLimits>,
 }
 
 /// A route whose upstream the process cannot reach by address.
@@ -81,7 +81,7 @@ impl RouteRt {
         // own paths, and never forwards an upgrade.
         peer.options.http_upstream_request_policy = HttpUpstreamRequestPolicy::preserve();
         Ok(RouteRt {
-            limits: Arc::new(Limits::new(cfg.limits())),
+            limits: Arc::new(RouteLimits::new(cfg.limits())),
             cfg,
             peer,
             waiters: Default::default(),

@@ -1,17 +1,14 @@
-//! The steps both paths that read a request whole share, as free
+//! The intake steps both paths that read a request whole share, as free
 //! functions: the declared length, `100 Continue`, the bounded body read,
-//! the signature check, the upstream request and the exchange with the
-//! upstream.
+//! the signature check. The upstream request and exchange are the route's
+//! upstream's ([`super::forward::Upstream`]).
 
 use bytes::Bytes;
-use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 
 use super::body::{self, BodyError};
 use super::exit::Refused;
-use super::forward::{self, Answered, UpstreamFailure};
 use super::routes::RouteRt;
-use super::shared::Shared;
 use crate::claim::now_ms;
 use crate::problem::{Problem, ProblemKind};
 
@@ -69,55 +66,4 @@ pub fn check_signature(
             let p = Problem::new(ProblemKind::InvalidSignature, e.to_string());
             Refused::new(p.with_event_id(event_id))
         })
-}
-
-/// The request as the route's upstream gets it ([`forward::upstream_request`]).
-pub fn upstream_request(
-    session: &Session,
-    route: &RouteRt,
-    body_len: usize,
-    key: Option<(&http::HeaderName, &str)>,
-) -> pingora::Result<RequestHeader> {
-    let original = session.req_header();
-    let pq = original
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    forward::upstream_request(
-        original,
-        &route.upstream_path(pq),
-        body_len,
-        key,
-        &route.cfg.upstream.host_header,
-    )
-}
-
-/// Sends `req` and `body` to the route's upstream and waits for its
-/// answer (see [`forward::exchange`]; `hold`: never send it again once its
-/// last byte was written); counts the answer, or the failure.
-pub async fn exchange(
-    shared: &Shared,
-    route: &RouteRt,
-    req: RequestHeader,
-    body: Bytes,
-    hold: bool,
-) -> Result<Answered, UpstreamFailure> {
-    let name = route.name();
-    let metrics = &shared.metrics;
-    let upstream = forward::Upstream {
-        connector: &shared.connector,
-        idle: &route.idle,
-        peer: &route.peer,
-        timeout: route.cfg.upstream_timeout,
-    };
-    let exchanged =
-        forward::exchange(upstream, req, body, hold, &|| metrics.upstream_retry(name)).await;
-    match &exchanged {
-        Ok(answered) => {
-            metrics.upstream_answered(name, answered.header.status.as_u16(), answered.elapsed)
-        }
-        Err(failure) => metrics.upstream_outcome(name, failure.class()),
-    }
-    exchanged
 }

@@ -5,9 +5,11 @@
 //! `upgrade_sock`, SIGQUIT makes this process hand it the listening sockets
 //! and drain like a graceful stop.
 
+mod stopping;
 mod upgrade;
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -23,11 +25,13 @@ use crate::admin::Admin;
 use crate::config::Config;
 use crate::listener::{self, Downstream, Table};
 use crate::metrics::Metrics;
+use crate::paused::RouteState;
 use crate::proxy::routes::PruneIdle;
 use crate::proxy::routes::{RouteError, RouteTable};
 use crate::proxy::{Gate, InFlightRequests, PendingSettles, Shared};
 use crate::store::ClaimStore;
-use crate::sweeper::{RouteState, Sweeper};
+use crate::sweeper::Sweeper;
+use stopping::UntilExit;
 use upgrade::{KeepFds, SharedFds, SignalError, Signals};
 
 /// Why the server could not start. `Display` is the line the CLI prints.
@@ -158,7 +162,15 @@ pub fn run(
         upgrade::notify_systemd();
     }
     let fds = SharedFds::default();
-    let table = add_services(&mut server, &config, gate, store, metrics, fds.clone());
+    let stopping = Arc::new(AtomicBool::new(false));
+    let table = add_services(
+        &mut server,
+        &config,
+        gate,
+        (store, metrics),
+        fds.clone(),
+        stopping.clone(),
+    );
     let (done, finished) = mpsc::channel();
     spawn_drain_watch(
         server.watch_execution_phase(),
@@ -184,6 +196,7 @@ pub fn run(
         upgrade_sock: config.upgrade_sock.clone(),
         fds,
         in_flight,
+        stopping,
     };
     // pingora sleeps out the whole grace period after a stop; the drain
     // watch says when it is done sooner, and the caller exits then
@@ -203,11 +216,12 @@ fn add_services(
     server: &mut Server,
     config: &Config,
     gate: Gate,
-    store: Arc<dyn ClaimStore>,
-    metrics: Metrics,
+    (store, metrics): (Arc<dyn ClaimStore>, Metrics),
     fds: SharedFds,
+    stopping: Arc<AtomicBool>,
 ) -> Arc<Table> {
     let conf = server.configuration.clone();
+    let in_flight = gate.shared.in_flight.clone();
     let prune_idle = PruneIdle {
         routes: gate.routes.iter().cloned().collect(),
     };
@@ -235,12 +249,17 @@ fn add_services(
             metrics: metrics.clone(),
             proxy_listen: config.listen,
             proxy_up: Default::default(),
+            stopping: stopping.clone(),
             api: crate::admin::api::Api::new(config, store.clone(), metrics.clone()),
             loopback_only: config.admin_listen.ip().is_loopback(),
         },
     );
     admin.add_tcp(&config.admin_listen.to_string());
-    server.add_service(admin);
+    server.add_service(UntilExit {
+        inner: admin,
+        stopping,
+        in_flight: in_flight.clone(),
+    });
 
     let route_state = RouteState {
         store: store.clone(),

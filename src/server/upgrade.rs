@@ -5,6 +5,7 @@
 //! the new process.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -94,6 +95,9 @@ pub struct Signals {
     pub upgrade_sock: PathBuf,
     pub fds: SharedFds,
     pub in_flight: Arc<InFlightRequests>,
+    /// Set as soon as a stop is asked for (the admin's `/readyz` answers
+    /// 503 from then on), before pingora broadcasts it.
+    pub stopping: Arc<AtomicBool>,
 }
 
 #[async_trait]
@@ -104,6 +108,7 @@ impl ShutdownSignalWatch for Signals {
             match signals.recv().await {
                 Some(Sig::Quit) => {}
                 Some(sig) => {
+                    self.stopping.store(true, Ordering::Release);
                     tracing::info!("{sig:?}: stopping gracefully");
                     return ShutdownSignal::GracefulTerminate;
                 }
@@ -119,6 +124,7 @@ impl ShutdownSignalWatch for Signals {
                     sig = signals.recv() => match sig {
                         Some(Sig::Quit) => {}
                         Some(sig) => {
+                            self.stopping.store(true, Ordering::Release);
                             tracing::info!("{sig:?} during the hand-over: stopping gracefully");
                             break true;
                         }

@@ -11,19 +11,29 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::sql::{Statement, Value};
 use super::{
-    ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
-    SettleRequest, StoreError,
+    Attempt, BulkRelease, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record,
+    ReleaseOutcome, ReleaseRequest, ResolveOutcome, ResolveRequest, SettleRequest, StoreError,
+    UnacknowledgedClaim,
 };
-use crate::claim::{Millis, SettleResult};
+use crate::claim::{Millis, SettleResult, State};
+
+/// Records a bulk release changes per batch (one transaction each on SQL).
+const BULK_BATCH: i64 = 500;
 
 /// One database behind the claim store. Each method does one operation of
-/// [`ClaimStore`]; [`Bounded`] applies [`Backend::OP_TIMEOUT`] around it
-/// (but not around `migrate` and `close`), except that a claim or settle is
-/// given its limit instead, not cut off from outside. A backend that
-/// queues other work (a batch of lookups, a slice of a sweep) may bound the
-/// wait in the queue by `OP_TIMEOUT` too.
+/// [`ClaimStore`], typed: a backend that is not SQL implements every one
+/// (`store::memory` is the reference model). [`Bounded`] cuts the reads
+/// off after [`Backend::OP_TIMEOUT`] (`ping`, `peek`, `get`, `list`,
+/// `history`, `paused`, `ambiguous_counts`, `oldest_processing`) and the
+/// single release and the sweep's batches too. It does not cut off the
+/// writes whose result must be known (`claim`, `settle`: they are given
+/// their limit to be taken instead; the operator's `resolve`,
+/// `release_unacknowledged`, `release_bulk`, `set_paused` and the
+/// sweeper's `hold_ended_leases`: an error there means nothing
+/// committed), nor `migrate` and `close`. A backend that queues other work
+/// (a batch of lookups, a slice of a sweep) may bound the wait in the queue
+/// by `OP_TIMEOUT` too.
 ///
 /// Errors: any error means the operation did not take effect, unless the
 /// error says that the backend could not learn whether it did (a commit
@@ -117,18 +127,65 @@ pub trait Backend: Send + Sync {
         &self,
     ) -> impl Future<Output = Result<Vec<(String, Millis)>, StoreError>> + Send;
 
-    /// Runs `statements` in one transaction; the rows each changed. A
-    /// change of records that caches may hold counts itself (SQLite).
-    fn write(
+    /// An `ambiguous` record to `delivered` or `failed`, as one
+    /// compare-and-set on its state; what was found otherwise. Anything
+    /// that caches delivered records must learn of it.
+    fn resolve(
         &self,
-        statements: &[Statement<'_>],
-    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+        req: &ResolveRequest<'_>,
+    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send;
 
-    /// The rows of one read, as values.
-    fn read(
+    /// A `processing` record whose claim token is `claim.token` to
+    /// `failed`, atomically; whether one was.
+    fn release_unacknowledged(
         &self,
-        statement: &Statement<'_>,
-    ) -> impl Future<Output = Result<Vec<Vec<Value>>, StoreError>> + Send;
+        claim: &UnacknowledgedClaim<'_>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The record's attempts, oldest first (at most the newest 20), none
+    /// for an absent record.
+    fn history(
+        &self,
+        route: &str,
+        event_id: &str,
+    ) -> impl Future<Output = Result<Vec<Attempt>, StoreError>> + Send;
+
+    /// One batch of a bulk release: at most `batch` records `req` selects,
+    /// changed before `req.now`, released to `failed` atomically each (a
+    /// record that changed meanwhile is left); how many were. With
+    /// `dry_run`, how many `req` selects in all, changing nothing. A
+    /// delivered state is refused.
+    fn release_bulk(
+        &self,
+        req: &BulkRelease<'_>,
+        batch: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Adds (keeping a first `paused_at`) or removes the route's pause.
+    fn set_paused(
+        &self,
+        route: &str,
+        paused: bool,
+        now: Millis,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The paused routes and since when, by name.
+    fn paused(&self) -> impl Future<Output = Result<Vec<(String, Millis)>, StoreError>> + Send;
+
+    /// Per route with any, how many records are `ambiguous`, by name.
+    fn ambiguous_counts(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, StoreError>> + Send;
+
+    /// At most `limit` `processing` records claimed under `hold` whose
+    /// lease ended by `now` turn `ambiguous`, each with its lost attempt
+    /// recorded in the same atomic change; how many did. Cheap when there
+    /// is none (a read, not a write).
+    fn hold_ended_leases(
+        &self,
+        now: Millis,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Closes every connection (the last one flushes SQLite's WAL).
     fn close(&self) -> impl Future<Output = ()> + Send;
@@ -202,12 +259,54 @@ impl<B: Backend> ClaimStore for Bounded<B> {
         bounded(B::OP_TIMEOUT, self.0.oldest_processing()).await
     }
 
-    async fn write(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError> {
-        self.0.write(statements).await
+    async fn resolve(&self, req: &ResolveRequest<'_>) -> Result<ResolveOutcome, StoreError> {
+        self.0.resolve(req).await
     }
 
-    async fn read(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError> {
-        bounded(B::OP_TIMEOUT, self.0.read(statement)).await
+    async fn release_unacknowledged(
+        &self,
+        claim: &UnacknowledgedClaim<'_>,
+    ) -> Result<bool, StoreError> {
+        self.0.release_unacknowledged(claim).await
+    }
+
+    async fn history(&self, route: &str, event_id: &str) -> Result<Vec<Attempt>, StoreError> {
+        bounded(B::OP_TIMEOUT, self.0.history(route, event_id)).await
+    }
+
+    async fn release_bulk(&self, req: &BulkRelease<'_>) -> Result<u64, StoreError> {
+        if req.state == State::Delivered {
+            return Err(StoreError::Unavailable(
+                "a delivered record is never released in bulk".into(),
+            ));
+        }
+        if req.dry_run {
+            return bounded(B::OP_TIMEOUT, self.0.release_bulk(req, 0)).await;
+        }
+        let mut released = 0;
+        loop {
+            let n = self.0.release_bulk(req, BULK_BATCH).await?;
+            released += n;
+            if n == 0 {
+                return Ok(released);
+            }
+        }
+    }
+
+    async fn set_paused(&self, route: &str, paused: bool, now: Millis) -> Result<(), StoreError> {
+        self.0.set_paused(route, paused, now).await
+    }
+
+    async fn paused(&self) -> Result<Vec<(String, Millis)>, StoreError> {
+        bounded(B::OP_TIMEOUT, self.0.paused()).await
+    }
+
+    async fn ambiguous_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        bounded(B::OP_TIMEOUT, self.0.ambiguous_counts()).await
+    }
+
+    async fn hold_ended_leases(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
+        self.0.hold_ended_leases(now, limit).await
     }
 
     async fn close(&self) {

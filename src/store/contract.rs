@@ -261,6 +261,57 @@ pub enum ReleaseOutcome {
     RefusedDelivered,
 }
 
+/// How an operator settles an `ambiguous` record (SPEC §12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// The consumer did act: replay `status` to later deliveries.
+    Delivered { status: u16 },
+    /// It did not: the next delivery is forwarded.
+    Failed,
+}
+
+/// An operator's resolve of one `ambiguous` record.
+#[derive(Debug, Clone, Copy)]
+pub struct ResolveRequest<'a> {
+    pub route: &'a str,
+    pub event_id: &'a str,
+    pub how: Resolution,
+    pub now: Millis,
+}
+
+/// What a resolve did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResolveOutcome {
+    Resolved,
+    NotFound,
+    /// Only an `ambiguous` record can be resolved.
+    NotAmbiguous(State),
+}
+
+/// A claim whose commit was not acknowledged (SPEC §16), named by the
+/// random token it was made with.
+#[derive(Debug, Clone, Copy)]
+pub struct UnacknowledgedClaim<'a> {
+    pub route: &'a str,
+    pub event_id: &'a str,
+    pub token: i64,
+    pub now: Millis,
+}
+
+/// What the bulk release takes (SPEC §14).
+#[derive(Debug, Clone)]
+pub struct BulkRelease<'a> {
+    pub route: &'a str,
+    /// `failed`, `ambiguous`, or `processing` (only those whose lease ended).
+    pub state: State,
+    /// Only records whose `updated_at` is at or after this.
+    pub updated_after: Option<Millis>,
+    /// Only records whose `updated_at` is before this.
+    pub updated_before: Option<Millis>,
+    pub dry_run: bool,
+    pub now: Millis,
+}
+
 #[async_trait]
 pub trait ClaimStore: Send + Sync {
     /// Applies pending migrations.
@@ -297,59 +348,45 @@ pub trait ClaimStore: Send + Sync {
     async fn sweep_batch(&self, now: Millis, limit: i64) -> Result<u64, StoreError>;
     /// Per route, the `updated_at` of the oldest `processing` record.
     async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError>;
-    /// Runs `statements` in one transaction and says how many rows each
-    /// changed: the operator's actions and the sweeper's holds
-    /// (`store::operator`), never the hot path. Not cut off from outside:
-    /// an error means nothing committed.
-    async fn write(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError>;
-    /// The rows one read answers, each as its columns' values: the
-    /// operator's reads (`store::operator`).
-    async fn read(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError>;
+    /// Settles an `ambiguous` record by hand (SPEC §12); any other record
+    /// is left as it is. One compare-and-set on the state.
+    async fn resolve(&self, req: &ResolveRequest<'_>) -> Result<ResolveOutcome, StoreError>;
+    /// Releases the claim `token` names if it committed and still holds its
+    /// record (SPEC §16), as a failed attempt would end; whether it did.
+    /// Fenced by the token: it never ends another claim.
+    async fn release_unacknowledged(
+        &self,
+        claim: &UnacknowledgedClaim<'_>,
+    ) -> Result<bool, StoreError>;
+    /// A record's attempts (SPEC §13), oldest first.
+    async fn history(&self, route: &str, event_id: &str) -> Result<Vec<Attempt>, StoreError>;
+    /// Releases (or, dry, counts) every record `req` selects (SPEC §14), in
+    /// batches; each record with the fencing of a single release: one that
+    /// changed meanwhile is left as it is. Never a delivered record, never
+    /// a live claim.
+    async fn release_bulk(&self, req: &BulkRelease<'_>) -> Result<u64, StoreError>;
+    /// Pauses (or resumes) `route` for every process on the store (SPEC
+    /// §14). Pausing a paused route keeps its first `paused_at`.
+    async fn set_paused(&self, route: &str, paused: bool, now: Millis) -> Result<(), StoreError>;
+    /// The paused routes and since when, by name.
+    async fn paused(&self) -> Result<Vec<(String, Millis)>, StoreError>;
+    /// How many records of each route are `ambiguous`, by route (routes
+    /// with none are absent).
+    async fn ambiguous_counts(&self) -> Result<Vec<(String, i64)>, StoreError>;
+    /// The sweeper's part of SPEC §12: records claimed under `hold` whose
+    /// lease ended by `now` turn `ambiguous` (their attempt recorded as
+    /// lost), at most `limit`; how many did.
+    async fn hold_ended_leases(&self, now: Millis, limit: i64) -> Result<u64, StoreError>;
+    /// One record with its attempt history (`events show`, the API).
+    async fn show(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
+        let Some(mut record) = self.get(route, event_id).await? else {
+            return Ok(None);
+        };
+        record.history = Some(self.history(route, event_id).await?);
+        Ok(Some(record))
+    }
     /// Closes the pool (flushes the SQLite WAL).
     async fn close(&self);
-}
-
-/// A value bound to a statement (`sql`'s, `operator`'s); each store binds
-/// it with its own driver.
-#[derive(Debug, Clone, Copy)]
-pub enum Param<'a> {
-    Text(&'a str),
-    Int(i64),
-    OptText(Option<&'a str>),
-    OptInt(Option<i64>),
-    OptBlob(Option<&'a [u8]>),
-}
-
-/// One statement and its values, for the operator's actions and reads
-/// (`store::operator`), which both stores run as they are.
-#[derive(Debug, Clone)]
-pub struct Statement<'a> {
-    pub sql: &'static str,
-    pub params: Vec<Param<'a>>,
-}
-
-/// A column's value as an operator's read returns it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Value {
-    Null,
-    Int(i64),
-    Text(String),
-}
-
-impl Value {
-    pub fn int(&self) -> Option<i64> {
-        match self {
-            Value::Int(n) => Some(*n),
-            _ => None,
-        }
-    }
-
-    pub fn text(&self) -> Option<&str> {
-        match self {
-            Value::Text(t) => Some(t),
-            _ => None,
-        }
-    }
 }
 
 /// What a record read back decides for a claim.

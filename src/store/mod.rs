@@ -2,20 +2,32 @@
 //! [`ClaimStore`] trait so that the proxy, the CLI and the tests do not care
 //! whether it is the embedded SQLite file or a shared PostgreSQL database.
 //!
-//! Every transition is one atomic statement (see `claim` for the rules):
-//! the claim is an `INSERT … ON CONFLICT DO UPDATE … WHERE <reclaimable>
-//! RETURNING`, a release is an `UPDATE … WHERE attempts = $attempt`.
+//! Every transition is one atomic operation (see `claim` for the rules);
+//! on SQL the claim is an `INSERT … ON CONFLICT DO UPDATE … WHERE
+//! <reclaimable> RETURNING`, a release an `UPDATE … WHERE attempts =
+//! $attempt`.
 //!
-//! Each database implements [`Backend`]; [`Bounded`] makes any backend a
-//! `ClaimStore` by applying the time bounds, and [`open`] hands out that.
+//! Each engine implements [`Backend`], typed operation by operation (the
+//! hot path's and the operator's alike: no SQL crosses the seam);
+//! [`Bounded`] makes any backend a `ClaimStore` by applying the time
+//! bounds, and [`open`] hands out that. The files: `contract.rs` (the
+//! trait, its requests, outcomes and records), `backend.rs` (the seam and
+//! the bounds), `sql.rs` and `sql_operator.rs` (the SQL both SQL stores
+//! share: the transitions, and the operator's actions written once over
+//! [`sql_operator::SqlRun`]), `sqlite/` and `postgres/` (the engines),
+//! `memory.rs` (the in-memory reference model the contract suite holds
+//! every engine to; no URL opens it), `ticket.rs` (a claim's or settle's
+//! place in a batch), `owned.rs` (requests owned across a task), `json.rs`
+//! (a record as the CLI and the API print it), `url.rs` (store URLs).
 
 mod backend;
 mod contract;
 pub mod json;
-pub mod operator;
+pub mod memory;
 pub(crate) mod owned;
 pub mod postgres;
 pub(crate) mod sql;
+mod sql_operator;
 pub mod sqlite;
 mod ticket;
 mod url;
@@ -28,10 +40,10 @@ pub(crate) use contract::{
     claim_kind_from_previous, existing_outcome, outcome_unknown, state_of, Found,
 };
 pub use contract::{
-    Attempt, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, ListKey, Record, Recorded,
-    ReleaseOutcome, ReleaseRequest, SettleOutcome, SettleRequest, StoreError,
+    Attempt, BulkRelease, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, ListKey, Record,
+    Recorded, ReleaseOutcome, ReleaseRequest, Resolution, ResolveOutcome, ResolveRequest,
+    SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
 };
-pub use contract::{Param, Statement, Value};
 pub use url::{redact_url, StoreKind, StoreUrl};
 pub use valkey::target::{Durability, ValkeyTarget};
 

@@ -2,9 +2,51 @@
 //! `INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING`, `$N` parameters and
 //! row-value `IN`, so each transition is written once, here.
 
-pub use super::contract::{Param, Statement, Value};
 use super::{SettleOutcome, SettleRequest};
 use crate::claim::SettleResult;
+
+/// A value bound to a statement; each SQL store binds it with its own
+/// driver.
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    Text(&'a str),
+    Int(i64),
+    OptText(Option<&'a str>),
+    OptInt(Option<i64>),
+    OptBlob(Option<&'a [u8]>),
+}
+
+/// One statement and its values, for the operator's actions and reads
+/// (`sql_operator`), which both SQL stores run as they are.
+#[derive(Debug, Clone)]
+pub struct Statement<'a> {
+    pub sql: &'static str,
+    pub params: Vec<Param<'a>>,
+}
+
+/// A column's value as an operator's read returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+}
+
+impl Value {
+    pub fn int(&self) -> Option<i64> {
+        match self {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Value::Text(t) => Some(t),
+            _ => None,
+        }
+    }
+}
 
 /// What an attempt's `error` says when its lease ended without an answer:
 /// one text for every statement that writes or reads it.

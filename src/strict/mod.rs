@@ -10,11 +10,12 @@
 //! pingora parses without answering by itself.
 
 pub mod chunked;
+pub mod fields;
 
 /// Why a head is refused: the status and a detail that names the rule and
 /// never echoes the request's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum BadHead {
     /// 400: the head breaks RFC 9112's grammar or its framing rules.
     BadRequest(&'static str),
     /// 501: a transfer coding or a method idemgate does not implement
@@ -131,13 +132,13 @@ fn trim_ows(s: &[u8]) -> &[u8] {
 /// end of the empty line that closes it. Lines end in CRLF or in a bare LF
 /// (RFC 9112 §2.2 lets a recipient accept it); empty lines before the
 /// request line are skipped (§2.2).
-pub fn check(head: &[u8]) -> Result<Framing, Refusal> {
+pub fn check(head: &[u8]) -> Result<Framing, BadHead> {
     let mut lines = Lines { rest: head };
     let first = loop {
         match lines.next()? {
             Some([]) => continue,
             Some(line) => break line,
-            None => return Err(Refusal::BadRequest("the head has no request line")),
+            None => return Err(BadHead::BadRequest("the head has no request line")),
         }
     };
     let line = request_line(first)?;
@@ -148,7 +149,7 @@ pub fn check(head: &[u8]) -> Result<Framing, Refusal> {
     while let Some((name, value, rest)) = plain_field(lines.rest) {
         fields.count += 1;
         if fields.count > MAX_FIELDS {
-            return Err(Refusal::TooManyFields);
+            return Err(BadHead::TooManyFields);
         }
         fields.field(name, value)?;
         lines.rest = rest;
@@ -158,7 +159,7 @@ pub fn check(head: &[u8]) -> Result<Framing, Refusal> {
             Some([]) => return fields.finish(&line),
             Some(l) => fields.add(l)?,
             None => {
-                return Err(Refusal::BadRequest(
+                return Err(BadHead::BadRequest(
                     "the head does not end in an empty line",
                 ))
             }
@@ -250,7 +251,7 @@ struct Lines<'a> {
 }
 
 impl<'a> Lines<'a> {
-    fn next(&mut self) -> Result<Option<&'a [u8]>, Refusal> {
+    fn next(&mut self) -> Result<Option<&'a [u8]>, BadHead> {
         // the first CR or LF, in one vectorised search: a CR ends the
         // line only as the first byte of CRLF
         let Some(end) = memchr::memchr2(b'\r', b'\n', self.rest) else {
@@ -261,7 +262,7 @@ impl<'a> Lines<'a> {
             [b'\n', ..] => end + 1,
             [b'\r', b'\n', ..] => end + 2,
             [b'\r'] => return Ok(None), // its LF has not come yet
-            _ => return Err(Refusal::BadRequest("a bare CR in the head")),
+            _ => return Err(BadHead::BadRequest("a bare CR in the head")),
         };
         self.rest = &self.rest[after..];
         Ok(Some(line))
@@ -276,8 +277,8 @@ struct RequestLine<'a> {
 }
 
 /// `method SP request-target SP HTTP-version`, one space each.
-fn request_line(line: &[u8]) -> Result<RequestLine<'_>, Refusal> {
-    let bad = Refusal::BadRequest;
+fn request_line(line: &[u8]) -> Result<RequestLine<'_>, BadHead> {
+    let bad = BadHead::BadRequest;
     let mut parts = line.split(|&b| b == b' ');
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -295,15 +296,15 @@ fn request_line(line: &[u8]) -> Result<RequestLine<'_>, Refusal> {
         _ => return Err(bad("the HTTP version is neither HTTP/1.1 nor HTTP/1.0")),
     };
     if method == b"CONNECT" {
-        return Err(Refusal::NotImplemented("CONNECT is not supported"));
+        return Err(BadHead::NotImplemented("CONNECT is not supported"));
     }
     let authority = target_authority(method, target)?;
     Ok(RequestLine { http11, authority })
 }
 
 /// Checks a request-target; the authority of an absolute-form one.
-fn target_authority<'a>(method: &[u8], target: &'a [u8]) -> Result<Option<&'a [u8]>, Refusal> {
-    let bad = Refusal::BadRequest;
+fn target_authority<'a>(method: &[u8], target: &'a [u8]) -> Result<Option<&'a [u8]>, BadHead> {
+    let bad = BadHead::BadRequest;
     // the path's own faults (a literal `\`, a malformed escape) are its
     // normal form's to judge: 400 `invalid-path` (SPEC §4, "Paths")
     let (path, query) = match target.iter().position(|&b| b == b'?') {
@@ -368,11 +369,11 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
-    fn add(&mut self, line: &'a [u8]) -> Result<(), Refusal> {
-        let bad = Refusal::BadRequest;
+    fn add(&mut self, line: &'a [u8]) -> Result<(), BadHead> {
+        let bad = BadHead::BadRequest;
         self.count += 1;
         if self.count > MAX_FIELDS {
-            return Err(Refusal::TooManyFields);
+            return Err(BadHead::TooManyFields);
         }
         if matches!(line.first(), Some(b' ' | b'\t')) {
             return Err(bad("a folded header line (obs-fold)"));
@@ -395,8 +396,8 @@ impl<'a> Fields<'a> {
     }
 
     /// The fields that frame the request or name its host.
-    fn field(&mut self, name: &[u8], value: &'a [u8]) -> Result<(), Refusal> {
-        let bad = Refusal::BadRequest;
+    fn field(&mut self, name: &[u8], value: &'a [u8]) -> Result<(), BadHead> {
+        let bad = BadHead::BadRequest;
         // by length and first letter: most fields are none of the four
         // (`name` is a token, never empty)
         match (name.len(), name[0].to_ascii_lowercase()) {
@@ -431,18 +432,18 @@ impl<'a> Fields<'a> {
         Ok(())
     }
 
-    fn coding(&mut self, coding: &'a [u8]) -> Result<(), Refusal> {
+    fn coding(&mut self, coding: &'a [u8]) -> Result<(), BadHead> {
         let name_end = coding
             .iter()
             .position(|&b| !is_tchar(b))
             .unwrap_or(coding.len());
         let name = &coding[..name_end];
         if name.is_empty() {
-            return Err(Refusal::BadRequest("an empty or malformed transfer coding"));
+            return Err(BadHead::BadRequest("an empty or malformed transfer coding"));
         }
         if name.eq_ignore_ascii_case(b"chunked") {
             if name_end != coding.len() {
-                return Err(Refusal::BadRequest("chunked with parameters"));
+                return Err(BadHead::BadRequest("chunked with parameters"));
             }
             self.chunked += 1;
         } else {
@@ -453,8 +454,8 @@ impl<'a> Fields<'a> {
     }
 
     /// The rules across fields, and the body's framing.
-    fn finish(self, line: &RequestLine) -> Result<Framing, Refusal> {
-        let bad = Refusal::BadRequest;
+    fn finish(self, line: &RequestLine) -> Result<Framing, BadHead> {
+        let bad = BadHead::BadRequest;
         if self.hosts > 1 {
             return Err(bad("several Host fields"));
         }
@@ -479,7 +480,7 @@ impl<'a> Fields<'a> {
                     return Err(bad("chunked applied more than once"));
                 }
                 if self.unknown_coding {
-                    return Err(Refusal::NotImplemented(
+                    return Err(BadHead::NotImplemented(
                         "a transfer coding other than chunked",
                     ));
                 }

@@ -181,7 +181,7 @@ fn what_rfc_9112_refuses_is_400() {
     ];
     for (what, h) in cases {
         match check(&h) {
-            Err(Refusal::BadRequest(_)) => {}
+            Err(BadHead::BadRequest(_)) => {}
             other => panic!("{what}: {other:?} for {}", h.escape_ascii()),
         }
     }
@@ -197,18 +197,18 @@ fn unknown_codings_and_connect_are_501_and_many_fields_431() {
         let mut field = b"Transfer-Encoding: ".to_vec();
         field.extend_from_slice(te);
         assert!(
-            matches!(check(&post(&[&field])), Err(Refusal::NotImplemented(_))),
+            matches!(check(&post(&[&field])), Err(BadHead::NotImplemented(_))),
             "{}",
             te.escape_ascii()
         );
     }
     let connect = b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n";
-    assert!(matches!(check(connect), Err(Refusal::NotImplemented(_))));
+    assert!(matches!(check(connect), Err(BadHead::NotImplemented(_))));
     let fields: Vec<Vec<u8>> = (0..MAX_FIELDS)
         .map(|i| format!("X-{i}: 1").into_bytes())
         .collect();
     let refs: Vec<&[u8]> = fields.iter().map(Vec::as_slice).collect();
-    assert_eq!(check(&post(&refs)), Err(Refusal::TooManyFields));
+    assert_eq!(check(&post(&refs)), Err(BadHead::TooManyFields));
     assert!(check(&post(&refs[1..])).is_ok(), "Host and 255 more");
 }
 

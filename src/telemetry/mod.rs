@@ -5,6 +5,7 @@
 
 pub mod log_buffer;
 mod log_line;
+pub mod outage;
 pub mod registry;
 
 use std::sync::Mutex;
@@ -21,12 +22,20 @@ pub enum LogFormat {
 /// Keeps the background log writer alive; dropped by [`flush_logs`].
 static LOG_GUARD: Mutex<Option<log_buffer::LogGuard>> = Mutex::new(None);
 
+/// sqlx's pool logs each connection its `after_connect` check refuses at
+/// ERROR (a standby turned away during a failover, many times a second), and
+/// each failed ping before use at WARN; the store logs those itself, once a
+/// minute per host (`store/postgres/hosts.rs`).
+const QUIET_POOL: &str = "sqlx_core::pool::inner=off";
+
 /// Sets up `tracing`: human-readable or JSON, level from `RUST_LOG` (default
 /// info), written to stderr by a background thread so that a request never
 /// waits on a log write ([`log_buffer`]).
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info"))
+        .add_directive(QUIET_POOL.parse().expect("a valid directive"));
     let (writer, guard) = log_buffer::LogBuffer::new(std::io::stderr(), |dropped| {
         tracing::warn!(
             dropped,

@@ -563,7 +563,20 @@ struct Held {
     _dir: TempDir,
 }
 
+/// [`browser_and_setup`] with a [`Held`] setup.
+fn browser_and_held(tag: &str) -> Option<(MutexGuard<'static, ()>, Browser, Held)> {
+    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let b = Browser::start()?;
+    Some((one, b, Held::start(tag)))
+}
+
 impl Held {
+    /// `id` on the `orders` route, left `ambiguous` ([`make_ambiguous`]).
+    fn make_ambiguous_on_orders(&self, id: &str) {
+        let ids = [id.to_string()];
+        make_ambiguous(&self.px, &self.store, "orders", "/hooks/orders", &ids);
+    }
+
     fn start(tag: &str) -> Held {
         use crate::raw_upstream::{response, upstream, Behavior};
         let dir = TempDir::new(tag);
@@ -667,12 +680,9 @@ fn shows_three_attempts(b: &Browser, store: &str, id: &str) {
 
 #[test]
 fn ambiguous_events_are_resolved_both_ways_from_the_console() {
-    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(b) = Browser::start() else {
+    let Some((_one, b, s)) = browser_and_held("console-ambiguous") else {
         return;
     };
-    let _one = one;
-    let s = Held::start("console-ambiguous");
     let tag = eid("amb");
     // three attempts (503, 503, then no answer in time), and two that timed out
     let flaky = format!("{tag}/flaky");
@@ -683,13 +693,7 @@ fn ambiguous_events_are_resolved_both_ways_from_the_console() {
         );
     }
     let undone = format!("{tag}/slow-undone");
-    make_ambiguous(
-        &s.px,
-        &s.store,
-        "orders",
-        "/hooks/orders",
-        std::slice::from_ref(&undone),
-    );
+    s.make_ambiguous_on_orders(&undone);
     assert_eq!(show(&s.store, "orders", &flaky)["state"], "ambiguous");
 
     // the overview lists them, the route says how many
@@ -771,22 +775,13 @@ fn ambiguous_events_are_resolved_both_ways_from_the_console() {
 
 #[test]
 fn a_route_is_paused_and_resumed_from_the_console() {
-    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(b) = Browser::start() else {
+    let Some((_one, b, s)) = browser_and_held("console-pause") else {
         return;
     };
-    let _one = one;
-    let s = Held::start("console-pause");
     let tag = eid("pause");
     // an event that waits for a decision (its ID holds markup), one delivered on billing
     let kept = format!("{tag}/slow<svg/onload=alert(9)>");
-    make_ambiguous(
-        &s.px,
-        &s.store,
-        "orders",
-        "/hooks/orders",
-        std::slice::from_ref(&kept),
-    );
+    s.make_ambiguous_on_orders(&kept);
     assert_eq!(
         s.px.deliver("/hooks/billing", Some(&format!("{tag}/b")), b"{}")
             .status,

@@ -14,7 +14,7 @@
 //! promotion. The fast variants (3 failovers) run in `cargo test`; the full
 //! runs (10 failovers each, and the asynchronous control) with
 //! `cargo test --release --test it failover:: -- --ignored`. Each prints
-//! the figures the README quotes. `IDEMGATE_FAILOVER_BIN` runs another
+//! the figures docs/replicas.md quotes. `IDEMGATE_FAILOVER_BIN` runs another
 //! binary (a release before, to show what it did).
 
 use crate::common;

@@ -468,7 +468,7 @@ fn match_host_with_a_port_is_a_config_error() {
 }
 
 /// `max_waiters` bounds the duplicates held on a route, all its events
-/// together (README, reference.yaml, the model), not per event: with one
+/// together (docs/routes.md, reference.yaml, the model), not per event: with one
 /// slot held by a duplicate of event A, a duplicate of event B gets 409 at
 /// once. (Behaviour unchanged by issue 20; its docs said "per event".)
 #[test]

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use idemgate::claim::digest::{canonical_json, json_digest, parse_json_body};
+use idemgate::claim::digest::{canonical_json, json_digest, parse_json_body, raw_digest};
 use idemgate::claim::event_id::{
     event_id_from_json, event_id_from_json_tokens, validate_event_id, InvalidEventId,
     MAX_EVENT_ID_LEN,
@@ -31,7 +31,9 @@ fn pointer_of(tokens: &[String]) -> String {
     tokens.iter().map(|t| format!("/{}", escape(t))).collect()
 }
 
-/// Any JSON value, a few levels deep.
+/// Any JSON value, a few levels deep: every kind of number (and floats
+/// that print in full), strings across the UTF-16 surrogate boundary, and
+/// member names whose order differs between UTF-16 and code points.
 fn arb_json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -40,13 +42,18 @@ fn arb_json() -> impl Strategy<Value = Value> {
         any::<u64>().prop_map(|u| json!(u)),
         any::<f64>().prop_filter_map("finite", |f| serde_json::Number::from_f64(f)
             .map(Value::Number)),
+        (-1e6f64..1e6).prop_map(|f| json!(f)),
         "\\PC{0,12}".prop_map(Value::String),
+        "[\\x00-\\x7f\u{e000}-\u{ffff}\u{10000}-\u{10ffff}]{0,8}".prop_map(Value::String),
     ];
-    leaf.prop_recursive(4, 48, 6, |inner| {
+    leaf.prop_recursive(5, 64, 8, |inner| {
         prop_oneof![
-            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::vec(("[a-c~/]{0,3}|\\PC{0,6}", inner), 0..6)
-                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+            prop::collection::vec(
+                ("[a-c~/\u{e000}\u{fb33}\u{1f600}]{0,3}|\\PC{0,6}", inner),
+                0..8
+            )
+            .prop_map(|kv| Value::Object(kv.into_iter().collect())),
         ]
     })
 }
@@ -198,6 +205,32 @@ proptest! {
 // ---------------------------------------------------------------- canonical JSON
 
 proptest! {
+    /// The canonical form parses back to itself; whitespace and serde_json's
+    /// own formatting do not matter; the JSON digest is its sha256.
+    #[test]
+    fn canonical_form_is_a_fixed_point(v in arb_json()) {
+        let c1 = canonical_json(&v);
+        let back = parse_json_body(&c1).expect("canonical output parses");
+        let c2 = canonical_json(&back);
+        prop_assert_eq!(&c1, &c2);
+        let pretty = serde_json::to_vec_pretty(&v).unwrap();
+        prop_assert_eq!(&canonical_json(&parse_json_body(&pretty).unwrap()), &c1);
+        prop_assert_eq!(json_digest(&v, &[]), raw_digest(&c1));
+    }
+
+    #[test]
+    fn parse_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        if let Ok(v) = parse_json_body(&bytes) {
+            let c = canonical_json(&v);
+            prop_assert_eq!(canonical_json(&parse_json_body(&c).unwrap()), c);
+        }
+    }
+
+    #[test]
+    fn parse_never_panics_on_jsonish(s in "[\\[\\]{}\",:0-9eE.+\\-\\\\u tfnrl ]{0,64}") {
+        let _ = parse_json_body(s.as_bytes());
+    }
+
     /// Member order and whitespace do not change the canonical form.
     #[test]
     fn canonical_json_ignores_member_order(
@@ -652,16 +685,6 @@ fn arb_route(i: usize) -> impl Strategy<Value = RouteSpec> {
                 json_digest,
                 ignore,
             ) = a;
-            let (
-                methods,
-                on_missing_id,
-                on_store_error,
-                in_flight,
-                max_waiters,
-                settle_on,
-                replay_body,
-                replay_body_limit,
-            ) = b;
             let (key_header, timeout, extra, retention, max_body) = c;
             let lease_ms = timeout.1.as_millis() as u64 + extra;
             let lease = (format!("{lease_ms}ms"), Duration::from_millis(lease_ms));
@@ -685,14 +708,15 @@ fn arb_route(i: usize) -> impl Strategy<Value = RouteSpec> {
                 } else {
                     Vec::new()
                 },
-                methods,
-                on_missing_id,
-                on_store_error,
-                in_flight,
-                max_waiters,
-                settle_on,
-                replay_body,
-                replay_body_limit,
+                // the second tuple, in RouteSpec's order
+                methods: b.0,
+                on_missing_id: b.1,
+                on_store_error: b.2,
+                in_flight: b.3,
+                max_waiters: b.4,
+                settle_on: b.5,
+                replay_body: b.6,
+                replay_body_limit: b.7,
                 key_header,
                 timeout,
                 lease,

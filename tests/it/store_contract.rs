@@ -1,7 +1,8 @@
 //! The store contract (SPEC §3, §6), written once and run against every
 //! backend: `sqlite::*` on a fresh file in a temp dir, `postgres::*` in a
 //! fresh schema of the PostgreSQL test database (skipped with a note outside
-//! CI when PostgreSQL is not there). Time is logical: every call names its
+//! CI when PostgreSQL is not there), `memory::*` on the in-memory reference
+//! model (`store::memory`). Time is logical: every call names its
 //! `now`, so nothing here sleeps.
 
 use crate::common;
@@ -11,8 +12,8 @@ use std::sync::Arc;
 
 use idemgate::claim::{self, ClaimKind, Decision, Existing, Millis, Refusal, SettleResult, State};
 use idemgate::store::{
-    self, operator, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, Recorded,
-    ReleaseOutcome, SettleOutcome, SettleRequest,
+    self, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, Recorded, ReleaseOutcome,
+    SettleOutcome, SettleRequest,
 };
 
 const T0: Millis = 1_700_000_000_000;
@@ -1204,7 +1205,7 @@ mod cases {
         s: &dyn ClaimStore,
         event_id: &str,
     ) -> Vec<(i64, String, Option<i64>, Option<String>)> {
-        let history = operator::history(s, R, event_id).await.expect("history");
+        let history = s.history(R, event_id).await.expect("history");
         history
             .into_iter()
             .map(|a| (a.attempt, a.result, a.status, a.error))
@@ -1261,7 +1262,7 @@ mod cases {
             Some("lease ended without an answer")
         );
         assert_eq!(rec.updated_at, T0 + LEASE);
-        let history = operator::history(s, R, "h").await.unwrap();
+        let history = s.history(R, "h").await.unwrap();
         assert_eq!(history.len(), 1, "{history:?}");
         assert_eq!(
             (history[0].result.as_str(), history[0].instance.as_deref()),
@@ -1352,7 +1353,7 @@ mod cases {
             ..settle_req("d", 1, T0 + 25, delivered(201))
         };
         assert_eq!(s.settle(&req).await.unwrap(), SettleResult::Delivered);
-        let history = operator::history(s, R, "d").await.unwrap();
+        let history = s.history(R, "d").await.unwrap();
         assert_eq!(history.len(), 1);
         let a = &history[0];
         assert_eq!(
@@ -1379,7 +1380,7 @@ mod cases {
         // carrier retried it): nothing changes, the history still says
         // delivered, and a repeat of a later attempt's delivery likewise
         assert_eq!(s.settle(&req).await.unwrap(), SettleResult::Stale);
-        let again = operator::history(s, R, "d").await.unwrap();
+        let again = s.history(R, "d").await.unwrap();
         let seen: Vec<_> = again
             .iter()
             .map(|a| (a.attempt, a.result.as_str()))
@@ -1392,7 +1393,7 @@ mod cases {
         assert_eq!(s.settle(&second).await.unwrap(), SettleResult::Stale);
         let late_first = settle_req("d2", 1, T0 + LEASE + 6, delivered(200));
         assert_eq!(s.settle(&late_first).await.unwrap(), SettleResult::Stale);
-        let h2 = operator::history(s, R, "d2").await.unwrap();
+        let h2 = s.history(R, "d2").await.unwrap();
         let seen: Vec<_> = h2.iter().map(|a| (a.attempt, a.result.as_str())).collect();
         assert_eq!(seen, [(1, "stale"), (2, "delivered")], "{h2:?}");
     }
@@ -1411,7 +1412,7 @@ mod cases {
             2,
             ClaimKind::RetryExpired,
         );
-        let history = operator::history(s, R, "l").await.unwrap();
+        let history = s.history(R, "l").await.unwrap();
         assert_eq!(history.len(), 1, "{history:?}");
         let a = &history[0];
         assert_eq!(
@@ -1450,14 +1451,22 @@ mod cases {
     /// Resolving, the bulk release and pauses, as the operator module
     /// writes them once for both stores.
     pub async fn operator_actions(b: &Backend) {
-        use operator::{BulkRelease, Resolution, ResolveOutcome};
+        use idemgate::store::{BulkRelease, Resolution, ResolveOutcome, ResolveRequest};
         let s = &*b.store;
         for id in ["x", "y", "z"] {
             s.claim(&held_claim(id, T0)).await.unwrap();
             s.claim(&held_claim(id, T0 + LEASE)).await.unwrap();
         }
         claim_and_settle(s, "done", T0, RETENTION, delivered(200)).await;
-        let resolve = |id: &'static str, how| operator::resolve(s, R, id, how, T0 + LEASE + 1);
+        let resolve = |event_id: &'static str, how| async move {
+            let req = ResolveRequest {
+                route: R,
+                event_id,
+                how,
+                now: T0 + LEASE + 1,
+            };
+            s.resolve(&req).await
+        };
         assert_eq!(
             resolve("done", Resolution::Failed).await.unwrap(),
             ResolveOutcome::NotAmbiguous(State::Delivered)
@@ -1497,40 +1506,39 @@ mod cases {
             now: T0 + LEASE + 10,
         };
         assert_eq!(
-            operator::release_bulk(s, &bulk(State::Ambiguous, true, None))
+            s.release_bulk(&bulk(State::Ambiguous, true, None))
                 .await
                 .unwrap(),
             1
         );
         assert_eq!(
-            operator::release_bulk(s, &bulk(State::Ambiguous, false, Some(T0)))
+            s.release_bulk(&bulk(State::Ambiguous, false, Some(T0)))
                 .await
                 .unwrap(),
             0
         );
         assert_eq!(
-            operator::release_bulk(s, &bulk(State::Ambiguous, false, None))
+            s.release_bulk(&bulk(State::Ambiguous, false, None))
                 .await
                 .unwrap(),
             1
         );
         assert_eq!(get(s, "z").await.state, State::Failed);
-        assert!(
-            operator::release_bulk(s, &bulk(State::Delivered, false, None))
-                .await
-                .is_err()
-        );
+        assert!(s
+            .release_bulk(&bulk(State::Delivered, false, None))
+            .await
+            .is_err());
         assert_eq!(get(s, "done").await.state, State::Delivered);
-        operator::set_paused(s, "r", true, T0).await.unwrap();
-        operator::set_paused(s, "r", true, T0 + 5).await.unwrap();
-        operator::set_paused(s, "q", true, T0 + 6).await.unwrap();
+        s.set_paused("r", true, T0).await.unwrap();
+        s.set_paused("r", true, T0 + 5).await.unwrap();
+        s.set_paused("q", true, T0 + 6).await.unwrap();
         assert_eq!(
-            operator::paused(s).await.unwrap(),
+            s.paused().await.unwrap(),
             [("q".to_string(), T0 + 6), ("r".to_string(), T0)]
         );
-        operator::set_paused(s, "q", false, T0 + 7).await.unwrap();
-        assert_eq!(operator::paused(s).await.unwrap(), [("r".to_string(), T0)]);
-        assert_eq!(operator::ambiguous_counts(s).await.unwrap(), []);
+        s.set_paused("q", false, T0 + 7).await.unwrap();
+        assert_eq!(s.paused().await.unwrap(), [("r".to_string(), T0)]);
+        assert_eq!(s.ambiguous_counts().await.unwrap(), []);
     }
 
     /// The sweeper's part: held claims whose lease ended turn ambiguous;
@@ -1540,31 +1548,32 @@ mod cases {
         s.claim(&held_claim("ended", T0)).await.unwrap();
         s.claim(&held_claim("live", T0 + LEASE)).await.unwrap();
         own(s, "released-mode", T0).await;
-        let n = operator::hold_ended_leases(s, T0 + LEASE + 1, 100)
-            .await
-            .unwrap();
+        let n = s.hold_ended_leases(T0 + LEASE + 1, 100).await.unwrap();
         assert_eq!(n, 1);
         assert_eq!(get(s, "ended").await.state, State::Ambiguous);
         assert_eq!(get(s, "live").await.state, State::Processing);
         assert_eq!(get(s, "released-mode").await.state, State::Processing);
         assert_eq!(attempts(s, "ended").await[0].1, "ambiguous");
-        assert_eq!(
-            operator::ambiguous_counts(s).await.unwrap(),
-            [("r".to_string(), 1)]
-        );
-        assert_eq!(
-            operator::hold_ended_leases(s, T0 + LEASE + 2, 100)
-                .await
-                .unwrap(),
-            0
-        );
+        assert_eq!(s.ambiguous_counts().await.unwrap(), [("r".to_string(), 1)]);
+        assert_eq!(s.hold_ended_leases(T0 + LEASE + 2, 100).await.unwrap(), 0);
+    }
+}
+
+/// A fresh in-memory reference model (`store::memory`): the suite holds
+/// every database to it.
+async fn memory_backend() -> Backend {
+    Backend {
+        store: Arc::new(store::Bounded::new(store::memory::MemoryStore::new())),
+        url: String::new(),
+        _dir: None,
+        _schema: None,
     }
 }
 
 /// Runs every case once per backend, each on a fresh database; the cases
-/// in `sql:` use operator statements the valkey store does not run yet.
+/// after `sql only:` need a database a second connection can open.
 macro_rules! contract {
-    (every: [$($case:ident),* $(,)?], sql: [$($sql:ident),* $(,)?] $(,)?) => {
+    ($($case:ident),* $(,)?; sql only: $($sql_case:ident),* $(,)?) => {
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1576,9 +1585,9 @@ macro_rules! contract {
             )*
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $sql() {
+                async fn $sql_case() {
                     let b = super::sqlite_backend().await;
-                    super::cases::$sql(&b).await;
+                    super::cases::$sql_case(&b).await;
                     b.store.close().await;
                 }
             )*
@@ -1594,14 +1603,25 @@ macro_rules! contract {
             )*
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $sql() {
+                async fn $sql_case() {
                     let Some(b) = super::postgres_backend().await else { return };
-                    super::cases::$sql(&b).await;
+                    super::cases::$sql_case(&b).await;
                     b.store.close().await;
                 }
             )*
         }
-        /// On a 3-shard Valkey cluster (three primaries, a replica each).
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let b = super::memory_backend().await;
+                    super::cases::$case(&b).await;
+                    b.store.close().await;
+                }
+            )*
+        }
+        /// On a 3-shard Valkey cluster (three primaries, a replica each):
+        /// the cases the model runs (no second connection to a database).
         mod valkey {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1617,36 +1637,32 @@ macro_rules! contract {
 }
 
 contract!(
-    every: [
-        new_claim,
-        replay_of_delivered,
-        mismatch_in_every_state,
-        in_flight_with_retry_after,
-        reclaim_after_lease_expiry,
-        reclaim_after_release,
-        fenced_release,
-        delivered_from_a_stale_attempt_wins,
-        settle_on_delivered_or_absent_is_stale,
-        every_transition_refreshes_expires_at,
-        operator_release,
-        sweep_deletes_only_expired_in_batches,
-        sweep_deletes_the_oldest_first,
-        list_order_filters_and_limit,
-        list_pages_after_a_key,
-        list_by_id_prefix_and_ended_lease,
-        oldest_processing_per_route,
-        migrations_are_idempotent,
-        concurrent_claims_one_winner,
-        sql_agrees_with_decide,
-    ],
-    sql: [
-        hold_turns_an_ended_lease_ambiguous,
-        settles_write_their_attempts,
-        a_lost_lease_is_recorded_when_taken_over,
-        attempts_keep_the_newest_and_go_with_the_record,
-        operator_actions,
-        held_ended_leases_turn_ambiguous,
-    ],
+    new_claim,
+    replay_of_delivered,
+    mismatch_in_every_state,
+    in_flight_with_retry_after,
+    reclaim_after_lease_expiry,
+    reclaim_after_release,
+    fenced_release,
+    delivered_from_a_stale_attempt_wins,
+    settle_on_delivered_or_absent_is_stale,
+    every_transition_refreshes_expires_at,
+    operator_release,
+    sweep_deletes_only_expired_in_batches,
+    sweep_deletes_the_oldest_first,
+    list_order_filters_and_limit,
+    list_pages_after_a_key,
+    list_by_id_prefix_and_ended_lease,
+    oldest_processing_per_route,
+    concurrent_claims_one_winner,
+    sql_agrees_with_decide,
+    hold_turns_an_ended_lease_ambiguous,
+    settles_write_their_attempts,
+    a_lost_lease_is_recorded_when_taken_over,
+    attempts_keep_the_newest_and_go_with_the_record,
+    operator_actions,
+    held_ended_leases_turn_ambiguous;
+    sql only: migrations_are_idempotent,
 );
 
 /// PostgreSQL-only races that need a second session holding a row lock.

@@ -9,7 +9,7 @@
 //!
 //! The fast variants run in `cargo test` (3 crashes); the full one (10
 //! crashes) is `cargo test --release --test store_faults -- --ignored`.
-//! Each prints the figures README's Guarantees table quotes.
+//! Each prints the figures docs/guarantees.md's table quotes.
 
 use crate::common;
 use crate::core_util;

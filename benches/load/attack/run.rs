@@ -5,10 +5,11 @@ use std::time::{Duration, Instant};
 
 use crate::attack;
 use crate::report::Report;
-use crate::runs::{id_prefix, measure, quiesce, World};
+use crate::runs::{id_prefix, measure, quiesce};
 use crate::scenarios::scenario;
 use crate::servers::ATTACK_TIMEOUTS;
 use crate::settings::Settings;
+use crate::world::World;
 
 /// Resident memory (KiB) and open descriptors of `pid`, sampled until `stop`.
 fn sample_peaks(

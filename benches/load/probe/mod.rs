@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use crate::processes::{command, lock, signal, CHILDREN};
 use crate::procfs::{all_pids, proc_stat};
-use crate::runs::{target_dir, World};
 use crate::scenarios::Scenario;
 use crate::servers::tool;
+use crate::world::{target_dir, World};
 
 /// A `perf` attached to the process under test for one run.
 pub(crate) struct Probe {

@@ -8,27 +8,22 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::pg::{pg_exec, pg_run_schema};
 use crate::procfs::rss_mib;
 use crate::report::{median, opt, Report};
-use crate::runs::{measure, run_wrk, target_dir, Run, World};
-use crate::scenarios::{scenario, Scenario};
-use crate::servers::{start_idemgate, Extra, Idemgate};
-use crate::settings::{env_list, env_or};
+use crate::runs::{measure, run_wrk};
+use crate::servers::Extra;
+use crate::settings::Store;
+use crate::world::{Run, World};
 use crate::wrk::Pace;
+use stores::{fresh_store, gib, start_on, world_with, Sized};
 
 mod preload;
 mod steady;
+mod stores;
 
 pub(super) use preload::drop_cached;
 pub(super) use steady::steady;
-
-/// Which store a section loads.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Store {
-    Sqlite,
-    Postgres,
-}
+pub(super) use stores::Section;
 
 impl Store {
     fn name(self) -> &'static str {
@@ -37,290 +32,6 @@ impl Store {
             Store::Postgres => "postgres",
         }
     }
-}
-
-pub(super) struct Settings {
-    /// Store sizes (records preloaded); 0 is the empty store.
-    pub preload: Vec<u64>,
-    pub preload_stores: Vec<Store>,
-    /// Remove the cached preloaded stores first.
-    pub preload_drop: bool,
-    /// Load time-ordered IDs, (t) and (q), instead of random ones.
-    pub time_ids: bool,
-    /// Seconds of the steady-state run (0: none).
-    pub steady: u64,
-    pub steady_stores: Vec<Store>,
-    pub steady_retention: u64,
-    pub steady_sweep: u64,
-    pub steady_segment: u64,
-    /// Fixed claim rate (req/s); `None`: `steady_share` of a flat-out run's.
-    pub steady_rate: Option<f64>,
-    pub steady_share: f64,
-}
-
-/// `5000000`, `5M`, `200k`.
-fn count(v: &str) -> u64 {
-    let v = v.trim();
-    let (num, mul) = match v.chars().last() {
-        Some('k' | 'K') => (&v[..v.len() - 1], 1_000),
-        Some('m' | 'M') => (&v[..v.len() - 1], 1_000_000),
-        _ => (v, 1),
-    };
-    num.parse::<u64>()
-        .unwrap_or_else(|_| panic!("LOAD_PRELOAD: {v:?} is not a count"))
-        * mul
-}
-
-fn stores(name: &str, default: &str) -> Vec<Store> {
-    env_list(name, default)
-        .split(',')
-        .map(|v| match v.trim() {
-            "sqlite" => Store::Sqlite,
-            "postgres" | "pg" => Store::Postgres,
-            other => panic!("{name}: unknown store {other:?} (sqlite, postgres)"),
-        })
-        .collect()
-}
-
-impl Settings {
-    pub fn from_env() -> Settings {
-        let mut preload: Vec<u64> = env_list("LOAD_PRELOAD", "")
-            .split(',')
-            .filter(|v| !v.trim().is_empty())
-            .map(count)
-            .collect();
-        if !preload.is_empty() && !preload.contains(&0) {
-            // The ratios need the empty store of the same round.
-            preload.insert(0, 0);
-        }
-        preload.sort_unstable();
-        preload.dedup();
-        let share = env_or("LOAD_STEADY_SHARE", 0.6f64);
-        assert!(share > 0.0 && share <= 1.0, "LOAD_STEADY_SHARE: in (0, 1]");
-        Settings {
-            preload,
-            preload_stores: stores("LOAD_PRELOAD_STORES", "sqlite,postgres"),
-            preload_drop: env_or("LOAD_PRELOAD_DROP", 0u8) != 0,
-            time_ids: match env_list("LOAD_SCALE_IDS", "random").trim() {
-                "random" => false,
-                "time" => true,
-                v => panic!("LOAD_SCALE_IDS: random or time, not {v:?}"),
-            },
-            steady: env_or("LOAD_STEADY", 0u64),
-            steady_stores: stores("LOAD_STEADY_STORES", "sqlite"),
-            steady_retention: env_or("LOAD_STEADY_RETENTION", 60u64).max(1),
-            steady_sweep: env_or("LOAD_STEADY_SWEEP", 30u64).max(1),
-            steady_segment: env_or("LOAD_STEADY_SEGMENT", 10u64).max(1),
-            steady_rate: std::env::var("LOAD_STEADY_RATE")
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| v.trim().parse().expect("LOAD_STEADY_RATE: req/s")),
-            steady_share: share,
-        }
-    }
-
-    /// The scenario both sections load on `store`: (r) or (p) with random
-    /// IDs, (t) or (q) with time-ordered ones.
-    fn scenario(&self, store: Store) -> &'static Scenario {
-        scenario(match (store, self.time_ids) {
-            (Store::Sqlite, false) => 'r',
-            (Store::Postgres, false) => 'p',
-            (Store::Sqlite, true) => 't',
-            (Store::Postgres, true) => 'q',
-        })
-    }
-
-    /// How the loaded IDs are made, for the reports' headings.
-    pub fn ids_word(&self) -> &'static str {
-        if self.time_ids {
-            "time-ordered"
-        } else {
-            "random"
-        }
-    }
-
-    /// Whether a section of issue 24 runs, or the cache is dropped (then the
-    /// usual rounds run only if `LOAD_SCENARIOS` asks for them).
-    pub fn any(&self) -> bool {
-        !self.preload.is_empty() || self.steady > 0 || self.preload_drop
-    }
-
-    pub fn uses_pg(&self) -> bool {
-        self.preload_drop
-            || (!self.preload.is_empty() && self.preload_stores.contains(&Store::Postgres))
-            || (self.steady > 0 && self.steady_stores.contains(&Store::Postgres))
-    }
-}
-
-pub(super) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-fn gib(bytes: u64) -> String {
-    let b = bytes as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    }
-}
-
-fn file_len(p: &Path) -> u64 {
-    std::fs::metadata(p).map_or(0, |m| m.len())
-}
-
-/// A store the runs of one size load, and what is known of its content.
-struct Sized {
-    size: u64,
-    store: Store,
-    /// idemgate's `store.url`.
-    url: String,
-    /// Records first seen before this (ms) are the preloaded ones; 0 for the
-    /// empty store.
-    loaded_at: i64,
-    sqlite: Option<std::path::PathBuf>,
-    /// Schema-qualified table (`schema.records`).
-    pg_table: Option<String>,
-}
-
-/// What a store holds now.
-struct Content {
-    records: u64,
-    /// Bytes on disk: SQLite db + wal, PostgreSQL `pg_total_relation_size`.
-    bytes: u64,
-    detail: String,
-    /// `min(expires_at)`, ms (None: no record).
-    oldest_expiry: Option<i64>,
-}
-
-impl Sized {
-    /// Records, size and oldest expiry; the records are counted as the
-    /// preloaded count plus those first seen since the preload (an index
-    /// range), so a 20M store is not scanned after each run.
-    fn content(&self, s: &crate::settings::Settings) -> Content {
-        match (&self.sqlite, &self.pg_table) {
-            (Some(db), _) => {
-                let c = rusqlite::Connection::open_with_flags(
-                    db,
-                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-                )
-                .expect("the store opens");
-                let added: i64 = c
-                    .query_row(
-                        "SELECT count(*) FROM records WHERE first_seen_at >= ?1",
-                        [self.loaded_at],
-                        |r| r.get(0),
-                    )
-                    .unwrap_or(-1);
-                let oldest: Option<i64> = c
-                    .query_row("SELECT min(expires_at) FROM records", [], |r| r.get(0))
-                    .unwrap_or(None);
-                let wal = db.with_extension("db-wal");
-                let (d, w) = (file_len(db), file_len(&wal));
-                Content {
-                    records: self.size + added.max(0) as u64,
-                    bytes: d + w,
-                    detail: format!("db {} + wal {}", gib(d), gib(w)),
-                    oldest_expiry: oldest,
-                }
-            }
-            (None, Some(t)) => {
-                let row = pg_exec(
-                    &s.pg_url,
-                    &format!(
-                        "SELECT concat_ws(' ', (SELECT count(*) FROM {t} WHERE first_seen_at >= {}), \
-                         pg_total_relation_size('{t}'), pg_indexes_size('{t}'), \
-                         coalesce((SELECT min(expires_at) FROM {t}), -1))",
-                        self.loaded_at
-                    ),
-                )
-                .ok()
-                .and_then(|v| v.into_iter().next())
-                .unwrap_or_default();
-                let f: Vec<i64> = row
-                    .split_whitespace()
-                    .filter_map(|x| x.parse().ok())
-                    .collect();
-                let g = |i: usize| f.get(i).copied().unwrap_or(0);
-                Content {
-                    records: self.size + g(0).max(0) as u64,
-                    bytes: g(1) as u64,
-                    detail: format!(
-                        "table+indexes {} (indexes {})",
-                        gib(g(1) as u64),
-                        gib(g(2) as u64)
-                    ),
-                    oldest_expiry: (g(3) >= 0 && !f.is_empty()).then(|| g(3)),
-                }
-            }
-            _ => unreachable!("a store is SQLite or PostgreSQL"),
-        }
-    }
-}
-
-/// An empty store of this run: a fresh SQLite file in the run dir or a
-/// schema of its own (dropped at the end).
-fn fresh_store(
-    s: &crate::settings::Settings,
-    w: &World,
-    store: Store,
-    word: &str,
-) -> Result<Sized, String> {
-    let (url, sqlite, pg_table) = match store {
-        Store::Sqlite => {
-            let db = w.dir.join(format!("claims-{word}.db"));
-            (format!("sqlite://{}", db.display()), Some(db), None)
-        }
-        Store::Postgres => {
-            let schema = format!("load_{}_{word}", std::process::id());
-            let url = pg_run_schema(s, &schema)?;
-            (url, None, Some(format!("{schema}.records")))
-        }
-    };
-    Ok(Sized {
-        size: 0,
-        store,
-        url,
-        loaded_at: 0,
-        sqlite,
-        pg_table,
-    })
-}
-
-/// The harness's world, with `g` as the idemgate of `store`.
-fn world_with(w: &World, g: Idemgate, store: Store) -> World {
-    World {
-        dir: w.dir.clone(),
-        upstream: w.upstream,
-        proxy: None,
-        sqlite: if store == Store::Sqlite { g } else { w.sqlite },
-        pg: (store == Store::Postgres).then_some(g),
-        tck: w.tck,
-        ncpu: w.ncpu,
-    }
-}
-
-fn start_on(
-    s: &crate::settings::Settings,
-    w: &World,
-    logs: &Path,
-    name: String,
-    st: &Sized,
-    extra: &Extra,
-) -> Idemgate {
-    let name: &'static str = Box::leak(name.into_boxed_str());
-    start_idemgate(
-        &w.dir,
-        logs,
-        name,
-        s,
-        &st.url,
-        w.upstream.addr,
-        &["unique"],
-        extra,
-    )
 }
 
 /// One run of the store-size section.
@@ -392,16 +103,6 @@ fn sized_line(runs: &[SizedRun], r: &SizedRun) -> String {
         r.run.foreign_pct,
         notes
     )
-}
-
-/// What a scale section runs with: the settings, the running world, the
-/// log directory, the report it writes to and the run counter.
-pub(crate) struct Section<'a> {
-    pub s: &'a crate::settings::Settings,
-    pub w: &'a World,
-    pub logs: &'a Path,
-    pub rep: &'a mut Report,
-    pub serial: &'a mut usize,
 }
 
 /// `LOAD_PRELOAD`: (r) and (p) against the empty store and the preloaded
@@ -623,9 +324,4 @@ fn verdict(ratio: Option<f64>, min: f64, p99: Option<f64>) -> String {
         if p99.is_some() { ", p99 <= 2x" } else { "" },
         if ok { "met" } else { "NOT MET" }
     )
-}
-
-/// The directory of the cached preloaded SQLite stores.
-fn stores_dir() -> std::path::PathBuf {
-    target_dir().join("load-stores")
 }

@@ -26,8 +26,10 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use super::{now_ms, pg_exec, stores_dir, Report, Sized, Store};
-use crate::pg::pg_schema_url;
+use super::stores::{now_ms, stores_dir, Sized};
+use crate::pg::{pg_exec, pg_schema_url};
+use crate::report::Report;
+use crate::settings::Store;
 
 const DAY_MS: i64 = 86_400_000;
 /// Records per fill statement (and progress line).

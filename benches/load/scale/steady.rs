@@ -7,11 +7,12 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use super::{
-    fresh_store, gib, median, now_ms, opt, start_on, world_with, Extra, Report, Section, Sized,
-    Store,
-};
-use crate::runs::{run_wrk, World};
+use super::stores::{fresh_store, gib, now_ms, start_on, world_with, Section, Sized};
+use crate::report::{median, opt, Report};
+use crate::runs::run_wrk;
+use crate::servers::Extra;
+use crate::settings::{ScaleSettings, Store};
+use crate::world::World;
 use crate::wrk::{parse_wrk, Pace};
 
 /// The sweeper's counters from `/metrics`: sweep batches run, seconds spent
@@ -161,7 +162,7 @@ fn steady_rate(
 }
 
 /// The steady state's heading and the segments' column names.
-fn steady_header(rep: &mut Report, sc: &super::Settings, store: Store, rate: f64, conns: usize) {
+fn steady_header(rep: &mut Report, sc: &ScaleSettings, store: Store, rate: f64, conns: usize) {
     rep.line("");
     rep.line(format!(
         "steady state (issue 24), {}: {rate:.0} claims/s of unique {} IDs at {conns} connections for {} s, \
@@ -257,7 +258,7 @@ fn segment_line(seg: &Segment) -> String {
     )
 }
 
-fn summary(rep: &mut Report, sc: &super::Settings, rate: f64, segs: &[Segment]) {
+fn summary(rep: &mut Report, sc: &ScaleSettings, rate: f64, segs: &[Segment]) {
     // After the first retention period and the sweep that follows it, the
     // table should hold about rate x retention records and stay there.
     let settled = (sc.steady_retention + sc.steady_sweep) as f64;

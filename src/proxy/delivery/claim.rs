@@ -1,15 +1,19 @@
-//! The claim step of a delivery: a read first for an event met lately,
-//! then the claim; a duplicate in flight held while [`Hold`] says so.
+//! The claim step of a delivery, as a small loop over its [`Step`]s: a
+//! read first for an event met lately, then the claim within the route's
+//! limits; a duplicate in flight held while [`Hold`] says so.
 
 use std::time::Instant;
 
-use crate::claim::policy::{self, Busy, Hold, InFlight, InFlightRefusal, OnAmbiguous};
-use crate::claim::{claim_token, now_ms, Refusal, State};
+use crate::claim::policy::{Hold, InFlight, InFlightRefusal, OnAmbiguous};
+use crate::claim::{claim_token, now_ms, Millis, Refusal, State};
 use crate::limits::{self, Permit};
-use crate::problem::{upstream_refusal, Problem, ProblemKind};
+use crate::problem::{upstream_refusal, Problem};
 use crate::store::{ClaimOutcome, ClaimRequest, Recorded, StoreError};
 
-use super::event::Delivery;
+use crate::proxy::routes::WaitPlace;
+
+use super::refused::{in_flight, mismatch, outcome_unknown, route_paused};
+use super::Delivery;
 
 /// How the claim went for this delivery.
 pub enum Claimed {
@@ -19,14 +23,6 @@ pub enum Claimed {
     Answer(Recorded),
 }
 
-/// What the route's limits say before the claim.
-enum Admission {
-    /// To claim, with this permit (`None`: nothing to hold, or held already).
-    Let(Option<Permit>),
-    /// A read found the event's record: no claim, no limit.
-    Decided(ClaimOutcome),
-}
-
 /// A claim that did not come to [`Claimed`].
 pub enum ClaimStop {
     Refused(Problem),
@@ -34,90 +30,142 @@ pub enum ClaimStop {
     Store(StoreError),
 }
 
-impl Delivery<'_> {
+/// The claim's steps, one at a time ([`Delivery::claim`]).
+enum Step {
+    /// Read the event's record first: an event met lately, or a paused
+    /// route (which still replays delivered events).
+    Peek,
+    /// Within the route's limits, claim; `peeked`: a read just said "to
+    /// claim", so a refusal needs no other.
+    Claim {
+        peeked: bool,
+    },
+    /// What the store answered, read or claim.
+    Decide(ClaimOutcome),
+    /// A duplicate in flight: held while [`Hold`] says so, then claimed again.
+    Hold {
+        retry_after_ms: Millis,
+    },
+    Done(Claimed),
+}
+
+/// What the route's limits say before the claim.
+enum Limited {
+    /// To claim, with this permit (`None`: nothing to hold, or held already).
+    Let(Option<Permit>),
+    /// A read found the event's record: no claim, no limit.
+    Decided(ClaimOutcome),
+}
+
+// ---- Delivery: the claim, within the route's limits
+
+impl<'a> Delivery<'a> {
     /// Claims the event: `Own` when this request is to forward it, `Answer`
     /// for a replay. With `in_flight: wait` a duplicate that finds a live
     /// lease is held until the attempt settles (then replayed, or one held
     /// request reclaims and forwards) or the lease runs out (409).
     pub async fn claim(&mut self) -> Result<Claimed, ClaimStop> {
-        let (shared, route, event_id) = (self.shared, self.route, self.event_id.as_str());
-        let name = route.name();
-        // Duplicates of settled or in-flight events are decided by a read and
-        // never queue behind claims. An event this process has not met lately
-        // is most likely new: it claims at once, and the claim decides the
-        // rare duplicate just as the read would have.
-        let mut decided = None;
-        // A paused route still replays delivered events: always read first.
-        let paused = shared.paused.contains(name);
-        // whether the last read said "to claim": a refusal needs no other
-        let mut peeked = false;
-        if shared.seen.check_and_record(name, event_id) || paused {
-            // a store that cannot answer a read will not take a claim: fail fast
-            decided = self.peek().await?;
-            peeked = true;
-        }
         let mut hold = Hold::default();
         let mut place = None;
+        let mut step = self.first_step();
         loop {
-            let outcome = match decided.take() {
-                Some(outcome) => outcome,
-                // what would be forwarded is refused while the route is paused
-                None if shared.paused.contains(name) => {
-                    return Err(ClaimStop::Refused(route_paused(Some(event_id))))
-                }
-                None => match self.admit(peeked).await? {
-                    Admission::Decided(outcome) => outcome,
-                    Admission::Let(permit) => {
-                        self.permit = permit.or(self.permit.take());
-                        self.try_claim().await?
-                    }
+            step = match step {
+                Step::Peek => match self.peek().await? {
+                    Some(outcome) => Step::Decide(outcome),
+                    None => Step::Claim { peeked: true },
                 },
-            };
-            if !matches!(outcome, ClaimOutcome::Claimed { .. }) {
-                // not to forward after all: the slot goes back at once
-                self.permit = None;
-            }
-            let retry_after_ms = match outcome {
-                ClaimOutcome::Claimed {
-                    attempt,
-                    kind,
-                    lease_until,
-                } => {
-                    shared.metrics.claimed(name, kind.as_str());
-                    self.attempt = Some(attempt);
-                    self.lease_until = lease_until;
-                    self.started_at = now_ms();
-                    return Ok(Claimed::Own);
+                Step::Claim { peeked } => Step::Decide(self.claim_within_limits(peeked).await?),
+                Step::Decide(outcome) => self.decide(outcome)?,
+                Step::Hold { retry_after_ms } => {
+                    self.hold(&mut hold, &mut place, retry_after_ms).await?;
+                    Step::Claim { peeked: false }
                 }
-                ClaimOutcome::Existing {
-                    decision: Refusal::OutcomeUnknown,
-                    ..
-                } => return Err(ClaimStop::Refused(outcome_unknown(event_id))),
-                ClaimOutcome::Existing {
-                    decision: Refusal::Replay,
-                    recorded,
-                } => return Ok(Claimed::Answer(recorded)),
-                ClaimOutcome::Existing {
-                    decision: Refusal::Mismatch,
-                    ..
-                } => return Err(ClaimStop::Refused(mismatch(event_id))),
-                ClaimOutcome::Existing {
-                    decision: Refusal::InFlight { retry_after_ms },
-                    ..
-                } => retry_after_ms,
-            };
-            let busy = |r| ClaimStop::Refused(in_flight(event_id, r));
-            if route.cfg.in_flight == InFlight::Wait && shared.in_flight.handing_over() {
-                return Err(busy(hold.handing_over(now_ms(), retry_after_ms)));
+                Step::Done(claimed) => return Ok(claimed),
             }
-            hold.meet(route.cfg.in_flight, now_ms(), retry_after_ms, || {
-                place = route.wait_place();
-                place.is_some()
-            })
-            .map_err(busy)?;
-            self.wait_for_change(&mut hold).await.map_err(busy)?;
-            peeked = false;
         }
+    }
+
+    /// Duplicates of settled or in-flight events are decided by a read and
+    /// never queue behind claims. An event this process has not met lately
+    /// is most likely new: it claims at once, and the claim decides the
+    /// rare duplicate just as the read would have. A paused route still
+    /// replays delivered events: it always reads first.
+    fn first_step(&self) -> Step {
+        let name = self.route.name();
+        let met = self.shared.seen.check_and_record(name, &self.event_id);
+        if met || self.shared.paused.contains(name) {
+            Step::Peek
+        } else {
+            Step::Claim { peeked: false }
+        }
+    }
+
+    /// The claim, unless the route is paused (what would be forwarded is
+    /// refused) or its limits refuse it ([`Delivery::within_limits`]).
+    async fn claim_within_limits(&mut self, peeked: bool) -> Result<ClaimOutcome, ClaimStop> {
+        if self.shared.paused.contains(self.route.name()) {
+            return Err(ClaimStop::Refused(route_paused(Some(&self.event_id))));
+        }
+        match self.within_limits(peeked).await? {
+            Limited::Decided(outcome) => Ok(outcome),
+            Limited::Let(permit) => {
+                self.permit = permit.or(self.permit.take());
+                self.try_claim().await
+            }
+        }
+    }
+
+    /// What the store's answer comes to: this delivery's claim, a replay, a
+    /// refusal, or a duplicate in flight to hold.
+    fn decide(&mut self, outcome: ClaimOutcome) -> Result<Step, ClaimStop> {
+        let event_id = self.event_id.as_str();
+        if !matches!(outcome, ClaimOutcome::Claimed { .. }) {
+            // not to forward after all: the slot goes back at once
+            self.permit = None;
+        }
+        let (decision, recorded) = match outcome {
+            ClaimOutcome::Claimed {
+                attempt,
+                kind,
+                lease_until,
+            } => {
+                let name = self.route.name();
+                self.shared.metrics.claimed(name, kind.as_str());
+                self.attempt = Some(attempt);
+                self.lease_until = lease_until;
+                self.started_at = now_ms();
+                return Ok(Step::Done(Claimed::Own));
+            }
+            ClaimOutcome::Existing { decision, recorded } => (decision, recorded),
+        };
+        match decision {
+            Refusal::Replay => Ok(Step::Done(Claimed::Answer(recorded))),
+            Refusal::InFlight { retry_after_ms } => Ok(Step::Hold { retry_after_ms }),
+            Refusal::OutcomeUnknown => Err(ClaimStop::Refused(outcome_unknown(event_id))),
+            Refusal::Mismatch => Err(ClaimStop::Refused(mismatch(event_id))),
+        }
+    }
+
+    /// A duplicate in flight: refused at once (409) unless the route holds
+    /// it (`in_flight: wait`) and this process is not handing over; held
+    /// until its record changes.
+    async fn hold(
+        &self,
+        hold: &mut Hold,
+        place: &mut Option<WaitPlace<'a>>,
+        retry_after_ms: Millis,
+    ) -> Result<(), ClaimStop> {
+        let route = self.route;
+        let busy = |r| ClaimStop::Refused(in_flight(&self.event_id, r));
+        if route.cfg.in_flight == InFlight::Wait && self.shared.in_flight.handing_over() {
+            return Err(busy(hold.handing_over(now_ms(), retry_after_ms)));
+        }
+        hold.meet(route.cfg.in_flight, now_ms(), retry_after_ms, || {
+            *place = route.wait_place();
+            place.is_some()
+        })
+        .map_err(busy)?;
+        self.wait_for_change(hold).await.map_err(busy)
     }
 
     /// The store's read of this event: `None` when it is to claim.
@@ -135,25 +183,25 @@ impl Delivery<'_> {
     /// atomic load. Only a delivery that would be forwarded is refused, so
     /// a refusal reads the store first (unless `peeked` just did): a
     /// duplicate gets its replay, 409 or 422 as always.
-    async fn admit(&self, peeked: bool) -> Result<Admission, ClaimStop> {
+    async fn within_limits(&self, peeked: bool) -> Result<Limited, ClaimStop> {
         if self.permit.is_some() {
-            return Ok(Admission::Let(None));
+            return Ok(Limited::Let(None));
         }
         let limits = &self.route.limits;
         let refusal = match limits.admit(limits::now(), true) {
-            Ok(permit) => return Ok(Admission::Let(permit)),
+            Ok(permit) => return Ok(Limited::Let(permit)),
             Err(refusal) => refusal,
         };
         let refusal = if peeked {
             refusal
         } else {
             if let Some(outcome) = self.peek().await? {
-                return Ok(Admission::Decided(outcome));
+                return Ok(Limited::Decided(outcome));
             }
             // to claim: a slot may have come free meanwhile, or with
             // `upstream_wait` it is waited for
             match limits.admit_waiting(true).await {
-                Ok(permit) => return Ok(Admission::Let(permit)),
+                Ok(permit) => return Ok(Limited::Let(permit)),
                 Err(refusal) => refusal,
             }
         };
@@ -239,49 +287,4 @@ impl Delivery<'_> {
             }
         }
     }
-}
-
-fn in_flight(event_id: &str, r: InFlightRefusal) -> Problem {
-    let why = match r.why {
-        Busy::Conflict => "",
-        Busy::TooManyWaiting => " (too many deliveries of this route are already waiting)",
-        Busy::LeaseRanOut => " (its lease ran out while this delivery waited)",
-        Busy::HandingOver => " (this process is handing over to a new one: retry then)",
-    };
-    Problem::new(
-        ProblemKind::InFlight,
-        format!("another delivery of this event is being processed{why}"),
-    )
-    .with_event_id(Some(event_id))
-    .with_retry_after(r.retry_after_secs)
-}
-
-/// The record is `ambiguous`: the sender keeps retrying while an operator
-/// finds out what the consumer did (SPEC §12).
-fn outcome_unknown(event_id: &str) -> Problem {
-    Problem::new(
-        ProblemKind::OutcomeUnknown,
-        "an earlier delivery of this event may have reached the consumer and its answer was \
-         lost; it waits for an operator's decision",
-    )
-    .with_event_id(Some(event_id))
-    .with_retry_after(policy::OUTCOME_UNKNOWN_RETRY_AFTER_SECS)
-}
-
-/// The route is paused: nothing is claimed, the sender retries (SPEC §14).
-pub fn route_paused(event_id: Option<&str>) -> Problem {
-    Problem::new(
-        ProblemKind::RoutePaused,
-        "deliveries to this route are paused by an operator; retry later",
-    )
-    .with_event_id(event_id)
-    .with_retry_after(policy::ROUTE_PAUSED_RETRY_AFTER_SECS)
-}
-
-fn mismatch(event_id: &str) -> Problem {
-    Problem::new(
-        ProblemKind::DigestMismatch,
-        "this event ID was already used with a different payload",
-    )
-    .with_event_id(Some(event_id))
 }

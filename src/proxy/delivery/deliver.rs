@@ -9,13 +9,15 @@ use crate::claim::policy::{self, OnAmbiguous, StoreStep};
 use crate::limits::{self, AttemptEnd};
 use crate::metrics::Outcome;
 use crate::proxy::exit::{Ending, Refused, Relay, Stop, Verdict};
-use crate::proxy::forward::{self, Answered, UpstreamFailure};
-use crate::proxy::{pass_through, steps};
+use crate::proxy::forward::{self, Answered, Upstream, UpstreamFailure};
+use crate::proxy::pass_through;
 use crate::store::SettleOutcome;
 
 use super::claim::{ClaimStop, Claimed};
-use super::event::Delivery;
 use super::settle::store_unavailable;
+use super::Delivery;
+
+// ---- Delivery: from the claim to the ending (forward, the upstream's answer, the breaker)
 
 impl Delivery<'_> {
     /// Claims the event, then forwards it (boxed, like the unguarded
@@ -33,18 +35,21 @@ impl Delivery<'_> {
             Err(ClaimStop::Refused(p)) => Err(Refused::new(p).into()),
             Err(ClaimStop::Store(e)) => {
                 let name = route.name();
-                tracing::warn!(route = name, event_id, error = %e, "claim failed: store unavailable");
+                // counted, and summarised once a second (`telemetry::outage`)
+                tracing::debug!(route = name, event_id, error = %e, "claim failed: store unavailable");
+                crate::telemetry::outage::store_error(e.to_string());
                 if policy::without_store(route.cfg.on_store_error, StoreStep::Claim)
                     == policy::WithoutStore::Refuse
                 {
                     let detail = "the claim store did not answer; retry later";
                     return Err(Refused::new(store_unavailable(event_id, detail)).into());
                 }
-                tracing::warn!(
+                tracing::debug!(
                     route = name,
                     event_id,
                     "store unavailable: forwarding unguarded"
                 );
+                crate::telemetry::outage::note("forwarded_unguarded");
                 if self.permit.is_some() {
                     // within the slot this delivery holds already
                     return Box::pin(pass_through::forward(self.shared, session, route, body))
@@ -69,10 +74,11 @@ impl Delivery<'_> {
             .idempotency_key_header
             .as_ref()
             .map(|h| (h, self.event_id.as_str()));
-        let req = steps::upstream_request(session, self.route, body.len(), key)?;
+        let upstream = Upstream::of(self.shared, self.route);
+        let req = upstream.request(session, body.len(), key)?;
         crate::failpoint::hit("after_claim");
         let hold = cfg.on_ambiguous == OnAmbiguous::Hold;
-        let mut answered = match steps::exchange(self.shared, self.route, req, body, hold).await {
+        let mut answered = match upstream.exchange(req, body, hold).await {
             Ok(a) => a,
             Err(failure) => return Err(self.upstream_failed(failure).await),
         };

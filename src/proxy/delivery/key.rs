@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::claim::policy::{self, Key};
 use crate::claim::{digest, event_id, json_pointer};
-use crate::config::{DigestMode, EventIdSource, IdPart, OnMissingId, Provider};
+use crate::config::{DigestMode, EventIdSource, IdPart, OnMissingId};
 use crate::problem::{Problem, ProblemKind};
 use crate::proxy::exit::Refused;
 use crate::proxy::routes::RouteRt;
@@ -17,7 +17,7 @@ use crate::proxy::routes::RouteRt;
 pub fn header_key(session: &Session, route: &RouteRt) -> Result<Option<Key<String>>, Problem> {
     let headers = &session.req_header().headers;
     let cfg = &route.cfg;
-    if challenge(cfg.provider).is_some() {
+    if cfg.challenge.is_some() {
         return Ok(None);
     }
     let on_missing = cfg.on_missing_id;
@@ -46,8 +46,8 @@ pub fn json_key(
     json: Option<&Value>,
 ) -> Result<Key<String>, Refused> {
     let cfg = &route.cfg;
-    if let (Some((pointer, value)), Some(doc)) = (challenge(cfg.provider), json) {
-        if doc.pointer(pointer).and_then(Value::as_str) == Some(value) {
+    if let (Some(c), Some(doc)) = (cfg.challenge, json) {
+        if doc.pointer(c.pointer).and_then(Value::as_str) == Some(c.value) {
             return Ok(Key::Unguarded);
         }
     }
@@ -85,9 +85,8 @@ pub fn json_body(
     header_id: Option<&str>,
 ) -> Result<Option<Value>, Refused> {
     let cfg = &route.cfg;
-    let needs = cfg.digest == DigestMode::Json
-        || cfg.event_id.reads_body()
-        || challenge(cfg.provider).is_some();
+    let needs =
+        cfg.digest == DigestMode::Json || cfg.event_id.reads_body() || cfg.challenge.is_some();
     if !needs {
         return Ok(None);
     }
@@ -95,15 +94,6 @@ pub fn json_body(
         let p = Problem::new(ProblemKind::InvalidBody, e.to_string());
         Refused::new(p.with_event_id(header_id))
     })
-}
-
-/// The JSON member and value of a provider's signed handshake that passes
-/// unguarded: zoom's `{"event": "endpoint.url_validation"}`.
-fn challenge(provider: Option<Provider>) -> Option<(&'static str, &'static str)> {
-    match provider {
-        Some(Provider::Zoom) => Some(("/event", "endpoint.url_validation")),
-        _ => None,
-    }
 }
 
 /// A composite ID (SPEC §17): every part read (headers, and the body's

@@ -1,14 +1,17 @@
 //! The guarded path, from the header to the answer: what the headers
 //! decide, the whole body (bounded), the signature, the event ID and
-//! digest ([`admit`]); then one [`Delivery`] claims, forwards and settles.
+//! digest ([`intake`]); then one [`Delivery`] claims, forwards and settles.
+//! `Delivery` is declared here; each file beside this one holds one of its
+//! impl blocks: `claim.rs` (the claim, within the route's limits),
+//! `deliver.rs` (forward and the upstream's answer), `settle.rs`.
 //! What it does without an event ID, without the store, and with a
 //! duplicate in flight is [`crate::claim::policy`]'s to say. Its ending goes to the one
 //! exit ([`exit::answer`]), which counts, writes and logs it.
 
 mod claim;
 mod deliver;
-mod event;
 mod key;
+mod refused;
 mod settle;
 
 use std::time::Instant;
@@ -17,27 +20,27 @@ use bytes::Bytes;
 use pingora::proxy::Session;
 
 use super::body::{self, BodyError};
-use super::exit::{self, Handled, LogLine, Refused};
+use super::exit::{self, Exit, LogLine, Refused};
 use super::pass_through;
 use super::routes::RouteRt;
 use super::shared::Shared;
 use super::steps;
-use crate::claim::digest;
 use crate::claim::policy::Key;
+use crate::claim::{digest, Millis};
 use crate::config::DigestMode;
+use crate::limits::Permit;
 use crate::metrics::CloseReason;
 use crate::problem::{Problem, ProblemKind};
-pub use claim::route_paused;
-use event::Delivery;
 use key::{header_key, json_body, json_key};
+pub use refused::route_paused;
 
 /// A guarded request, from the header to the answer.
-pub async fn run(shared: &Shared, session: &mut Session, route: &RouteRt) -> Handled {
+pub async fn run(shared: &Shared, session: &mut Session, route: &RouteRt) -> Exit {
     let started = Instant::now();
     // Counted from the start: a claim may commit before the answer is written.
     let _busy = shared.in_flight.enter();
-    let (ending, delivery) = match admit(shared, session, route).await {
-        Ok(Admitted::Claim {
+    let (ending, delivery) = match intake(shared, session, route).await {
+        Ok(Intake::Claim {
             event_id,
             digest,
             body,
@@ -45,7 +48,7 @@ pub async fn run(shared: &Shared, session: &mut Session, route: &RouteRt) -> Han
             let mut delivery = Delivery::new(shared, route, event_id, digest);
             (delivery.deliver(session, body).await, Some(delivery))
         }
-        Ok(Admitted::Unguarded(body)) => {
+        Ok(Intake::Unguarded(body)) => {
             let forwarded = Box::pin(pass_through::forward_admitted(shared, session, route, body));
             (forwarded.await, None)
         }
@@ -59,8 +62,43 @@ pub async fn run(shared: &Shared, session: &mut Session, route: &RouteRt) -> Han
     exit::answer(shared, session, route, ending, Some(log)).await
 }
 
+/// A guarded request with its event ID, from the claim to the settle.
+pub struct Delivery<'a> {
+    shared: &'a Shared,
+    route: &'a RouteRt,
+    event_id: String,
+    /// The body's digest, hex: what a duplicate must match.
+    digest: String,
+    /// Set once this delivery holds the claim.
+    attempt: Option<i64>,
+    /// When the claim was taken: the attempt's start in its record.
+    started_at: Millis,
+    /// The route's limits let this delivery through (SPEC §15): its slot
+    /// (and half-open probe) until the delivery is dropped, on every exit.
+    permit: Option<Permit>,
+    /// When the claim's lease ends, as the store recorded it.
+    lease_until: Millis,
+}
+
+// ---- Delivery: its start (the claim, forward and settle are in the files beside)
+
+impl<'a> Delivery<'a> {
+    pub fn new(shared: &'a Shared, route: &'a RouteRt, event_id: String, digest: String) -> Self {
+        Delivery {
+            shared,
+            route,
+            event_id,
+            digest,
+            attempt: None,
+            started_at: 0,
+            permit: None,
+            lease_until: 0,
+        }
+    }
+}
+
 /// What the request comes to before the store is asked.
-enum Admitted {
+enum Intake {
     /// To claim, under its event ID (the digest's hex without one).
     Claim {
         event_id: String,
@@ -74,13 +112,13 @@ enum Admitted {
 /// Steps 1 to 4 of a guarded request: what the headers alone decide, the
 /// whole body, the signature on the raw body (before anything is
 /// claimed), then the event ID and digest.
-async fn admit(
+async fn intake(
     shared: &Shared,
     session: &mut Session,
     route: &RouteRt,
-) -> Result<Admitted, exit::Stop> {
+) -> Result<Intake, exit::Stop> {
     let cfg = &route.cfg;
-    let expect_continue = body::expects_continue(session);
+    let expect_continue = body::expects_continue(session.req_header());
     steps::check_declared_length(session, cfg.max_body)?;
     let header_key = match header_key(session, route) {
         Ok(key) => key,
@@ -104,7 +142,7 @@ async fn admit(
     let id = match key {
         Key::EventId(id) => Some(id),
         Key::Digest => None,
-        Key::Unguarded => return Ok(Admitted::Unguarded(body)),
+        Key::Unguarded => return Ok(Intake::Unguarded(body)),
         Key::Missing => {
             let p = Problem::new(
                 ProblemKind::MissingEventId,
@@ -113,17 +151,24 @@ async fn admit(
             return Err(Refused::new(p).into());
         }
     };
-    let digest = match (&json, cfg.digest) {
-        (Some(doc), DigestMode::Json) => digest::json_digest(doc, &cfg.digest_ignore),
-        _ => digest::raw_digest(&body),
-    };
-    let digest = digest::to_hex(&digest);
+    let digest = body_digest(route, json.as_ref(), &body);
     let event_id = id.unwrap_or_else(|| digest.clone());
-    Ok(Admitted::Claim {
+    Ok(Intake::Claim {
         event_id,
         digest,
         body,
     })
+}
+
+/// The body's digest, hex, as the route takes it: of the canonical JSON
+/// (`digest: json`, less `digest_ignore`) or of the raw bytes.
+fn body_digest(route: &RouteRt, json: Option<&serde_json::Value>, body: &[u8]) -> String {
+    let cfg = &route.cfg;
+    let digest = match (json, cfg.digest) {
+        (Some(doc), DigestMode::Json) => digest::json_digest(doc, &cfg.digest_ignore),
+        _ => digest::raw_digest(body),
+    };
+    digest::to_hex(&digest)
 }
 
 /// A refusal decided from the headers alone. With `Expect: 100-continue`

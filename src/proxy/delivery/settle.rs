@@ -9,9 +9,11 @@ use crate::claim::{now_ms, AttemptEnd, SettleResult};
 use crate::problem::{Problem, ProblemKind};
 use crate::proxy::exit::Refused;
 use crate::store::owned::OwnedSettle;
-use crate::store::{SettleOutcome, SettleRequest};
+use crate::store::{SettleOutcome, SettleRequest, StoreError};
 
-use super::event::Delivery;
+use super::Delivery;
+
+// ---- Delivery: the settle, committed or carried across a store outage
 
 impl Delivery<'_> {
     /// Settles the attempt ([`Delivery::commit`]); when the store does not
@@ -50,10 +52,7 @@ impl Delivery<'_> {
         outcome: SettleOutcome<'_>,
         attempt_error: Option<&str>,
     ) -> Option<SettleResult> {
-        let (shared, route, event_id) = (self.shared, self.route, self.event_id.as_str());
-        // only a claimed delivery settles
-        let attempt = self.attempt.unwrap_or(0);
-        let name = route.name();
+        let (shared, name, event_id) = (self.shared, self.route.name(), self.event_id.as_str());
         let deadline = Instant::now() + policy::SETTLE_DEADLINE;
         let mut retry = SettleRetry::default();
         let mut tries = 0;
@@ -85,21 +84,37 @@ impl Delivery<'_> {
                 None => break e,
             }
         };
+        self.carry(outcome, attempt_error, tries, &error);
+        None
+    }
+
+    /// A settle that did not commit within its deadline: carried across the
+    /// store's outage while the lease allows ([`PendingSettles`]), else
+    /// left to its lease.
+    ///
+    /// [`PendingSettles`]: crate::proxy::PendingSettles
+    fn carry(
+        &self,
+        outcome: SettleOutcome<'_>,
+        attempt_error: Option<&str>,
+        tries: u32,
+        error: &StoreError,
+    ) {
+        let (shared, name, event_id) = (self.shared, self.route.name(), self.event_id.as_str());
+        let attempt = self.attempt.unwrap_or(0);
         let owned = OwnedSettle::new(&self.settle_request(outcome, attempt_error));
+        let (store, metrics) = (&shared.store, &shared.metrics);
         if shared
             .pending
-            .carry(&shared.store, &shared.metrics, owned, self.lease_until)
+            .carry(store, metrics, owned, self.lease_until)
         {
             tracing::warn!(route = name, event_id, attempt, tries, error = %error, "settle failed; kept and retried until the lease nearly ends");
         } else {
-            shared.metrics.settled(name, "error");
+            metrics.settled(name, "error");
             tracing::error!(route = name, event_id, attempt, tries, error = %error, "settle failed; the claim stays until its lease ends");
         }
-        None
     }
-}
 
-impl<'a> Delivery<'a> {
     /// This attempt's settle, as of now.
     fn settle_request<'r>(
         &'r self,

@@ -10,8 +10,8 @@
 //! arrival is what keeps a connection off the standby.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{Connection, PgConnection};
@@ -27,12 +27,18 @@ const SEARCH_AGAIN: Duration = Duration::from_secs(1);
 /// error carries.
 pub(super) const NOT_WRITABLE: &str = "the server takes no writes (a standby, or read-only)";
 
+/// A host's turn-aways are logged at most this often: a standby refused is
+/// expected during a failover, and the pool tries again many times a second.
+const TURN_AWAY_LOG_EVERY: Duration = Duration::from_secs(60);
+
 /// The URL's hosts and the one in use.
 pub(super) struct Hosts {
     targets: Vec<PgConnectOptions>,
     connect_timeout: Duration,
     current: AtomicUsize,
     trouble: Notify,
+    /// Per host, when a connection turned away was last logged.
+    logged: Mutex<Vec<Option<Instant>>>,
 }
 
 impl Hosts {
@@ -41,11 +47,13 @@ impl Hosts {
         connect_timeout: Option<Duration>,
     ) -> Arc<Self> {
         assert!(!targets.is_empty(), "a store URL names a host at least");
+        let targets_len = targets.len();
         Arc::new(Hosts {
             targets,
             connect_timeout: connect_timeout.unwrap_or(CONNECT_TIMEOUT),
             current: AtomicUsize::new(0),
             trouble: Notify::new(),
+            logged: Mutex::new(vec![None; targets_len]),
         })
     }
 
@@ -64,18 +72,42 @@ impl Hosts {
     }
 
     /// The check every new connection passes before either pool takes it.
+    /// A connection refused here is logged by [`Hosts::turned_away`], at
+    /// WARN once a minute per host (sqlx's own ERROR line for each is
+    /// silenced by `telemetry`).
     pub(super) async fn check_arrival(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         match writable(conn).await {
             Ok(true) => Ok(()),
             Ok(false) => {
                 self.trouble();
+                self.turned_away(NOT_WRITABLE);
                 Err(sqlx::Error::Configuration(NOT_WRITABLE.into()))
             }
             Err(e) => {
                 self.trouble();
+                self.turned_away(&e.to_string());
                 Err(e)
             }
         }
+    }
+
+    /// Logs a connection to the host in use turned away, unless one was
+    /// logged for that host within [`TURN_AWAY_LOG_EVERY`].
+    fn turned_away(&self, why: &str) {
+        let i = self.current.load(Ordering::Relaxed);
+        let now = Instant::now();
+        {
+            let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+            if logged[i].is_some_and(|at| now.duration_since(at) < TURN_AWAY_LOG_EVERY) {
+                return;
+            }
+            logged[i] = Some(now);
+        }
+        tracing::warn!(
+            host = %host_of(&self.targets[i]),
+            reason = why,
+            "store: a new connection turned away (logged once a minute per host)"
+        );
     }
 
     /// Follows the writable server for `pools` until the first of them

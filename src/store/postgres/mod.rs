@@ -23,6 +23,7 @@ use sqlx::{Connection, Row};
 
 use super::owned::{OwnedClaim, OwnedSettle};
 use super::sql::{self, Statement, Value};
+use super::sql_operator::{sql_operator_ops, SqlRun};
 use super::{
     Backend, ClaimOutcome, ClaimRequest, Found, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
     SettleOutcome, SettleRequest, StoreError,
@@ -185,6 +186,28 @@ impl PostgresStore {
             locking: true,
             no_tx: false,
         }
+    }
+}
+
+impl SqlRun for PostgresStore {
+    async fn execute(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError> {
+        let mut tx = self.cold.begin().await?;
+        let mut changed = Vec::with_capacity(statements.len());
+        for s in statements {
+            let done = bind_all(sqlx::query(s.sql), &s.params)
+                .execute(&mut *tx)
+                .await?;
+            changed.push(done.rows_affected());
+        }
+        tx.commit().await?;
+        Ok(changed)
+    }
+
+    async fn query(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError> {
+        let rows = bind_all(sqlx::query(statement.sql), &statement.params)
+            .fetch_all(&self.cold)
+            .await?;
+        rows.iter().map(rows::values).collect()
     }
 }
 
@@ -409,25 +432,7 @@ impl Backend for PostgresStore {
             .collect()
     }
 
-    async fn write(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError> {
-        let mut tx = self.cold.begin().await?;
-        let mut changed = Vec::with_capacity(statements.len());
-        for s in statements {
-            let done = bind_all(sqlx::query(s.sql), &s.params)
-                .execute(&mut *tx)
-                .await?;
-            changed.push(done.rows_affected());
-        }
-        tx.commit().await?;
-        Ok(changed)
-    }
-
-    async fn read(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError> {
-        let rows = bind_all(sqlx::query(statement.sql), &statement.params)
-            .fetch_all(&self.cold)
-            .await?;
-        rows.iter().map(rows::values).collect()
-    }
+    sql_operator_ops!();
 
     async fn close(&self) {
         self.hot.close().await;

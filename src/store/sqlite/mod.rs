@@ -20,6 +20,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use super::sql::{OwnedParam, Statement, Value};
+use super::sql_operator::{sql_operator_ops, SqlRun};
 use super::{
     Backend, ClaimOutcome, ClaimRequest, Found, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
     SettleRequest, StoreError, StoreUrl,
@@ -143,6 +144,22 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| StoreError::Unavailable(format!("stopped: {e}")))?
 }
 
+impl SqlRun for SqliteStore {
+    /// On a connection of its own, counted: a resolve or a bulk release
+    /// changes records a cache may hold the state of.
+    async fn execute(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError> {
+        let owned = owned_statements(statements);
+        self.counted(move |conn| direct::write_all(conn, &owned))
+            .await
+    }
+
+    async fn query(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError> {
+        let owned = owned_statements(std::slice::from_ref(statement)).remove(0);
+        self.cold_read(move |conn| direct::read_rows(conn, &owned))
+            .await
+    }
+}
+
 impl Backend for SqliteStore {
     /// A backstop only: a local file answers within the busy timeouts.
     const OP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -156,8 +173,12 @@ impl Backend for SqliteStore {
         .await
     }
 
+    /// On a connection of its own, opened for this read and closed after:
+    /// a pooled one may answer from its page cache after the file changed
+    /// under it, so `/readyz` said ready on a file that could not serve.
     async fn ping(&self) -> Result<(), StoreError> {
-        self.cold_read(reads::ping).await
+        let path = self.path.clone();
+        blocking(move || reads::ping(&direct::open(&path, direct::Role::Reader)?)).await
     }
 
     async fn claim(
@@ -262,19 +283,7 @@ impl Backend for SqliteStore {
         self.cold_read(reads::oldest_processing).await
     }
 
-    /// On a connection of its own, counted: a resolve or a bulk release
-    /// changes records a cache may hold the state of.
-    async fn write(&self, statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError> {
-        let owned = owned_statements(statements);
-        self.counted(move |conn| direct::write_all(conn, &owned))
-            .await
-    }
-
-    async fn read(&self, statement: &Statement<'_>) -> Result<Vec<Vec<Value>>, StoreError> {
-        let owned = owned_statements(std::slice::from_ref(statement)).remove(0);
-        self.cold_read(move |conn| direct::read_rows(conn, &owned))
-            .await
-    }
+    sql_operator_ops!();
 
     /// The idle readers first, the writer last: the last connection to
     /// close checkpoints the WAL into the database file.

@@ -12,9 +12,10 @@ use crate::store::sql;
 use crate::store::{ListFilter, Record, StoreError};
 
 /// One cheap read that touches the database file itself, not just the
-/// connection.
+/// connection: on a fresh connection (see `SqliteStore::ping`), the file's
+/// header, the schema and the records table's first page, read from disk.
 pub(super) fn ping(conn: &Connection) -> Result<(), StoreError> {
-    let mut st = conn.prepare_cached("SELECT 1 FROM records LIMIT 1")?;
+    let mut st = conn.prepare("SELECT 1 FROM records LIMIT 1")?;
     let mut rows = st.raw_query();
     while rows.next()?.is_some() {}
     Ok(())

@@ -11,6 +11,8 @@ const SLOTS: u16 = 16_384;
 
 /// Every route that ever had a record (a set of its own, on one slot).
 pub const ROUTES: &str = "idemgate:routes";
+/// The paused routes: a hash of route to `paused_at` (a key of its own).
+pub const PAUSES: &str = "idemgate:pauses";
 /// The store's format version (SPEC §18, "Schema").
 pub const FORMAT: &str = "idemgate:format";
 /// The format this binary writes and reads.
@@ -75,6 +77,12 @@ impl Bucket {
         format!("{}:p", self.tag)
     }
 
+    /// The bucket's `ambiguous` records: a set of event IDs, kept by every
+    /// script that changes a state, so counting them is one `SCARD`.
+    pub fn ambiguous(&self) -> String {
+        format!("{}:m", self.tag)
+    }
+
     /// The prefix of a record's key: what the list script appends IDs to.
     pub fn record_prefix(&self) -> String {
         format!("{}:e:", self.tag)
@@ -128,6 +136,7 @@ mod tests {
             b.by_first_seen(),
             b.by_expiry(),
             b.processing(),
+            b.ambiguous(),
         ] {
             assert!(key.starts_with(tag), "{key}");
         }

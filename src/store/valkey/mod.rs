@@ -13,9 +13,14 @@
 //!   number to a JSON row, the newest 20 kept;
 //! - `{r:R:B}:f`, `:x`, `:p`: the bucket's indexes, sorted sets of event
 //!   IDs by `first_seen_at` (operator lists), by `expires_at` (the sweep)
-//!   and, for `processing` records only, by `updated_at` (the oldest claim);
+//!   and, for `processing` records only, by `updated_at` (the oldest claim
+//!   and the hold of ended leases);
+//! - `{r:R:B}:m`: the bucket's `ambiguous` records, a set every script
+//!   that changes a state keeps (`ambiguous_counts` is one `SCARD` each);
 //! - `idemgate:routes` (the routes that have records: where lists and the
-//!   sweep look) and `idemgate:format` (the format version), on their own slots.
+//!   sweep look), `idemgate:pauses` (the paused routes, a hash of route to
+//!   `paused_at`) and `idemgate:format` (the format version), on their own
+//!   slots.
 //!
 //! The bucket spreads one route's records over 256 slots, so over every
 //! shard of a cluster of up to a few dozen shards; what reads across the
@@ -24,6 +29,8 @@
 //! most a page per bucket when it does not filter; a filter (state,
 //! prefix) walks each bucket until it has a page, so on 1M records a list
 //! of the rare state reads up to all of them (about 4,000 per bucket).
+//! The operator's other actions and reads are in [`operator`], each with
+//! its cost.
 //!
 //! # Durability
 //! See [`durable`]: the write's reply, then `WAITAOF 1 N` on the same
@@ -33,14 +40,16 @@
 //! and releases the claim by its token once the store answers again.
 //! At start and in `ping`, [`shards`] checks every shard can give the count.
 
+mod backend;
 mod decode;
 mod durable;
 pub mod keys;
+mod operator;
 mod scripts;
 mod shards;
 pub mod target;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,12 +60,7 @@ use redis::{Script, Value};
 
 use self::keys::Bucket;
 use self::target::ValkeyTarget;
-use super::sql::{self, Statement};
-use super::{
-    Backend, ClaimOutcome, ClaimRequest, Found, ListFilter, Record, ReleaseOutcome, ReleaseRequest,
-    SettleOutcome, SettleRequest, StoreError, StoreUrl,
-};
-use crate::claim::{Millis, SettleResult};
+use super::{Backend, StoreError, StoreUrl};
 
 /// The scripts, each with its SHA1 for `EVALSHA`.
 struct Scripts {
@@ -65,6 +69,10 @@ struct Scripts {
     release: Script,
     list: Script,
     sweep: Script,
+    resolve: Script,
+    release_unacknowledged: Script,
+    bulk_release: Script,
+    hold_ended: Script,
 }
 
 pub struct ValkeyStore {
@@ -166,6 +174,10 @@ impl ValkeyStore {
                 release: Script::new(scripts::RELEASE),
                 list: Script::new(scripts::LIST_BUCKET),
                 sweep: Script::new(scripts::SWEEP_BUCKET),
+                resolve: Script::new(scripts::RESOLVE),
+                release_unacknowledged: Script::new(scripts::RELEASE_UNACKNOWLEDGED),
+                bulk_release: Script::new(scripts::BULK_RELEASE),
+                hold_ended: Script::new(scripts::HOLD_ENDED),
             },
             routes_known: Mutex::new(HashSet::new()),
         })
@@ -247,20 +259,10 @@ impl ValkeyStore {
         if known(&self.routes_known) {
             return Ok(());
         }
-        let slot = keys::slot_of(keys::ROUTES);
-        let mut pipe = redis::pipe();
-        pipe.cmd("SADD").arg(keys::ROUTES).arg(route);
-        pipe.cmd("CLIENT").arg("ID");
-        let mut conn = self.conn.clone();
-        let values = conn
-            .route_pipeline(pipe, 0, 2, primary(slot))
-            .await
-            .map_err(driver)?;
-        let id: i64 = values
-            .get(1)
-            .and_then(|v| redis::from_redis_value_ref(v).ok())
-            .ok_or_else(|| StoreError::Corrupt("CLIENT ID".into()))?;
-        self.durable.wait(&self.conn, slot, id).await?;
+        let mut sadd = redis::cmd("SADD");
+        sadd.arg(keys::ROUTES).arg(route);
+        self.command_durably(keys::slot_of(keys::ROUTES), sadd)
+            .await?;
         self.routes_known
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -268,20 +270,30 @@ impl ValkeyStore {
         Ok(())
     }
 
-    /// A record's attempts, oldest first (SPEC §13): the newest 20 rows.
-    pub async fn history(
-        &self,
-        route: &str,
-        event_id: &str,
-    ) -> Result<Vec<super::Attempt>, StoreError> {
-        let b = Bucket::of(route, event_id);
+    /// Runs one command on `slot`'s primary with `CLIENT ID` in the same
+    /// pipeline, then the durability wait for its write; its answer.
+    async fn command_durably(&self, slot: u16, cmd: redis::Cmd) -> Result<Value, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd);
+        pipe.cmd("CLIENT").arg("ID");
         let mut conn = self.conn.clone();
-        let value: Value = redis::cmd("HGETALL")
-            .arg(b.attempts(event_id))
-            .query_async(&mut conn)
+        let values = conn
+            .route_pipeline(pipe, 0, 2, primary(slot))
             .await
             .map_err(driver)?;
-        decode::attempts(value)
+        let [value, id] = <[Value; 2]>::try_from(values)
+            .map_err(|v| StoreError::Corrupt(format!("{} answers to a command", v.len())))?;
+        if let Value::ServerError(e) = &value {
+            return Err(StoreError::Unavailable(format!(
+                "valkey: {} {}",
+                e.code(),
+                e.details().unwrap_or_default()
+            )));
+        }
+        let id: i64 = redis::from_redis_value(id)
+            .map_err(|e| StoreError::Corrupt(format!("CLIENT ID: {e}")))?;
+        self.durable.wait(&self.conn, slot, id).await?;
+        Ok(value)
     }
 
     /// The routes to read: the one asked for, else every known route.
@@ -337,377 +349,13 @@ fn script_text(script: &Script, all: &Scripts) -> &'static str {
         (&all.release, scripts::RELEASE),
         (&all.list, scripts::LIST_BUCKET),
         (&all.sweep, scripts::SWEEP_BUCKET),
+        (&all.resolve, scripts::RESOLVE),
+        (&all.release_unacknowledged, scripts::RELEASE_UNACKNOWLEDGED),
+        (&all.bulk_release, scripts::BULK_RELEASE),
+        (&all.hold_ended, scripts::HOLD_ENDED),
     ]
     .into_iter()
     .find(|(s, _)| s.get_hash() == hash)
     .map(|(_, text)| text)
     .unwrap_or("")
-}
-
-impl Backend for ValkeyStore {
-    /// Bounds every operation; a durability wait is at most [`WAIT_LIMIT`].
-    const OP_TIMEOUT: Duration = Duration::from_secs(5);
-
-    /// Writes the format version (refusing a newer one) and checks that
-    /// every shard can make writes durable.
-    async fn migrate(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
-        let _: bool = redis::cmd("SET")
-            .arg(keys::FORMAT)
-            .arg(keys::FORMAT_VERSION)
-            .arg("NX")
-            .query_async(&mut conn)
-            .await
-            .map(|v: Option<String>| v.is_some())
-            .map_err(driver)?;
-        let found: Option<i64> = redis::cmd("GET")
-            .arg(keys::FORMAT)
-            .query_async(&mut conn)
-            .await
-            .map_err(driver)?;
-        if let Some(v) = found.filter(|&v| v > keys::FORMAT_VERSION) {
-            return Err(StoreError::Migration(
-                format!(
-                    "the store's format is version {v}; this idemgate knows up to {}",
-                    keys::FORMAT_VERSION
-                )
-                .into(),
-            ));
-        }
-        shards::check(&self.conn, &self.target).await
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
-        let _: Option<i64> = redis::cmd("GET")
-            .arg(keys::FORMAT)
-            .query_async(&mut conn)
-            .await
-            .map_err(driver)?;
-        shards::check(&self.conn, &self.target).await
-    }
-
-    /// `ping` checked the shards; a write's own wait says the rest.
-    async fn write_probe(&self, _limit: Duration) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn claim(
-        &self,
-        req: &ClaimRequest<'_>,
-        _limit: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.register_route(req.route).await?;
-        let b = Bucket::of(req.route, req.event_id);
-        let lease_until = req.now + req.lease_ms;
-        let keys = [
-            b.record(req.event_id),
-            b.attempts(req.event_id),
-            b.by_first_seen(),
-            b.by_expiry(),
-            b.processing(),
-        ];
-        let args: Vec<Vec<u8>> = vec![
-            req.event_id.into(),
-            req.digest.into(),
-            req.now.to_string().into(),
-            lease_until.to_string().into(),
-            (req.now + req.retention_ms).to_string().into(),
-            if req.hold { "1" } else { "0" }.into(),
-            req.instance.into(),
-            req.token.to_string().into(),
-        ];
-        let (value, client) = self.eval(b.slot, &self.scripts.claim, &keys, &args).await?;
-        match decode::claim(value)? {
-            decode::Claimed::Won { attempt, from } => {
-                self.durable.wait(&self.conn, b.slot, client).await?;
-                Ok(sql::claimed(attempt, from.as_deref(), lease_until))
-            }
-            decode::Claimed::Held => {
-                self.durable.wait(&self.conn, b.slot, client).await?;
-                Ok(super::outcome_unknown())
-            }
-            decode::Claimed::Existing(found) => {
-                match found.outcome(req.digest, req.now, req.hold) {
-                    Found::Answer(outcome) => Ok(outcome),
-                    Found::Claim | Found::Hold => Err(StoreError::Corrupt(
-                        "the claim script refused a claimable record".into(),
-                    )),
-                }
-            }
-        }
-    }
-
-    async fn settle(
-        &self,
-        req: &SettleRequest<'_>,
-        _limit: Duration,
-    ) -> Result<SettleResult, StoreError> {
-        let b = Bucket::of(req.route, req.event_id);
-        let (outcome, status, error, replay, changed): (_, _, _, _, SettleResult) =
-            match req.outcome {
-                SettleOutcome::Delivered {
-                    status,
-                    content_type,
-                    body,
-                } => (
-                    "delivered",
-                    Some(status),
-                    None,
-                    body.map(|b| (status, content_type, b)),
-                    SettleResult::Delivered,
-                ),
-                SettleOutcome::Failed { status, error } => {
-                    ("failed", status, error, None, SettleResult::Released)
-                }
-                SettleOutcome::Ambiguous { error } => {
-                    ("ambiguous", None, error, None, SettleResult::Ambiguous)
-                }
-            };
-        let keys = [
-            b.record(req.event_id),
-            b.attempts(req.event_id),
-            b.by_expiry(),
-            b.processing(),
-        ];
-        let args: Vec<Vec<u8>> = vec![
-            req.event_id.into(),
-            outcome.into(),
-            req.attempt.to_string().into(),
-            req.now.to_string().into(),
-            (req.now + req.retention_ms).to_string().into(),
-            opt(status.map(|s| s.to_string())),
-            opt(error),
-            opt(replay.map(|(s, _, _)| s.to_string())),
-            opt(replay.and_then(|(_, ct, _)| ct)),
-            opt(replay.map(|(_, _, body)| body)),
-            req.started_at.to_string().into(),
-            req.instance.into(),
-            opt(req.attempt_error),
-        ];
-        let value = self
-            .write(b.slot, &self.scripts.settle, &keys, &args)
-            .await?;
-        let rows: i64 = redis::from_redis_value(value)
-            .map_err(|e| StoreError::Corrupt(format!("settle: {e}")))?;
-        Ok(sql::settled(rows as u64, changed))
-    }
-
-    async fn peek(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
-        let b = Bucket::of(req.route, req.event_id);
-        let mut conn = self.conn.clone();
-        let value: Value = redis::cmd("HMGET")
-            .arg(b.record(req.event_id))
-            .arg(&decode::READBACK_FIELDS[..])
-            .query_async(&mut conn)
-            .await
-            .map_err(driver)?;
-        Ok(match decode::readback(value)? {
-            None => None,
-            Some(found) => match found.outcome(req.digest, req.now, req.hold) {
-                Found::Answer(outcome) => Some(outcome),
-                Found::Claim | Found::Hold => None,
-            },
-        })
-    }
-
-    async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
-        let b = Bucket::of(route, event_id);
-        let mut conn = self.conn.clone();
-        let value: Value = redis::cmd("HGETALL")
-            .arg(b.record(event_id))
-            .query_async(&mut conn)
-            .await
-            .map_err(driver)?;
-        decode::record(route, event_id, value)
-    }
-
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
-        let routes = self.routes(filter.route.as_deref()).await?;
-        let max = filter
-            .after
-            .as_ref()
-            .map_or("+inf".to_string(), |k| k.first_seen_at.to_string());
-        let args_tail: Vec<Vec<u8>> = vec![
-            max.into(),
-            opt(filter.state.map(|s| s.as_str())),
-            opt(filter.id_prefix.as_deref()),
-            opt(filter.lease_ended_by.map(|t| t.to_string())),
-            filter.limit.to_string().into(),
-        ];
-        let sha = self.scripts.list.get_hash().to_string();
-        let pages = self
-            .every_bucket(&routes, |conn, b| {
-                let args = args_tail.clone();
-                let sha = sha.clone();
-                async move { list_bucket(conn, b, sha, args).await }
-            })
-            .await?;
-        let mut all = Vec::new();
-        for (route, page) in pages {
-            for (event_id, fields) in page {
-                if let Some(r) = decode::record(&route, &event_id, fields)? {
-                    all.push(r);
-                }
-            }
-        }
-        if let Some(key) = &filter.after {
-            all.retain(|r| {
-                r.first_seen_at < key.first_seen_at
-                    || (r.first_seen_at == key.first_seen_at
-                        && (r.route.as_str(), r.event_id.as_str())
-                            > (key.route.as_str(), key.event_id.as_str()))
-            });
-        }
-        all.sort_by(|a, b| {
-            b.first_seen_at
-                .cmp(&a.first_seen_at)
-                .then_with(|| a.route.cmp(&b.route))
-                .then_with(|| a.event_id.cmp(&b.event_id))
-        });
-        all.truncate(usize::try_from(filter.limit).unwrap_or(0));
-        Ok(all)
-    }
-
-    async fn release(&self, req: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, StoreError> {
-        let b = Bucket::of(req.route, req.event_id);
-        let keys = [
-            b.record(req.event_id),
-            b.attempts(req.event_id),
-            b.by_expiry(),
-            b.processing(),
-        ];
-        let args: Vec<Vec<u8>> = vec![
-            req.event_id.into(),
-            req.now.to_string().into(),
-            if req.force { "1" } else { "0" }.into(),
-        ];
-        let value = self
-            .write(b.slot, &self.scripts.release, &keys, &args)
-            .await?;
-        decode::release(value)
-    }
-
-    /// The oldest expired records first, over every bucket: each bucket's
-    /// oldest `limit`, merged, then the first `limit` of those deleted by
-    /// their bucket's script (which checks each again).
-    async fn sweep(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
-        let routes = self.routes(None).await?;
-        let candidates = self
-            .every_bucket(&routes, |mut conn, b| async move {
-                let found: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
-                    .arg(b.by_expiry())
-                    .arg("-inf")
-                    .arg(now)
-                    .arg("WITHSCORES")
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(limit)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(driver)?;
-                Ok((b, found))
-            })
-            .await?;
-        let mut all: Vec<(f64, &Bucket, &str)> = candidates
-            .iter()
-            .flat_map(|(_, (b, found))| found.iter().map(move |(id, at)| (*at, b, id.as_str())))
-            .collect();
-        all.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.cmp(b.2)));
-        all.truncate(usize::try_from(limit).unwrap_or(0));
-        let mut by_bucket: BTreeMap<u16, (&Bucket, Vec<&str>)> = BTreeMap::new();
-        for (_, b, id) in all {
-            by_bucket
-                .entry(b.slot)
-                .or_insert((b, Vec::new()))
-                .1
-                .push(id);
-        }
-        let mut deleted = 0u64;
-        for (b, ids) in by_bucket.values() {
-            let mut keys = vec![b.by_first_seen(), b.by_expiry(), b.processing()];
-            let mut args: Vec<Vec<u8>> = vec![now.to_string().into()];
-            for id in ids {
-                keys.push(b.record(id));
-                keys.push(b.attempts(id));
-                args.push(id.as_bytes().to_vec());
-            }
-            let (value, _) = self.eval(b.slot, &self.scripts.sweep, &keys, &args).await?;
-            let n: i64 = redis::from_redis_value(value)
-                .map_err(|e| StoreError::Corrupt(format!("sweep: {e}")))?;
-            deleted += n as u64;
-        }
-        Ok(deleted)
-    }
-
-    async fn oldest_processing(&self) -> Result<Vec<(String, Millis)>, StoreError> {
-        let routes = self.routes(None).await?;
-        let firsts = self
-            .every_bucket(&routes, |mut conn, b| async move {
-                let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
-                    .arg(b.processing())
-                    .arg(0)
-                    .arg(0)
-                    .arg("WITHSCORES")
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(driver)?;
-                Ok(first.first().map(|(_, at)| *at as Millis))
-            })
-            .await?;
-        let mut oldest: BTreeMap<String, Millis> = BTreeMap::new();
-        for (route, at) in firsts {
-            if let Some(at) = at {
-                let e = oldest.entry(route).or_insert(at);
-                *e = (*e).min(at);
-            }
-        }
-        Ok(oldest.into_iter().collect())
-    }
-
-    async fn write(&self, _statements: &[Statement<'_>]) -> Result<Vec<u64>, StoreError> {
-        Err(StoreError::Unavailable(
-            "operator SQL statements are not supported by the valkey store".into(),
-        ))
-    }
-
-    async fn read(&self, _statement: &Statement<'_>) -> Result<Vec<Vec<sql::Value>>, StoreError> {
-        Err(StoreError::Unavailable(
-            "operator SQL reads are not supported by the valkey store".into(),
-        ))
-    }
-
-    async fn close(&self) {}
-}
-
-/// One bucket's page of a list ([`scripts::LIST_BUCKET`]): event IDs and
-/// their fields. A read: no durability wait.
-async fn list_bucket(
-    mut conn: ClusterConnection,
-    b: Bucket,
-    sha: String,
-    tail: Vec<Vec<u8>>,
-) -> Result<Vec<(String, Value)>, StoreError> {
-    let run = |sha: &str| {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(sha)
-            .arg(1)
-            .arg(b.by_first_seen())
-            .arg(b.record_prefix())
-            .arg(&tail);
-        cmd
-    };
-    let value: Value = match run(&sha).query_async(&mut conn).await {
-        Err(e) if e.code() == Some("NOSCRIPT") => {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(scripts::LIST_BUCKET)
-                .arg(1)
-                .arg(b.by_first_seen())
-                .arg(b.record_prefix())
-                .arg(&tail);
-            cmd.query_async(&mut conn).await.map_err(driver)?
-        }
-        res => res.map_err(driver)?,
-    };
-    decode::list_page(value)
 }

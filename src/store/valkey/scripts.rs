@@ -53,7 +53,7 @@ end
 
 /// The claim (`sql::CLAIM` with the lease-lost trigger, and under `hold`
 /// `HOLD_LOST_ATTEMPT` + `HOLD_EXPIRED`), in one step.
-/// KEYS: record, attempts, by_first_seen, by_expiry, processing.
+/// KEYS: record, attempts, by_first_seen, by_expiry, processing, ambiguous.
 /// ARGV: event_id, digest, now, lease_until, expires_at, hold (0/1),
 /// instance, token.
 /// Returns `{'claimed', attempts, claimed_from|nil}`, `{'held'}`, or
@@ -94,6 +94,7 @@ if r[3] == digest then
       expire(rec, att, expires_at, now)
       redis.call('ZADD', KEYS[4], expires_at, id)
       redis.call('ZREM', KEYS[5], id)
+      redis.call('SADD', KEYS[6], id)
       return {'held'}
     end
     lost.result = 'released'
@@ -108,7 +109,7 @@ return {'existing', state, r[2], r[3], r[8], r[9], r[10], r[11]}
 /// A settle (`sql::SETTLE_DELIVERED`, `SETTLE_FAILED`, `SETTLE_AMBIGUOUS`
 /// with `ATTEMPT_UPSERT` and `ATTEMPTS_TRIM`): delivered is final and the
 /// first wins; failed and ambiguous are fenced by the attempt.
-/// KEYS: record, attempts, by_expiry, processing.
+/// KEYS: record, attempts, by_expiry, processing, ambiguous.
 /// ARGV: event_id, outcome (delivered|failed|ambiguous), attempt, now,
 /// expires_at, status?, error?, replay_status?, content_type?, body?,
 /// started_at, instance, attempt_error?.
@@ -145,10 +146,12 @@ if changed == 1 then
   expire(rec, att, ARGV[5], now)
   redis.call('ZADD', KEYS[3], ARGV[5], id)
   redis.call('ZREM', KEYS[4], id)
+  if outcome == 'ambiguous' then redis.call('SADD', KEYS[5], id) else redis.call('SREM', KEYS[5], id) end
 end
--- the attempt's row: a settle of attempt 1 repeated on the record it
--- delivered leaves it (first_delivered_by_attempt_1)
-if not (attempt == '1' and state == 'delivered' and r[2] == '1') then
+-- the attempt's row; none for the first attempt of a record it delivered:
+-- that attempt is the record's own fields (as `store::memory` keeps it)
+local first_delivered = r[2] == '1' and (state == 'delivered' or (changed == 1 and outcome == 'delivered'))
+if not (attempt == '1' and first_delivered) then
   local result = 'stale'
   if changed == 1 then
     if outcome == 'failed' then result = 'released' else result = outcome end
@@ -165,10 +168,12 @@ return changed
 "#
 );
 
-/// Operator release (`sql::RELEASE`, `MATERIALISE_FIRST` being moot: every
-/// attempt has its row here): to `failed` with no lease, keeping the
-/// record's retention span from now; a delivered record only when forced.
-/// KEYS: record, attempts, by_expiry, processing. ARGV: event_id, now, force (0/1).
+/// Operator release (`sql::RELEASE` with `MATERIALISE_FIRST`: a first
+/// attempt that delivered, kept as the record's own fields, gets its row
+/// first): to `failed` with no lease, keeping the record's retention span
+/// from now; a delivered record only when forced.
+/// KEYS: record, attempts, by_expiry, processing, ambiguous. ARGV: event_id, now,
+/// force (0/1).
 /// Returns `{'released', previous}`, `{'not_found'}` or `{'refused'}`.
 pub const RELEASE: &str = concat!(
     prelude!(),
@@ -177,6 +182,12 @@ local rec, att, id, now = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local r = redis.call('HMGET', rec, 'state', 'expires_at', 'updated_at')
 if not r[1] then return {'not_found'} end
 if r[1] == 'delivered' and ARGV[3] ~= '1' then return {'refused'} end
+local f = redis.call('HMGET', rec, 'attempts', 'first_seen_at', 'delivered_at', 'last_status', 'claimed_by')
+if r[1] == 'delivered' and f[1] == '1' then
+  put_attempt(att, '1', {started_at = f[2], ended_at = f[3] or nil, status = f[4] or nil,
+    result = 'delivered', duration_ms = f[3] and num(tonumber(f[3]) - tonumber(f[2])) or nil,
+    instance = f[5] or nil}, true)
+end
 local expires_at = num(tonumber(now) + tonumber(r[2]) - tonumber(r[3]))
 redis.call('HSET', rec, 'state', 'failed', 'last_error', 'released by operator', 'updated_at', now,
   'expires_at', expires_at)
@@ -184,6 +195,7 @@ redis.call('HDEL', rec, 'lease_until')
 expire(rec, att, expires_at, now)
 redis.call('ZADD', KEYS[3], expires_at, id)
 redis.call('ZREM', KEYS[4], id)
+redis.call('SREM', KEYS[5], id)
 return {'released', r[1]}
 "#
 );
@@ -238,14 +250,14 @@ return out
 /// hold no live lease (`sql::SWEEP`'s condition, checked again here), with
 /// their attempts and index entries; an entry whose record the server
 /// expired already is dropped too (not counted).
-/// KEYS: by_first_seen, by_expiry, processing, then record and attempts
-/// of each event. ARGV: now, then the event IDs. Returns how many records
+/// KEYS: by_first_seen, by_expiry, processing, ambiguous, then record and
+/// attempts of each event. ARGV: now, then the event IDs. Returns how many records
 /// it deleted.
 pub const SWEEP_BUCKET: &str = r#"
 local now = tonumber(ARGV[1])
 local deleted = 0
 for i = 2, #ARGV do
-  local id, rec, att = ARGV[i], KEYS[2 * i], KEYS[2 * i + 1]
+  local id, rec, att = ARGV[i], KEYS[2 * i + 1], KEYS[2 * i + 2]
   local r = redis.call('HMGET', rec, 'state', 'lease_until', 'expires_at')
   local gone = not r[1]
   if not gone and tonumber(r[3]) <= now and not (r[1] == 'processing' and r[2] and tonumber(r[2]) > now) then
@@ -257,7 +269,190 @@ for i = 2, #ARGV do
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZREM', KEYS[2], id)
     redis.call('ZREM', KEYS[3], id)
+    redis.call('SREM', KEYS[4], id)
   end
 end
 return deleted
 "#;
+
+/// An operator's resolve of an `ambiguous` record (`sql_operator`'s
+/// `RESOLVE_DELIVERED` / `RESOLVE_FAILED`), a compare-and-set on its state,
+/// keeping its retention span from now.
+/// KEYS: record, attempts, by_expiry, processing, ambiguous.
+/// ARGV: event_id, now, how (delivered|failed), status (for delivered).
+/// Returns `{'resolved'}`, `{'not_found'}` or `{'not_ambiguous', state}`.
+pub const RESOLVE: &str = concat!(
+    prelude!(),
+    r#"
+local rec, att, id, now = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local r = redis.call('HMGET', rec, 'state', 'expires_at', 'updated_at')
+if not r[1] then return {'not_found'} end
+if r[1] ~= 'ambiguous' then return {'not_ambiguous', r[1]} end
+local expires_at = num(tonumber(now) + tonumber(r[2]) - tonumber(r[3]))
+if ARGV[3] == 'delivered' then
+  redis.call('HSET', rec, 'state', 'delivered', 'last_status', ARGV[4], 'delivered_at', now,
+    'updated_at', now, 'expires_at', expires_at)
+  redis.call('HDEL', rec, 'last_error', 'lease_until')
+else
+  redis.call('HSET', rec, 'state', 'failed', 'last_error', 'resolved by an operator as not done',
+    'updated_at', now, 'expires_at', expires_at)
+  redis.call('HDEL', rec, 'lease_until')
+end
+expire(rec, att, expires_at, now)
+redis.call('ZADD', KEYS[3], expires_at, id)
+redis.call('ZREM', KEYS[4], id)
+redis.call('SREM', KEYS[5], id)
+return {'resolved'}
+"#
+);
+
+/// The proxy's release of a claim whose commit was not acknowledged
+/// (`sql_operator`'s `RELEASE_UNACKNOWLEDGED`): fenced by the claim token,
+/// so a later claim of the record is never released by it.
+/// KEYS: record, processing. ARGV: event_id, token, now.
+/// Returns 1 when it released the record, else 0.
+pub const RELEASE_UNACKNOWLEDGED: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'state', 'claim_token')
+if r[1] ~= 'processing' or r[2] ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'failed', 'updated_at', ARGV[3],
+  'last_error', 'the claim was not acknowledged by the store; released before any forward')
+redis.call('HDEL', KEYS[1], 'lease_until')
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"#;
+
+/// Whether a bulk release takes a record (`sql_operator`'s
+/// `bulk_condition!`): its state, a `processing` lease ended, in the
+/// window, and changed before the release began (so a batch never takes
+/// what an earlier one released). `h` is `HMGET state updated_at
+/// lease_until`; `after` and `before` are `false` when not given.
+macro_rules! bulk_selects {
+    () => {
+        r#"
+local function selects(h, state, now, after, before)
+  if h[1] ~= state then return false end
+  local upd = tonumber(h[2])
+  if state == 'processing' and h[3] and tonumber(h[3]) > now then return false end
+  if after and upd < tonumber(after) then return false end
+  if before and upd >= tonumber(before) then return false end
+  return upd < now
+end
+"#
+    };
+}
+
+/// One bucket's share of a bulk release, read only: how many records it
+/// selects (`limit` 0), or up to `limit` of their IDs.
+/// KEYS: by_first_seen. ARGV: record key prefix, state, now, after?,
+/// before?, limit. Returns `{count, id...}` (no IDs when counting).
+pub const BULK_SELECT: &str = concat!(
+    prelude!(),
+    bulk_selects!(),
+    r#"
+local prefix, state, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local after, before, limit = opt(ARGV[4]), opt(ARGV[5]), tonumber(ARGV[6])
+local out, n, offset = {0}, 0, 0
+while true do
+  local page = redis.call('ZRANGE', KEYS[1], offset, offset + 199)
+  if #page == 0 then break end
+  offset = offset + #page
+  for _, id in ipairs(page) do
+    local h = redis.call('HMGET', prefix .. id, 'state', 'updated_at', 'lease_until')
+    if h[1] and selects(h, state, now, after, before) then
+      n = n + 1
+      if limit > 0 then out[#out + 1] = id end
+      if limit > 0 and n >= limit then out[1] = n return out end
+    end
+  end
+end
+out[1] = n
+return out
+"#
+);
+
+/// Releases the given records of one bucket to `failed` (`sql_operator`'s
+/// bulk `UPDATE`), each checked again: a record that changed meanwhile is
+/// left. KEYS: by_expiry, processing, ambiguous, then record and attempts
+/// of each event. ARGV: state, now, after?, before?, then the event IDs.
+/// Returns how many it released.
+pub const BULK_RELEASE: &str = concat!(
+    prelude!(),
+    bulk_selects!(),
+    r#"
+local state, now = ARGV[1], ARGV[2]
+local after, before = opt(ARGV[3]), opt(ARGV[4])
+local released = 0
+for i = 5, #ARGV do
+  local id, rec, att = ARGV[i], KEYS[2 * i - 6], KEYS[2 * i - 5]
+  local h = redis.call('HMGET', rec, 'state', 'updated_at', 'lease_until', 'expires_at')
+  if h[1] and selects(h, state, tonumber(now), after, before) then
+    local expires_at = num(tonumber(now) + tonumber(h[4]) - tonumber(h[2]))
+    redis.call('HSET', rec, 'state', 'failed', 'last_error', 'released by operator',
+      'updated_at', now, 'expires_at', expires_at)
+    redis.call('HDEL', rec, 'lease_until')
+    expire(rec, att, expires_at, now)
+    redis.call('ZADD', KEYS[1], expires_at, id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('SREM', KEYS[3], id)
+    released = released + 1
+  end
+end
+return released
+"#
+);
+
+/// One bucket's `processing` records claimed under `hold` whose lease
+/// ended by `now`, oldest change first, at most `limit`; read only.
+/// KEYS: processing. ARGV: record key prefix, now, limit.
+/// Returns a flat list: event ID, `updated_at`, for each.
+pub const HOLD_SELECT: &str = r#"
+local prefix, now, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local out, offset = {}, 0
+while #out < 2 * limit do
+  local page = redis.call('ZRANGE', KEYS[1], offset, offset + 199, 'WITHSCORES')
+  if #page == 0 then break end
+  offset = offset + #page / 2
+  for i = 1, #page, 2 do
+    local h = redis.call('HMGET', prefix .. page[i], 'state', 'hold', 'lease_until')
+    if h[1] == 'processing' and h[2] == '1' and (not h[3] or tonumber(h[3]) <= now) then
+      out[#out + 1] = page[i]
+      out[#out + 1] = page[i + 1]
+      if #out >= 2 * limit then break end
+    end
+  end
+end
+return out
+"#;
+
+/// Turns the given held records of one bucket whose lease ended
+/// `ambiguous`, each checked again, its lost attempt recorded in the same
+/// step (`sql_operator`'s `HELD_LOST_ATTEMPTS` + `HOLD_ENDED`, the claim's
+/// `held` branch). KEYS: by_expiry, processing, ambiguous, then record and
+/// attempts of each event. ARGV: now, then the event IDs.
+/// Returns how many turned.
+pub const HOLD_ENDED: &str = concat!(
+    prelude!(),
+    r#"
+local now = ARGV[1]
+local turned = 0
+for i = 2, #ARGV do
+  local id, rec, att = ARGV[i], KEYS[2 * i], KEYS[2 * i + 1]
+  local r = redis.call('HMGET', rec, 'state', 'hold', 'lease_until', 'attempts', 'updated_at',
+    'claimed_by', 'expires_at')
+  if r[1] == 'processing' and r[2] == '1' and (not r[3] or tonumber(r[3]) <= tonumber(now)) then
+    put_attempt(att, r[4], {started_at = r[5], ended_at = r[3] or nil, error = LOST,
+      instance = r[6] or nil, result = 'ambiguous'}, true)
+    local expires_at = num(tonumber(now) + tonumber(r[7]) - tonumber(r[5]))
+    redis.call('HSET', rec, 'state', 'ambiguous', 'last_error', LOST, 'updated_at', now,
+      'expires_at', expires_at)
+    redis.call('HDEL', rec, 'lease_until')
+    expire(rec, att, expires_at, now)
+    redis.call('ZADD', KEYS[1], expires_at, id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('SADD', KEYS[3], id)
+    turned = turned + 1
+  end
+end
+return turned
+"#
+);

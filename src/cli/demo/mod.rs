@@ -8,26 +8,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+mod kit;
+
 use super::exit;
-use testkit::client as kit;
-use testkit::consumer::{Consumer, Reply};
-use testkit::serve::{Ports, Serve};
+use kit::{Consumer, Process, Reply};
 
 /// The proxy process and its temp dir, removed after the process stops.
 struct Proxy {
-    serve: Serve,
+    serve: Option<Process>,
     dir: PathBuf,
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        self.serve.stop(Duration::from_secs(2));
+        drop(self.serve.take());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 fn start_proxy(dir: &Path, upstream: &str) -> Result<(Proxy, SocketAddr), String> {
-    let ports = Ports::free().map_err(|e| e.to_string())?;
+    let (listen, admin) = kit::free_ports().map_err(|e| e.to_string())?;
     let config = format!(
         r#"{head}store:
   url: "sqlite://{db}"
@@ -42,13 +42,13 @@ routes:
     lease: 10s
     upstream_timeout: 5s
 "#,
-        head = ports.config(),
+        head = format!("listen: \"{listen}\"\nadmin_listen: \"{admin}\"\n"),
         db = dir.join("idemgate.db").display()
     );
     let path = dir.join("demo.yaml");
     std::fs::write(&path, config).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let serve = Serve::spawn(
+    let serve = Process::spawn(
         Command::new(exe)
             .args(["serve", "--config"])
             .arg(&path)
@@ -62,13 +62,13 @@ routes:
     )
     .map_err(|e| format!("cannot start the proxy: {e}"))?;
     let mut proxy = Proxy {
-        serve,
+        serve: Some(serve),
         dir: dir.to_path_buf(),
     };
-    proxy
-        .serve
-        .wait_ready(ports.admin, Duration::from_secs(30), |s| s == 200)?;
-    Ok((proxy, ports.listen))
+    if let Some(serve) = proxy.serve.as_mut() {
+        serve.wait_ready(admin, Duration::from_secs(30))?;
+    }
+    Ok((proxy, listen))
 }
 
 struct Step {
@@ -166,7 +166,7 @@ fn run_demo() -> Result<bool, String> {
 
 /// Sends one delivery of the script and checks what it came to.
 fn deliver(addr: SocketAddr, consumer: &Consumer, d: Delivery) -> Result<Step, String> {
-    let r = kit::deliver(addr, "/hooks/demo", Some(d.id), d.body).map_err(|e| e.to_string())?;
+    let r = kit::deliver(addr, "/hooks/demo", d.id, d.body).map_err(|e| e.to_string())?;
     let status = r.header("Idempotency-Status").unwrap_or("-");
     let replayed = r.header("Idempotent-Replayed") == Some("true");
     let saw = consumer.count(d.id);
@@ -188,7 +188,7 @@ fn concurrent(addr: SocketAddr, consumer: &Consumer) -> Step {
     let handles: Vec<_> = (0..5)
         .map(|_| {
             std::thread::spawn(move || {
-                kit::deliver(addr, "/hooks/demo", Some("evt_2"), br#"{"amount":50}"#)
+                kit::deliver(addr, "/hooks/demo", "evt_2", br#"{"amount":50}"#)
             })
         })
         .collect();

@@ -1,46 +1,45 @@
 //! Request header fields judged after routing (SPEC §4, "Strictness"):
 //! names holding `_`, which are dropped before anything is forwarded;
 //! values holding bytes outside ASCII (`obs-text`), which are refused —
-//! but for the route's own event-ID header, whose invalid values are the
-//! route's `invalid-event-id` (SPEC §4's table); and the section's size.
+//! but for one exempt field, the route's own event-ID header, whose
+//! invalid values are the route's `invalid-event-id` (SPEC §4's table);
+//! and the section's size. The caller knows the route; the rules are here.
 
 use http::HeaderName;
 use pingora::http::RequestHeader;
 
-use super::routes::RouteRt;
-use crate::problem::{Problem, ProblemKind};
-
 /// Largest request header section accepted (pingora's own limit is far higher).
 pub const MAX_HEADER_SECTION: usize = 64 * 1024;
 
-/// What the header fields refuse once the route (if any) is known: a
-/// section over [`MAX_HEADER_SECTION`] (431), a value outside ASCII (400).
-pub fn refusal(req: &RequestHeader, route: Option<&RouteRt>) -> Option<Problem> {
-    // one walk for both: the size, and whether any value is not ASCII at
-    // all (the route's exemption is looked up only then)
+/// Largest head the listener reads: [`MAX_HEADER_SECTION`] plus room for
+/// the request line.
+pub const MAX_HEAD: usize = MAX_HEADER_SECTION + 8 * 1024;
+
+/// What the header fields break once the route (if any) is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldFault {
+    /// The section is over [`MAX_HEADER_SECTION`] (431).
+    TooLarge,
+    /// A value other than the exempt field's holds a byte outside ASCII (400).
+    ObsText,
+}
+
+/// Judges the fields: one walk for both the size and whether any value is
+/// not ASCII at all; `exempt` (the field whose values the route judges
+/// itself) is looked up only then.
+pub fn judge<'r>(
+    req: &'r RequestHeader,
+    exempt: impl FnOnce() -> Option<&'r HeaderName>,
+) -> Option<FieldFault> {
     let (mut bytes, mut obs_text) = (0, false);
     for (k, v) in req.headers.iter() {
         bytes += k.as_str().len() + v.len() + 4;
         obs_text |= !v.as_bytes().is_ascii();
     }
     if bytes > MAX_HEADER_SECTION {
-        return Some(Problem::new(
-            ProblemKind::HeadersTooLarge,
-            format!("the header section is larger than {MAX_HEADER_SECTION} bytes"),
-        ));
+        return Some(FieldFault::TooLarge);
     }
-    if !obs_text {
-        return None;
-    }
-    let exempt = route
-        .filter(|r| r.guards(&req.method))
-        .and_then(|r| r.cfg.event_id.header_for(&req.headers));
-    has_obs_text(req, exempt).then(|| {
-        Problem::new(
-            ProblemKind::InvalidRequest,
-            "a header value holds a byte outside ASCII",
-        )
-    })
+    (obs_text && has_obs_text(req, exempt())).then_some(FieldFault::ObsText)
 }
 
 /// Drops the fields whose names hold `_`: a consumer stack that reads `_`
@@ -72,7 +71,6 @@ pub fn has_obs_text(req: &RequestHeader, exempt: Option<&HeaderName>) -> bool {
         .iter()
         .any(|(name, value)| Some(name) != exempt && !value.as_bytes().is_ascii())
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +102,18 @@ mod tests {
         req.append_header("X-Note", http::HeaderValue::from_bytes(b"caf\xe9").unwrap())
             .unwrap();
         assert!(has_obs_text(&req, Some(&id)));
+    }
+
+    #[test]
+    fn the_section_s_size_is_judged_before_its_bytes() {
+        let mut req = RequestHeader::build("POST", b"/h", None).unwrap();
+        req.append_header("X-Note", http::HeaderValue::from_bytes(b"caf\xe9").unwrap())
+            .unwrap();
+        assert_eq!(judge(&req, || None), Some(FieldFault::ObsText));
+        let note = HeaderName::from_static("x-note");
+        assert_eq!(judge(&req, || Some(&note)), None);
+        req.append_header("X-Big", "a".repeat(MAX_HEADER_SECTION))
+            .unwrap();
+        assert_eq!(judge(&req, || Some(&note)), Some(FieldFault::TooLarge));
     }
 }

@@ -1,5 +1,5 @@
 //! The routes an operator paused (SPEC §14), as this process last read them
-//! from the store (every second, by the sweeper's loop). Checked on every
+//! from the store (every second, by [`super::RouteState`]). Checked on every
 //! request that would be forwarded: a plain atomic load while no route is
 //! paused, a read lock never held across an await otherwise.
 

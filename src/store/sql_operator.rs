@@ -1,31 +1,94 @@
 //! The operator's actions and reads (SPEC §12–14) and the sweeper's hold of
-//! ended leases, each written once for both stores as statements that
-//! [`ClaimStore::write`] runs in one transaction and [`ClaimStore::read`]
-//! reads: resolving an ambiguous record, the bulk release, pausing a route,
-//! a record's attempt history, the ambiguous records per route; and the
-//! proxy's release of a claim whose commit was not acknowledged.
+//! ended leases, in SQL written once for both SQL stores: resolving an
+//! ambiguous record, the bulk release, pausing a route, a record's attempt
+//! history, the ambiguous records per route, and the proxy's release of a
+//! claim whose commit was not acknowledged. Each store runs the statements
+//! through [`SqlRun`] (several in one transaction), and
+//! [`sql_operator_ops!`] writes its `Backend` methods from these functions.
+
+use std::future::Future;
 
 use super::sql::{Param, Statement, Value, HISTORY};
-use super::{state_of, Attempt, ClaimStore, Record, StoreError};
+use super::{
+    state_of, Attempt, BulkRelease, Resolution, ResolveOutcome, ResolveRequest, StoreError,
+    UnacknowledgedClaim,
+};
 use crate::claim::{Millis, State};
 
-/// How an operator settles an `ambiguous` record (SPEC §12).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resolution {
-    /// The consumer did act: replay `status` to later deliveries.
-    Delivered { status: u16 },
-    /// It did not: the next delivery is forwarded.
-    Failed,
+/// How a SQL store runs the statements below.
+pub(crate) trait SqlRun: Sync {
+    /// Runs `statements` in one transaction; the rows each changed. A
+    /// change of records that caches may hold counts itself (SQLite).
+    fn execute(
+        &self,
+        statements: &[Statement<'_>],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
+    /// The rows of one read, as values.
+    fn query(
+        &self,
+        statement: &Statement<'_>,
+    ) -> impl Future<Output = Result<Vec<Vec<Value>>, StoreError>> + Send;
 }
 
-/// What a resolve did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResolveOutcome {
-    Resolved,
-    NotFound,
-    /// Only an `ambiguous` record can be resolved.
-    NotAmbiguous(State),
+/// The operator's `Backend` methods of a store that is [`SqlRun`], each
+/// the function of the same name below; expanded inside its `impl
+/// Backend` block.
+macro_rules! sql_operator_ops {
+    () => {
+        async fn resolve(
+            &self,
+            req: &$crate::store::ResolveRequest<'_>,
+        ) -> Result<$crate::store::ResolveOutcome, StoreError> {
+            $crate::store::sql_operator::resolve(self, req).await
+        }
+
+        async fn release_unacknowledged(
+            &self,
+            claim: &$crate::store::UnacknowledgedClaim<'_>,
+        ) -> Result<bool, StoreError> {
+            $crate::store::sql_operator::release_unacknowledged(self, claim).await
+        }
+
+        async fn history(
+            &self,
+            route: &str,
+            event_id: &str,
+        ) -> Result<Vec<$crate::store::Attempt>, StoreError> {
+            $crate::store::sql_operator::history(self, route, event_id).await
+        }
+
+        async fn release_bulk(
+            &self,
+            req: &$crate::store::BulkRelease<'_>,
+            batch: i64,
+        ) -> Result<u64, StoreError> {
+            $crate::store::sql_operator::release_bulk(self, req, batch).await
+        }
+
+        async fn set_paused(
+            &self,
+            route: &str,
+            paused: bool,
+            now: Millis,
+        ) -> Result<(), StoreError> {
+            $crate::store::sql_operator::set_paused(self, route, paused, now).await
+        }
+
+        async fn paused(&self) -> Result<Vec<(String, Millis)>, StoreError> {
+            $crate::store::sql_operator::paused(self).await
+        }
+
+        async fn ambiguous_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+            $crate::store::sql_operator::ambiguous_counts(self).await
+        }
+
+        async fn hold_ended_leases(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
+            $crate::store::sql_operator::hold_ended_leases(self, now, limit).await
+        }
+    };
 }
+pub(crate) use sql_operator_ops;
 
 /// The record's columns an operator's resolve sets. $1 route, $2 event_id,
 /// $3 now, $4 status
@@ -42,27 +105,29 @@ UPDATE records SET state = 'failed', lease_until = NULL,
 WHERE route = $1 AND event_id = $2 AND state = 'ambiguous'";
 
 /// Settles an `ambiguous` record by hand; any other record is left as it is.
-pub async fn resolve(
-    store: &dyn ClaimStore,
-    route: &str,
-    event_id: &str,
-    how: Resolution,
-    now: Millis,
+pub(crate) async fn resolve(
+    store: &impl SqlRun,
+    req: &ResolveRequest<'_>,
 ) -> Result<ResolveOutcome, StoreError> {
-    let mut params = vec![Param::Text(route), Param::Text(event_id), Param::Int(now)];
-    let sql = match how {
+    let (route, event_id) = (req.route, req.event_id);
+    let mut params = vec![
+        Param::Text(route),
+        Param::Text(event_id),
+        Param::Int(req.now),
+    ];
+    let sql = match req.how {
         Resolution::Delivered { status } => {
             params.push(Param::Int(i64::from(status)));
             RESOLVE_DELIVERED
         }
         Resolution::Failed => RESOLVE_FAILED,
     };
-    let changed = store.write(&[Statement { sql, params }]).await?;
+    let changed = store.execute(&[Statement { sql, params }]).await?;
     if changed.first() == Some(&1) {
         return Ok(ResolveOutcome::Resolved);
     }
     let rows = store
-        .read(&Statement {
+        .query(&Statement {
             sql: super::sql::STATE_OF,
             params: vec![Param::Text(route), Param::Text(event_id)],
         })
@@ -84,45 +149,29 @@ WHERE route = $1 AND event_id = $2 AND claim_token = $3 AND state = 'processing'
 
 /// Releases the claim `token` names if it committed and still holds its
 /// record: whether it did.
-pub async fn release_unacknowledged(
-    store: &dyn ClaimStore,
-    route: &str,
-    event_id: &str,
-    token: i64,
-    now: Millis,
+pub(crate) async fn release_unacknowledged(
+    store: &impl SqlRun,
+    claim: &UnacknowledgedClaim<'_>,
 ) -> Result<bool, StoreError> {
     let params = vec![
-        Param::Text(route),
-        Param::Text(event_id),
-        Param::Int(token),
-        Param::Int(now),
+        Param::Text(claim.route),
+        Param::Text(claim.event_id),
+        Param::Int(claim.token),
+        Param::Int(claim.now),
     ];
     let sql = RELEASE_UNACKNOWLEDGED;
-    let changed = store.write(&[Statement { sql, params }]).await?;
+    let changed = store.execute(&[Statement { sql, params }]).await?;
     Ok(changed.first() == Some(&1))
 }
 
-/// One record with its attempt history (`events show`, the API).
-pub async fn show(
-    store: &dyn ClaimStore,
-    route: &str,
-    event_id: &str,
-) -> Result<Option<Record>, StoreError> {
-    let Some(mut record) = store.get(route, event_id).await? else {
-        return Ok(None);
-    };
-    record.history = Some(history(store, route, event_id).await?);
-    Ok(Some(record))
-}
-
 /// A record's attempts (SPEC §13), oldest first.
-pub async fn history(
-    store: &dyn ClaimStore,
+pub(crate) async fn history(
+    store: &impl SqlRun,
     route: &str,
     event_id: &str,
 ) -> Result<Vec<Attempt>, StoreError> {
     let rows = store
-        .read(&Statement {
+        .query(&Statement {
             sql: HISTORY,
             params: vec![Param::Text(route), Param::Text(event_id)],
         })
@@ -144,20 +193,6 @@ fn attempt_from(row: Vec<Value>) -> Result<Attempt, StoreError> {
         duration_ms: duration_ms.int(),
         instance: instance.text().map(str::to_owned),
     })
-}
-
-/// What the bulk release takes (SPEC §14).
-#[derive(Debug, Clone)]
-pub struct BulkRelease<'a> {
-    pub route: &'a str,
-    /// `failed`, `ambiguous`, or `processing` (only those whose lease ended).
-    pub state: State,
-    /// Only records whose `updated_at` is at or after this.
-    pub updated_after: Option<Millis>,
-    /// Only records whose `updated_at` is before this.
-    pub updated_before: Option<Millis>,
-    pub dry_run: bool,
-    pub now: Millis,
 }
 
 /// The records a bulk release takes, for each state it accepts: of the
@@ -194,15 +229,13 @@ WHERE (route, event_id) IN (SELECT route, event_id FROM records WHERE ",
     };
 }
 
-/// Records released per transaction.
-const BULK_BATCH: i64 = 500;
-
-/// Releases (or, dry, counts) every record `req` selects, in batches;
+/// One batch of the bulk release (or, dry, the count of all it selects);
 /// each record with the fencing of a single release: one that changed
 /// meanwhile is left as it is. Never a delivered record, never a live claim.
-pub async fn release_bulk(
-    store: &dyn ClaimStore,
+pub(crate) async fn release_bulk(
+    store: &impl SqlRun,
     req: &BulkRelease<'_>,
+    batch: i64,
 ) -> Result<u64, StoreError> {
     let (count, release) = match req.state {
         State::Failed => bulk_statements!("state = 'failed'"),
@@ -223,25 +256,18 @@ pub async fn release_bulk(
         Param::OptInt(req.updated_before),
     ];
     if req.dry_run {
-        let rows = store.read(&Statement { sql: count, params }).await?;
+        let rows = store.query(&Statement { sql: count, params }).await?;
         let n = rows.first().and_then(|r| r.first()).and_then(Value::int);
         return Ok(n.unwrap_or(0) as u64);
     }
-    params.push(Param::Int(BULK_BATCH));
-    let mut released = 0;
-    loop {
-        let changed = store
-            .write(&[Statement {
-                sql: release,
-                params: params.clone(),
-            }])
-            .await?;
-        let n = changed.first().copied().unwrap_or(0);
-        released += n;
-        if n == 0 {
-            return Ok(released);
-        }
-    }
+    params.push(Param::Int(batch));
+    let changed = store
+        .execute(&[Statement {
+            sql: release,
+            params,
+        }])
+        .await?;
+    Ok(changed.first().copied().unwrap_or(0))
 }
 
 /// $1 route, $2 now
@@ -253,8 +279,8 @@ const PAUSED: &str = "SELECT route, paused_at FROM route_pauses ORDER BY route";
 
 /// Pauses (or resumes) `route` for every process on the store (SPEC §14).
 /// Pausing a paused route keeps its first `paused_at`.
-pub async fn set_paused(
-    store: &dyn ClaimStore,
+pub(crate) async fn set_paused(
+    store: &impl SqlRun,
     route: &str,
     paused: bool,
     now: Millis,
@@ -270,13 +296,13 @@ pub async fn set_paused(
             params: vec![Param::Text(route)],
         }
     };
-    store.write(&[statement]).await.map(drop)
+    store.execute(&[statement]).await.map(drop)
 }
 
 /// The paused routes and since when, by name.
-pub async fn paused(store: &dyn ClaimStore) -> Result<Vec<(String, Millis)>, StoreError> {
+pub(crate) async fn paused(store: &impl SqlRun) -> Result<Vec<(String, Millis)>, StoreError> {
     let rows = store
-        .read(&Statement {
+        .query(&Statement {
             sql: PAUSED,
             params: Vec::new(),
         })
@@ -291,9 +317,11 @@ SELECT route, count(*) FROM records WHERE state = 'ambiguous' GROUP BY route ORD
 
 /// How many records of each route are `ambiguous` (routes with none are
 /// absent).
-pub async fn ambiguous_counts(store: &dyn ClaimStore) -> Result<Vec<(String, i64)>, StoreError> {
+pub(crate) async fn ambiguous_counts(
+    store: &impl SqlRun,
+) -> Result<Vec<(String, i64)>, StoreError> {
     let rows = store
-        .read(&Statement {
+        .query(&Statement {
             sql: AMBIGUOUS_COUNTS,
             params: Vec::new(),
         })
@@ -348,8 +376,8 @@ WHERE (route, event_id) IN (",
 /// The sweeper's part of SPEC §12: records claimed under `hold` whose lease
 /// ended turn `ambiguous` (their attempt recorded as lost), at most `limit`;
 /// how many did.
-pub async fn hold_ended_leases(
-    store: &dyn ClaimStore,
+pub(crate) async fn hold_ended_leases(
+    store: &impl SqlRun,
     now: Millis,
     limit: i64,
 ) -> Result<u64, StoreError> {
@@ -357,7 +385,7 @@ pub async fn hold_ended_leases(
     // a read first: most sweeps find none, and a write would void SQLite's
     // caches of delivered records in every process for nothing
     let found = store
-        .read(&Statement {
+        .query(&Statement {
             sql: ANY_HELD_AND_ENDED,
             params: vec![Param::Int(now)],
         })
@@ -366,7 +394,7 @@ pub async fn hold_ended_leases(
         return Ok(0);
     }
     let changed = store
-        .write(&[
+        .execute(&[
             Statement {
                 sql: HELD_LOST_ATTEMPTS,
                 params: params.clone(),
