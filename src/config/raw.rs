@@ -82,6 +82,8 @@ pub struct RawConfig {
 pub struct RawStore {
     pub url: Option<String>,
     pub max_connections: Option<u64>,
+    /// Valkey / Redis only (SPEC §18): fsynced | replica_received | none.
+    pub durability: Option<String>,
 }
 
 /// What one client connection may hold (SPEC §9).

@@ -12,7 +12,7 @@ use super::layer::{parse_layer, Layer};
 use super::model::{Config, Downstream, Route, StoreConfig, SweeperConfig};
 use super::raw::{RawConfig, RawDownstream, RawRoute, RawStore, RawSweeper, Text};
 use super::route::parse_route;
-use crate::store::StoreUrl;
+use crate::store::{Durability, StoreUrl};
 
 /// Validates the whole file. `None` means at least one error was recorded.
 pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
@@ -321,6 +321,7 @@ fn store_config(ctx: &mut Ctx, raw: RawStore) -> Option<StoreConfig> {
     let RawStore {
         url,
         max_connections,
+        durability,
     } = raw;
     let max_connections = match max_connections {
         None => Some(16),
@@ -349,17 +350,48 @@ fn store_config(ctx: &mut Ctx, raw: RawStore) -> Option<StoreConfig> {
             return None;
         }
     };
-    let url = match StoreUrl::parse(&url) {
+    let mut url = match StoreUrl::parse(&url) {
         Ok(u) => u,
         Err(e) => {
             ctx.at_value("store.url", e);
             return None;
         }
     };
+    store_durability(ctx, &mut url, durability.as_deref())?;
     Some(StoreConfig {
         url,
         max_connections: max_connections?,
     })
+}
+
+/// `store.durability` into a Valkey URL (it may also say `durability=`),
+/// and a warning naming the risk of anything but `fsynced` (SPEC §18).
+fn store_durability(ctx: &mut Ctx, url: &mut StoreUrl, durability: Option<&str>) -> Option<()> {
+    if let Some(text) = durability {
+        let Some(d) = Durability::parse(text) else {
+            ctx.at_value(
+                "store.durability",
+                format!("durability `{text}`: use fsynced, replica_received or none"),
+            );
+            return None;
+        };
+        if !url.set_durability(d) {
+            ctx.at_key(
+                "store.durability",
+                "durability applies to valkey:// and redis:// stores only",
+            );
+            return None;
+        }
+    }
+    if let Some(risk) = url.valkey_target().and_then(|t| t.durability.risk()) {
+        let at = if durability.is_some() {
+            "store.durability"
+        } else {
+            "store.url"
+        };
+        ctx.warn_value(at, risk);
+    }
+    Some(())
 }
 
 /// Expands `${NAME}`; a lone `$` is kept (passwords may contain one).

@@ -31,6 +31,7 @@ mod sql_operator;
 pub mod sqlite;
 mod ticket;
 mod url;
+pub mod valkey;
 
 use std::sync::Arc;
 
@@ -44,6 +45,7 @@ pub use contract::{
     SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
 };
 pub use url::{redact_url, StoreKind, StoreUrl};
+pub use valkey::target::{Durability, ValkeyTarget};
 
 /// Opens the store a URL names; `max_connections` sizes the pool.
 pub async fn open(url: &str, max_connections: u32) -> Result<Arc<dyn ClaimStore>, StoreError> {
@@ -61,6 +63,9 @@ pub async fn open_url(
         ))),
         StoreKind::Postgres => Ok(Arc::new(Bounded::new(
             postgres::PostgresStore::open(url, max_connections).await?,
+        ))),
+        StoreKind::Valkey => Ok(Arc::new(Bounded::new(
+            valkey::ValkeyStore::open(url).await?,
         ))),
     }
 }

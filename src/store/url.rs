@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+use super::valkey::target::{self as valkey, Durability, ValkeyTarget};
 use super::StoreError;
 
 /// The kind of store a URL names.
@@ -15,6 +16,8 @@ pub enum StoreKind {
     Sqlite,
     /// `postgres://…` or `postgresql://…`
     Postgres,
+    /// `valkey://…`, `redis://…` (`valkeys://`, `rediss://`: TLS), SPEC §18
+    Valkey,
 }
 
 /// A URL whose scheme names a backend (any case). `Display` and `Debug`
@@ -25,9 +28,12 @@ pub struct StoreUrl {
     kind: StoreKind,
     /// Where a SQLite URL's path starts and ends (before any `?query`).
     path: std::ops::Range<usize>,
+    /// A Valkey URL taken apart (its durability may come from the config).
+    valkey: Option<ValkeyTarget>,
 }
 
-const SCHEMES: &str = "sqlite://, postgres:// or postgresql://";
+const SCHEMES: &str =
+    "sqlite://, postgres://, postgresql://, valkey://, redis://, valkeys:// or rediss://";
 
 impl StoreUrl {
     /// Checks the scheme and that a path or host follows it. The message
@@ -40,6 +46,7 @@ impl StoreUrl {
         let kind = match scheme.to_ascii_lowercase().as_str() {
             "sqlite" => StoreKind::Sqlite,
             "postgres" | "postgresql" if rest.starts_with("//") => StoreKind::Postgres,
+            s if rest.starts_with("//") && valkey::scheme_tls(s).is_some() => StoreKind::Valkey,
             other if rest.starts_with("//") && !other.is_empty() => {
                 return Err(format!(
                     "unsupported store scheme `{other}` (use {SCHEMES})"
@@ -50,7 +57,7 @@ impl StoreUrl {
         let start = url.len() - rest.strip_prefix("//").unwrap_or(rest).len();
         let end = match kind {
             StoreKind::Sqlite => url[start..].find('?').map_or(url.len(), |q| start + q),
-            StoreKind::Postgres => url.len(),
+            StoreKind::Postgres | StoreKind::Valkey => url.len(),
         };
         if start == end {
             return Err(format!(
@@ -63,11 +70,33 @@ impl StoreUrl {
                     .map_err(|e| format!("host {} of the store URL: {e}", i + 1))?;
             }
         }
+        let valkey = match kind {
+            StoreKind::Valkey => Some(valkey::parse(url)?),
+            _ => None,
+        };
         Ok(StoreUrl {
             url: url.to_string(),
             kind,
             path: start..end,
+            valkey,
         })
+    }
+
+    /// A Valkey URL's seeds, credentials and settings.
+    pub fn valkey_target(&self) -> Option<&ValkeyTarget> {
+        self.valkey.as_ref()
+    }
+
+    /// Sets a Valkey store's durability (the config's `store.durability`);
+    /// `false` for another kind of store, which has no such setting.
+    pub fn set_durability(&mut self, durability: Durability) -> bool {
+        match &mut self.valkey {
+            Some(t) => {
+                t.durability = durability;
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn kind(&self) -> StoreKind {
@@ -319,6 +348,18 @@ mod tests {
         assert_eq!(kind_of("postgres://u@h/db").unwrap(), StoreKind::Postgres);
         assert_eq!(kind_of("postgresql://u@h/db").unwrap(), StoreKind::Postgres);
         assert_eq!(kind_of("PostgreSQL://u@h/db").unwrap(), StoreKind::Postgres);
+        for valkey in [
+            "valkey://h:1",
+            "redis://h",
+            "valkeys://u:p@h1,h2",
+            "REDISS://h",
+        ] {
+            assert_eq!(kind_of(valkey).unwrap(), StoreKind::Valkey, "{valkey}");
+        }
+        assert_eq!(
+            redact_url("valkey://idem:pw@h1:7000,h2:7001/?replicas=1"),
+            "valkey://idem:***@h1:7000,h2:7001/?replicas=1"
+        );
         assert!(kind_of("mysql://u:secret@h/db")
             .unwrap_err()
             .to_string()

@@ -82,3 +82,4 @@ mod svix;
 mod tls;
 mod upgrade;
 mod upstream_faults;
+mod valkey_store;

@@ -45,6 +45,39 @@ async fn sqlite_backend() -> Backend {
     }
 }
 
+/// The 3-shard cluster every valkey case shares (started once; its nodes
+/// die with the test process), and the turn that keeps the cases apart:
+/// each flushes it first.
+async fn valkey_turn() -> Option<(tokio::sync::MutexGuard<'static, ()>, String)> {
+    static CLUSTER: std::sync::OnceLock<Option<common::valkey::Valkey>> =
+        std::sync::OnceLock::new();
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let turn = TURN.lock().await;
+    let cluster = tokio::task::spawn_blocking(|| {
+        CLUSTER
+            .get_or_init(|| common::valkey::Valkey::cluster("contract"))
+            .as_ref()
+            .map(|v| {
+                v.flush();
+                v.url("replicas=1")
+            })
+    })
+    .await
+    .unwrap()?;
+    Some((turn, cluster))
+}
+
+async fn valkey_backend(url: String) -> Backend {
+    let store = store::open(&url, 4).await.expect("open valkey");
+    store.migrate().await.expect("migrate valkey");
+    Backend {
+        store,
+        url,
+        _dir: None,
+        _schema: None,
+    }
+}
+
 async fn postgres_backend() -> Option<Backend> {
     let base = common::pg_url()?;
     let schema = common::PgSchema::create(&base, "contract");
@@ -1576,6 +1609,19 @@ macro_rules! contract {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
                     let b = super::memory_backend().await;
+                    super::cases::$case(&b).await;
+                    b.store.close().await;
+                }
+            )*
+        }
+        /// On a 3-shard Valkey cluster (three primaries, a replica each):
+        /// the cases the model runs (no second connection to a database).
+        mod valkey {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let Some((_turn, url)) = super::valkey_turn().await else { return };
+                    let b = super::valkey_backend(url).await;
                     super::cases::$case(&b).await;
                     b.store.close().await;
                 }

@@ -357,3 +357,54 @@ fn upgrade_sock_has_a_default_and_must_fit_a_socket_address() {
         (sock("\"\""), 1, 15, "upgrade_sock must be a path"),
     ]);
 }
+
+/// SPEC §18: a Valkey URL, its password from the environment and hidden,
+/// `store.durability` for it alone, and a warning naming the risk of each
+/// weaker setting at its own line.
+#[test]
+fn valkey_store_url_and_durability() {
+    let store = |url: &str| route("").replace("sqlite:///tmp/t.db", url);
+    let l = ok(&store(
+        "valkey://idem:${DB_PASS}@h1:7000,h2:7001/?replicas=1",
+    ));
+    assert_eq!(l.config.store.url.kind(), crate::config::StoreKind::Valkey);
+    let t = l.config.store.url.valkey_target().unwrap();
+    assert_eq!(t.password.as_deref(), Some("s3cr$t"));
+    assert_eq!(t.durability, crate::store::Durability::Fsynced);
+    assert!(!format!("{:?}", l.config).contains("s3cr"));
+    assert!(l
+        .warnings
+        .iter()
+        .all(|w| !w.to_string().contains("durability")));
+
+    let weak = store("rediss://h:6380").replace("  url:", "  durability: replica_received\n  url:");
+    let l = ok(&weak);
+    let w: Vec<String> = l.warnings.iter().map(ToString::to_string).collect();
+    assert!(
+        w.iter()
+            .any(|w| w.contains(":4:") && w.contains("not until it is on disk")),
+        "{w:?}"
+    );
+    let l = ok(&store("valkey://h/?durability=none"));
+    let w: Vec<String> = l.warnings.iter().map(ToString::to_string).collect();
+    assert!(w.iter().any(|w| w.contains("a second time")), "{w:?}");
+
+    one_error(
+        &store("valkey://u:pw@h/?replicas=x"),
+        4,
+        8,
+        "replicas=x is not a whole number",
+    );
+    one_error(
+        &route("").replace("  url:", "  durability: none\n  url:"),
+        4,
+        3,
+        "durability applies to valkey:// and redis:// stores only",
+    );
+    one_error(
+        &store("valkey://h").replace("  url:", "  durability: aof\n  url:"),
+        4,
+        15,
+        "use fsynced, replica_received or none",
+    );
+}

@@ -18,6 +18,7 @@ pub use testkit::{
 pub mod binaries;
 pub mod pg_cluster;
 pub mod tmpfs;
+pub mod valkey;
 pub mod vip;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -1,0 +1,208 @@
+//! The scripts' and reads' answers as the store's types.
+
+use std::collections::HashMap;
+
+use redis::Value;
+
+use crate::claim::Millis;
+use crate::store::sql::Readback;
+use crate::store::{state_of, Attempt, Record, ReleaseOutcome, StoreError};
+
+/// The fields a refused claim or a peek reads, in [`readback`]'s order.
+pub(super) const READBACK_FIELDS: [&str; 7] = [
+    "state",
+    "lease_until",
+    "body_sha256",
+    "last_status",
+    "replay_status",
+    "replay_content_type",
+    "replay_body",
+];
+
+fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("valkey: {what}"))
+}
+
+fn bytes(v: Value) -> Result<Option<Vec<u8>>, StoreError> {
+    match v {
+        Value::Nil => Ok(None),
+        other => redis::from_redis_value(other).map(Some).map_err(corrupt),
+    }
+}
+
+fn text(v: Value) -> Result<Option<String>, StoreError> {
+    bytes(v)?
+        .map(|b| String::from_utf8(b).map_err(corrupt))
+        .transpose()
+}
+
+fn int(v: Value) -> Result<Option<i64>, StoreError> {
+    text(v)?
+        .map(|t| t.parse::<i64>().map_err(|e| corrupt(format!("{t:?}: {e}"))))
+        .transpose()
+}
+
+fn array(v: Value) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(corrupt(format!("expected an array, got {other:?}"))),
+    }
+}
+
+/// [`READBACK_FIELDS`] read back; `None` when the record does not exist.
+fn readback_of(values: Vec<Value>) -> Result<Option<Readback>, StoreError> {
+    let mut it = values.into_iter();
+    let mut next = || it.next().unwrap_or(Value::Nil);
+    let Some(state) = text(next())? else {
+        return Ok(None);
+    };
+    Ok(Some(Readback {
+        state: state_of(&state)?,
+        lease_until: int(next())?,
+        body_sha256: text(next())?.unwrap_or_default(),
+        last_status: int(next())?,
+        replay_status: int(next())?,
+        replay_content_type: text(next())?,
+        replay_body: bytes(next())?,
+    }))
+}
+
+/// A peek's `HMGET` of [`READBACK_FIELDS`].
+pub(super) fn readback(v: Value) -> Result<Option<Readback>, StoreError> {
+    readback_of(array(v)?)
+}
+
+/// What the claim script did.
+pub(super) enum Claimed {
+    Won { attempt: i64, from: Option<String> },
+    Held,
+    Existing(Readback),
+}
+
+pub(super) fn claim(v: Value) -> Result<Claimed, StoreError> {
+    let mut items = array(v)?.into_iter();
+    let tag = text(items.next().unwrap_or(Value::Nil))?.unwrap_or_default();
+    match tag.as_str() {
+        "claimed" => {
+            let attempt = match items.next() {
+                Some(Value::Int(n)) => n,
+                other => return Err(corrupt(format!("claim attempt {other:?}"))),
+            };
+            let from = text(items.next().unwrap_or(Value::Nil))?;
+            Ok(Claimed::Won { attempt, from })
+        }
+        "held" => Ok(Claimed::Held),
+        "existing" => readback_of(items.collect())?
+            .map(Claimed::Existing)
+            .ok_or_else(|| corrupt("a refused claim without its record")),
+        other => Err(corrupt(format!("claim answered {other:?}"))),
+    }
+}
+
+/// A record's `HGETALL` as a [`Record`] (no history); `None` when empty.
+pub(super) fn record(route: &str, event_id: &str, v: Value) -> Result<Option<Record>, StoreError> {
+    let f: HashMap<String, Vec<u8>> = redis::from_redis_value(v).map_err(corrupt)?;
+    if f.is_empty() {
+        return Ok(None);
+    }
+    let text = |name: &str| -> Result<Option<String>, StoreError> {
+        f.get(name)
+            .map(|b| String::from_utf8(b.clone()).map_err(corrupt))
+            .transpose()
+    };
+    let int = |name: &str| -> Result<Option<i64>, StoreError> {
+        text(name)?
+            .map(|t| {
+                t.parse::<i64>()
+                    .map_err(|e| corrupt(format!("{name} {t:?}: {e}")))
+            })
+            .transpose()
+    };
+    let need = |name: &str| int(name)?.ok_or_else(|| corrupt(format!("{name} missing")));
+    let state = text("state")?.ok_or_else(|| corrupt("state missing"))?;
+    Ok(Some(Record {
+        route: route.to_string(),
+        event_id: event_id.to_string(),
+        body_sha256: text("body_sha256")?.unwrap_or_default(),
+        state: state_of(&state)?,
+        attempts: need("attempts")?,
+        lease_until: int("lease_until")?,
+        last_status: int("last_status")?,
+        last_error: text("last_error")?,
+        first_seen_at: need("first_seen_at")?,
+        updated_at: need("updated_at")?,
+        delivered_at: int("delivered_at")?,
+        expires_at: need("expires_at")?,
+        replay_status: int("replay_status")?,
+        replay_content_type: text("replay_content_type")?,
+        replay_body_bytes: f.get("replay_body").map(|b| b.len() as i64),
+        history: None,
+    }))
+}
+
+/// One attempt's row as the scripts write it (JSON, numbers as text).
+#[derive(serde::Deserialize)]
+struct Row {
+    started_at: String,
+    ended_at: Option<String>,
+    status: Option<String>,
+    result: String,
+    error: Option<String>,
+    duration_ms: Option<String>,
+    instance: Option<String>,
+}
+
+fn millis(t: Option<&str>) -> Result<Option<Millis>, StoreError> {
+    t.map(|t| t.parse().map_err(|e| corrupt(format!("{t:?}: {e}"))))
+        .transpose()
+}
+
+/// The attempts hash, oldest first.
+pub(super) fn attempts(v: Value) -> Result<Vec<Attempt>, StoreError> {
+    let rows: HashMap<String, String> = redis::from_redis_value(v).map_err(corrupt)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (n, json) in rows {
+        let row: Row = serde_json::from_str(&json).map_err(corrupt)?;
+        out.push(Attempt {
+            attempt: n
+                .parse()
+                .map_err(|e| corrupt(format!("attempt {n:?}: {e}")))?,
+            started_at: millis(Some(&row.started_at))?.unwrap_or_default(),
+            ended_at: millis(row.ended_at.as_deref())?,
+            status: millis(row.status.as_deref())?,
+            result: row.result,
+            error: row.error,
+            duration_ms: millis(row.duration_ms.as_deref())?,
+            instance: row.instance,
+        });
+    }
+    out.sort_by_key(|a| a.attempt);
+    Ok(out)
+}
+
+/// A list script's flat answer: event ID, then its fields, for each.
+pub(super) fn list_page(v: Value) -> Result<Vec<(String, Value)>, StoreError> {
+    let mut out = Vec::new();
+    let mut items = array(v)?.into_iter();
+    while let (Some(id), Some(fields)) = (items.next(), items.next()) {
+        out.push((text(id)?.unwrap_or_default(), fields));
+    }
+    Ok(out)
+}
+
+/// The release script's answer.
+pub(super) fn release(v: Value) -> Result<ReleaseOutcome, StoreError> {
+    let mut items = array(v)?.into_iter();
+    let tag = text(items.next().unwrap_or(Value::Nil))?.unwrap_or_default();
+    match tag.as_str() {
+        "released" => {
+            let previous = text(items.next().unwrap_or(Value::Nil))?.unwrap_or_default();
+            Ok(ReleaseOutcome::Released {
+                previous: state_of(&previous)?,
+            })
+        }
+        "not_found" => Ok(ReleaseOutcome::NotFound),
+        "refused" => Ok(ReleaseOutcome::RefusedDelivered),
+        other => Err(corrupt(format!("release answered {other:?}"))),
+    }
+}

