@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::common::valkey::Valkey;
+use crate::common::{kit, route, wait_until, Consumer, Proxy, TempDir};
 use idemgate::claim::{ClaimKind, Millis};
 use idemgate::store::valkey::keys::{self, Bucket};
 use idemgate::store::{self, ClaimOutcome, ClaimRequest, ClaimStore};
@@ -178,4 +179,46 @@ async fn a_claim_the_replica_cannot_confirm_is_an_error() {
         "within the store timeout: {took:?}"
     );
     assert!(matches!(won, Ok(ClaimOutcome::Claimed { .. })), "{won:?}");
+}
+
+/// The cluster stops answering (every node stopped): the real binary
+/// fails closed (503, nothing forwarded) and `/readyz` says 503 within its
+/// budget; once the nodes run again it is ready and the refused event is
+/// new. The conformance suite's own case cannot do this on a cluster (its
+/// one relay stands in front of one host; `.ci/run` says why).
+#[test]
+fn a_cluster_that_stops_answering_fails_closed_and_comes_back() {
+    let Some(v) = Valkey::cluster("stopped") else {
+        return;
+    };
+    let dir = TempDir::new("valkey-stopped");
+    let up = Consumer::start().unwrap();
+    let px = Proxy::start(
+        &dir,
+        &v.url("replicas=1"),
+        &route("r", "/hooks/r", &up.url(), "    verify: none\n"),
+    );
+    assert_eq!(px.deliver("/hooks/r", Some("before"), b"b").status, 200);
+    let pids: Vec<i32> = v.nodes.iter().map(|n| v.pid(n.port)).collect();
+    for &pid in &pids {
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }
+    let refused = px.deliver("/hooks/r", Some("during"), b"d");
+    let ready_while_stopped = kit::get(px.admin, "/readyz").map(|r| r.status);
+    for &pid in &pids {
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+    assert_eq!(
+        refused.status, 503,
+        "fail closed while the cluster is stopped"
+    );
+    assert_eq!(up.count("during"), 0, "nothing forwarded");
+    assert_eq!(ready_while_stopped.ok(), Some(503), "/readyz while stopped");
+    let back = wait_until(Duration::from_secs(30), || {
+        kit::get(px.admin, "/readyz").is_ok_and(|r| r.status == 200)
+    });
+    assert!(back, "/readyz 200 once the nodes run again");
+    assert_eq!(px.deliver("/hooks/r", Some("during"), b"d").status, 200);
+    let replay = px.deliver("/hooks/r", Some("before"), b"b");
+    assert_eq!(replay.header("Idempotent-Replayed"), Some("true"));
 }

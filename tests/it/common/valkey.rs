@@ -20,6 +20,10 @@ pub struct Node {
     child: Child,
 }
 
+/// A line of `CLUSTER NODES`: id, port, its primary's id (a replica),
+/// slot ranges.
+type NodeLine = (String, u16, Option<String>, Vec<(u16, u16)>);
+
 pub struct Valkey {
     pub nodes: Vec<Node>,
     server: PathBuf,
@@ -169,14 +173,16 @@ impl Valkey {
                     self.cli(n.port, &["cluster", "info"])
                         .contains("cluster_state:ok")
                 });
-            // and the cluster's own view says every node is online
+            // and every node's own view of the cluster says every node is
+            // online (the store asks whichever node it reaches first)
             let online = !self.cluster
-                || self
-                    .cli(self.nodes[0].port, &["cluster", "shards"])
-                    .lines()
-                    .filter(|l| l.trim() == "online")
-                    .count()
-                    == self.nodes.len();
+                || self.nodes.iter().all(|n| {
+                    self.cli(n.port, &["cluster", "shards"])
+                        .lines()
+                        .filter(|l| l.trim() == "online")
+                        .count()
+                        == self.nodes.len()
+                });
             ok && linked >= primaries && online
         });
     }
@@ -198,7 +204,7 @@ impl Valkey {
     }
 
     /// `CLUSTER NODES` as (id, port, primary id or None, slot ranges).
-    fn cluster_nodes(&self) -> Vec<(String, u16, Option<String>, Vec<(u16, u16)>)> {
+    fn cluster_nodes(&self) -> Vec<NodeLine> {
         self.cli(self.nodes[0].port, &["cluster", "nodes"])
             .lines()
             .filter_map(|line| {
