@@ -534,3 +534,55 @@ fn a_standby_listed_first_is_passed_over() {
         standby.psql("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idemgate'");
     assert_eq!(sessions.trim(), "0", "no connection kept on the standby");
 }
+
+/// SPEC §16, §20: on a URL of standbys only (the tables streamed from the
+/// primary, `serve --no-migrate`), every `/readyz` is 503 within 500 ms,
+/// deliveries fail closed, and the turned-away connections are logged once
+/// a minute per host, not once each.
+#[test]
+fn readyz_on_a_url_of_standbys_only_is_503_within_500ms() {
+    let Some(pair) = Pair::start("fo-standbys", false, Reach::HostList) else {
+        return;
+    };
+    let (primary, standby) = (&pair.pgs[0], &pair.pgs[1]);
+    let dir = TempDir::new("fo-standbys");
+    let up = Consumer::start().unwrap();
+    let on = |port: u16| format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    // migrated on the primary; the standby has the tables once it replayed
+    let mut px = Proxy::start(&dir, &on(primary.port), &route("r", PATH, &up.url(), ""));
+    px.stop(Duration::from_secs(10));
+    let replayed = wait_until(Duration::from_secs(10), || {
+        standby
+            .psql("SELECT to_regclass('records') IS NOT NULL")
+            .trim()
+            == "t"
+    });
+    assert!(replayed, "the standby replayed the migration");
+    let config = std::fs::read_to_string(&px.config_path).unwrap();
+    let config = config.replace(&on(primary.port), &on(standby.port));
+    std::fs::write(&px.config_path, config).unwrap();
+    px.serve_args = vec!["--no-migrate".into()];
+    px.spawn_answering();
+    let mut probes = Vec::new();
+    for i in 0..10 {
+        let t = Instant::now();
+        let status = kit::get(px.admin, "/readyz").unwrap().status;
+        probes.push((status, t.elapsed()));
+        let r = px.deliver(PATH, Some(&eid(&format!("standby-{i}"))), b"{}");
+        assert_eq!(r.status, 503, "{:?}", r.json());
+    }
+    eprintln!("/readyz on a standby only: {probes:?}");
+    assert!(
+        probes
+            .iter()
+            .all(|&(status, took)| status == 503 && took < Duration::from_millis(500)),
+        "every /readyz 503 within 500 ms: {probes:?}"
+    );
+    assert_eq!(up.total(), 0, "nothing forwarded");
+    let log = px.log();
+    let turned_away = log
+        .lines()
+        .filter(|l| l.contains("turned away") && l.contains("WARN"))
+        .count();
+    assert_eq!(turned_away, 1, "once a minute for the one host:\n{log}");
+}

@@ -646,3 +646,90 @@ fn claims_whose_senders_gave_up_are_not_made_late() {
     assert!(matches!(r.status, 200 | 409), "{stuck}: {}", r.status);
     assert!(up.count(&stuck) <= 1);
 }
+
+/// SPEC §7, §20: a 10 s outage under load is summarised, not written a
+/// line per refusal. 16 senders deliver new events back to back (the shape
+/// of the load harness's (b)) while the database is cut for 10 s: the
+/// process writes at most 20 WARN or ERROR lines from the start of the load
+/// to the end of the recovery, and the refusals agree three ways: what the
+/// senders got, `idemgate_requests_total{outcome="store_unavailable"}`, and
+/// the sum of the summary lines' counts.
+#[test]
+fn a_10s_outage_under_load_is_summarised_and_the_counts_agree() {
+    const SENDERS: usize = 16;
+    const OUTAGE: Duration = Duration::from_secs(10);
+    let Some(s) = setup_warm("outage_log") else {
+        return;
+    };
+    let px = &s.px;
+    let log_before = px.log().len();
+    let unavailable_before = px.requests("r", "store_unavailable");
+    let stop = AtomicBool::new(false);
+    let (refused, forwarded) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|sc| {
+        for sender in 0..SENDERS {
+            let (stop, refused, forwarded) = (&stop, &refused, &forwarded);
+            sc.spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let id = eid(&format!("load-{sender}-{n}"));
+                    let r = px.deliver(PATH, Some(&id), br#"{"n":1}"#);
+                    match r.status {
+                        200 => forwarded.fetch_add(1, Ordering::Relaxed),
+                        503 => refused.fetch_add(1, Ordering::Relaxed),
+                        other => panic!("{id}: {other} {:?}", r.json()),
+                    };
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        s.relay.cut();
+        std::thread::sleep(OUTAGE);
+        s.relay.restore();
+        let back = forwarded.load(Ordering::Relaxed);
+        let resumed = wait_until(RECOVERY, || {
+            forwarded.load(Ordering::Relaxed) >= back + SENDERS as u64
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        stop.store(true, Ordering::Relaxed);
+        assert!(resumed, "forwarding resumed within {RECOVERY:?}");
+    });
+    // the last summary is written within a second of the last refusal
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = px.log();
+    let window = &log[log_before..];
+    let loud: Vec<&str> = window
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect();
+    let summarised: u64 = loud
+        .iter()
+        .filter(|l| l.contains("since the last summary"))
+        .filter_map(|l| {
+            let counts = l.split("store_unavailable=").nth(1)?;
+            counts
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    let refused = refused.load(Ordering::Relaxed);
+    let counted = px.requests("r", "store_unavailable") - unavailable_before;
+    eprintln!(
+        "a {OUTAGE:?} outage, {SENDERS} senders: {refused} refused, {} forwarded; \
+         {} WARN/ERROR lines; summaries count {summarised}, the metric {counted}",
+        forwarded.load(Ordering::Relaxed),
+        loud.len()
+    );
+    assert!(
+        loud.len() <= 20,
+        "{} lines about the outage:\n{}",
+        loud.len(),
+        loud.join("\n")
+    );
+    assert!(refused >= SENDERS as u64, "the outage refused deliveries");
+    assert_eq!(counted, refused as f64, "the metric counts every refusal");
+    assert_eq!(summarised, refused, "the summaries count every refusal");
+}

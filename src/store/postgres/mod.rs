@@ -40,6 +40,13 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 /// retrying a refused connection until this runs out, so it is also how long
 /// a request waits before its 503 while the database is down.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a connection handed back to a pool may take to answer
+/// the ping that shows it in order. One whose query was cut off at a
+/// timeout may be waiting for an answer that never comes (a path that lost
+/// it); sqlx's own ping on release would wait for it forever and keep its
+/// place in the pool, and a pool of one or two places would then be gone
+/// for good (`/readyz` 503 long after the database is back).
+const RELEASE_PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `migrations/postgres`, in order: version, description, SQL.
 const MIGRATIONS: [(i64, &str, &str); 5] = [
@@ -149,6 +156,15 @@ impl PostgresStore {
                 .min_connections(0)
                 .acquire_timeout(ACQUIRE_TIMEOUT)
                 .test_before_acquire(test_before_acquire)
+                .after_release(|conn, _| {
+                    Box::pin(async move {
+                        match tokio::time::timeout(RELEASE_PING_TIMEOUT, conn.ping()).await {
+                            Ok(pinged) => pinged.map(|()| true),
+                            // an error closes it hard, without a goodbye
+                            Err(_) => Err(sqlx::Error::PoolTimedOut),
+                        }
+                    })
+                })
                 .after_connect(move |conn, _| {
                     let hosts = Arc::clone(&arrivals);
                     Box::pin(async move { hosts.check_arrival(conn).await })
@@ -160,7 +176,8 @@ impl PostgresStore {
         // connections, so sqlx's ping on release is gone too. The rest is
         // rare, and `/readyz` must not report the database down for a
         // connection that died while it was away: there a connection is
-        // pinged before use.
+        // pinged before use. In both, a connection handed back is pinged
+        // within RELEASE_PING_TIMEOUT or closed.
         let (hot, cold) = (pool(hot_max, false), pool(cold_max, true));
         hosts.follow([cold.clone(), hot.clone()]);
         Ok(PostgresStore {

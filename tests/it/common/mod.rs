@@ -226,6 +226,9 @@ pub struct Proxy {
     env: Vec<(String, String)>,
     /// The binary to run: this build's `idemgate` unless a test names another.
     pub bin: PathBuf,
+    /// Arguments after `serve --config FILE` (e.g. `--no-migrate`), kept
+    /// for respawns.
+    pub serve_args: Vec<String>,
     process: Option<Serve>,
 }
 
@@ -285,6 +288,7 @@ impl Proxy {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             bin: bin.to_path_buf(),
+            serve_args: Vec::new(),
             process: None,
         };
         p.spawn();
@@ -313,6 +317,7 @@ impl Proxy {
             Command::new(&self.bin)
                 .args(["serve", "--config"])
                 .arg(&self.config_path)
+                .args(&self.serve_args)
                 .env(
                     "RUST_LOG",
                     std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
