@@ -82,4 +82,5 @@ mod svix;
 mod tls;
 mod upgrade;
 mod upstream_faults;
+mod valkey_faults;
 mod valkey_store;

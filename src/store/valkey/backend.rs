@@ -25,7 +25,7 @@ impl Backend for ValkeyStore {
     /// Writes the format version (refusing a newer one) and checks that
     /// every shard can make writes durable.
     async fn migrate(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let _: bool = redis::cmd("SET")
             .arg(keys::FORMAT)
             .arg(keys::FORMAT_VERSION)
@@ -48,17 +48,17 @@ impl Backend for ValkeyStore {
                 .into(),
             ));
         }
-        shards::check(&self.conn, &self.target).await
+        shards::check(&self.conn(), &self.target).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let _: Option<i64> = redis::cmd("GET")
             .arg(keys::FORMAT)
             .query_async(&mut conn)
             .await
-            .map_err(driver)?;
-        shards::check(&self.conn, &self.target).await
+            .map_err(|e| self.failed(e))?;
+        shards::check(&self.conn(), &self.target).await
     }
 
     /// `ping` checked the shards; a write's own wait says the rest.
@@ -92,14 +92,14 @@ impl Backend for ValkeyStore {
             req.instance.into(),
             req.token.to_string().into(),
         ];
-        let (value, client) = self.eval(b.slot, &self.scripts.claim, &keys, &args).await?;
+        let (value, wrote) = self.eval(b.slot, &self.scripts.claim, &keys, &args).await?;
         match decode::claim(value)? {
             decode::Claimed::Won { attempt, from } => {
-                self.durable.wait(&self.conn, b.slot, client).await?;
+                self.durable.wait(&wrote.conn, b.slot, wrote.client).await?;
                 Ok(sql::claimed(attempt, from.as_deref(), lease_until))
             }
             decode::Claimed::Held => {
-                self.durable.wait(&self.conn, b.slot, client).await?;
+                self.durable.wait(&wrote.conn, b.slot, wrote.client).await?;
                 Ok(crate::store::outcome_unknown())
             }
             decode::Claimed::Existing(found) => {
@@ -171,13 +171,13 @@ impl Backend for ValkeyStore {
 
     async fn peek(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
         let b = Bucket::of(req.route, req.event_id);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let value: Value = redis::cmd("HMGET")
             .arg(b.record(req.event_id))
             .arg(&decode::READBACK_FIELDS[..])
             .query_async(&mut conn)
             .await
-            .map_err(driver)?;
+            .map_err(|e| self.failed(e))?;
         Ok(match decode::readback(value)? {
             None => None,
             Some(found) => match found.outcome(req.digest, req.now, req.hold) {
@@ -189,7 +189,7 @@ impl Backend for ValkeyStore {
 
     async fn get(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
         let b = Bucket::of(route, event_id);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let value: Value = redis::cmd("HGETALL")
             .arg(b.record(event_id))
             .query_async(&mut conn)

@@ -28,6 +28,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use tokio::sync::oneshot;
 
+use super::link::Link;
 use super::target::Durability;
 use crate::store::StoreError;
 
@@ -47,16 +48,24 @@ pub(super) struct Durable {
     limit: Duration,
     queues: Mutex<HashMap<i64, Queue>>,
     rt: tokio::runtime::Handle,
+    /// Told of a wait that got no answer (the connection may be stuck).
+    link: Arc<Link>,
 }
 
 impl Durable {
-    pub(super) fn new(mode: Durability, replicas: u32, limit: Duration) -> Durable {
+    pub(super) fn new(
+        mode: Durability,
+        replicas: u32,
+        limit: Duration,
+        link: Arc<Link>,
+    ) -> Durable {
         Durable {
             mode,
             replicas,
             limit,
             queues: Mutex::new(HashMap::new()),
             rt: tokio::runtime::Handle::current(),
+            link,
         }
     }
 
@@ -100,7 +109,10 @@ impl Durable {
         match tokio::time::timeout(self.limit + Duration::from_secs(1), rx).await {
             Ok(Ok(answer)) => answer.map_err(unknown),
             Ok(Err(_)) => Err(unknown("the wait stopped".into())),
-            Err(_) => Err(unknown("no answer to the wait in time".into())),
+            Err(_) => {
+                self.link.renew();
+                Err(unknown("no answer to the wait in time".into()))
+            }
         }
     }
 
@@ -136,10 +148,10 @@ impl Durable {
         };
         pipe.cmd("CLIENT").arg("ID");
         let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
-        let values = conn
-            .route_pipeline(pipe, 0, 2, route)
-            .await
-            .map_err(|e| e.to_string())?;
+        let values = conn.route_pipeline(pipe, 0, 2, route).await.map_err(|e| {
+            self.link.after_error(&e);
+            e.to_string()
+        })?;
         let [counts, id] = <[redis::Value; 2]>::try_from(values)
             .map_err(|v| format!("{} answers to a wait", v.len()))?;
         let id: i64 = redis::from_redis_value(id).map_err(|e| e.to_string())?;

@@ -44,6 +44,7 @@ mod backend;
 mod decode;
 mod durable;
 pub mod keys;
+mod link;
 mod operator;
 mod scripts;
 mod shards;
@@ -76,7 +77,7 @@ struct Scripts {
 }
 
 pub struct ValkeyStore {
-    conn: ClusterConnection,
+    link: Arc<link::Link>,
     target: ValkeyTarget,
     scripts: Scripts,
     durable: Arc<durable::Durable>,
@@ -101,6 +102,13 @@ fn driver(e: redis::RedisError) -> StoreError {
 /// The primary of `slot`.
 fn primary(slot: u16) -> SingleNodeRoutingInfo {
     SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
+}
+
+/// A write's connection and its `CLIENT ID`: what the write's durability
+/// wait is sent on and checked against (see [`durable`]).
+struct Wrote {
+    conn: ClusterConnection,
+    client: i64,
 }
 
 /// An optional value as the scripts take it (see [`scripts`]).
@@ -159,14 +167,15 @@ impl ValkeyStore {
             }
         }
         let client = builder.build().map_err(driver)?;
-        let conn = client.get_async_connection().await.map_err(driver)?;
+        let link = Arc::new(link::Link::open(client).await.map_err(driver)?);
         Ok(ValkeyStore {
-            conn,
             durable: Arc::new(durable::Durable::new(
                 target.durability,
                 target.replicas,
                 WAIT_LIMIT,
+                Arc::clone(&link),
             )),
+            link,
             target,
             scripts: Scripts {
                 claim: Script::new(scripts::CLAIM),
@@ -183,6 +192,18 @@ impl ValkeyStore {
         })
     }
 
+    /// The cluster connection to send on (see [`link`]).
+    fn conn(&self) -> ClusterConnection {
+        self.link.conn()
+    }
+
+    /// A driver error as a store error, the connection renewed where the
+    /// error says it may be stuck or its map stale.
+    fn failed(&self, e: redis::RedisError) -> StoreError {
+        self.link.after_error(&e);
+        driver(e)
+    }
+
     /// Runs `script` on `slot`'s primary, with `CLIENT ID` in the same
     /// pipeline (the connection that wrote, for [`durable`]); loads the
     /// script there first if the server does not have it.
@@ -192,8 +213,8 @@ impl ValkeyStore {
         script: &Script,
         keys: &[String],
         args: &[Vec<u8>],
-    ) -> Result<(Value, i64), StoreError> {
-        let mut conn = self.conn.clone();
+    ) -> Result<(Value, Wrote), StoreError> {
+        let mut conn = self.conn();
         for _ in 0..3 {
             let mut pipe = redis::pipe();
             pipe.cmd("EVALSHA")
@@ -205,7 +226,7 @@ impl ValkeyStore {
             let values = conn
                 .route_pipeline(pipe, 0, 2, primary(slot))
                 .await
-                .map_err(driver)?;
+                .map_err(|e| self.failed(e))?;
             let [value, id] = <[Value; 2]>::try_from(values)
                 .map_err(|v| StoreError::Corrupt(format!("{} answers to a script", v.len())))?;
             match &value {
@@ -214,19 +235,22 @@ impl ValkeyStore {
                     let mut load = redis::cmd("SCRIPT");
                     load.arg("LOAD").arg(script_text(script, &self.scripts));
                     let node = redis::cluster_routing::RoutingInfo::SingleNode(primary(slot));
-                    conn.route_command(load, node).await.map_err(driver)?;
+                    conn.route_command(load, node)
+                        .await
+                        .map_err(|e| self.failed(e))?;
                 }
                 Value::ServerError(e) => {
+                    self.link.after_server_error(e.code());
                     return Err(StoreError::Unavailable(format!(
                         "valkey: {} {}",
                         e.code(),
                         e.details().unwrap_or_default()
-                    )))
+                    )));
                 }
                 _ => {
-                    let id = redis::from_redis_value(id)
+                    let client = redis::from_redis_value(id)
                         .map_err(|e| StoreError::Corrupt(format!("CLIENT ID: {e}")))?;
-                    return Ok((value, id));
+                    return Ok((value, Wrote { conn, client }));
                 }
             }
         }
@@ -243,8 +267,8 @@ impl ValkeyStore {
         keys: &[String],
         args: &[Vec<u8>],
     ) -> Result<Value, StoreError> {
-        let (value, client) = self.eval(slot, script, keys, args).await?;
-        self.durable.wait(&self.conn, slot, client).await?;
+        let (value, wrote) = self.eval(slot, script, keys, args).await?;
+        self.durable.wait(&wrote.conn, slot, wrote.client).await?;
         Ok(value)
     }
 
@@ -276,14 +300,15 @@ impl ValkeyStore {
         let mut pipe = redis::pipe();
         pipe.add_command(cmd);
         pipe.cmd("CLIENT").arg("ID");
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let values = conn
             .route_pipeline(pipe, 0, 2, primary(slot))
             .await
-            .map_err(driver)?;
+            .map_err(|e| self.failed(e))?;
         let [value, id] = <[Value; 2]>::try_from(values)
             .map_err(|v| StoreError::Corrupt(format!("{} answers to a command", v.len())))?;
         if let Value::ServerError(e) = &value {
+            self.link.after_server_error(e.code());
             return Err(StoreError::Unavailable(format!(
                 "valkey: {} {}",
                 e.code(),
@@ -292,7 +317,7 @@ impl ValkeyStore {
         }
         let id: i64 = redis::from_redis_value(id)
             .map_err(|e| StoreError::Corrupt(format!("CLIENT ID: {e}")))?;
-        self.durable.wait(&self.conn, slot, id).await?;
+        self.durable.wait(&conn, slot, id).await?;
         Ok(value)
     }
 
@@ -301,7 +326,7 @@ impl ValkeyStore {
         if let Some(r) = only {
             return Ok(vec![r.to_string()]);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let mut routes: Vec<String> = redis::cmd("SMEMBERS")
             .arg(keys::ROUTES)
             .query_async(&mut conn)
@@ -326,7 +351,7 @@ impl ValkeyStore {
         let mut set = tokio::task::JoinSet::new();
         for route in routes {
             for b in 0..keys::BUCKETS {
-                let fut = each(self.conn.clone(), Bucket::new(route, b));
+                let fut = each(self.conn(), Bucket::new(route, b));
                 let route = route.clone();
                 set.spawn(async move { fut.await.map(|t| (route, t)) });
             }

@@ -100,7 +100,7 @@ pub(super) async fn history(
     pipe.cmd("HGETALL").arg(b.attempts(event_id));
     pipe.cmd("HGETALL").arg(b.record(event_id));
     pipe.cmd("HGET").arg(b.record(event_id)).arg("claimed_by");
-    let mut conn = store.conn.clone();
+    let mut conn = store.conn();
     let (rows, record, claimed_by): (Value, Value, Option<String>) =
         pipe.query_async(&mut conn).await.map_err(driver)?;
     let Some(r) = decode::record(route, event_id, record)? else {
@@ -214,7 +214,7 @@ pub(super) async fn set_paused(
 }
 
 pub(super) async fn paused(store: &ValkeyStore) -> Result<Vec<(String, Millis)>, StoreError> {
-    let mut conn = store.conn.clone();
+    let mut conn = store.conn();
     let all: BTreeMap<String, Millis> = redis::cmd("HGETALL")
         .arg(keys::PAUSES)
         .query_async(&mut conn)

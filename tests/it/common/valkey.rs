@@ -17,7 +17,10 @@ use super::{free_port, TempDir};
 /// One server process and its ports.
 pub struct Node {
     pub port: u16,
-    child: Child,
+    /// The cluster bus port (cluster mode), kept for a restart.
+    bus: u16,
+    /// `None` while killed.
+    child: Option<Child>,
 }
 
 /// A line of `CLUSTER NODES`: id, port, its primary's id (a replica),
@@ -113,10 +116,25 @@ impl Valkey {
 
     /// Starts one more node; `extra` flags after the common ones.
     fn spawn(&mut self, extra: &[&str]) {
-        let port = free_port();
+        let (port, bus) = (free_port(), free_port());
+        let child = self.start_node(port, bus, extra);
+        self.nodes.push(Node {
+            port,
+            bus,
+            child: Some(child),
+        });
+    }
+
+    /// The server on `port` in its own dir (kept across a restart: its
+    /// append-only file and `nodes.conf`, so it rejoins as it was).
+    fn start_node(&self, port: u16, bus: u16, extra: &[&str]) -> Child {
         let dir = self.dir.path().join(port.to_string());
         std::fs::create_dir_all(&dir).expect("node dir");
-        let log = std::fs::File::create(dir.join("server.log")).expect("node log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("server.log"))
+            .expect("node log");
         let mut cmd = Command::new(&self.server);
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
@@ -124,7 +142,6 @@ impl Valkey {
             .args(["--appendonly", "yes", "--appendfsync", "always"])
             .args(["--save", "", "--repl-diskless-sync-delay", "0"]);
         if self.cluster {
-            let bus = free_port();
             cmd.args(["--cluster-enabled", "yes", "--cluster-config-file"])
                 .arg(dir.join("nodes.conf"))
                 .args(["--cluster-node-timeout", "2000"])
@@ -134,8 +151,49 @@ impl Valkey {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
-        let child = spawn_tied(cmd).expect("start valkey-server");
-        self.nodes.push(Node { port, child });
+        spawn_tied(cmd).expect("start valkey-server")
+    }
+
+    /// SIGKILL of the node on `port`, waited for.
+    pub fn kill(&mut self, port: u16) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("a node");
+        if let Some(mut child) = node.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the killed node on `port` again, as an orchestrator would.
+    pub fn restart(&mut self, port: u16) {
+        let i = self
+            .nodes
+            .iter()
+            .position(|n| n.port == port)
+            .expect("a node");
+        assert!(self.nodes[i].child.is_none(), "{port} is running");
+        let child = self.start_node(port, self.nodes[i].bus, &[]);
+        self.nodes[i].child = Some(child);
+        wait(
+            Duration::from_secs(10),
+            "the restarted node answering",
+            || self.cli(port, &["ping"]).trim() == "PONG",
+        );
+    }
+
+    /// Whether the node on `port` is a replica whose link to its primary
+    /// is up.
+    pub fn linked(&self, port: u16) -> bool {
+        let info = self.cli(port, &["info", "replication"]);
+        info.contains("role:slave") && info.contains("master_link_status:up")
+    }
+
+    /// The node ID of the node on `port`.
+    pub fn node_id(&self, port: u16) -> String {
+        self.cli(port, &["cluster", "myid"]).trim().to_string()
     }
 
     /// `redis-cli -p PORT args…`, its output (empty when it failed).
@@ -203,14 +261,24 @@ impl Valkey {
         format!("valkey://{}{query}", seeds.join(","))
     }
 
-    /// `CLUSTER NODES` as (id, port, primary id or None, slot ranges).
+    /// `CLUSTER NODES` as (id, port, primary id or None, slot ranges), as
+    /// the first running node sees it (a failed node's line says so in its
+    /// flags, and it serves no slot once its replica took over).
     fn cluster_nodes(&self) -> Vec<NodeLine> {
-        self.cli(self.nodes[0].port, &["cluster", "nodes"])
+        let asked = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a running node");
+        self.cli(asked.port, &["cluster", "nodes"])
             .lines()
             .filter_map(|line| {
                 let f: Vec<&str> = line.split_whitespace().collect();
                 let port = f.get(1)?.split(['@', ':']).nth(1)?.parse().ok()?;
                 let primary = (f.get(3)? != &"-").then(|| f[3].to_string());
+                if f.get(2)?.contains("fail") && !f[2].contains("fail?") {
+                    return None;
+                }
                 let ranges = f
                     .iter()
                     .skip(8)
@@ -258,7 +326,7 @@ impl Valkey {
     /// The pid of the node on `port`.
     pub fn pid(&self, port: u16) -> i32 {
         let node = self.nodes.iter().find(|n| n.port == port).expect("a node");
-        node.child.id() as i32
+        node.child.as_ref().expect("running").id() as i32
     }
 
     /// Clears every primary's keys (between cases sharing one cluster).
@@ -272,8 +340,10 @@ impl Valkey {
 impl Drop for Valkey {
     fn drop(&mut self) {
         for n in &mut self.nodes {
-            let _ = n.child.kill();
-            let _ = n.child.wait();
+            if let Some(mut child) = n.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }
