@@ -49,6 +49,7 @@ pub struct Admin {
     pub stopping: Arc<AtomicBool>,
     /// The store's readiness ping under way, joined by every probe.
     pub store_ping: ready::StorePing,
+    pub ready_log: ready::ReadyLog,
     /// `/api/…` and the console.
     pub api: api::Api,
     /// The admin listener is on loopback: the API and the console answer
@@ -125,16 +126,23 @@ impl ServeHttp for Admin {
                     )
                 };
                 match ping {
-                    Some(Ok(())) => text(StatusCode::OK, plain, b"ready\n".to_vec()),
+                    Some(Ok(())) => {
+                        self.ready_log.ready();
+                        text(StatusCode::OK, plain, b"ready\n".to_vec())
+                    }
                     Some(Err(e)) => {
-                        tracing::warn!(error = %e, "/readyz: the store does not answer");
+                        self.ready_log.not_ready(
+                            || tracing::warn!(error = %e, "/readyz: the store does not answer"),
+                        );
                         unavailable()
                     }
                     None => {
-                        tracing::warn!(
-                            "/readyz: the store gave no answer within {}",
-                            humantime::format_duration(READY_TIMEOUT)
-                        );
+                        self.ready_log.not_ready(|| {
+                            tracing::warn!(
+                                "/readyz: the store gave no answer within {}",
+                                humantime::format_duration(READY_TIMEOUT)
+                            )
+                        });
                         unavailable()
                     }
                 }

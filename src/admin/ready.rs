@@ -9,9 +9,15 @@
 //! serves every probe that waits for it.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+/// While the store does not answer, the most often `/readyz` says so in
+/// the log: a prober asking every second would otherwise write a line a
+/// second beside the outage's own summary (`telemetry::outage`).
+const NOT_READY_LOG_EVERY: Duration = Duration::from_secs(10);
 
 use crate::store::ClaimStore;
 
@@ -60,5 +66,61 @@ impl StorePing {
         });
         *under_way = Some(answer.clone());
         answer
+    }
+}
+
+/// `/readyz`'s log lines about the store: one when it stops answering,
+/// then at most one every [`NOT_READY_LOG_EVERY`] while it does not, and
+/// one when it answers again.
+#[derive(Default)]
+pub struct ReadyLog {
+    /// When a not-ready line was last written; `None` while ready.
+    last_written: Mutex<Option<Instant>>,
+}
+
+impl ReadyLog {
+    /// The store did not answer: `line` writes the WARN, when one is due.
+    pub(super) fn not_ready(&self, line: impl FnOnce()) {
+        let mut last = self.last_written.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|at| at.elapsed() >= NOT_READY_LOG_EVERY) {
+            *last = Some(Instant::now());
+            drop(last);
+            line();
+        }
+    }
+
+    /// The store answered.
+    pub(super) fn ready(&self) {
+        let was = self
+            .last_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if was.is_some() {
+            tracing::info!("/readyz: the store answers again");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn an_outage_is_logged_once_per_period_and_again_after_it_ends() {
+        let log = ReadyLog::default();
+        let written = Cell::new(0);
+        for _ in 0..5 {
+            log.not_ready(|| written.set(written.get() + 1));
+        }
+        assert_eq!(written.get(), 1, "one line for five probes");
+        log.ready();
+        log.not_ready(|| written.set(written.get() + 1));
+        assert_eq!(written.get(), 2, "a new outage is written at once");
+        // a period later, another
+        *log.last_written.lock().unwrap() = Instant::now().checked_sub(NOT_READY_LOG_EVERY);
+        log.not_ready(|| written.set(written.get() + 1));
+        assert_eq!(written.get(), 3);
     }
 }

@@ -26,6 +26,7 @@ use crate::claim::{now_ms, Millis};
 use crate::metrics::Metrics;
 use crate::store::owned::{OwnedOutcome, OwnedSettle};
 use crate::store::{ClaimStore, UnacknowledgedClaim};
+use crate::telemetry::outage;
 
 /// The most settles one process keeps.
 pub const MAX_PENDING: usize = 10_000;
@@ -174,13 +175,15 @@ impl PendingSettles {
             pause = (pause * 2).min(LONGEST_PAUSE);
             let now = now_ms();
             if now >= give_up_at {
-                tracing::error!(
-                    route = settle.route,
-                    event_id = settle.event_id,
-                    attempt = settle.attempt,
-                    tries,
-                    "pending settle given up: its lease ends within a second"
-                );
+                if outage::event_line("settle_given_up") {
+                    tracing::error!(
+                        route = settle.route,
+                        event_id = settle.event_id,
+                        attempt = settle.attempt,
+                        tries,
+                        "pending settle given up: its lease ends within a second"
+                    );
+                }
                 metrics.settled(&settle.route, "error");
                 return;
             }

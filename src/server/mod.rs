@@ -252,6 +252,7 @@ fn add_services(
             proxy_up: Default::default(),
             stopping: stopping.clone(),
             store_ping: Default::default(),
+            ready_log: Default::default(),
             api: crate::admin::api::Api::new(config, store.clone(), metrics.clone()),
             loopback_only: config.admin_listen.ip().is_loopback(),
         },

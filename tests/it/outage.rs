@@ -648,8 +648,9 @@ fn claims_whose_senders_gave_up_are_not_made_late() {
 }
 
 /// SPEC §7, §20: a 10 s outage under load is summarised, not written a
-/// line per refusal. 16 senders deliver new events back to back (the shape
-/// of the load harness's (b)) while the database is cut for 10 s: the
+/// line per refusal or per probe. 16 senders deliver new events back to
+/// back (the shape of the load harness's (b)) and a prober asks `/readyz`
+/// twice a second while the database is cut for 10 s: the
 /// process writes at most 20 WARN or ERROR lines from the start of the load
 /// to the end of the recovery, and the refusals agree three ways: what the
 /// senders got, `idemgate_requests_total{outcome="store_unavailable"}`, and
@@ -683,6 +684,14 @@ fn a_10s_outage_under_load_is_summarised_and_the_counts_agree() {
                 }
             });
         }
+        // and a prober on /readyz twice a second, as a strict kubelet would
+        let stop = &stop;
+        sc.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = kit::get(px.admin, "/readyz");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        });
         std::thread::sleep(Duration::from_secs(1));
         s.relay.cut();
         std::thread::sleep(OUTAGE);

@@ -10,6 +10,7 @@ use crate::problem::{Problem, ProblemKind};
 use crate::proxy::exit::Refused;
 use crate::store::owned::OwnedSettle;
 use crate::store::{SettleOutcome, SettleRequest, StoreError};
+use crate::telemetry::outage;
 
 use super::Delivery;
 
@@ -108,10 +109,14 @@ impl Delivery<'_> {
             .pending
             .carry(store, metrics, owned, self.lease_until)
         {
-            tracing::warn!(route = name, event_id, attempt, tries, error = %error, "settle failed; kept and retried until the lease nearly ends");
+            if outage::event_line("settle_kept") {
+                tracing::warn!(route = name, event_id, attempt, tries, error = %error, "settle failed; kept and retried until the lease nearly ends");
+            }
         } else {
             metrics.settled(name, "error");
-            tracing::error!(route = name, event_id, attempt, tries, error = %error, "settle failed; the claim stays until its lease ends");
+            if outage::event_line("settle_lost") {
+                tracing::error!(route = name, event_id, attempt, tries, error = %error, "settle failed; the claim stays until its lease ends");
+            }
         }
     }
 
