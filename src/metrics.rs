@@ -144,6 +144,9 @@ pub struct Metrics {
     upstream: UpstreamGauges,
     /// Settles kept across a store outage (SPEC §16).
     settles_pending: IntGauge,
+    /// `idemgate_store_shards` (SPEC §18), registered once a sharded store
+    /// reports its shards: the SQL stores have none to count.
+    store_shards: Arc<OnceLock<IntGauge>>,
 }
 
 /// The routes' upstream gauges (SPEC §15), read from their limits at each
@@ -320,6 +323,7 @@ impl Metrics {
             route_paused,
             upstream: UpstreamGauges::new(&r),
             settles_pending: settles_pending_gauge(&r),
+            store_shards: Arc::default(),
             registry: registry.clone(),
         };
         process_metrics(&r);
@@ -465,6 +469,18 @@ impl Metrics {
     /// A request to `route`'s upstream was sent once more.
     pub fn upstream_retry(&self, route: &str) {
         self.upstream_retries.with_label_values(&[route]).inc();
+    }
+
+    /// `idemgate_store_shards`: the shards a sharded store saw last.
+    pub fn store_shards(&self, n: u64) {
+        self.store_shards
+            .get_or_init(|| {
+                Registrar(&self.registry).int_gauge(
+                    "idemgate_store_shards",
+                    "Shards of the sharded store (Valkey or Redis Cluster) seen at its last check.",
+                )
+            })
+            .set(n as i64);
     }
 
     /// `idemgate_settles_pending`, as the carrier counts them.

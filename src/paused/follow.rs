@@ -46,6 +46,18 @@ impl RouteState {
         }
     }
 
+    /// What the store's engine tells the metrics: its shards, and how long
+    /// its durability waits took (the `wait` operation), SPEC §18.
+    fn report_engine(&self) {
+        let report = self.store.report();
+        if let Some(n) = report.shards {
+            self.metrics.store_shards(n);
+        }
+        for took in report.waits {
+            self.metrics.store_time("wait", took);
+        }
+    }
+
     /// `idemgate_ambiguous_records`.
     async fn count_ambiguous(&self) {
         match self.store.ambiguous_counts().await {
@@ -72,7 +84,10 @@ impl BackgroundService for RouteState {
         ambiguous.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = pauses.tick() => self.refresh_paused().await,
+                _ = pauses.tick() => {
+                    self.refresh_paused().await;
+                    self.report_engine();
+                }
                 _ = ambiguous.tick() => self.count_ambiguous().await,
                 _ = shutdown.changed() => return,
             }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Attempt, BulkRelease, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record,
+    Attempt, BulkRelease, ClaimOutcome, ClaimRequest, ClaimStore, EngineReport, ListFilter, Record,
     ReleaseOutcome, ReleaseRequest, ResolveOutcome, ResolveRequest, SettleRequest, StoreError,
     UnacknowledgedClaim,
 };
@@ -45,6 +45,11 @@ pub trait Backend: Send + Sync {
     /// claim or settle waits to be taken. Above any server-side statement
     /// timeout, so that one fires first when the database is merely slow.
     const OP_TIMEOUT: Duration;
+
+    /// What the engine tells the metrics (see [`ClaimStore::report`]).
+    fn report(&self) -> EngineReport {
+        EngineReport::default()
+    }
 
     /// Applies pending migrations, safely when several processes start
     /// together. Not bounded: an index build may take minutes.
@@ -307,6 +312,10 @@ impl<B: Backend> ClaimStore for Bounded<B> {
 
     async fn hold_ended_leases(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
         self.0.hold_ended_leases(now, limit).await
+    }
+
+    fn report(&self) -> EngineReport {
+        self.0.report()
     }
 
     async fn close(&self) {

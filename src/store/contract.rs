@@ -312,6 +312,16 @@ pub struct BulkRelease<'a> {
     pub now: Millis,
 }
 
+/// What an engine tells the metrics of itself, read every second
+/// (SPEC §18: `idemgate_store_shards`, the `wait` operation).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct EngineReport {
+    /// The shards the engine saw last (a sharded engine only).
+    pub shards: Option<u64>,
+    /// The durability waits since the last report, in seconds each.
+    pub waits: Vec<f64>,
+}
+
 #[async_trait]
 pub trait ClaimStore: Send + Sync {
     /// Applies pending migrations.
@@ -384,6 +394,10 @@ pub trait ClaimStore: Send + Sync {
         };
         record.history = Some(self.history(route, event_id).await?);
         Ok(Some(record))
+    }
+    /// What the engine tells the metrics (nothing, unless it says so).
+    fn report(&self) -> EngineReport {
+        EngineReport::default()
     }
     /// Closes the pool (flushes the SQLite WAL).
     async fn close(&self);

@@ -115,6 +115,18 @@ fn a_200_way_storm_of_one_event_over_two_processes_forwards_once() {
     assert_eq!(hows.len(), 200, "every sender ends with a 2xx");
     assert_eq!(forwarded, 1, "one sender was forwarded");
     assert_eq!(up.count(&id), 1, "one side effect");
+    // SPEC §18's metrics, read by the processes every second
+    let metrics_seen = wait_until(Duration::from_secs(5), || {
+        pxs.iter().all(|p| {
+            p.metric("idemgate_store_shards") == 3.0
+                && p.metric("idemgate_store_duration_seconds_count{operation=\"wait\"}") >= 1.0
+        })
+    });
+    assert!(
+        metrics_seen,
+        "idemgate_store_shards 3 and the wait's durations: {}",
+        pxs[0].metrics()
+    );
 }
 
 /// One kill: how long until the replica served the primary's slots, until

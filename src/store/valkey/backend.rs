@@ -3,19 +3,20 @@
 //! oldest claim here; the operator's other actions in `operator`.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
 use super::keys::{self, Bucket};
-use super::{decode, driver, operator, opt, scripts, shards, ValkeyStore};
+use super::{decode, driver, operator, opt, scripts, ValkeyStore};
 use crate::claim::{Millis, SettleResult};
 use crate::store::sql;
 use crate::store::{
-    Attempt, Backend, BulkRelease, ClaimOutcome, ClaimRequest, Found, ListFilter, Record,
-    ReleaseOutcome, ReleaseRequest, ResolveOutcome, ResolveRequest, SettleOutcome, SettleRequest,
-    StoreError, UnacknowledgedClaim,
+    Attempt, Backend, BulkRelease, ClaimOutcome, ClaimRequest, EngineReport, Found, ListFilter,
+    Record, ReleaseOutcome, ReleaseRequest, ResolveOutcome, ResolveRequest, SettleOutcome,
+    SettleRequest, StoreError, UnacknowledgedClaim,
 };
 
 impl Backend for ValkeyStore {
@@ -48,7 +49,7 @@ impl Backend for ValkeyStore {
                 .into(),
             ));
         }
-        shards::check(&self.conn(), &self.target).await
+        self.check_shards().await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -58,7 +59,14 @@ impl Backend for ValkeyStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.failed(e))?;
-        shards::check(&self.conn(), &self.target).await
+        self.check_shards().await
+    }
+
+    fn report(&self) -> EngineReport {
+        EngineReport {
+            shards: Some(self.shards_seen.load(Ordering::Relaxed)).filter(|&n| n > 0),
+            waits: self.durable.take_waits(),
+        }
     }
 
     /// `ping` checked the shards; a write's own wait says the rest.

@@ -50,7 +50,13 @@ pub(super) struct Durable {
     rt: tokio::runtime::Handle,
     /// Told of a wait that got no answer (the connection may be stuck).
     link: Arc<Link>,
+    /// How long each wait took since the metrics last took them, at most
+    /// [`WAITS_KEPT`] (the metrics read them every second).
+    waits: Mutex<Vec<f64>>,
 }
+
+/// The most wait durations kept between two reads of the metrics.
+const WAITS_KEPT: usize = 4096;
 
 impl Durable {
     pub(super) fn new(
@@ -66,6 +72,7 @@ impl Durable {
             queues: Mutex::new(HashMap::new()),
             rt: tokio::runtime::Handle::current(),
             link,
+            waits: Mutex::new(Vec::new()),
         }
     }
 
@@ -131,10 +138,24 @@ impl Durable {
                 }
                 (q.slot, std::mem::take(&mut q.waiters))
             };
+            let started = std::time::Instant::now();
             let answer = self.once(&mut conn, slot, client).await;
+            self.took(started.elapsed());
             for w in batch {
                 let _ = w.send(answer.clone());
             }
+        }
+    }
+
+    /// The durations of the waits since the last call.
+    pub(super) fn take_waits(&self) -> Vec<f64> {
+        std::mem::take(&mut *self.waits.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn took(&self, d: Duration) {
+        let mut waits = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        if waits.len() < WAITS_KEPT {
+            waits.push(d.as_secs_f64());
         }
     }
 

@@ -51,6 +51,7 @@ mod shards;
 pub mod target;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,6 +84,8 @@ pub struct ValkeyStore {
     durable: Arc<durable::Durable>,
     /// Routes this process has written to `idemgate:routes` already.
     routes_known: Mutex<HashSet<String>>,
+    /// The shards the last check saw (`idemgate_store_shards`).
+    shards_seen: AtomicU64,
 }
 
 /// The longest one durability wait may take on the server.
@@ -189,7 +192,15 @@ impl ValkeyStore {
                 hold_ended: Script::new(scripts::HOLD_ENDED),
             },
             routes_known: Mutex::new(HashSet::new()),
+            shards_seen: AtomicU64::new(0),
         })
+    }
+
+    /// Checks every shard ([`shards::check`]) and keeps their count.
+    async fn check_shards(&self) -> Result<(), StoreError> {
+        let seen = shards::check(&self.conn(), &self.target).await?;
+        self.shards_seen.store(seen, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The cluster connection to send on (see [`link`]).

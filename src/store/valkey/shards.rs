@@ -109,11 +109,12 @@ fn parse_shards(v: Value) -> Vec<Shard> {
         .collect()
 }
 
-/// Checks every shard; the error names the first that fails and why.
+/// Checks every shard; the error names the first that fails and why. How
+/// many shards serve slots.
 pub(super) async fn check(
     conn: &ClusterConnection,
     target: &ValkeyTarget,
-) -> Result<(), StoreError> {
+) -> Result<u64, StoreError> {
     let mut conn = conn.clone();
     let reply = conn
         .route_command(
@@ -144,7 +145,7 @@ pub(super) async fn check(
             "valkey: only {served} of 16384 slots are served"
         )));
     }
-    Ok(())
+    Ok(shards.len() as u64)
 }
 
 async fn check_shard(
