@@ -230,20 +230,10 @@ impl ProxyHttp for Gate {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        self.count_unguarded(ctx, None, Some(e));
-        let from_upstream = e.esource() == &pingora::ErrorSource::Upstream;
-        let kind = if e.esource() == &pingora::ErrorSource::Downstream {
-            downstream_failure(e)
-        } else {
-            match e.etype() {
-                ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
-                    Some(ProblemKind::UpstreamTimeout)
-                }
-                _ if from_upstream => Some(ProblemKind::UpstreamUnreachable),
-                _ => None,
-            }
-        };
-        let Some(kind) = kind else {
+        let stalled = sender_stalled(session, e);
+        // a stall is the sender's: no upstream outcome is counted for it
+        self.count_unguarded(ctx, None, (!stalled).then_some(e));
+        let Some(kind) = streamed_failure(e, stalled) else {
             return FailToProxy {
                 error_code: 0,
                 can_reuse_downstream: false,
@@ -311,6 +301,39 @@ fn field_refusal(req: &RequestHeader, route: Option<&RouteRt>) -> Option<Problem
             "a header value holds a byte outside ASCII",
         ),
     })
+}
+
+/// What a failure on pingora's streaming path is answered with: the
+/// sender's (its body, or its stall), else the upstream's (504, 502);
+/// `None` when nobody can be answered.
+fn streamed_failure(e: &Error, stalled: bool) -> Option<ProblemKind> {
+    if e.esource() == &pingora::ErrorSource::Downstream {
+        return downstream_failure(e);
+    }
+    if stalled {
+        return Some(ProblemKind::BodyTimeout);
+    }
+    match e.etype() {
+        ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
+            Some(ProblemKind::UpstreamTimeout)
+        }
+        _ if e.esource() == &pingora::ErrorSource::Upstream => {
+            Some(ProblemKind::UpstreamUnreachable)
+        }
+        _ => None,
+    }
+}
+
+/// The upstream's read timed out while the sender's streamed body (or its
+/// trailer section) was still incomplete: pingora times the upstream's
+/// answer from the last body byte it forwarded, so the sender sent nothing
+/// for the route's `upstream_timeout`, and the upstream could not have
+/// answered a request it has not got whole (SPEC §12 counts its time from
+/// the last byte written). The sender stalled: 408, never 504 (SPEC §4, §9).
+fn sender_stalled(session: &mut Session, e: &Error) -> bool {
+    e.esource() == &pingora::ErrorSource::Upstream
+        && e.etype() == &ErrorType::ReadTimedout
+        && !session.is_body_done()
 }
 
 /// What a failure of the sender's side of a streamed request is answered
