@@ -105,6 +105,7 @@ pub fn gate(
             paused: Default::default(),
             instance: config.instance.clone(),
             pending: Default::default(),
+            trusted_proxies: config.trusted_proxies.clone(),
         },
     })
 }
@@ -254,6 +255,7 @@ fn add_services(
             store_ping: Default::default(),
             api: crate::admin::api::Api::new(config, store.clone(), metrics.clone()),
             loopback_only: config.admin_listen.ip().is_loopback(),
+            trusted_proxies: config.trusted_proxies.clone(),
         },
     );
     admin.add_tcp(&config.admin_listen.to_string());
