@@ -233,6 +233,7 @@ fn add_services(
         &config.downstream,
         config.tls.as_ref(),
         &metrics,
+        listener::Senders::of(config),
     );
     let reaper = downstream.reaper();
     let table = reaper.table();
