@@ -238,6 +238,7 @@ async fn claim_and_settle(store: &dyn ClaimStore, digest: &str) {
                 status: 200,
                 content_type: None,
                 body: None,
+                headers: None,
             },
             started_at: 0,
             instance: "test",

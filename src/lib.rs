@@ -14,6 +14,7 @@
 //!   PostgreSQL implementations, made a `ClaimStore` by `Bounded`.
 //! - [`path`]: RFC 3986 normalisation of request paths (routes match, and requests carry, the normal form).
 //! - [`strict`]: the strict HTTP/1.1 request grammar: heads, header fields and chunked framing (SPEC §4).
+//! - [`source`]: who sent a request: address ranges (CIDRs, matched by binary search) and the client address behind trusted proxies (SPEC §22).
 //! - [`proxy`]: the pingora hooks, route matching and guarded forwarding.
 //! - [`paused`]: the routes an operator paused (SPEC §14), as last read from the store.
 //! - [`limits`]: per-route upstream concurrency, rate and breaker (SPEC §15), atomics only.
@@ -45,6 +46,7 @@ pub mod paused;
 pub mod problem;
 pub mod proxy;
 pub mod server;
+pub mod source;
 pub mod store;
 pub mod strict;
 pub mod sweeper;

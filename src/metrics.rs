@@ -39,6 +39,8 @@ pub enum Outcome {
     Saturated,
     /// The route's breaker is open (SPEC §15).
     BreakerOpen,
+    /// The client address is outside the route's `allow_from` (SPEC §22).
+    SourceRefused,
     /// Stays last: [`RequestCounters`] has one slot per outcome up to it.
     NoRoute,
 }
@@ -63,6 +65,7 @@ impl Outcome {
             Outcome::InvalidRequest => "invalid_request",
             Outcome::Saturated => "saturated",
             Outcome::BreakerOpen => "breaker_open",
+            Outcome::SourceRefused => "source_refused",
             Outcome::NoRoute => "no_route",
         }
     }
@@ -727,6 +730,7 @@ mod tests {
             Outcome::InvalidRequest,
             Outcome::Saturated,
             Outcome::BreakerOpen,
+            Outcome::SourceRefused,
             Outcome::NoRoute,
         ];
         assert_eq!(all.len(), OUTCOMES);

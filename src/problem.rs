@@ -35,6 +35,8 @@ pub enum ProblemKind {
     UpstreamSaturated,
     /// The route's breaker is open (SPEC §15).
     UpstreamUnavailable,
+    /// The client address is outside the route's `allow_from` (SPEC §22).
+    SourceNotAllowed,
     /// SPEC §4, "Strictness": a head (or chunked framing) RFC 9112 says a
     /// server must reject.
     InvalidRequest,
@@ -132,6 +134,7 @@ impl ProblemKind {
             ProblemKind::BodyTimeout => 408,
             ProblemKind::BodyTooLarge => 413,
             ProblemKind::InvalidSignature => 401,
+            ProblemKind::SourceNotAllowed => 403,
             ProblemKind::StoreUnavailable
             | ProblemKind::RoutePaused
             | ProblemKind::UpstreamSaturated
@@ -164,6 +167,7 @@ impl ProblemKind {
             ProblemKind::RoutePaused => "route-paused",
             ProblemKind::UpstreamSaturated => "upstream-saturated",
             ProblemKind::UpstreamUnavailable => "upstream-unavailable",
+            ProblemKind::SourceNotAllowed => "source-not-allowed",
             ProblemKind::InvalidRequest | ProblemKind::NotImplemented => "invalid-request",
             ProblemKind::Admin(k) => k.name(),
         }
@@ -189,6 +193,7 @@ impl ProblemKind {
             ProblemKind::RoutePaused => "Route paused",
             ProblemKind::UpstreamSaturated => "Upstream saturated",
             ProblemKind::UpstreamUnavailable => "Upstream unavailable",
+            ProblemKind::SourceNotAllowed => "Source address not allowed",
             ProblemKind::InvalidRequest => "Invalid request",
             ProblemKind::NotImplemented => "Not implemented",
             ProblemKind::Admin(k) => k.title(),
@@ -220,6 +225,7 @@ impl ProblemKind {
             ProblemKind::RoutePaused => Outcome::Paused,
             ProblemKind::UpstreamSaturated => Outcome::Saturated,
             ProblemKind::UpstreamUnavailable => Outcome::BreakerOpen,
+            ProblemKind::SourceNotAllowed => Outcome::SourceRefused,
         }
     }
 }
@@ -357,6 +363,7 @@ mod tests {
             (RoutePaused, 503, "paused"),
             (UpstreamSaturated, 503, "saturated"),
             (UpstreamUnavailable, 503, "breaker_open"),
+            (SourceNotAllowed, 403, "source_refused"),
         ];
         for (kind, status, outcome) in table {
             assert_eq!(kind.status(), status, "{kind:?}");

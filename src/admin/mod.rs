@@ -55,6 +55,9 @@ pub struct Admin {
     /// The admin listener is on loopback: the API and the console answer
     /// only a loopback `Host` (see [`web::loopback_host`]).
     pub loopback_only: bool,
+    /// Peers whose `X-Forwarded-For` names the operator's address in the
+    /// actions' log lines (SPEC §22).
+    pub trusted_proxies: Arc<crate::source::Ranges>,
 }
 
 impl Admin {
@@ -190,10 +193,19 @@ impl Admin {
             .iter()
             .map(|v| v.as_bytes().to_vec())
             .collect();
-        let peer = session
-            .client_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
+        // the client behind a trusted proxy, as the proxy's log shows it (SPEC §22)
+        let peer = match session.client_addr().and_then(|a| a.as_inet()) {
+            Some(a) => {
+                let xff = req.headers.get_all("x-forwarded-for");
+                let xff = xff.iter().map(|v| v.as_bytes());
+                crate::source::Shown(crate::source::client(a.ip(), &self.trusted_proxies, xff))
+                    .to_string()
+            }
+            None => session
+                .client_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+        };
         let body = match read_body(session).await {
             Ok(body) => body,
             Err(problem) => return Some(problem.into_response()),

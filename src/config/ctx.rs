@@ -48,6 +48,13 @@ impl<'a> Ctx<'a> {
         self.push(pos, path, message.into());
     }
 
+    /// An error in another file the config names (an `allow_from` list),
+    /// at its own line and column; `path` says which key named it.
+    pub fn at_file(&mut self, file: &str, line: usize, col: usize, path: &str, message: String) {
+        self.errors
+            .push(ConfigError::new(file, Pos { line, col }, path, message));
+    }
+
     /// A warning about the value at `path`.
     pub fn warn_value(&mut self, path: &str, message: impl Into<String>) {
         let pos = self.doc.value_pos(path);

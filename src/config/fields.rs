@@ -124,6 +124,29 @@ pub fn idempotency_key_header(name: &str) -> Result<http::HeaderName, String> {
     Ok(h)
 }
 
+/// A `replay_headers` name (SPEC §22): a header of the delivered response
+/// that a replay repeats. Never `Set-Cookie` (a session handed out twice),
+/// a hop-by-hop or framing header (they belong to one connection and one
+/// message), or one idemgate writes on a replay itself (`Content-Type`
+/// with `replay_body`, `Idempotent-Replayed`, `Idempotency-Status`).
+pub fn replay_header(name: &str) -> Result<http::HeaderName, String> {
+    let h = header_name(name)?;
+    let s = h.as_str();
+    let why = match s {
+        "set-cookie" => "a replay must not hand out the first delivery's cookie again",
+        "connection" | "keep-alive" | "te" | "trailer" | "upgrade" => {
+            "a hop-by-hop header belongs to one connection"
+        }
+        _ if s.starts_with("proxy-") => "a hop-by-hop header belongs to one connection",
+        "content-length" | "transfer-encoding" => "a framing header belongs to one message",
+        "content-type" | "idempotent-replayed" | "idempotency-status" => {
+            "idemgate writes it on a replay itself (Content-Type with replay_body)"
+        }
+        _ => return Ok(h),
+    };
+    Err(format!("`{name}` cannot be replayed: {why}"))
+}
+
 /// An RFC 6901 JSON pointer: `""` or `/…`, where `~` is followed by `0` or
 /// `1`; parsed once, here.
 pub fn json_pointer(p: &str) -> Result<JsonPointer, String> {

@@ -2,6 +2,7 @@
 //! time. Each parsed value remembers the path that set it, so cross-field
 //! errors and warnings can point at a line that set it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::ctx::Ctx;
@@ -10,9 +11,10 @@ use super::model::{
     BreakerCfg, DigestMode, DurationMs, EventIdSource, IdPart, InFlight, OnAmbiguous, OnMissingId,
     OnStoreError, Rate, SettleOn,
 };
-use super::raw::{RawBreaker, RawDefaults, RawEventId, RawIdPart, Text};
+use super::raw::{RawAllowFrom, RawBreaker, RawDefaults, RawEventId, RawIdPart, Text};
 use super::route_fields::route_fields;
 use crate::claim::json_pointer::JsonPointer;
+use crate::source::{Range, Ranges};
 
 /// A value and the path that set it.
 #[derive(Debug, Clone)]
@@ -217,6 +219,101 @@ fn key_header(ctx: &mut Ctx, path: &str, name: Option<String>) -> Option<Option<
         .transpose()
         .map_err(|e| ctx.at_value(path, e))
         .ok()
+}
+
+/// `allow_from`: ranges written in the file, or `file:PATH` (one range a
+/// line, `#` comments), read now: a reload reads it again. `None` (the
+/// file's `null`): any source. An empty list is refused: it would refuse
+/// every sender (`null` says "any" on purpose).
+fn allow_from(ctx: &mut Ctx, path: &str, raw: Option<RawAllowFrom>) -> Option<Option<Arc<Ranges>>> {
+    let ranges = match raw? {
+        RawAllowFrom::List(items) => {
+            let mut ranges = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                match Range::parse(item) {
+                    Ok(r) => ranges.push(r),
+                    Err(e) => ctx.at_value(&format!("{path}[{i}]"), e.to_string()),
+                }
+            }
+            (ranges.len() == items.len()).then_some(ranges)?
+        }
+        RawAllowFrom::Text(text) => match text.strip_prefix("file:") {
+            Some(file) => ranges_file(ctx, path, file)?,
+            None => {
+                let why =
+                    "allow_from is a list of address ranges ([192.0.2.0/24, ...]) or file:PATH";
+                ctx.at_value(path, why);
+                return None;
+            }
+        },
+    };
+    if ranges.is_empty() {
+        let why = "allow_from holds no range: it would refuse every sender (null allows any)";
+        ctx.at_value(path, why);
+        return None;
+    }
+    Some(Some(Arc::new(Ranges::new(ranges))))
+}
+
+/// An `allow_from` file: one range a line, blank lines and `#` comments
+/// (whole-line or after a range) allowed; each bad line is an error at its
+/// own `file:line:col`.
+fn ranges_file(ctx: &mut Ctx, path: &str, file: &str) -> Option<Vec<Range>> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => {
+            ctx.at_value(
+                path,
+                format!("cannot read the allow_from file `{file}`: {e}"),
+            );
+            return None;
+        }
+    };
+    let mut ranges = Vec::new();
+    let mut ok = true;
+    for (n, line) in text.lines().enumerate() {
+        let content = line.split('#').next().unwrap_or("");
+        let range = content.trim();
+        if range.is_empty() {
+            continue;
+        }
+        let col = content.len() - content.trim_start().len() + 1;
+        match Range::parse(range) {
+            Ok(r) => ranges.push(r),
+            Err(e) => {
+                ctx.at_file(file, n + 1, col, path, e.to_string());
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(ranges)
+}
+
+/// Most headers `replay_headers` may name.
+const MAX_REPLAY_HEADERS: usize = 8;
+
+/// `replay_headers`: at most [`MAX_REPLAY_HEADERS`] names, none that a
+/// replay must not repeat (`Set-Cookie`, hop-by-hop, framing), duplicates
+/// dropped.
+fn replay_headers(ctx: &mut Ctx, path: &str, list: Vec<String>) -> Option<Vec<http::HeaderName>> {
+    if list.len() > MAX_REPLAY_HEADERS {
+        let why = format!("replay_headers names at most {MAX_REPLAY_HEADERS} headers");
+        ctx.at_value(path, why);
+        return None;
+    }
+    let mut names: Vec<http::HeaderName> = Vec::with_capacity(list.len());
+    let mut ok = true;
+    for (i, name) in list.iter().enumerate() {
+        match fields::replay_header(name) {
+            Ok(h) if !names.contains(&h) => names.push(h),
+            Ok(_) => {}
+            Err(e) => {
+                ctx.at_value(&format!("{path}[{i}]"), e);
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(names)
 }
 
 /// The header the built-in default sends the event ID in.

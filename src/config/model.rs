@@ -4,12 +4,14 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::route_fields::route_fields;
 use super::units::{format_duration, format_size};
 use crate::claim::json_pointer::JsonPointer;
 use crate::claim::Millis;
+use crate::source::Ranges;
 use crate::store::StoreUrl;
 use crate::verify::{headers as verify_headers, HeaderSet};
 
@@ -41,6 +43,9 @@ pub struct Config {
     /// This process's name in attempt records (SPEC §13): the config's
     /// `instance`, else the host name and pid.
     pub instance: String,
+    /// Peers whose `X-Forwarded-For` names the client (SPEC §22); empty:
+    /// the client is always the TCP peer.
+    pub trusted_proxies: Arc<Ranges>,
 }
 
 /// The `downstream` section: the bounds on client connections (SPEC §9).

@@ -75,6 +75,8 @@ pub struct RawConfig {
     pub admin: Option<RawAdmin>,
     pub upgrade_sock: Option<String>,
     pub instance: Option<String>,
+    /// SPEC §22: peers whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -181,6 +183,34 @@ pub struct RawEventId {
 pub struct RawIdPart {
     pub header: Option<String>,
     pub json_pointer: Option<String>,
+}
+
+/// `allow_from:` as written: a list of ranges, or `file:PATH` (any other
+/// text is a positioned error of its own).
+#[derive(Debug, Clone)]
+pub enum RawAllowFrom {
+    List(Vec<String>),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for RawAllowFrom {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawAllowFrom, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawAllowFrom;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of address ranges (CIDRs) or file:PATH")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawAllowFrom, E> {
+                Ok(RawAllowFrom::Text(v.to_owned()))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<RawAllowFrom, A::Error> {
+                Vec::<String>::deserialize(de::value::SeqAccessDeserializer::new(seq))
+                    .map(RawAllowFrom::List)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `upstream_breaker:` as written; both keys required (a positioned

@@ -81,6 +81,16 @@ macro_rules! route_fields {
             /// `{failures: F, open: D}`: after F consecutive failed attempts
             /// nothing is forwarded for D, then one delivery tries (SPEC §15).
             upstream_breaker: RawBreaker => Option<BreakerCfg> = None, parse breaker;
+            /// The senders' source addresses (SPEC §22): a list of ranges, or
+            /// `file:PATH` (one a line, `#` comments), read at load (so again
+            /// on every reload); a client outside them gets 403 before its
+            /// body is read. `None` (unset, or `null` on a route): any source.
+            #[serde(default, deserialize_with = "explicit_null")]
+            allow_from: Option<RawAllowFrom> => Option<Arc<Ranges>> = None, parse allow_from;
+            /// Response headers kept with a delivered record and sent again
+            /// with every replay (SPEC §22): at most 8, lowercased, never
+            /// `Set-Cookie`, a hop-by-hop or a framing header.
+            replay_headers: Vec<String> => Vec<http::HeaderName> = Vec::new(), parse replay_headers;
             /// How long a request past `upstream_concurrency` or
             /// `upstream_rate` may wait, in this process, for a slot or a
             /// token before its 503 (unset: refused at once, SPEC §15).

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::ctx::Ctx;
@@ -12,6 +13,7 @@ use super::layer::{parse_layer, Layer};
 use super::model::{Config, Downstream, Route, StoreConfig, SweeperConfig};
 use super::raw::{RawConfig, RawDownstream, RawRoute, RawStore, RawSweeper, Text};
 use super::route::parse_route;
+use crate::source::{Range, Ranges};
 use crate::store::{Durability, StoreUrl};
 
 /// Validates the whole file. `None` means at least one error was recorded.
@@ -30,6 +32,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         admin,
         upgrade_sock,
         instance,
+        trusted_proxies,
     } = raw;
 
     let listen = socket_addr(ctx, "listen", listen.as_ref());
@@ -65,6 +68,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
     let threads = threads_config(ctx, threads);
     let upgrade_sock = upgrade_sock_path(ctx, upgrade_sock);
     let instance = instance_name(ctx, instance);
+    let trusted_proxies = trusted_proxies_config(ctx, trusted_proxies);
 
     let downstream = downstream_config(ctx, downstream);
     let tls = match tls {
@@ -88,7 +92,21 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         admin: admin?,
         upgrade_sock: upgrade_sock?,
         instance: instance?,
+        trusted_proxies: trusted_proxies?,
     })
+}
+
+/// `trusted_proxies`: address ranges (SPEC §22); none by default.
+fn trusted_proxies_config(ctx: &mut Ctx, raw: Option<Vec<String>>) -> Option<Arc<Ranges>> {
+    let items = raw.unwrap_or_default();
+    let mut ranges = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        match Range::parse(item) {
+            Ok(r) => ranges.push(r),
+            Err(e) => ctx.at_value(&format!("trusted_proxies[{i}]"), e.to_string()),
+        }
+    }
+    (ranges.len() == items.len()).then(|| Arc::new(Ranges::new(ranges)))
 }
 
 /// `routes`: each route, and the checks across them (duplicate names and

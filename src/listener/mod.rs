@@ -46,6 +46,7 @@ use crate::config;
 use crate::metrics::Metrics;
 use crate::problem::{Problem, ProblemKind};
 use crate::proxy::Gate;
+use crate::source::Ranges;
 use crate::strict::{self, chunked::Chunked, BadHead, Body};
 use framed::{Framed, Left};
 use head::Head;
@@ -64,6 +65,45 @@ pub struct Downstream {
     tls: Option<Acceptor>,
     limits: config::Downstream,
     metrics: Metrics,
+    /// Who may have a small body read here before routing ([`Senders`]).
+    senders: Senders,
+}
+
+/// SPEC §22: a sender a route's `allow_from` refuses is refused on its
+/// head, its body unread; but this listener reads a small body before the
+/// request is routed. So it does so only for a peer that no `allow_from`
+/// of any route refuses (and that is no trusted proxy, whose client only
+/// the head's `X-Forwarded-For` names); any other request's body is left
+/// to pingora, which reads none before the route's check.
+pub struct Senders {
+    /// Each distinct `allow_from` of the routes.
+    lists: Vec<Arc<Ranges>>,
+    trusted: Arc<Ranges>,
+}
+
+impl Senders {
+    pub fn of(config: &config::Config) -> Senders {
+        let mut lists: Vec<Arc<Ranges>> = Vec::new();
+        for list in config.routes.iter().filter_map(|r| r.allow_from.as_ref()) {
+            if !lists.iter().any(|l| Arc::ptr_eq(l, list)) {
+                lists.push(list.clone());
+            }
+        }
+        Senders {
+            lists,
+            trusted: config.trusted_proxies.clone(),
+        }
+    }
+
+    /// Whether a body from `peer` may be read before routing.
+    fn preread(&self, peer: Option<std::net::IpAddr>) -> bool {
+        if self.lists.is_empty() {
+            return true;
+        }
+        peer.is_some_and(|ip| {
+            !self.trusted.contains(ip) && self.lists.iter().all(|l| l.contains(ip))
+        })
+    }
 }
 
 impl Downstream {
@@ -72,6 +112,7 @@ impl Downstream {
         limits: &config::Downstream,
         tls: Option<&config::Tls>,
         metrics: &Metrics,
+        senders: Senders,
     ) -> Downstream {
         let table = Table::new(
             ConnectionLimits {
@@ -87,6 +128,7 @@ impl Downstream {
             tls: tls.map(|t| Acceptor::from_server_config(t.server_config.clone())),
             limits: limits.clone(),
             metrics: metrics.clone(),
+            senders,
         }
     }
 
@@ -284,6 +326,7 @@ impl Downstream {
             let want = end as u64 + len;
             if !framing.expect
                 && len <= head::MAX_PREREAD_BODY as u64
+                && self.senders.preread(peer_ip(&stream))
                 && (prefix.len() as u64) < want
             {
                 let started = std::time::Instant::now();
@@ -325,6 +368,12 @@ impl Downstream {
         }
         Some((stream, read_on))
     }
+}
+
+/// The connection's peer address, if it is an IP one.
+fn peer_ip(stream: &Stream) -> Option<std::net::IpAddr> {
+    let digest = stream.get_socket_digest()?;
+    Some(digest.peer_addr()?.as_inet()?.ip())
 }
 
 #[async_trait]

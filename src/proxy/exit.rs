@@ -152,6 +152,9 @@ pub struct LogLine<'a> {
     pub event_id: Option<&'a str>,
     /// Once claimed.
     pub attempt: Option<i64>,
+    /// The client address (SPEC §22): the peer, or behind a trusted proxy
+    /// the one it names; `None`: unknown.
+    pub client: Option<std::net::IpAddr>,
 }
 
 /// The one exit of a request read whole on `route`: counts it (before the
@@ -180,6 +183,7 @@ pub async fn answer(
             outcome = outcome.as_str(),
             upstream_status = upstream_status.map(i64::from).unwrap_or(0),
             attempt = line.attempt.unwrap_or(0),
+            client = %crate::source::Shown(line.client),
             // to the microsecond: `0.013`, not `0.013316999999999999`
             duration_ms = line.started.elapsed().as_micros() as f64 / 1000.0,
             "guarded request"

@@ -230,20 +230,10 @@ impl ProxyHttp for Gate {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
-        self.count_unguarded(ctx, None, Some(e));
-        let from_upstream = e.esource() == &pingora::ErrorSource::Upstream;
-        let kind = if e.esource() == &pingora::ErrorSource::Downstream {
-            downstream_failure(e)
-        } else {
-            match e.etype() {
-                ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
-                    Some(ProblemKind::UpstreamTimeout)
-                }
-                _ if from_upstream => Some(ProblemKind::UpstreamUnreachable),
-                _ => None,
-            }
-        };
-        let Some(kind) = kind else {
+        let stalled = sender_stalled(session, e);
+        // a stall is the sender's: no upstream outcome is counted for it
+        self.count_unguarded(ctx, None, (!stalled).then_some(e));
+        let Some(kind) = streamed_failure(e, stalled) else {
             return FailToProxy {
                 error_code: 0,
                 can_reuse_downstream: false,
@@ -313,6 +303,56 @@ fn field_refusal(req: &RequestHeader, route: Option<&RouteRt>) -> Option<Problem
     })
 }
 
+/// What a failure on pingora's streaming path is answered with: the
+/// sender's (its body, or its stall), else the upstream's (504, 502);
+/// `None` when nobody can be answered.
+fn streamed_failure(e: &Error, stalled: bool) -> Option<ProblemKind> {
+    if e.esource() == &pingora::ErrorSource::Downstream {
+        return downstream_failure(e);
+    }
+    if stalled {
+        return Some(ProblemKind::BodyTimeout);
+    }
+    match e.etype() {
+        ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
+            Some(ProblemKind::UpstreamTimeout)
+        }
+        _ if e.esource() == &pingora::ErrorSource::Upstream => {
+            Some(ProblemKind::UpstreamUnreachable)
+        }
+        _ => None,
+    }
+}
+
+/// SPEC §22: a client outside the route's `allow_from` (an unknown one
+/// too) is refused on its head: nothing read, nothing claimed, no store
+/// operation, the connection closed.
+fn source_refusal(route: &RouteRt, client: Option<std::net::IpAddr>) -> Option<Refused> {
+    let allowed = route.cfg.allow_from.as_ref()?;
+    if client.is_some_and(|c| allowed.contains(c)) {
+        return None;
+    }
+    let shown = crate::source::Shown(client);
+    tracing::debug!(route = route.name(), client = %shown, "source not allowed");
+    let p = Problem::new(
+        ProblemKind::SourceNotAllowed,
+        "the sender's address is not allowed on this route",
+    );
+    Some(Refused::new(p).closing(true))
+}
+
+/// The upstream's read timed out while the sender's streamed body (or its
+/// trailer section) was still incomplete: pingora times the upstream's
+/// answer from the last body byte it forwarded, so the sender sent nothing
+/// for the route's `upstream_timeout`, and the upstream could not have
+/// answered a request it has not got whole (SPEC §12 counts its time from
+/// the last byte written). The sender stalled: 408, never 504 (SPEC §4, §9).
+fn sender_stalled(session: &mut Session, e: &Error) -> bool {
+    e.esource() == &pingora::ErrorSource::Upstream
+        && e.etype() == &ErrorType::ReadTimedout
+        && !session.is_body_done()
+}
+
 /// What a failure of the sender's side of a streamed request is answered
 /// with; `None` when the sender cannot be answered (its writes failed).
 fn downstream_failure(e: &Error) -> Option<ProblemKind> {
@@ -353,11 +393,16 @@ impl Gate {
             );
             return Some(pass_through::refuse_unrouted(shared, session, p).await);
         };
+        let client = self.client(session);
+        if let Some(refused) = source_refusal(&route, client) {
+            return Some(exit::refuse(shared, session, Some(&route), refused).await);
+        }
+        let req = session.req_header();
         let method = &req.method;
         let (guarded, verified) = (route.guards(method), route.verifies(method));
         ctx.route = Some(route.clone());
         if guarded {
-            return Some(delivery::run(shared, session, &route).await);
+            return Some(delivery::run(shared, session, &route, client).await);
         }
         if shared.paused.contains(route.name()) {
             // a paused route forwards nothing (SPEC §14); the body is not read
@@ -372,6 +417,19 @@ impl Gate {
             return Some(pass_through::pass_buffered(shared, session, &route).await);
         }
         None
+    }
+
+    /// The request's client address (SPEC §22): the TCP peer, or behind a
+    /// trusted proxy what its `X-Forwarded-For` says; `None` when that is
+    /// unknown (garbage in the chain, or a peer that is no IP address).
+    fn client(&self, session: &Session) -> Option<std::net::IpAddr> {
+        let peer = session.client_addr()?.as_inet()?.ip();
+        let xff = session.req_header().headers.get_all("x-forwarded-for");
+        crate::source::client(
+            peer,
+            &self.shared.trusted_proxies,
+            xff.iter().map(|v| v.as_bytes()),
+        )
     }
 
     /// An unguarded request for pingora's streaming path, within the
@@ -437,6 +495,7 @@ mod tests {
                 paused: Default::default(),
                 instance: "test".into(),
                 pending: Default::default(),
+                trusted_proxies: Default::default(),
             },
         };
         let (stream, _peer) = tokio::io::duplex(64);

@@ -8,7 +8,7 @@ use pingora::proxy::Session;
 use pingora::Result;
 
 use crate::problem::{Problem, CONTENT_TYPE};
-use crate::store::Recorded;
+use crate::store::{Recorded, ReplayHeaders};
 
 pub const IDEMPOTENCY_STATUS: &str = "Idempotency-Status";
 pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
@@ -57,6 +57,38 @@ pub fn problem_closing_wire(p: &Problem, status_header: &str) -> Vec<u8> {
 
 /// Answers a duplicate of a delivered event with the recorded outcome: its
 /// status, and with `replay_body` its content type and body.
+/// The headers kept with the record (SPEC §22), beside the replay's own:
+/// never one that frames the message or that idemgate writes itself (the
+/// config refuses those names; a record kept under another config, or
+/// edited by hand, is not believed).
+fn replay_headers(resp: &mut ResponseHeader, kept: &ReplayHeaders) -> Result<()> {
+    for (name, value) in kept.iter() {
+        let refused = matches!(
+            name,
+            "content-length"
+                | "content-type"
+                | "transfer-encoding"
+                | "connection"
+                | "keep-alive"
+                | "te"
+                | "trailer"
+                | "upgrade"
+                | "set-cookie"
+        ) || name.starts_with("proxy-")
+            || name.starts_with("idempoten");
+        let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_str(value),
+        ) else {
+            continue;
+        };
+        if !refused {
+            resp.append_header(name, value)?;
+        }
+    }
+    Ok(())
+}
+
 pub async fn replay(session: &mut Session, recorded: &Recorded) -> Result<()> {
     let status = recorded.status.unwrap_or(200);
     let body = recorded.body.clone().map(Bytes::from).unwrap_or_default();
@@ -74,6 +106,9 @@ pub async fn replay(session: &mut Session, recorded: &Recorded) -> Result<()> {
     }
     resp.insert_header(IDEMPOTENT_REPLAYED, "true")?;
     resp.insert_header(IDEMPOTENCY_STATUS, "replayed")?;
+    if let Some(kept) = &recorded.headers {
+        replay_headers(&mut resp, kept)?;
+    }
     if bodiless || body.is_empty() {
         return session.write_response_header(Box::new(resp), true).await;
     }

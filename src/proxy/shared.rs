@@ -11,6 +11,7 @@ use super::pending::PendingSettles;
 use super::seen::SeenEvents;
 use crate::metrics::Metrics;
 use crate::paused::PausedRoutes;
+use crate::source::Ranges;
 use crate::store::ClaimStore;
 
 /// The parts of the proxy that outlive a request and are the same for
@@ -29,4 +30,6 @@ pub struct Shared {
     pub instance: String,
     /// Settles kept across a store outage (SPEC §16).
     pub pending: Arc<PendingSettles>,
+    /// Peers whose `X-Forwarded-For` names the client (SPEC §22).
+    pub trusted_proxies: Arc<Ranges>,
 }

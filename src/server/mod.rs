@@ -105,6 +105,7 @@ pub fn gate(
             paused: Default::default(),
             instance: config.instance.clone(),
             pending: Default::default(),
+            trusted_proxies: config.trusted_proxies.clone(),
         },
     })
 }
@@ -232,6 +233,7 @@ fn add_services(
         &config.downstream,
         config.tls.as_ref(),
         &metrics,
+        listener::Senders::of(config),
     );
     let reaper = downstream.reaper();
     let table = reaper.table();
@@ -255,6 +257,7 @@ fn add_services(
             ready_log: Default::default(),
             api: crate::admin::api::Api::new(config, store.clone(), metrics.clone()),
             loopback_only: config.admin_listen.ip().is_loopback(),
+            trusted_proxies: config.trusted_proxies.clone(),
         },
     );
     admin.add_tcp(&config.admin_listen.to_string());

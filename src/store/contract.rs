@@ -113,6 +113,71 @@ pub struct Recorded {
     /// With `replay_body`: the settled response's content type and body.
     pub content_type: Option<String>,
     pub body: Option<Vec<u8>>,
+    /// With `replay_headers` (SPEC §22): the delivered response's values
+    /// of those headers.
+    pub headers: Option<ReplayHeaders>,
+}
+
+/// Response headers kept with a delivered record and sent again with every
+/// replay (SPEC §22): pairs of a lowercase name and a value of at most
+/// [`ReplayHeaders::MAX_VALUE`] bytes of visible ASCII (and spaces). Every
+/// engine keeps them as one text ([`ReplayHeaders::stored`]: a
+/// `name: value` line each), one nullable column or hash field beside the
+/// replay body: written by the delivered settle itself, read with the
+/// record, and absent on a record a process of the release before wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayHeaders(String);
+
+impl ReplayHeaders {
+    /// The longest value kept (SPEC §22: 1 KiB).
+    pub const MAX_VALUE: usize = 1024;
+
+    /// Whether a value can be kept: short enough, and of bytes a header
+    /// line holds without ambiguity (no control byte, no byte outside
+    /// ASCII).
+    pub fn keeps(value: &[u8]) -> bool {
+        value.len() <= Self::MAX_VALUE && value.iter().all(|&b| b == b' ' || b.is_ascii_graphic())
+    }
+
+    /// The pairs, in order; `None` when there are none. A pair whose name
+    /// is not a lowercase token, or whose value [`keeps`](Self::keeps)
+    /// refuses, is left out (the caller checks and logs first).
+    pub fn new<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Option<ReplayHeaders> {
+        let mut text = String::new();
+        for (name, value) in pairs {
+            let name_ok = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b':' && !b.is_ascii_uppercase());
+            if !name_ok || !Self::keeps(value) {
+                continue;
+            }
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(name);
+            text.push_str(": ");
+            // checked ASCII above
+            text.push_str(std::str::from_utf8(value).unwrap_or_default());
+        }
+        (!text.is_empty()).then_some(ReplayHeaders(text))
+    }
+
+    /// As an engine read it back; `None` for an empty text.
+    pub fn from_stored(text: String) -> Option<ReplayHeaders> {
+        (!text.is_empty()).then_some(ReplayHeaders(text))
+    }
+
+    /// What an engine keeps.
+    pub fn stored(&self) -> &str {
+        &self.0
+    }
+
+    /// The pairs, in the order kept; a line that is not `name: value` (a
+    /// hand edit) is skipped.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.split('\n').filter_map(|line| line.split_once(": "))
+    }
 }
 
 /// The store's answer to a claim.
@@ -156,6 +221,8 @@ pub enum SettleOutcome<'a> {
         status: u16,
         content_type: Option<&'a str>,
         body: Option<&'a [u8]>,
+        /// With `replay_headers`: kept whether or not a body is (SPEC §22).
+        headers: Option<&'a ReplayHeaders>,
     },
     /// Anything else: release the claim, fenced by the attempt number.
     Failed {

@@ -17,8 +17,8 @@ use std::time::Duration;
 use super::sql::ATTEMPTS_KEPT;
 use super::{
     outcome_unknown, Attempt, Backend, BulkRelease, ClaimOutcome, ClaimRequest, Found, ListFilter,
-    Record, Recorded, ReleaseOutcome, ReleaseRequest, Resolution, ResolveOutcome, ResolveRequest,
-    SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
+    Record, Recorded, ReleaseOutcome, ReleaseRequest, ReplayHeaders, Resolution, ResolveOutcome,
+    ResolveRequest, SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
 };
 use crate::claim::{self, AttemptEnd, ClaimKind, Current, Millis, SettleResult, State};
 
@@ -30,6 +30,8 @@ const LEASE_LOST: &str = super::sql::lease_lost!();
 struct Entry {
     record: Record,
     replay_body: Option<Vec<u8>>,
+    /// The replayed headers the delivered settle kept (SPEC §22).
+    replay_headers: Option<ReplayHeaders>,
     /// Claimed under `on_ambiguous: hold`.
     hold: bool,
     claimed_by: Option<String>,
@@ -99,6 +101,7 @@ impl Entry {
                 .and_then(|s| u16::try_from(s).ok()),
             content_type: r.replay_content_type.clone(),
             body: self.replay_body.clone(),
+            headers: self.replay_headers.clone(),
         }
     }
 }
@@ -152,6 +155,7 @@ fn new_entry(req: &ClaimRequest<'_>) -> Entry {
             history: None,
         },
         replay_body: None,
+        replay_headers: None,
         hold: req.hold,
         claimed_by: Some(req.instance.to_owned()),
         claim_token: req.token,
@@ -290,9 +294,13 @@ fn apply_settle(e: &mut Entry, req: &SettleRequest<'_>, result: SettleResult) ->
     r.updated_at = req.now;
     r.expires_at = req.now + req.retention_ms;
     if let SettleOutcome::Delivered {
-        content_type, body, ..
+        content_type,
+        body,
+        headers,
+        ..
     } = req.outcome
     {
+        e.replay_headers = headers.cloned();
         r.delivered_at = Some(req.now);
         // the replay's status and type only beside a stored body
         let kept = body.is_some();
@@ -639,6 +647,7 @@ mod tests {
         status: 200,
         content_type: None,
         body: None,
+        headers: None,
     };
     const FAILED: SettleOutcome<'static> = SettleOutcome::Failed {
         status: Some(500),

@@ -41,8 +41,8 @@ pub(crate) use contract::{
 };
 pub use contract::{
     Attempt, BulkRelease, ClaimOutcome, ClaimRequest, ClaimStore, EngineReport, ListFilter,
-    ListKey, Record, Recorded, ReleaseOutcome, ReleaseRequest, Resolution, ResolveOutcome,
-    ResolveRequest, SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
+    ListKey, Record, Recorded, ReleaseOutcome, ReleaseRequest, ReplayHeaders, Resolution,
+    ResolveOutcome, ResolveRequest, SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
 };
 pub use url::{redact_url, StoreKind, StoreUrl};
 pub use valkey::target::{Durability, ValkeyTarget};

@@ -1,7 +1,7 @@
 //! Owned copies of the borrowed claim and settle requests, for operations
 //! that wait in a queue (the group-commit batches of both stores).
 
-use super::{ClaimRequest, SettleOutcome, SettleRequest};
+use super::{ClaimRequest, ReplayHeaders, SettleOutcome, SettleRequest};
 use crate::claim::Millis;
 
 pub(crate) struct OwnedClaim {
@@ -34,6 +34,7 @@ pub(crate) enum OwnedOutcome {
         status: u16,
         content_type: Option<String>,
         body: Option<Vec<u8>>,
+        headers: Option<ReplayHeaders>,
     },
     Failed {
         status: Option<u16>,
@@ -80,10 +81,12 @@ impl OwnedSettle {
                 status,
                 content_type,
                 body,
+                headers,
             } => OwnedOutcome::Delivered {
                 status,
                 content_type: content_type.map(str::to_owned),
                 body: body.map(<[u8]>::to_vec),
+                headers: headers.cloned(),
             },
             SettleOutcome::Failed { status, error } => OwnedOutcome::Failed {
                 status,
@@ -111,10 +114,12 @@ impl OwnedSettle {
                 status,
                 content_type,
                 body,
+                headers,
             } => SettleOutcome::Delivered {
                 status: *status,
                 content_type: content_type.as_deref(),
                 body: body.as_deref(),
+                headers: headers.as_ref(),
             },
             OwnedOutcome::Failed { status, error } => SettleOutcome::Failed {
                 status: *status,

@@ -113,7 +113,8 @@ pub const CLAIM: &str = concat!(
 
 /// What a refused claim needs to know. $1 route, $2 event_id
 pub const CLAIM_READBACK: &str = "\
-SELECT state, lease_until, body_sha256, last_status, replay_status, replay_content_type, replay_body
+SELECT state, lease_until, body_sha256, last_status, replay_status, replay_content_type, replay_body,
+       replay_headers
 FROM records WHERE route = $1 AND event_id = $2";
 
 /// Every settle statement takes the same values ([`settle_statement`]):
@@ -121,12 +122,14 @@ FROM records WHERE route = $1 AND event_id = $2";
 /// $5 expires_at, $6 status, $7 error, $8 replay status, $9 replay content
 /// type, $10 replay body, $11 the attempt's start, $12 instance, $13 the
 /// attempt's result when the settle changed the record, $14 the attempt's
-/// error (no upstream address: SPEC §13).
+/// error (no upstream address: SPEC §13), $15 the replayed headers (SPEC
+/// §22; written by the delivered settle alone, so a process of the release
+/// before, which never names the column, leaves it NULL).
 macro_rules! settle_delivered {
     () => {
         "UPDATE records SET state = 'delivered', last_status = $6, last_error = NULL, lease_until = NULL,
     delivered_at = $4, updated_at = $4, expires_at = $5,
-    replay_status = $8, replay_content_type = $9, replay_body = $10
+    replay_status = $8, replay_content_type = $9, replay_body = $10, replay_headers = $15
 WHERE route = $1 AND event_id = $2 AND state <> 'delivered'"
     };
 }
@@ -335,7 +338,7 @@ macro_rules! select_record {
     () => {
         "SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status, last_error,
        first_seen_at, updated_at, delivered_at, expires_at,
-       replay_status, replay_content_type, replay_body
+       replay_status, replay_content_type, replay_body, replay_headers
 FROM records"
     };
 }
@@ -455,6 +458,8 @@ pub(crate) struct Readback {
     pub replay_status: Option<i64>,
     pub replay_content_type: Option<String>,
     pub replay_body: Option<Vec<u8>>,
+    /// [`ReplayHeaders::stored`](super::ReplayHeaders::stored), or NULL.
+    pub replay_headers: Option<String>,
 }
 
 impl Readback {
@@ -464,6 +469,10 @@ impl Readback {
             status: self.replay_status(),
             content_type: self.replay_content_type.clone(),
             body: self.replay_body.clone(),
+            headers: self
+                .replay_headers
+                .clone()
+                .and_then(super::ReplayHeaders::from_stored),
         }
     }
 
@@ -485,6 +494,9 @@ impl Readback {
             status: self.replay_status(),
             content_type: self.replay_content_type,
             body: self.replay_body,
+            headers: self
+                .replay_headers
+                .and_then(super::ReplayHeaders::from_stored),
         };
         super::existing_outcome(
             self.state,
@@ -502,7 +514,7 @@ impl Readback {
 /// is on every delivery's path.
 pub(crate) struct SettleStatement<'a> {
     pub(crate) sql: &'static str,
-    params: [Param<'a>; 14],
+    params: [Param<'a>; 15],
     /// What the settle did when it changed the record ([`settled`]).
     pub(crate) changed: SettleResult,
 }
@@ -516,7 +528,7 @@ impl<'a> SettleStatement<'a> {
 
     /// The values of [`ATTEMPT_UPSERT`] once the settle ran: `result` is
     /// what it did.
-    pub(crate) fn attempt_params(&self, result: SettleResult) -> [Param<'a>; 14] {
+    pub(crate) fn attempt_params(&self, result: SettleResult) -> [Param<'a>; 15] {
         let mut params = self.params;
         params[12] = Param::Text(result.as_str());
         params
@@ -528,13 +540,16 @@ pub(crate) fn settle_statement<'a>(req: &SettleRequest<'a>) -> SettleStatement<'
     use Param::*;
     let (mut status, mut error) = (None, None);
     let (mut replay_status, mut content_type, mut body) = (None, None, None);
+    let mut headers = None;
     let (sql, changed) = match req.outcome {
         SettleOutcome::Delivered {
             status: s,
             content_type: ct,
             body: b,
+            headers: h,
         } => {
             status = Some(i64::from(s));
+            headers = h.map(super::ReplayHeaders::stored);
             // the replay's status and type only beside a stored body
             if b.is_some() {
                 (replay_status, content_type, body) = (status, ct, b);
@@ -570,6 +585,7 @@ pub(crate) fn settle_statement<'a>(req: &SettleRequest<'a>) -> SettleStatement<'
             Text(req.instance),
             Text(changed.as_str()),
             OptText(req.attempt_error),
+            OptText(headers),
         ],
         changed,
     }
@@ -656,6 +672,7 @@ mod tests {
         for sql in [
             include_str!("../../migrations/sqlite/0001_records.sql"),
             include_str!("../../migrations/sqlite/0002_failed_index.sql"),
+            include_str!("../../migrations/sqlite/0006_replay_headers.sql"),
         ] {
             conn.execute_batch(sql).unwrap();
         }

@@ -52,6 +52,7 @@ mod core_http;
 mod core_retry;
 mod core_routes;
 mod crash;
+mod edge;
 mod failover;
 mod hardening;
 mod headers;

@@ -389,6 +389,7 @@ impl Run<'_> {
                     status,
                     content_type: None,
                     body: None,
+                    headers: None,
                 },
             ),
             End::Failed(status) => (

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use idemgate::claim::{self, ClaimKind, Decision, Existing, Millis, Refusal, SettleResult, State};
 use idemgate::store::{
     self, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, Recorded, ReleaseOutcome,
-    SettleOutcome, SettleRequest,
+    ReplayHeaders, SettleOutcome, SettleRequest,
 };
 
 const T0: Millis = 1_700_000_000_000;
@@ -187,6 +187,7 @@ fn delivered(status: u16) -> SettleOutcome<'static> {
         status,
         content_type: None,
         body: None,
+        headers: None,
     }
 }
 
@@ -236,6 +237,89 @@ fn decision_of(outcome: &ClaimOutcome) -> Decision {
 /// once per backend.
 mod cases {
     use super::*;
+
+    /// SPEC §22: the delivered settle keeps the replayed headers (with or
+    /// without a body), every replay gets them back in order (a header
+    /// twice is two values), a failed settle keeps none, and a record
+    /// delivered without them replays without them.
+    // long: both records (without and with a body) go through the same
+    // steps in one loop, then the record delivered without headers
+    pub async fn replay_headers_kept_with_the_record(b: &Backend) {
+        let s = &*b.store;
+        let kept = ReplayHeaders::new([
+            ("location", &b"/orders/17"[..]),
+            ("etag", &b"\"v1\""[..]),
+            ("link", &b"</a>; rel=a"[..]),
+            ("link", &b"</b>; rel=b"[..]),
+        ])
+        .unwrap();
+        let pairs: Vec<(&str, &str)> = kept.iter().collect();
+        assert_eq!(
+            pairs,
+            [
+                ("location", "/orders/17"),
+                ("etag", "\"v1\""),
+                ("link", "</a>; rel=a"),
+                ("link", "</b>; rel=b")
+            ]
+        );
+        let replayed = |status, body: Option<&[u8]>, headers| ClaimOutcome::Existing {
+            decision: Refusal::Replay,
+            recorded: Recorded {
+                status: Some(status),
+                content_type: body.map(|_| "text/plain".into()),
+                body: body.map(<[u8]>::to_vec),
+                headers,
+            },
+        };
+        for (id, body) in [("h-plain", None), ("h-body", Some(&b"made"[..]))] {
+            // a failed attempt first: it keeps nothing
+            let a = own(s, id, T0).await;
+            settle(s, id, a, T0 + 1, failed(Some(500))).await;
+            let a = match claim(s, id, D1, T0 + 2).await {
+                ClaimOutcome::Claimed { attempt, .. } => attempt,
+                other => panic!("{other:?}"),
+            };
+            let outcome = SettleOutcome::Delivered {
+                status: 201,
+                content_type: body.map(|_| "text/plain"),
+                body,
+                headers: Some(&kept),
+            };
+            assert_eq!(
+                settle(s, id, a, T0 + 3, outcome).await,
+                SettleResult::Delivered
+            );
+            for now in [T0 + 4, T0 + 5] {
+                assert_eq!(
+                    claim(s, id, D1, now).await,
+                    replayed(201, body, Some(kept.clone())),
+                    "{id}"
+                );
+            }
+            // a late settle of another attempt changes nothing
+            let late = SettleOutcome::Delivered {
+                status: 200,
+                content_type: None,
+                body: None,
+                headers: None,
+            };
+            assert_eq!(
+                settle(s, id, a + 1, T0 + 6, late).await,
+                SettleResult::Stale
+            );
+            assert_eq!(
+                claim(s, id, D1, T0 + 7).await,
+                replayed(201, body, Some(kept.clone()))
+            );
+        }
+        let a = own(s, "h-none", T0).await;
+        settle(s, "h-none", a, T0 + 1, delivered(200)).await;
+        assert_eq!(
+            claim(s, "h-none", D1, T0 + 2).await,
+            replayed(200, None, None)
+        );
+    }
 
     pub async fn new_claim(b: &Backend) {
         let s = &*b.store;
@@ -303,7 +387,8 @@ mod cases {
                     recorded: Recorded {
                         status: Some(202),
                         content_type: None,
-                        body: None
+                        body: None,
+                        headers: None,
                     }
                 }
             );
@@ -321,6 +406,7 @@ mod cases {
                 status: 201,
                 content_type: Some("application/json"),
                 body: Some(body),
+                headers: None,
             },
         )
         .await;
@@ -336,7 +422,8 @@ mod cases {
                 recorded: Recorded {
                     status: Some(201),
                     content_type: Some("application/json".into()),
-                    body: Some(body.to_vec())
+                    body: Some(body.to_vec()),
+                    headers: None,
                 }
             }
         );
@@ -352,6 +439,7 @@ mod cases {
                 status: 204,
                 content_type: None,
                 body: Some(b""),
+                headers: None,
             },
         )
         .await;
@@ -1655,7 +1743,8 @@ contract!(
     a_lost_lease_is_recorded_when_taken_over,
     attempts_keep_the_newest_and_go_with_the_record,
     operator_actions,
-    held_ended_leases_turn_ambiguous;
+    held_ended_leases_turn_ambiguous,
+    replay_headers_kept_with_the_record;
     sql only: migrations_are_idempotent,
 );
 
@@ -1993,6 +2082,7 @@ mod sqlite_writer {
                 status: Some(status),
                 content_type: None,
                 body: None,
+                headers: None,
             },
         };
         assert_eq!(

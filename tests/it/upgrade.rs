@@ -17,7 +17,7 @@ use crate::common::*;
 
 /// One `idemgate serve` process, by hand: an upgrade runs two at once on
 /// the same config file and ports.
-struct Serve {
+pub(crate) struct Serve {
     child: Child,
     log_path: PathBuf,
 }
@@ -60,7 +60,7 @@ impl Serve {
         assert!(ok.success(), "kill {sig}");
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
@@ -101,10 +101,10 @@ fn config(port: u16, admin: u16, store: &str, sock: &Path, routes: &str) -> Stri
 }
 
 /// The test's two ports, config file and upgrade socket.
-struct Setup {
-    dir: TempDir,
-    addr: SocketAddr,
-    admin: SocketAddr,
+pub(crate) struct Setup {
+    pub(crate) dir: TempDir,
+    pub(crate) addr: SocketAddr,
+    pub(crate) admin: SocketAddr,
     store: String,
     config: PathBuf,
     sock: PathBuf,
@@ -130,7 +130,7 @@ impl Setup {
         assert_eq!((r.status, up.count(&id)), (200, 1), "{what}: {r:?}");
     }
 
-    fn new(dir: TempDir, store: String) -> Setup {
+    pub(crate) fn new(dir: TempDir, store: String) -> Setup {
         let (port, admin) = (free_port(), free_port());
         Setup {
             addr: format!("127.0.0.1:{port}").parse().unwrap(),
@@ -144,7 +144,7 @@ impl Setup {
         }
     }
 
-    fn write(&self, routes: &str) {
+    pub(crate) fn write(&self, routes: &str) {
         let text = config(
             self.addr.port(),
             self.admin.port(),
@@ -161,7 +161,7 @@ impl Setup {
     }
 
     /// A plain `serve`, ready.
-    fn start(&mut self) -> Serve {
+    pub(crate) fn start(&mut self) -> Serve {
         let mut s = self.spawn(false);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !kit::client::get(self.admin, "/readyz").is_ok_and(|r| r.status == 200) {
@@ -176,7 +176,7 @@ impl Setup {
     /// to `old` at once (it waits for the new process), and waits for the
     /// old one to exit: the new process and how long the old one took to
     /// exit after the SIGQUIT (the overlap of the two).
-    fn upgrade(&mut self, old: &mut Serve) -> (Serve, Duration) {
+    pub(crate) fn upgrade(&mut self, old: &mut Serve) -> (Serve, Duration) {
         let mut new = self.spawn(true);
         old.signal("-QUIT");
         let quit = Instant::now();

@@ -11,7 +11,7 @@ use crate::metrics::Outcome;
 use crate::proxy::exit::{Ending, Refused, Relay, Stop, Verdict};
 use crate::proxy::forward::{self, Answered, Upstream, UpstreamFailure};
 use crate::proxy::pass_through;
-use crate::store::SettleOutcome;
+use crate::store::{ReplayHeaders, SettleOutcome};
 
 use super::claim::{ClaimStop, Claimed};
 use super::settle::store_unavailable;
@@ -94,10 +94,12 @@ impl Delivery<'_> {
                 Some((ct, b)) => (ct.as_deref(), Some(&b[..])),
                 None => (None, None),
             };
+            let headers = self.replay_headers(&answered.header.headers);
             let delivered = SettleOutcome::Delivered {
                 status,
                 content_type,
                 body,
+                headers: headers.as_ref(),
             };
             self.settle(delivered, None).await?;
         } else {
@@ -194,6 +196,35 @@ impl Delivery<'_> {
             );
             self.route.limits.pushed_back(limits::now(), pause);
         }
+    }
+
+    /// With `replay_headers` (SPEC §22): the delivered response's values of
+    /// those headers, to keep with the record in the settle's own write. A
+    /// value over [`ReplayHeaders::MAX_VALUE`] (or not printable ASCII) is
+    /// not kept, and the log says so. Nothing is allocated for a route
+    /// without the key.
+    fn replay_headers(&self, headers: &http::HeaderMap) -> Option<ReplayHeaders> {
+        let names = &self.route.cfg.replay_headers;
+        if names.is_empty() {
+            return None;
+        }
+        let mut pairs = Vec::with_capacity(names.len());
+        for name in names {
+            for value in headers.get_all(name) {
+                if ReplayHeaders::keeps(value.as_bytes()) {
+                    pairs.push((name.as_str(), value.as_bytes()));
+                } else {
+                    tracing::info!(
+                        route = self.route.name(),
+                        event_id = self.event_id.as_str(),
+                        header = name.as_str(),
+                        bytes = value.len(),
+                        "settle: a replay header is not kept (over 1 KiB, or not printable ASCII): replays go without it"
+                    );
+                }
+            }
+        }
+        ReplayHeaders::new(pairs)
     }
 
     /// With `replay_body`, the start of the upstream's body, read to be

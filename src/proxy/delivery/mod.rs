@@ -35,7 +35,12 @@ use key::{header_key, json_body, json_key};
 pub use refused::route_paused;
 
 /// A guarded request, from the header to the answer.
-pub async fn run(shared: &Shared, session: &mut Session, route: &RouteRt) -> Exit {
+pub async fn run(
+    shared: &Shared,
+    session: &mut Session,
+    route: &RouteRt,
+    client: Option<std::net::IpAddr>,
+) -> Exit {
     let started = Instant::now();
     // Counted from the start: a claim may commit before the answer is written.
     let _busy = shared.in_flight.enter();
@@ -58,6 +63,7 @@ pub async fn run(shared: &Shared, session: &mut Session, route: &RouteRt) -> Exi
         started,
         event_id: delivery.as_ref().map(|d| d.event_id.as_str()),
         attempt: delivery.as_ref().and_then(|d| d.attempt),
+        client,
     };
     exit::answer(shared, session, route, ending, Some(log)).await
 }

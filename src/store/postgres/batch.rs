@@ -43,7 +43,7 @@ use crate::claim::SettleResult;
 use crate::store::owned::{OwnedClaim, OwnedOutcome, OwnedSettle};
 use crate::store::sql::{self, Readback};
 use crate::store::ticket::{self, Ticket};
-use crate::store::{ClaimOutcome, Found, StoreError};
+use crate::store::{ClaimOutcome, Found, ReplayHeaders, StoreError};
 use std::sync::Arc;
 
 /// Most operations in one statement.
@@ -70,7 +70,7 @@ ORDER BY i\n",
 /// [`sql::CLAIM_READBACK`] for many keys. $1 routes, $2 event_ids
 const READ_MANY: &str = "\
 SELECT records.route, records.event_id, state, lease_until, body_sha256, last_status,
-       replay_status, replay_content_type, replay_body
+       replay_status, replay_content_type, replay_body, replay_headers
 FROM records JOIN UNNEST($1::text[], $2::text[]) AS u(r, e)
   ON records.route = u.r AND records.event_id = u.e";
 
@@ -78,16 +78,18 @@ FROM records JOIN UNNEST($1::text[], $2::text[]) AS u(r, e)
 /// (SPEC §13) in the same statement — but for a first attempt that
 /// delivered, which the record itself holds ([`sql::first_delivered`]). $1 routes, $2 event_ids, $3 statuses,
 /// $4 now, $5 expires_at, $6 replay statuses, $7 replay content types,
-/// $8 replay bodies, $9 attempts, $10 attempts' starts, $11 instances
+/// $8 replay bodies, $9 attempts, $10 attempts' starts, $11 instances,
+/// $12 replayed headers (SPEC §22)
 const DELIVER_MANY: &str = "\
 WITH u AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
-                         $7::text[], $8::bytea[], $9::int8[], $10::int8[], $11::text[])
-        AS u(r, e, s, n, x, rs, rct, rb, a, st, c)),
+                         $7::text[], $8::bytea[], $9::int8[], $10::int8[], $11::text[], $12::text[])
+        AS u(r, e, s, n, x, rs, rct, rb, a, st, c, rh)),
 d AS (
     UPDATE records SET state = 'delivered', last_status = u.s, last_error = NULL,
         lease_until = NULL, delivered_at = u.n, updated_at = u.n, expires_at = u.x,
-        replay_status = u.rs, replay_content_type = u.rct, replay_body = u.rb
+        replay_status = u.rs, replay_content_type = u.rct, replay_body = u.rb,
+        replay_headers = u.rh
     FROM u
     WHERE records.route = u.r AND records.event_id = u.e AND records.state <> 'delivered'
     RETURNING records.route, records.event_id),
@@ -115,13 +117,14 @@ SELECT route, event_id FROM d";
 /// a first attempt that delivers is its record's own columns
 /// ([`sql::first_delivered`]), so the statement is the update alone (no
 /// attempt rows to join, insert or trim: the release before's cost). $1–$8
-/// as [`DELIVER_MANY`]'s.
+/// as [`DELIVER_MANY`]'s, $9 its $12.
 const DELIVER_FIRSTS: &str = "\
 UPDATE records SET state = 'delivered', last_status = u.s, last_error = NULL,
     lease_until = NULL, delivered_at = u.n, updated_at = u.n, expires_at = u.x,
-    replay_status = u.rs, replay_content_type = u.rct, replay_body = u.rb
+    replay_status = u.rs, replay_content_type = u.rct, replay_body = u.rb,
+    replay_headers = u.rh
 FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
-            $7::text[], $8::bytea[]) AS u(r, e, s, n, x, rs, rct, rb)
+            $7::text[], $8::bytea[], $9::text[]) AS u(r, e, s, n, x, rs, rct, rb, rh)
 WHERE records.route = u.r AND records.event_id = u.e AND records.state <> 'delivered'
 RETURNING records.route, records.event_id";
 
@@ -593,11 +596,13 @@ async fn deliver_many(
     let mut replay_statuses = Vec::with_capacity(which.len());
     let mut content_types = Vec::with_capacity(which.len());
     let mut bodies = Vec::with_capacity(which.len());
+    let mut headers = Vec::with_capacity(which.len());
     for &i in which {
         let OwnedOutcome::Delivered {
             status,
             content_type,
             body,
+            headers: kept,
         } = &items[i].outcome
         else {
             return Err(StoreError::Corrupt(
@@ -608,6 +613,7 @@ async fn deliver_many(
         replay_statuses.push(body.as_ref().map(|_| i64::from(*status)));
         content_types.push(content_type.as_deref().filter(|_| body.is_some()));
         bodies.push(body.as_deref());
+        headers.push(kept.as_ref().map(ReplayHeaders::stored));
     }
     let (routes, event_ids) = key_arrays(items, which, |s| (&s.route, &s.event_id));
     let firsts = which.iter().all(|&i| items[i].attempt == 1);
@@ -633,6 +639,7 @@ async fn deliver_many(
             .bind(started_ats(items, which))
             .bind(instances(items, which))
     };
+    let query = query.bind(headers);
     let rows = query.fetch_all(&mut *conn).await?;
     let delivered: HashSet<Key> = rows
         .iter()

@@ -49,7 +49,7 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 const RELEASE_PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `migrations/postgres`, in order: version, description, SQL.
-const MIGRATIONS: [(i64, &str, &str); 5] = [
+const MIGRATIONS: [(i64, &str, &str); 6] = [
     (
         1,
         "records",
@@ -74,6 +74,11 @@ const MIGRATIONS: [(i64, &str, &str); 5] = [
         5,
         "claim token",
         include_str!("../../../migrations/postgres/0005_claim_token.sql"),
+    ),
+    (
+        6,
+        "replay headers",
+        include_str!("../../../migrations/postgres/0006_replay_headers.sql"),
     ),
 ];
 

@@ -142,6 +142,7 @@ pub(crate) fn readback(row: &PgRow) -> Result<Readback, StoreError> {
         replay_status: row.try_get("replay_status")?,
         replay_content_type: row.try_get("replay_content_type")?,
         replay_body: row.try_get("replay_body")?,
+        replay_headers: row.try_get("replay_headers")?,
     })
 }
 

@@ -144,7 +144,8 @@ impl DeliveredCache {
             + event_id.len()
             + found.body_sha256.len()
             + recorded.content_type.as_ref().map_or(0, String::len)
-            + recorded.body.as_ref().map_or(0, Vec::len);
+            + recorded.body.as_ref().map_or(0, Vec::len)
+            + recorded.headers.as_ref().map_or(0, |h| h.stored().len());
         if bytes > self.shard_budget / 4 {
             return;
         }
@@ -250,6 +251,7 @@ mod tests {
             replay_status: None,
             replay_content_type: None,
             replay_body: (body > 0).then(|| vec![b'x'; body]),
+            replay_headers: None,
         }
     }
 
@@ -279,7 +281,8 @@ mod tests {
                 recorded: Recorded {
                     status: Some(200),
                     content_type: None,
-                    body: None
+                    body: None,
+                    headers: None,
                 }
             }
         );

@@ -121,6 +121,7 @@ pub(super) fn read_back(
             replay_status: row.get(4)?,
             replay_content_type: row.get(5)?,
             replay_body: row.get(6)?,
+            replay_headers: row.get(7)?,
         })
     })
 }

@@ -30,7 +30,7 @@ impl Migration {
 
 /// In order; a new file gets the next version, and a file once released
 /// never changes (its checksum is on record in every store).
-const MIGRATIONS: [Migration; 5] = [
+const MIGRATIONS: [Migration; 6] = [
     Migration {
         version: 1,
         description: "records",
@@ -55,6 +55,11 @@ const MIGRATIONS: [Migration; 5] = [
         version: 5,
         description: "claim token",
         sql: include_str!("../../../migrations/sqlite/0005_claim_token.sql"),
+    },
+    Migration {
+        version: 6,
+        description: "replay headers",
+        sql: include_str!("../../../migrations/sqlite/0006_replay_headers.sql"),
     },
 ];
 
@@ -251,7 +256,10 @@ mod tests {
         .unwrap();
         run(&mut conn).unwrap();
         let got = versions(&conn);
-        assert_eq!(got.iter().map(|v| v.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        assert_eq!(
+            got.iter().map(|v| v.0).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5, 6]
+        );
         assert_eq!(got[0].3.to_lowercase(), SQLX_CHECKSUMS[0]);
         assert_eq!(count(&conn, "records"), 1, "version 1 is not run again");
         let index = count(&conn, "sqlite_master WHERE name = 'records_failed'");

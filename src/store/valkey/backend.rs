@@ -133,6 +133,7 @@ impl Backend for ValkeyStore {
                     status,
                     content_type,
                     body,
+                    ..
                 } => (
                     "delivered",
                     Some(status),
@@ -168,6 +169,7 @@ impl Backend for ValkeyStore {
             req.started_at.to_string().into(),
             req.instance.into(),
             opt(req.attempt_error),
+            opt(replay_headers(&req.outcome)),
         ];
         let value = self
             .write(b.slot, &self.scripts.settle, &keys, &args)
@@ -423,4 +425,12 @@ async fn list_bucket(
         res => res.map_err(driver)?,
     };
     decode::list_page(value)
+}
+
+/// The delivered settle's replayed headers, as kept (SPEC §22).
+fn replay_headers<'a>(outcome: &SettleOutcome<'a>) -> Option<&'a str> {
+    match outcome {
+        SettleOutcome::Delivered { headers, .. } => headers.map(|h| h.stored()),
+        _ => None,
+    }
 }

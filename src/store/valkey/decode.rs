@@ -9,7 +9,7 @@ use crate::store::sql::Readback;
 use crate::store::{state_of, Attempt, Record, ReleaseOutcome, StoreError};
 
 /// The fields a refused claim or a peek reads, in [`readback`]'s order.
-pub(super) const READBACK_FIELDS: [&str; 7] = [
+pub(super) const READBACK_FIELDS: [&str; 8] = [
     "state",
     "lease_until",
     "body_sha256",
@@ -17,6 +17,7 @@ pub(super) const READBACK_FIELDS: [&str; 7] = [
     "replay_status",
     "replay_content_type",
     "replay_body",
+    "replay_headers",
 ];
 
 fn corrupt(what: impl std::fmt::Display) -> StoreError {
@@ -64,6 +65,7 @@ fn readback_of(values: Vec<Value>) -> Result<Option<Readback>, StoreError> {
         replay_status: int(next())?,
         replay_content_type: text(next())?,
         replay_body: bytes(next())?,
+        replay_headers: text(next())?,
     }))
 }
 

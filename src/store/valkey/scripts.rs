@@ -58,14 +58,14 @@ end
 /// instance, token.
 /// Returns `{'claimed', attempts, claimed_from|nil}`, `{'held'}`, or
 /// `{'existing', state, lease_until, body_sha256, last_status,
-/// replay_status, replay_content_type, replay_body}`.
+/// replay_status, replay_content_type, replay_body, replay_headers}`.
 pub const CLAIM: &str = concat!(
     prelude!(),
     r#"
 local rec, att = KEYS[1], KEYS[2]
 local id, digest, now = ARGV[1], ARGV[2], ARGV[3]
 local r = redis.call('HMGET', rec, 'state', 'lease_until', 'body_sha256', 'attempts', 'updated_at',
-  'claimed_by', 'claim_token', 'last_status', 'replay_status', 'replay_content_type', 'replay_body', 'expires_at')
+  'claimed_by', 'claim_token', 'last_status', 'replay_status', 'replay_content_type', 'replay_body', 'expires_at', 'replay_headers')
 local state = r[1]
 local function take(attempts, from)
   redis.call('HSET', rec, 'state', 'processing', 'attempts', attempts, 'lease_until', ARGV[4],
@@ -102,7 +102,7 @@ if r[3] == digest then
     return take(tonumber(r[4]) + 1, 'processing')
   end
 end
-return {'existing', state, r[2], r[3], r[8], r[9], r[10], r[11]}
+return {'existing', state, r[2], r[3], r[8], r[9], r[10], r[11], r[13]}
 "#
 );
 
@@ -112,7 +112,9 @@ return {'existing', state, r[2], r[3], r[8], r[9], r[10], r[11]}
 /// KEYS: record, attempts, by_expiry, processing, ambiguous.
 /// ARGV: event_id, outcome (delivered|failed|ambiguous), attempt, now,
 /// expires_at, status?, error?, replay_status?, content_type?, body?,
-/// started_at, instance, attempt_error?.
+/// started_at, instance, attempt_error?, replay_headers? (SPEC §22: a
+/// field of its own, which the release before's script neither writes nor
+/// reads).
 /// Returns 1 when the record changed, else 0.
 pub const SETTLE: &str = concat!(
     prelude!(),
@@ -127,8 +129,10 @@ if outcome == 'delivered' then
   if state ~= 'delivered' then
     redis.call('HSET', rec, 'state', 'delivered', 'last_status', opt(ARGV[6]), 'delivered_at', now,
       'updated_at', now, 'expires_at', ARGV[5])
-    redis.call('HDEL', rec, 'last_error', 'lease_until', 'replay_status', 'replay_content_type', 'replay_body')
-    local rs, ct, body = opt(ARGV[8]), opt(ARGV[9]), opt(ARGV[10])
+    redis.call('HDEL', rec, 'last_error', 'lease_until', 'replay_status', 'replay_content_type', 'replay_body',
+      'replay_headers')
+    local rs, ct, body, rh = opt(ARGV[8]), opt(ARGV[9]), opt(ARGV[10]), opt(ARGV[14] or '')
+    if rh then redis.call('HSET', rec, 'replay_headers', rh) end
     if rs then redis.call('HSET', rec, 'replay_status', rs) end
     if ct then redis.call('HSET', rec, 'replay_content_type', ct) end
     if body then redis.call('HSET', rec, 'replay_body', body) end

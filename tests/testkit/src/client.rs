@@ -34,6 +34,32 @@ impl Client {
         })
     }
 
+    /// Like [`Client::connect`], from the local address `source` (a
+    /// loopback address other than 127.0.0.1, to stand for another sender).
+    pub fn connect_from(source: std::net::IpAddr, addr: SocketAddr) -> io::Result<Client> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let stream = rt.block_on(async {
+            let socket = match source {
+                std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+            };
+            socket.bind(SocketAddr::new(source, 0))?;
+            tokio::time::timeout(Duration::from_secs(5), socket.connect(addr))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))?
+        })?;
+        let stream = stream.into_std()?;
+        stream.set_nonblocking(false)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.set_nodelay(true)?;
+        Ok(Client {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
     /// Sends raw bytes (a whole request, or part of one).
     pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.stream.write_all(bytes)

@@ -1,0 +1,7 @@
+-- SPEC v4, section 22: the delivered response's `replay_headers`, kept with
+-- the record and sent again with every replay. Written by the delivered
+-- settle alone, as `name: value` lines; NULL where there are none.
+-- A nullable column without a default: a catalog change only, no rewrite
+-- of `records`; a process of the release before never names it (its
+-- settles leave it NULL, and its replays go without the headers, as before).
+ALTER TABLE records ADD COLUMN replay_headers text;
