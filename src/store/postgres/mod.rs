@@ -42,7 +42,7 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `migrations/postgres`, in order: version, description, SQL.
-const MIGRATIONS: [(i64, &str, &str); 5] = [
+const MIGRATIONS: [(i64, &str, &str); 6] = [
     (
         1,
         "records",
@@ -67,6 +67,12 @@ const MIGRATIONS: [(i64, &str, &str); 5] = [
         5,
         "claim token",
         include_str!("../../../migrations/postgres/0005_claim_token.sql"),
+    ),
+    // 6 is another branch's (the numbers follow the branches' order of merge)
+    (
+        7,
+        "reconcile",
+        include_str!("../../../migrations/postgres/0007_reconcile.sql"),
     ),
 ];
 

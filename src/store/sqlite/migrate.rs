@@ -30,7 +30,7 @@ impl Migration {
 
 /// In order; a new file gets the next version, and a file once released
 /// never changes (its checksum is on record in every store).
-const MIGRATIONS: [Migration; 5] = [
+const MIGRATIONS: [Migration; 6] = [
     Migration {
         version: 1,
         description: "records",
@@ -55,6 +55,12 @@ const MIGRATIONS: [Migration; 5] = [
         version: 5,
         description: "claim token",
         sql: include_str!("../../../migrations/sqlite/0005_claim_token.sql"),
+    },
+    // 6 is another branch's (the numbers follow the branches' order of merge)
+    Migration {
+        version: 7,
+        description: "reconcile",
+        sql: include_str!("../../../migrations/sqlite/0007_reconcile.sql"),
     },
 ];
 
