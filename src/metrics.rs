@@ -144,6 +144,9 @@ pub struct Metrics {
     upstream: UpstreamGauges,
     /// Settles kept across a store outage (SPEC §16).
     settles_pending: IntGauge,
+    /// `idemgate_reconciliations_total{route, result}` (SPEC §21):
+    /// questions to the consumer, by what they learned.
+    reconciliations: IntCounterVec,
 }
 
 /// The routes' upstream gauges (SPEC §15), read from their limits at each
@@ -160,6 +163,16 @@ struct UpstreamGauges {
 
 /// Each route's name and limits.
 pub type LimitsByRoute = Vec<(String, Arc<RouteLimits>)>;
+
+/// `idemgate_reconciliations_total` (SPEC §21).
+fn reconciliations_counter(r: &Registrar) -> IntCounterVec {
+    r.counters(
+        "idemgate_reconciliations_total",
+        "Questions to the consumer about ambiguous records, by what they learned: delivered, \
+         failed, unknown.",
+        &["route", "result"],
+    )
+}
 
 /// `idemgate_ambiguous_records` and `idemgate_route_paused` (SPEC §12, §14).
 fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
@@ -320,6 +333,7 @@ impl Metrics {
             route_paused,
             upstream: UpstreamGauges::new(&r),
             settles_pending: settles_pending_gauge(&r),
+            reconciliations: reconciliations_counter(&r),
             registry: registry.clone(),
         };
         process_metrics(&r);
@@ -423,6 +437,14 @@ impl Metrics {
     /// A settle's result (`delivered`, `failed`, …, or `error`).
     pub fn settled(&self, route: &str, result: &str) {
         self.settles.with_label_values(&[route, result]).inc();
+    }
+
+    /// A question to the consumer learned `result` (`delivered`, `failed`,
+    /// `unknown`).
+    pub fn reconciled(&self, route: &str, result: &str) {
+        self.reconciliations
+            .with_label_values(&[route, result])
+            .inc();
     }
 
     /// The sweeper removed `n` records.

@@ -70,6 +70,7 @@ mod properties;
 mod protect;
 mod providers;
 mod readiness;
+mod reconcile;
 mod replicas;
 mod smuggling;
 mod stopping;
