@@ -58,22 +58,22 @@ fn held_route(upstream: &str, ask_url: &str, every: &str) -> String {
     )
 }
 
-/// A proxy (with the admin token) on a fresh SQLite store.
-fn start(tag: &str, up: &Server, every: &str) -> (TempDir, Proxy) {
-    let dir = TempDir::new(tag);
+/// A proxy (with the admin token) on `ts`.
+fn start_on(ts: &TestStore, up: &Server, every: &str) -> Proxy {
     let routes = held_route(
         &format!("http://{}", up.addr),
         &format!("http://{}/check/{{id}}", up.addr),
         every,
     ) + "admin:\n  token: env:IDEMGATE_ADMIN_TOKEN\n";
-    let store = dir.sqlite_url("r.db");
     let env = [("ASK_TOKEN", ASK_TOKEN), ("IDEMGATE_ADMIN_TOKEN", TOKEN)];
-    let px = Proxy::start_with_env(&dir, &store, &routes, &env);
-    (dir, px)
+    Proxy::start_with_env(&ts.dir, &ts.url, &routes, &env)
 }
 
-fn store_of(dir: &TempDir) -> String {
-    dir.sqlite_url("r.db")
+/// [`start_on`] a fresh SQLite store.
+fn start(tag: &str, up: &Server, every: &str) -> (TestStore, Proxy) {
+    let ts = TestStore::sqlite(tag);
+    let px = start_on(&ts, up, every);
+    (ts, px)
 }
 
 /// Delivers `id` once, past the timeout: the record is ambiguous.
@@ -102,8 +102,8 @@ fn history(store: &str, id: &str) -> Vec<serde_json::Value> {
 #[test]
 fn found_done_the_retry_is_replayed() {
     let up = consumer();
-    let (dir, px) = start("rec-done", &up, "1h");
-    let store = store_of(&dir);
+    let (ts, px) = start("rec-done", &up, "1h");
+    let store = ts.url.clone();
     let id = eid("slow");
     make_ambiguous(&px, &store, &id);
     let retry = px.deliver("/r", Some(&id), b"{\"a\":1}");
@@ -144,8 +144,8 @@ fn found_done_the_retry_is_replayed() {
 #[test]
 fn found_not_done_the_retry_is_forwarded_as_attempt_2() {
     let up = consumer();
-    let (dir, px) = start("rec-undone", &up, "1h");
-    let store = store_of(&dir);
+    let (ts, px) = start("rec-undone", &up, "1h");
+    let store = ts.url.clone();
     let id = eid("slow-said-undone");
     make_ambiguous(&px, &store, &id);
     let retry = px.deliver("/r", Some(&id), b"{\"a\":1}");
@@ -175,8 +175,8 @@ fn found_not_done_the_retry_is_forwarded_as_attempt_2() {
 #[test]
 fn unknown_answers_leave_it_ambiguous() {
     let up = consumer();
-    let (dir, px) = start("rec-unknown", &up, "1h");
-    let store = store_of(&dir);
+    let (ts, px) = start("rec-unknown", &up, "1h");
+    let store = ts.url.clone();
     for (tag, said) in [
         ("slow-said-err", "unknown: the consumer answered 500"),
         ("slow-said-hang", "unknown: no answer within 1s"),
@@ -230,8 +230,8 @@ fn unknown_answers_leave_it_ambiguous() {
 #[test]
 fn the_background_resolves_without_a_delivery() {
     let up = consumer();
-    let (dir, px) = start("rec-background", &up, "1s");
-    let store = store_of(&dir);
+    let (ts, px) = start("rec-background", &up, "1s");
+    let store = ts.url.clone();
     let (done, undone, unknown) = (eid("slow"), eid("slow-said-undone"), eid("slow-said-err"));
     for id in [&done, &undone, &unknown] {
         make_ambiguous(&px, &store, id);
@@ -269,17 +269,12 @@ fn the_background_resolves_without_a_delivery() {
 }
 
 /// Two processes on one store ask at most once per record per `every`.
-#[test]
-fn two_processes_ask_at_most_once_per_every() {
+fn two_processes(ts: TestStore) {
     let up = consumer();
-    let (dir, px) = start("rec-two", &up, "1s");
-    let store = store_of(&dir);
-    let env = [("ASK_TOKEN", ASK_TOKEN), ("IDEMGATE_ADMIN_TOKEN", TOKEN)];
-    let routes = std::fs::read_to_string(&px.config_path).unwrap();
-    let routes = routes.split_once("routes:\n").unwrap().1.to_string();
-    let other = Proxy::start_with_env(&dir, &store, &routes, &env);
+    let px = start_on(&ts, &up, "1s");
+    let other = start_on(&ts, &up, "1s");
     let id = eid("slow-said-err");
-    make_ambiguous(&px, &store, &id);
+    make_ambiguous(&px, &ts.url, &id);
     let since = Instant::now();
     std::thread::sleep(Duration::from_millis(5500));
     let window = since.elapsed().as_secs_f64();
@@ -290,15 +285,17 @@ fn two_processes_ask_at_most_once_per_every() {
         "{asked} questions in {window:.1}s"
     );
     assert!(asked >= 3, "{asked} questions in {window:.1}s");
-    drop(other);
+    drop((other, px));
 }
+
+on_both_stores!(two_processes("rec-two"): two_processes_ask_at_most_once_per_every_sqlite, two_processes_ask_at_most_once_per_every_postgres);
 
 /// `events reconcile` and the API ask now and say what they learned.
 #[test]
 fn the_cli_and_the_api() {
     let up = consumer();
-    let (dir, px) = start("rec-cli", &up, "1h");
-    let store = store_of(&dir);
+    let (ts, px) = start("rec-cli", &up, "1h");
+    let store = ts.url.clone();
     let (a, b, c) = (eid("slow"), eid("slow-said-undone"), eid("slow-said-err"));
     for id in [&a, &b, &c] {
         make_ambiguous(&px, &store, id);
@@ -402,8 +399,8 @@ fn check_refuses_reconcile_without_hold() {
 #[test]
 fn the_event_id_cannot_steer_the_question() {
     let up = consumer();
-    let (dir, px) = start("rec-encode", &up, "1h");
-    let store = store_of(&dir);
+    let (ts, px) = start("rec-encode", &up, "1h");
+    let store = ts.url.clone();
     let id = format!("{}/../../admin?x=1#f@evil.example:80%41", eid("slow"));
     make_ambiguous(&px, &store, &id);
     assert_eq!(px.deliver("/r", Some(&id), b"{\"a\":1}").status, 200);
@@ -419,4 +416,54 @@ fn the_event_id_cannot_steer_the_question() {
         format!("/check/{prefix}%2F..%2F..%2Fadmin%3Fx%3D1%23f%40evil.example%3A80%2541")
     );
     assert_eq!(asked[0].header("host"), Some(up.addr.to_string().as_str()));
+}
+
+/// `reconcile.sql`: the consumer's own table of processed events, on the
+/// real PostgreSQL (here the store's own schema): a row is done, none not
+/// done.
+#[test]
+fn the_sql_form_asks_the_consumers_table() {
+    let Some(ts) = TestStore::postgres("rec-sql") else {
+        return;
+    };
+    let up = consumer();
+    let url = ts.url.clone();
+    crate::common::pg_cluster::psql_at(
+        &url,
+        "CREATE TABLE processed_webhook_events (event_id text PRIMARY KEY)",
+    );
+    let (done, undone) = (eid("slow"), eid("slow"));
+    crate::common::pg_cluster::psql_at(
+        &url,
+        &format!("INSERT INTO processed_webhook_events VALUES ('{done}')"),
+    );
+    let routes = route(
+        "r",
+        "/r",
+        &format!("http://{}", up.addr),
+        &format!(
+            "    upstream_timeout: 1s\n    lease: 4s\n    on_ambiguous: hold\n    reconcile:\n      \
+             sql: {{url: \"{url}\", query: \"select 1 from processed_webhook_events where event_id = $1\"}}\n      \
+             timeout: 2s\n      every: 1h\n"
+        ),
+    );
+    let px = Proxy::start(&ts.dir, &ts.url, &routes);
+    for id in [&done, &undone] {
+        make_ambiguous(&px, &ts.url, id);
+    }
+    let r = px.deliver("/r", Some(&done), b"{\"a\":1}");
+    assert_eq!(
+        (r.status, r.header("idempotency-status")),
+        (200, Some("replayed")),
+        "{r:?}"
+    );
+    assert_eq!(
+        history(&ts.url, &done).last().unwrap()["error"],
+        "done: the query found a row"
+    );
+    assert_eq!(px.deliver("/r", Some(&undone), b"{\"a\":1}").status, 200);
+    assert_state(&ts.url, "r", &undone, "delivered", 2);
+    let h = history(&ts.url, &undone);
+    assert_eq!(h[1]["error"], "not done: the query found no row", "{h:?}");
+    drop(px);
 }

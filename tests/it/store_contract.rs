@@ -1535,12 +1535,25 @@ mod cases {
         assert_eq!(s.ambiguous_counts().await.unwrap(), []);
     }
 
+    /// The background's take at `now` (marks until now + 1 s), sorted.
+    async fn take_questions(s: &dyn ClaimStore, now: Millis, limit: i64) -> Vec<String> {
+        let batch = idemgate::store::QuestionBatch {
+            route: R,
+            now,
+            next_at: now + 1_000,
+            limit,
+        };
+        let mut ids = s.take_questions(&batch).await.unwrap();
+        ids.sort();
+        ids
+    }
+
     /// Reconciliation (SPEC §21): the background's mark, taken by one
     /// caller at a time until it passes; a question's answer recorded as an
     /// attempt row and acted on, fenced by the state and the attempt
     /// count; the newest 20 questions kept, swept with their record.
     pub async fn questions_are_marked_recorded_and_fenced(b: &Backend) {
-        use idemgate::store::{Learned, QuestionBatch, Reconciliation, ResolveOutcome};
+        use idemgate::store::{Learned, Reconciliation, ResolveOutcome};
         let s = &*b.store;
         for id in ["q1", "q2", "q3"] {
             s.claim(&held_claim(id, T0)).await.unwrap();
@@ -1549,17 +1562,7 @@ mod cases {
         s.claim(&held_claim("live", T0 + LEASE)).await.unwrap();
         claim_and_settle(s, "done", T0, RETENTION, delivered(200)).await;
         let t1 = T0 + LEASE + 100;
-        let take = |now: Millis, limit: i64| async move {
-            let batch = QuestionBatch {
-                route: R,
-                now,
-                next_at: now + 1_000,
-                limit,
-            };
-            let mut ids = s.take_questions(&batch).await.unwrap();
-            ids.sort();
-            ids
-        };
+        let take = |now, limit| take_questions(s, now, limit);
         // concurrent takes: each record goes to one of them
         let (a, b2, c) = tokio::join!(take(t1, 10), take(t1, 10), take(t1, 10));
         let mut all: Vec<String> = [a, b2, c].concat();

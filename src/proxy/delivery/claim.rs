@@ -90,7 +90,9 @@ impl<'a> Delivery<'a> {
                 }
                 Step::Reconcile => {
                     asked = true;
-                    self.reconcile().await?
+                    // boxed: a question is rare, and its future would
+                    // weigh on every request's
+                    Box::pin(self.reconcile()).await?
                 }
                 Step::Done(claimed) => return Ok(claimed),
             }
