@@ -17,7 +17,7 @@ use crate::raw_upstream::{response, upstream, Behavior, Server};
 const ASK_TOKEN: &str = "Bearer reconcile-secret";
 
 /// The consumer: see the module doc.
-fn consumer() -> Server {
+pub(crate) fn consumer() -> Server {
     let posts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     upstream(move |req, _| {
         if req.method == "GET" {
@@ -70,14 +70,14 @@ fn start_on(ts: &TestStore, up: &Server, every: &str) -> Proxy {
 }
 
 /// [`start_on`] a fresh SQLite store.
-fn start(tag: &str, up: &Server, every: &str) -> (TestStore, Proxy) {
+pub(crate) fn start(tag: &str, up: &Server, every: &str) -> (TestStore, Proxy) {
     let ts = TestStore::sqlite(tag);
     let px = start_on(&ts, up, every);
     (ts, px)
 }
 
 /// Delivers `id` once, past the timeout: the record is ambiguous.
-fn make_ambiguous(px: &Proxy, store: &str, id: &str) {
+pub(crate) fn make_ambiguous(px: &Proxy, store: &str, id: &str) {
     let r = px.deliver("/r", Some(id), b"{\"a\":1}");
     assert_eq!(r.status, 504, "{r:?}");
     assert_state(store, "r", id, "ambiguous", 1);

@@ -1574,7 +1574,6 @@ mod cases {
         );
         assert_eq!(take(t1 + 1_000, 2).await.len(), 2);
         assert_eq!(take(t1 + 1_000, 10).await.len(), 1);
-
         let answer = |event_id: &'static str, attempts: i64, learned, now: Millis| async move {
             let req = Reconciliation {
                 route: R,
