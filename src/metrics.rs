@@ -447,6 +447,13 @@ impl Metrics {
             .inc();
     }
 
+    /// A route that asks its consumer: its three series at zero.
+    pub fn init_reconciliations(&self, route: &str) {
+        for result in ["delivered", "failed", "unknown"] {
+            self.reconciliations.with_label_values(&[route, result]);
+        }
+    }
+
     /// The sweeper removed `n` records.
     pub fn swept(&self, n: u64) {
         self.records_swept.inc_by(n);

@@ -99,9 +99,12 @@ impl Reconciler {
         metrics: Metrics,
         instance: String,
     ) -> Reconciler {
-        let routes = (routes.iter())
+        let routes: HashMap<String, Asker> = (routes.iter())
             .filter_map(|r| Some((r.name.clone(), Asker::new(r.reconcile.clone()?))))
             .collect();
+        for name in routes.keys() {
+            metrics.init_reconciliations(name);
+        }
         Reconciler(Arc::new(Inner {
             store,
             metrics,

@@ -104,6 +104,8 @@ fn found_done_the_retry_is_replayed() {
     let up = consumer();
     let (ts, px) = start("rec-done", &up, "1h");
     let store = ts.url.clone();
+    let zero = "idemgate_reconciliations_total{result=\"unknown\",route=\"r\"} 0";
+    assert!(px.metrics().contains(zero), "at zero from the start");
     let id = eid("slow");
     make_ambiguous(&px, &store, &id);
     let retry = px.deliver("/r", Some(&id), b"{\"a\":1}");
