@@ -16,6 +16,7 @@
 //! - [`strict`]: the strict HTTP/1.1 request grammar: heads, header fields and chunked framing (SPEC §4).
 //! - [`source`]: who sent a request: address ranges (CIDRs, matched by binary search) and the client address behind trusted proxies (SPEC §22).
 //! - [`proxy`]: the pingora hooks, route matching and guarded forwarding.
+//! - [`reconcile`]: asking the consumer about ambiguous outcomes (SPEC §21): inline, in the background, for the operator.
 //! - [`paused`]: the routes an operator paused (SPEC §14), as last read from the store.
 //! - [`limits`]: per-route upstream concurrency, rate and breaker (SPEC §15), atomics only.
 //! - [`listener`]: client connections: limits, timeouts, TLS, head reading.
@@ -45,6 +46,7 @@ pub mod path;
 pub mod paused;
 pub mod problem;
 pub mod proxy;
+pub mod reconcile;
 pub mod server;
 pub mod source;
 pub mod store;

@@ -150,6 +150,9 @@ pub struct Metrics {
     /// `idemgate_store_shards` (SPEC §18), registered once a sharded store
     /// reports its shards: the SQL stores have none to count.
     store_shards: Arc<OnceLock<IntGauge>>,
+    /// `idemgate_reconciliations_total{route, result}` (SPEC §21):
+    /// questions to the consumer, by what they learned.
+    reconciliations: IntCounterVec,
 }
 
 /// The routes' upstream gauges (SPEC §15), read from their limits at each
@@ -166,6 +169,16 @@ struct UpstreamGauges {
 
 /// Each route's name and limits.
 pub type LimitsByRoute = Vec<(String, Arc<RouteLimits>)>;
+
+/// `idemgate_reconciliations_total` (SPEC §21).
+fn reconciliations_counter(r: &Registrar) -> IntCounterVec {
+    r.counters(
+        "idemgate_reconciliations_total",
+        "Questions to the consumer about ambiguous records, by what they learned: delivered, \
+         failed, unknown.",
+        &["route", "result"],
+    )
+}
 
 /// `idemgate_ambiguous_records` and `idemgate_route_paused` (SPEC §12, §14).
 fn route_state_gauges(r: &Registrar) -> (GaugeVec, GaugeVec) {
@@ -327,6 +340,7 @@ impl Metrics {
             upstream: UpstreamGauges::new(&r),
             settles_pending: settles_pending_gauge(&r),
             store_shards: Arc::default(),
+            reconciliations: reconciliations_counter(&r),
             registry: registry.clone(),
         };
         process_metrics(&r);
@@ -430,6 +444,21 @@ impl Metrics {
     /// A settle's result (`delivered`, `failed`, …, or `error`).
     pub fn settled(&self, route: &str, result: &str) {
         self.settles.with_label_values(&[route, result]).inc();
+    }
+
+    /// A question to the consumer learned `result` (`delivered`, `failed`,
+    /// `unknown`).
+    pub fn reconciled(&self, route: &str, result: &str) {
+        self.reconciliations
+            .with_label_values(&[route, result])
+            .inc();
+    }
+
+    /// A route that asks its consumer: its three series at zero.
+    pub fn init_reconciliations(&self, route: &str) {
+        for result in ["delivered", "failed", "unknown"] {
+            self.reconciliations.with_label_values(&[route, result]);
+        }
     }
 
     /// The sweeper removed `n` records.

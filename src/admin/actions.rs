@@ -293,7 +293,7 @@ pub fn unknown_route(name: &str) -> Problem {
 }
 
 /// The record as it is after an action, as `events show --json` prints it.
-async fn record_after(store: &dyn ClaimStore, route: &str, id: &str) -> Answer {
+pub(super) async fn record_after(store: &dyn ClaimStore, route: &str, id: &str) -> Answer {
     match store.show(route, id).await.map_err(Problem::store)? {
         Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
         // swept in between: there is nothing left to show

@@ -7,6 +7,7 @@
 //! | `GET /api/events/{route}/{event_id}` | one record with its attempts |
 //! | `POST /api/events/{route}/{event_id}/release[?force=true]` | release it |
 //! | `POST /api/events/{route}/{event_id}/resolve` | resolve an ambiguous record (JSON body) |
+//! | `POST /api/events/{route}/{event_id}/reconcile` | ask the route's consumer about it now (SPEC §21) |
 //! | `POST /api/events/release` | release in bulk (JSON body) |
 //! | `POST /api/routes/{name}/pause`, `…/resume` | pause or resume a route |
 //!
@@ -27,6 +28,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::actions::{self, bool_param, no_params};
+use super::ask;
 use super::web::{json, method_not_allowed, query_pairs, segments, shown};
 use crate::claim::now_ms;
 use crate::claim::State;
@@ -34,6 +36,7 @@ use crate::config::{format_duration, Config, EventIdSource, IdPart, OnAmbiguous,
 use crate::metrics::Metrics;
 use crate::problem::AdminKind;
 use crate::problem::Problem;
+use crate::reconcile::Reconciler;
 use crate::store::json::{record_json, timestamp};
 use crate::store::{ClaimStore, ListFilter, ListKey};
 
@@ -48,6 +51,8 @@ pub use super::web::ApiRequest;
 pub struct Api {
     store: Arc<dyn ClaimStore>,
     metrics: Metrics,
+    /// Asks a route's consumer (the `reconcile` action).
+    reconciler: Reconciler,
     /// Each route's settings as `GET /api/routes` shows them.
     routes: Vec<(String, Value)>,
     /// SHA-256 of `admin.token`: comparing digests takes the same time
@@ -56,10 +61,16 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(config: &Config, store: Arc<dyn ClaimStore>, metrics: Metrics) -> Api {
+    pub fn new(
+        config: &Config,
+        store: Arc<dyn ClaimStore>,
+        metrics: Metrics,
+        reconciler: Reconciler,
+    ) -> Api {
         Api {
             store,
             metrics,
+            reconciler,
             routes: config
                 .routes
                 .iter()
@@ -112,6 +123,10 @@ impl Api {
             ["events", route, id, "resolve"] if named(route, id) => {
                 self.action(req)?;
                 actions::resolve(&*self.store, route, id, req).await
+            }
+            ["events", route, id, "reconcile"] if named(route, id) => {
+                self.action(req)?;
+                ask::reconcile(&*self.store, &self.reconciler, route, id, req).await
             }
             ["routes", name, verb @ ("pause" | "resume")] if !name.is_empty() => {
                 self.action(req)?;
@@ -278,7 +293,8 @@ impl Api {
 
 const ENDPOINTS: &str = "the admin API has GET /api/routes, GET /api/events, \
     GET /api/events/{route}/{event_id}, POST /api/events/{route}/{event_id}/release, \
-    POST /api/events/{route}/{event_id}/resolve, POST /api/events/release, \
+    POST /api/events/{route}/{event_id}/resolve, POST /api/events/{route}/{event_id}/reconcile, \
+    POST /api/events/release, \
     POST /api/routes/{name}/pause and POST /api/routes/{name}/resume \
     (write a `/` inside an event ID as %2F)";
 

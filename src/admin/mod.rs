@@ -20,6 +20,7 @@ use crate::store::ClaimStore;
 
 mod actions;
 pub mod api;
+mod ask;
 pub mod console;
 mod ready;
 mod web;

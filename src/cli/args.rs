@@ -29,7 +29,7 @@ pub enum Command {
     Check(ConfigArg),
     /// Apply pending migrations to a store.
     Migrate(StoreArg),
-    /// Inspect, release and resolve records.
+    /// Inspect, release, resolve and reconcile records.
     #[command(subcommand)]
     Events(EventsCommand),
     /// Pause, resume and list paused routes (for every process on the store).
@@ -89,6 +89,21 @@ pub enum EventsCommand {
     Release(ReleaseArgs),
     /// Settle an ambiguous record by hand, once you know what the consumer did.
     Resolve(ResolveArgs),
+    /// Ask the route's consumer now about its ambiguous records (or one),
+    /// and resolve what it says (the route's `reconcile`).
+    Reconcile(ReconcileArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub config: ConfigArg,
+    #[arg(long)]
+    pub route: String,
+    /// One record; or none: every ambiguous record of the route.
+    pub event_id: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

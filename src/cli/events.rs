@@ -69,6 +69,8 @@ pub fn events(cmd: EventsCommand) -> i32 {
         EventsCommand::Release(a) if a.state.is_some() => release_bulk(a),
         EventsCommand::Release(a) => release(a),
         EventsCommand::Resolve(a) => resolve(a),
+        // in a file of its own: it needs the config
+        EventsCommand::Reconcile(a) => super::reconcile::reconcile(a),
     }
 }
 

@@ -5,11 +5,12 @@ mod args;
 mod demo;
 mod events;
 pub mod exit;
+mod reconcile;
 mod serve;
 
 pub use args::{
-    Cli, Command, ConfigArg, EventsCommand, ListArgs, RecordArg, ReleaseArgs, ResolveArgs,
-    ResolveAs, RouteArg, RoutesCommand, ServeArgs, ShowArgs, StoreArg, SweepArgs,
+    Cli, Command, ConfigArg, EventsCommand, ListArgs, ReconcileArgs, RecordArg, ReleaseArgs,
+    ResolveArgs, ResolveAs, RouteArg, RoutesCommand, ServeArgs, ShowArgs, StoreArg, SweepArgs,
 };
 
 /// Runs a parsed command; returns the process exit code.

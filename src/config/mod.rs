@@ -34,6 +34,7 @@
 //! `route.rs` (one route: presets and the checks across its fields),
 //! `admin.rs` (the admin token), `tls.rs` (the listener's certificate),
 //! `fields.rs` (small value parsers: upstream URL, JSON pointer, header),
+//! `reconcile.rs` (a route's `reconcile` block, SPEC §21),
 //! `verify.rs` (provider presets, secrets, warnings), `hmac_rule.rs` (the
 //! `scheme: hmac` block, SPEC §17), `error.rs` (a problem with its file,
 //! line and column), `model.rs` (the output).
@@ -51,6 +52,7 @@ mod hmac_rule;
 mod layer;
 mod model;
 mod raw;
+mod reconcile;
 mod route;
 mod route_fields;
 mod tls;
@@ -69,9 +71,9 @@ pub use crate::store::{StoreKind, StoreUrl};
 pub use error::{ConfigError, ConfigErrors};
 pub use fields::route_name;
 pub use model::{
-    AdminConfig, AdminToken, Challenge, Config, DigestMode, Downstream, DurationMs, EventIdSource,
-    IdPart, InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Route, Scheme, SettleOn,
-    StoreConfig, SweeperConfig, Tls, UpstreamUrl, Verifier,
+    AdminConfig, AdminToken, Ask, AskUrl, Challenge, Config, DigestMode, Downstream, DurationMs,
+    EventIdSource, IdPart, InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Reconcile,
+    Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Tls, UpstreamUrl, Verifier,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 

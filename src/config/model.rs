@@ -172,6 +172,8 @@ macro_rules! route_struct {
             pub challenge: Option<Challenge>,
             /// Signature verification, when configured: the verifier itself.
             pub verify: Option<Verifier>,
+            /// How to ask the consumer about an ambiguous outcome (SPEC §21).
+            pub reconcile: Option<Reconcile>,
         }
     };
 }
@@ -532,5 +534,74 @@ impl Config {
                 line
             })
             .collect()
+    }
+}
+
+/// How a route asks its consumer (SPEC §21), ready for the runtime.
+#[derive(Debug, Clone)]
+pub struct Reconcile {
+    pub ask: Ask,
+    /// The consumer's statuses that mean it acted on the event.
+    pub done: Vec<u16>,
+    /// Those that mean it never did.
+    pub not_done: Vec<u16>,
+    /// Replayed to later deliveries of an event found done.
+    pub delivered_status: u16,
+    /// The longest one question may take (connect to answer).
+    pub timeout: Duration,
+    /// How often the background asks about each ambiguous record.
+    pub every: Duration,
+}
+
+/// What a question is.
+#[derive(Debug, Clone)]
+pub enum Ask {
+    Url(AskUrl),
+    /// A query whose row means done; `$1` is the event ID. The URL may
+    /// hold a password: it is never printed.
+    Sql {
+        url: String,
+        query: String,
+    },
+}
+
+/// A GET to the consumer: the URL split around `{id}`.
+#[derive(Clone)]
+pub struct AskUrl {
+    /// The scheme, host and port (its `base_path` is unused).
+    pub target: UpstreamUrl,
+    /// The path (and query) before the event ID, starting with `/`.
+    pub before: String,
+    /// The path (and query) after it.
+    pub after: String,
+    /// Sent with each question: names and values read from secrets.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+}
+
+impl fmt::Debug for AskUrl {
+    /// Never the header values: they are secrets.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("AskUrl")
+            .field("target", &self.target.original)
+            .field("before", &self.before)
+            .field("after", &self.after)
+            .field("headers", &names)
+            .finish()
+    }
+}
+
+impl AskUrl {
+    /// The question's path and query: the event ID percent-encoded, every
+    /// byte but RFC 3986's unreserved ones, so that no ID can add a path
+    /// segment, a query, a fragment or another host.
+    pub fn path_for(&self, event_id: &str) -> String {
+        const KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+            .remove(b'-')
+            .remove(b'.')
+            .remove(b'_')
+            .remove(b'~');
+        let id = percent_encoding::utf8_percent_encode(event_id, KEEP);
+        format!("{}{id}{}", self.before, self.after)
     }
 }

@@ -143,6 +143,8 @@ macro_rules! raw_structs {
             pub upstream: Option<String>,
             pub provider: Option<Provider>,
             pub verify: Option<RawVerifyField>,
+            /// SPEC §21: the route's own, never from `defaults`.
+            pub reconcile: Option<RawReconcile>,
             $($(#[serde($($serde)*)])? pub $field: Option<$raw>,)*
         }
 
@@ -157,6 +159,28 @@ macro_rules! raw_structs {
     };
 }
 route_fields!(raw_structs);
+
+/// `reconcile:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReconcile {
+    pub url: Option<String>,
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
+    pub sql: Option<RawReconcileSql>,
+    pub done: Option<Vec<u64>>,
+    pub not_done: Option<Vec<u64>>,
+    pub delivered_status: Option<u64>,
+    pub timeout: Option<Text>,
+    pub every: Option<Text>,
+}
+
+/// `reconcile.sql` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReconcileSql {
+    pub url: Option<String>,
+    pub query: Option<String>,
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

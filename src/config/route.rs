@@ -6,8 +6,9 @@
 use super::ctx::Ctx;
 use super::fields;
 use super::layer::{parse_layer, resolve, Layer, Resolved};
-use super::model::{DigestMode, EventIdSource, Provider, Route, UpstreamUrl, Verifier};
+use super::model::{DigestMode, EventIdSource, Provider, Reconcile, Route, UpstreamUrl, Verifier};
 use super::raw::{RawMatch, RawRoute, RawVerifyField};
+use super::reconcile;
 use super::route_fields::route_fields;
 use super::verify;
 
@@ -29,6 +30,7 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, mut raw: RawRoute, d: &Layer) -> O
         upstream,
         provider,
         verify,
+        reconcile,
         ..
     } = raw;
     let errors_before = ctx.error_count();
@@ -47,13 +49,17 @@ pub fn parse_route(ctx: &mut Ctx, path: &str, mut raw: RawRoute, d: &Layer) -> O
         verify::retention_warning(ctx, p, r.retention.value.duration(), at);
     }
     let verify = verify_field(ctx, path, verify, provider, guarded, errors_before);
+    let reconcile = reconcile.and_then(|raw| {
+        let at = format!("{path}.reconcile");
+        reconcile::reconcile(ctx, &at, raw, r.on_ambiguous.value)
+    });
     signed_gitlab_id(&own, provider, verify.as_ref(), &mut r);
     check_signed_id(ctx, path, &r, verify.as_ref());
 
     if ctx.error_count() != errors_before {
         return None;
     }
-    assemble(id, r, provider, verify)
+    assemble(id, r, provider, verify, reconcile)
 }
 
 /// Builds `assemble` from the field list of [`route_fields!`].
@@ -67,6 +73,7 @@ macro_rules! assemble {
             r: Resolved,
             provider: Option<Provider>,
             verify: Option<Verifier>,
+            reconcile: Option<Reconcile>,
         ) -> Option<Route> {
             Some(Route {
                 name: id.name?,
@@ -77,6 +84,7 @@ macro_rules! assemble {
                 provider,
                 challenge: provider.and_then(verify::preset_challenge),
                 verify,
+                reconcile,
             })
         }
     };

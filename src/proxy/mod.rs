@@ -484,11 +484,18 @@ mod tests {
             .unwrap()
             .config;
         let store = crate::store::open_url(&cfg.store.url, 1).await.unwrap();
+        let metrics = crate::metrics::Metrics::new();
+        let reconciler = crate::reconcile::Reconciler::new(
+            &cfg.routes,
+            store.clone(),
+            metrics.clone(),
+            "test".into(),
+        );
         let gate = Gate {
             routes: RouteTable::new(cfg.routes.clone()).unwrap(),
             shared: Shared {
                 store,
-                metrics: crate::metrics::Metrics::new(),
+                metrics,
                 connector: pingora::connectors::http::Connector::new(None),
                 in_flight: Default::default(),
                 seen: Default::default(),
@@ -496,6 +503,7 @@ mod tests {
                 instance: "test".into(),
                 pending: Default::default(),
                 trusted_proxies: Default::default(),
+                reconciler,
             },
         };
         let (stream, _peer) = tokio::io::duplex(64);

@@ -1,6 +1,6 @@
 //! What every request handler takes by reference: the store, the metrics,
 //! the upstream connector, the in-flight table, the seen cache, the paused
-//! routes and this process's name.
+//! routes, this process's name and the reconciler.
 
 use std::sync::Arc;
 
@@ -11,6 +11,7 @@ use super::pending::PendingSettles;
 use super::seen::SeenEvents;
 use crate::metrics::Metrics;
 use crate::paused::PausedRoutes;
+use crate::reconcile::Reconciler;
 use crate::source::Ranges;
 use crate::store::ClaimStore;
 
@@ -32,4 +33,6 @@ pub struct Shared {
     pub pending: Arc<PendingSettles>,
     /// Peers whose `X-Forwarded-For` names the client (SPEC §22).
     pub trusted_proxies: Arc<Ranges>,
+    /// Asks the consumer about an ambiguous record a delivery meets (SPEC §21).
+    pub reconciler: Reconciler,
 }

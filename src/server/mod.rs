@@ -30,6 +30,7 @@ use crate::paused::RouteState;
 use crate::proxy::routes::PruneIdle;
 use crate::proxy::routes::{RouteError, RouteTable};
 use crate::proxy::{Gate, InFlightRequests, PendingSettles, Shared};
+use crate::reconcile::{Background, Reconciler};
 use crate::store::ClaimStore;
 use crate::sweeper::Sweeper;
 use stopping::UntilExit;
@@ -94,6 +95,12 @@ pub fn gate(
             .map(|r| (r.name().to_owned(), r.limits.clone()))
             .collect(),
     );
+    let reconciler = Reconciler::new(
+        &config.routes,
+        store.clone(),
+        metrics.clone(),
+        config.instance.clone(),
+    );
     Ok(Gate {
         routes,
         shared: Shared {
@@ -106,6 +113,7 @@ pub fn gate(
             instance: config.instance.clone(),
             pending: Default::default(),
             trusted_proxies: config.trusted_proxies.clone(),
+            reconciler,
         },
     })
 }
@@ -228,6 +236,7 @@ fn add_services(
         routes: gate.routes.iter().cloned().collect(),
     };
     let paused = gate.shared.paused.clone();
+    let reconciler = gate.shared.reconciler.clone();
     let downstream = Downstream::new(
         pingora::proxy::http_proxy(&conf, gate),
         &config.downstream,
@@ -255,7 +264,12 @@ fn add_services(
             stopping: stopping.clone(),
             store_ping: Default::default(),
             ready_log: Default::default(),
-            api: crate::admin::api::Api::new(config, store.clone(), metrics.clone()),
+            api: crate::admin::api::Api::new(
+                config,
+                store.clone(),
+                metrics.clone(),
+                reconciler.clone(),
+            ),
             loopback_only: config.admin_listen.ip().is_loopback(),
             trusted_proxies: config.trusted_proxies.clone(),
         },
@@ -283,6 +297,7 @@ fn add_services(
         last_swept: Default::default(),
     };
     server.add_service(background_service("sweeper", sweeper));
+    server.add_service(background_service("reconcile", Background(reconciler)));
     server.add_service(background_service("idle upstream connections", prune_idle));
     table
 }

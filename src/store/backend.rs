@@ -12,9 +12,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Attempt, BulkRelease, ClaimOutcome, ClaimRequest, ClaimStore, EngineReport, ListFilter, Record,
-    ReleaseOutcome, ReleaseRequest, ResolveOutcome, ResolveRequest, SettleRequest, StoreError,
-    UnacknowledgedClaim,
+    Attempt, BulkRelease, ClaimOutcome, ClaimRequest, ClaimStore, EngineReport, ListFilter,
+    QuestionBatch, Reconciliation, Record, ReleaseOutcome, ReleaseRequest, ResolveOutcome,
+    ResolveRequest, SettleRequest, StoreError, UnacknowledgedClaim,
 };
 use crate::claim::{Millis, SettleResult, State};
 
@@ -29,9 +29,10 @@ const BULK_BATCH: i64 = 500;
 /// single release and the sweep's batches too. It does not cut off the
 /// writes whose result must be known (`claim`, `settle`: they are given
 /// their limit to be taken instead; the operator's `resolve`,
-/// `release_unacknowledged`, `release_bulk`, `set_paused` and the
-/// sweeper's `hold_ended_leases`: an error there means nothing
-/// committed), nor `migrate` and `close`. A backend that queues other work
+/// `release_unacknowledged`, `release_bulk`, `set_paused`, `reconciled`
+/// and the sweeper's `hold_ended_leases`: an error there means nothing
+/// committed), nor `migrate` and `close`; `take_questions` is cut off (a
+/// mark taken and not answered only delays a question by `every`). A backend that queues other work
 /// (a batch of lookups, a slice of a sweep) may bound the wait in the queue
 /// by `OP_TIMEOUT` too.
 ///
@@ -192,6 +193,24 @@ pub trait Backend: Send + Sync {
         limit: i64,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// A question's answer recorded and acted on, as one atomic change
+    /// fenced by the state (`ambiguous`) and the attempt count; what was
+    /// found otherwise (see [`ClaimStore::reconciled`]). Anything that
+    /// caches delivered records must learn of it.
+    fn reconciled(
+        &self,
+        req: &Reconciliation<'_>,
+    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send;
+
+    /// The background's questions to ask (see
+    /// [`ClaimStore::take_questions`]): each record's mark taken with a
+    /// compare-and-set of its own, so that two processes never both take
+    /// one before its mark passes.
+    fn take_questions(
+        &self,
+        batch: &QuestionBatch<'_>,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+
     /// Closes every connection (the last one flushes SQLite's WAL).
     fn close(&self) -> impl Future<Output = ()> + Send;
 }
@@ -316,6 +335,14 @@ impl<B: Backend> ClaimStore for Bounded<B> {
 
     fn report(&self) -> EngineReport {
         self.0.report()
+    }
+
+    async fn reconciled(&self, req: &Reconciliation<'_>) -> Result<ResolveOutcome, StoreError> {
+        self.0.reconciled(req).await
+    }
+
+    async fn take_questions(&self, batch: &QuestionBatch<'_>) -> Result<Vec<String>, StoreError> {
+        bounded(B::OP_TIMEOUT, self.0.take_questions(batch)).await
     }
 
     async fn close(&self) {

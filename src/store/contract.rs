@@ -355,6 +355,71 @@ pub enum ResolveOutcome {
     NotAmbiguous(State),
 }
 
+/// What a question to the consumer learned (SPEC §21).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Learned {
+    /// The consumer acted on the event: the record turns `delivered`, and
+    /// later deliveries are replayed with `status` (`delivered_status`).
+    Done { status: u16 },
+    /// It never acted on it: the record turns `failed`, and the next
+    /// delivery is forwarded.
+    NotDone,
+    /// No answer that says: the record stays `ambiguous`.
+    Unknown,
+}
+
+impl Learned {
+    /// The question's row's `result` (SPEC §13).
+    pub fn result(self) -> &'static str {
+        match self {
+            Learned::Done { .. } | Learned::NotDone => "reconciled",
+            Learned::Unknown => "reconcile_unknown",
+        }
+    }
+
+    /// The metric's `result` (SPEC §21).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Learned::Done { .. } => "delivered",
+            Learned::NotDone => "failed",
+            Learned::Unknown => "unknown",
+        }
+    }
+}
+
+/// One question's answer, to record beside its record and act on (SPEC
+/// §21): one atomic change, fenced by the record's state and attempt count.
+#[derive(Debug, Clone, Copy)]
+pub struct Reconciliation<'a> {
+    pub route: &'a str,
+    pub event_id: &'a str,
+    /// The record's `attempts` when it was read before the question: a
+    /// record that changed since (another attempt, a resolve) is left as
+    /// it is, and the question is not recorded.
+    pub attempts: i64,
+    pub learned: Learned,
+    /// The consumer's status, when it answered one.
+    pub status: Option<u16>,
+    /// What was learned, for the row's `error` column (never the
+    /// consumer's address).
+    pub detail: &'a str,
+    pub started_at: Millis,
+    pub now: Millis,
+    pub instance: &'a str,
+}
+
+/// The background's take of a route's ambiguous records to ask about
+/// (SPEC §21).
+#[derive(Debug, Clone, Copy)]
+pub struct QuestionBatch<'a> {
+    pub route: &'a str,
+    pub now: Millis,
+    /// The mark each record taken gets: it is not taken again, by any
+    /// process, before this time (now + `every`).
+    pub next_at: Millis,
+    pub limit: i64,
+}
+
 /// A claim whose commit was not acknowledged (SPEC §16), named by the
 /// random token it was made with.
 #[derive(Debug, Clone, Copy)]
@@ -454,6 +519,19 @@ pub trait ClaimStore: Send + Sync {
     /// lease ended by `now` turn `ambiguous` (their attempt recorded as
     /// lost), at most `limit`; how many did.
     async fn hold_ended_leases(&self, now: Millis, limit: i64) -> Result<u64, StoreError>;
+    /// Records what a question to the consumer learned (SPEC §21) and acts
+    /// on it, in one atomic change: `Done` resolves the record as
+    /// `delivered` (`last_status` its status), `NotDone` as `failed`,
+    /// `Unknown` leaves it `ambiguous`; each adds the question's row to the
+    /// record's history. Only an `ambiguous` record whose attempt count is
+    /// still `req.attempts` is changed (`Resolved`); otherwise nothing is,
+    /// and the outcome says what was found.
+    async fn reconciled(&self, req: &Reconciliation<'_>) -> Result<ResolveOutcome, StoreError>;
+    /// Takes at most `batch.limit` of the route's `ambiguous` records whose
+    /// mark is unset or at most `batch.now`, setting each one's mark to
+    /// `batch.next_at` with a compare-and-set: a record is taken by one
+    /// process only, until its mark passes. The taken event IDs.
+    async fn take_questions(&self, batch: &QuestionBatch<'_>) -> Result<Vec<String>, StoreError>;
     /// One record with its attempt history (`events show`, the API).
     async fn show(&self, route: &str, event_id: &str) -> Result<Option<Record>, StoreError> {
         let Some(mut record) = self.get(route, event_id).await? else {

@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use super::sql::ATTEMPTS_KEPT;
 use super::{
-    outcome_unknown, Attempt, Backend, BulkRelease, ClaimOutcome, ClaimRequest, Found, ListFilter,
-    Record, Recorded, ReleaseOutcome, ReleaseRequest, ReplayHeaders, Resolution, ResolveOutcome,
-    ResolveRequest, SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
+    outcome_unknown, Attempt, Backend, BulkRelease, ClaimOutcome, ClaimRequest, Found, Learned,
+    ListFilter, QuestionBatch, Reconciliation, Record, Recorded, ReleaseOutcome, ReleaseRequest,
+    ReplayHeaders, Resolution, ResolveOutcome, ResolveRequest, SettleOutcome, SettleRequest,
+    StoreError, UnacknowledgedClaim,
 };
 use crate::claim::{self, AttemptEnd, ClaimKind, Current, Millis, SettleResult, State};
 
@@ -39,6 +40,10 @@ struct Entry {
     /// The record's attempts by number, as rows (a first attempt that
     /// delivered is not kept as a row: it is the record's own columns).
     attempts: BTreeMap<i64, Attempt>,
+    /// The background's mark (SPEC §21): not asked about before this.
+    reconcile_after: Option<Millis>,
+    /// The questions asked about it, oldest first, the newest 20 kept.
+    questions: Vec<Attempt>,
 }
 
 impl Entry {
@@ -160,6 +165,8 @@ fn new_entry(req: &ClaimRequest<'_>) -> Entry {
         claimed_by: Some(req.instance.to_owned()),
         claim_token: req.token,
         attempts: BTreeMap::new(),
+        reconcile_after: None,
+        questions: Vec::new(),
     }
 }
 
@@ -518,7 +525,12 @@ impl Backend for MemoryStore {
                 rows.insert(1, e.first_attempt());
             }
         }
-        Ok(rows.into_values().collect())
+        let mut rows: Vec<Attempt> = rows.into_values().collect();
+        rows.extend(e.questions.iter().cloned());
+        // each question after the attempt it asked about (stable: SQL's
+        // ORDER BY attempt, started_at)
+        rows.sort_by_key(|a| (a.attempt, a.started_at));
+        Ok(rows)
     }
 
     async fn release_bulk(&self, req: &BulkRelease<'_>, batch: i64) -> Result<u64, StoreError> {
@@ -580,6 +592,68 @@ impl Backend for MemoryStore {
             }
         }
         Ok(ended.len() as u64)
+    }
+
+    async fn reconciled(&self, req: &Reconciliation<'_>) -> Result<ResolveOutcome, StoreError> {
+        let mut t = self.tables();
+        let Some(e) = t.records.get_mut(&key(req.route, req.event_id)) else {
+            return Ok(ResolveOutcome::NotFound);
+        };
+        if e.record.state != State::Ambiguous || e.record.attempts != req.attempts {
+            return Ok(ResolveOutcome::NotAmbiguous(e.record.state));
+        }
+        e.questions.push(Attempt {
+            attempt: req.attempts,
+            started_at: req.started_at,
+            ended_at: Some(req.now),
+            status: req.status.map(i64::from),
+            result: req.learned.result().into(),
+            error: Some(req.detail.into()),
+            duration_ms: Some(req.now - req.started_at),
+            instance: Some(req.instance.into()),
+        });
+        let kept = usize::try_from(ATTEMPTS_KEPT).unwrap_or(usize::MAX);
+        let extra = e.questions.len().saturating_sub(kept);
+        e.questions.drain(..extra);
+        match req.learned {
+            Learned::Done { status } => {
+                let r = &mut e.record;
+                r.state = State::Delivered;
+                r.last_status = Some(i64::from(status));
+                r.last_error = None;
+                r.lease_until = None;
+                r.delivered_at = Some(req.now);
+                e.touch(req.now);
+            }
+            Learned::NotDone => release_to_failed(
+                e,
+                "the consumer said it never acted on it (reconciled)",
+                req.now,
+            ),
+            Learned::Unknown => {}
+        }
+        Ok(ResolveOutcome::Resolved)
+    }
+
+    async fn take_questions(&self, batch: &QuestionBatch<'_>) -> Result<Vec<String>, StoreError> {
+        let mut t = self.tables();
+        let mut due: Vec<(Millis, String)> = (t.records.values())
+            .filter(|e| {
+                let r = &e.record;
+                r.route == batch.route
+                    && r.state == State::Ambiguous
+                    && e.reconcile_after.is_none_or(|at| at <= batch.now)
+            })
+            .map(|e| (e.record.updated_at, e.record.event_id.clone()))
+            .collect();
+        due.sort();
+        due.truncate(usize::try_from(batch.limit.max(0)).unwrap_or(usize::MAX));
+        for (_, id) in &due {
+            if let Some(e) = t.records.get_mut(&key(batch.route, id)) {
+                e.reconcile_after = Some(batch.next_at);
+            }
+        }
+        Ok(due.into_iter().map(|(_, id)| id).collect())
     }
 
     async fn close(&self) {}

@@ -40,9 +40,10 @@ pub(crate) use contract::{
     claim_kind_from_previous, existing_outcome, outcome_unknown, state_of, Found,
 };
 pub use contract::{
-    Attempt, BulkRelease, ClaimOutcome, ClaimRequest, ClaimStore, EngineReport, ListFilter,
-    ListKey, Record, Recorded, ReleaseOutcome, ReleaseRequest, ReplayHeaders, Resolution,
-    ResolveOutcome, ResolveRequest, SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
+    Attempt, BulkRelease, ClaimOutcome, ClaimRequest, ClaimStore, EngineReport, Learned,
+    ListFilter, ListKey, QuestionBatch, Reconciliation, Record, Recorded, ReleaseOutcome,
+    ReleaseRequest, ReplayHeaders, Resolution, ResolveOutcome, ResolveRequest, SettleOutcome,
+    SettleRequest, StoreError, UnacknowledgedClaim,
 };
 pub use url::{redact_url, StoreKind, StoreUrl};
 pub use valkey::target::{Durability, ValkeyTarget};

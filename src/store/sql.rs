@@ -238,7 +238,8 @@ macro_rules! first_delivered_record {
     };
 }
 
-/// A record's attempts, oldest first: the rows, and a first attempt that
+/// A record's attempts, oldest first: the rows, the questions asked about
+/// them (SPEC §21, each after the attempt it asked about), and a first attempt that
 /// delivered read from the record (see [`first_delivered`]). A row written
 /// for that attempt as lost (its lease ended before its answer came) is
 /// only a guess: once the record says the attempt delivered, the record
@@ -262,7 +263,11 @@ WHERE route = $1 AND event_id = $2 AND state = 'delivered' AND attempts = 1
                     AND (error IS NULL OR error <> '",
     lease_lost!(),
     "'))
-ORDER BY 1"
+UNION ALL
+SELECT attempt, started_at, ended_at, status, result, error, duration_ms, instance
+FROM record_questions
+WHERE route = $1 AND event_id = $2
+ORDER BY 1, 2"
 );
 
 /// Before a forced release of a delivered record: its first attempt's row,

@@ -10,8 +10,8 @@ use std::future::Future;
 
 use super::sql::{Param, Statement, Value, HISTORY};
 use super::{
-    state_of, Attempt, BulkRelease, Resolution, ResolveOutcome, ResolveRequest, StoreError,
-    UnacknowledgedClaim,
+    state_of, Attempt, BulkRelease, Learned, QuestionBatch, Reconciliation, Resolution,
+    ResolveOutcome, ResolveRequest, StoreError, UnacknowledgedClaim,
 };
 use crate::claim::{Millis, State};
 
@@ -85,6 +85,20 @@ macro_rules! sql_operator_ops {
 
         async fn hold_ended_leases(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
             $crate::store::sql_operator::hold_ended_leases(self, now, limit).await
+        }
+
+        async fn reconciled(
+            &self,
+            req: &$crate::store::Reconciliation<'_>,
+        ) -> Result<$crate::store::ResolveOutcome, StoreError> {
+            $crate::store::sql_operator::reconciled(self, req).await
+        }
+
+        async fn take_questions(
+            &self,
+            batch: &$crate::store::QuestionBatch<'_>,
+        ) -> Result<Vec<String>, StoreError> {
+            $crate::store::sql_operator::take_questions(self, batch).await
         }
     };
 }
@@ -406,4 +420,169 @@ pub(crate) async fn hold_ended_leases(
         ])
         .await?;
     Ok(changed.get(1).copied().unwrap_or(0))
+}
+
+/// The record a question asked about, as it was then: `ambiguous`, its
+/// attempt count unchanged. $1 route, $2 event_id, $3 attempts
+macro_rules! still_asked {
+    () => {
+        "route = $1 AND event_id = $2 AND state = 'ambiguous' AND attempts = $3"
+    };
+}
+
+/// The question's row (SPEC §21, §13). $1 route, $2 event_id, $3 attempts,
+/// $4 started_at, $5 now, $6 status, $7 result, $8 detail, $9 instance
+const QUESTION_ROW: &str = concat!(
+    "INSERT INTO record_questions
+    (route, event_id, attempt, started_at, ended_at, status, result, error, duration_ms, instance)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $5 - $4, $9
+WHERE EXISTS (SELECT 1 FROM records WHERE ",
+    still_asked!(),
+    ")"
+);
+
+/// Found done. $1 route, $2 event_id, $3 attempts, $4 now, $5 status
+const RECONCILED_DELIVERED: &str = concat!(
+    "UPDATE records SET state = 'delivered', last_status = $5, last_error = NULL,
+    lease_until = NULL, delivered_at = $4, expires_at = $4 + (expires_at - updated_at),
+    updated_at = $4
+WHERE ",
+    still_asked!()
+);
+
+/// Found not done. $1 route, $2 event_id, $3 attempts, $4 now
+const RECONCILED_FAILED: &str = concat!(
+    "UPDATE records SET state = 'failed', lease_until = NULL,
+    last_error = 'the consumer said it never acted on it (reconciled)',
+    expires_at = $4 + (expires_at - updated_at), updated_at = $4
+WHERE ",
+    still_asked!()
+);
+
+/// Keeps the newest 20 questions of a record. $1 route, $2 event_id
+const QUESTIONS_TRIM: &str = "\
+DELETE FROM record_questions WHERE route = $1 AND event_id = $2 AND id <= (
+    SELECT id FROM record_questions WHERE route = $1 AND event_id = $2
+    ORDER BY id DESC LIMIT 1 OFFSET 20)";
+
+/// Records a question's answer and acts on it, in one transaction fenced
+/// by the record's state and attempt count.
+pub(crate) async fn reconciled(
+    store: &impl SqlRun,
+    req: &Reconciliation<'_>,
+) -> Result<ResolveOutcome, StoreError> {
+    let (route, event_id) = (req.route, req.event_id);
+    let key = || vec![Param::Text(route), Param::Text(event_id)];
+    let fenced = || {
+        let mut p = key();
+        p.extend([Param::Int(req.attempts), Param::Int(req.now)]);
+        p
+    };
+    let mut row = key();
+    row.extend([
+        Param::Int(req.attempts),
+        Param::Int(req.started_at),
+        Param::Int(req.now),
+        Param::OptInt(req.status.map(i64::from)),
+        Param::Text(req.learned.result()),
+        Param::Text(req.detail),
+        Param::Text(req.instance),
+    ]);
+    // the row first: its condition reads the record before the change
+    let mut statements = vec![Statement {
+        sql: QUESTION_ROW,
+        params: row,
+    }];
+    match req.learned {
+        Learned::Done { status } => {
+            let mut params = fenced();
+            params.push(Param::Int(i64::from(status)));
+            statements.push(Statement {
+                sql: RECONCILED_DELIVERED,
+                params,
+            });
+        }
+        Learned::NotDone => statements.push(Statement {
+            sql: RECONCILED_FAILED,
+            params: fenced(),
+        }),
+        Learned::Unknown => {}
+    }
+    statements.push(Statement {
+        sql: QUESTIONS_TRIM,
+        params: key(),
+    });
+    let changed = store.execute(&statements).await?;
+    if changed.first() == Some(&1) {
+        return Ok(ResolveOutcome::Resolved);
+    }
+    let rows = store
+        .query(&Statement {
+            sql: super::sql::STATE_OF,
+            params: key(),
+        })
+        .await?;
+    match rows.first().and_then(|r| r.first()).and_then(Value::text) {
+        None => Ok(ResolveOutcome::NotFound),
+        Some(state) => Ok(ResolveOutcome::NotAmbiguous(state_of(state)?)),
+    }
+}
+
+/// The route's ambiguous records whose mark passed, oldest change first.
+/// $1 route, $2 now, $3 limit
+const QUESTIONS_DUE: &str = "\
+SELECT event_id FROM records
+WHERE route = $1 AND state = 'ambiguous' AND (reconcile_after IS NULL OR reconcile_after <= $2)
+ORDER BY updated_at LIMIT $3";
+
+/// One record's mark, taken as a compare-and-set. $1 route, $2 event_id,
+/// $3 now, $4 next_at
+const TAKE_QUESTION: &str = "\
+UPDATE records SET reconcile_after = $4
+WHERE route = $1 AND event_id = $2 AND state = 'ambiguous'
+  AND (reconcile_after IS NULL OR reconcile_after <= $3)";
+
+/// Takes the route's due ambiguous records: a read, then each record's
+/// mark as a compare-and-set of its own (in one transaction); a record
+/// another process took meanwhile is not taken.
+pub(crate) async fn take_questions(
+    store: &impl SqlRun,
+    batch: &QuestionBatch<'_>,
+) -> Result<Vec<String>, StoreError> {
+    let rows = store
+        .query(&Statement {
+            sql: QUESTIONS_DUE,
+            params: vec![
+                Param::Text(batch.route),
+                Param::Int(batch.now),
+                Param::Int(batch.limit),
+            ],
+        })
+        .await?;
+    let due: Vec<String> = rows
+        .iter()
+        .filter_map(|r| r.first().and_then(Value::text).map(str::to_owned))
+        .collect();
+    if due.is_empty() {
+        return Ok(due);
+    }
+    let statements: Vec<Statement<'_>> = due
+        .iter()
+        .map(|id| Statement {
+            sql: TAKE_QUESTION,
+            params: vec![
+                Param::Text(batch.route),
+                Param::Text(id),
+                Param::Int(batch.now),
+                Param::Int(batch.next_at),
+            ],
+        })
+        .collect();
+    let changed = store.execute(&statements).await?;
+    Ok(due
+        .into_iter()
+        .zip(changed)
+        .filter(|(_, n)| *n == 1)
+        .map(|(id, _)| id)
+        .collect())
 }

@@ -773,6 +773,36 @@ fn ambiguous_events_are_resolved_both_ways_from_the_console() {
     assert_eq!(b.alert_text(), None);
 }
 
+/// SPEC §21: "Ask the consumer" on an ambiguous event's page asks the
+/// route's consumer now; found done, the page shows it delivered, and the
+/// question in its attempts.
+#[test]
+fn an_ambiguous_event_is_reconciled_from_the_console() {
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else {
+        return;
+    };
+    let up = crate::reconcile::consumer();
+    let (ts, px) = crate::reconcile::start("console-reconcile", &up, "1h");
+    let id = eid("slow");
+    crate::reconcile::make_ambiguous(&px, &ts.url, &id);
+    b.goto(&format!("http://{}/#/event/r/{}", px.admin, enc(&id)));
+    wait_shown(&b, "the detail", "state", "ambiguous");
+    assert!(b.displayed(&b.find("#ask-consumer").unwrap()));
+    confirm(&b, "#ask-consumer", Some(TOKEN));
+    wait_shown(&b, "the reconciled record", "state", "delivered");
+    let said = wait_result(&b, "#action-result", "Asked the consumer");
+    assert!(said.contains("done: the consumer answered 200"), "{said}");
+    assert!(!b.displayed(&b.find("#ask-consumer").unwrap()));
+    let results = b.execute(
+        "return Array.from(document.querySelectorAll('#attempts tbody tr')).map(r => r.children[3].textContent);",
+        json!([]),
+    );
+    assert_eq!(results, json!(["ambiguous", "reconciled"]));
+    assert_eq!(b.alert_text(), None);
+    drop((px, ts));
+}
+
 #[test]
 fn a_route_is_paused_and_resumed_from_the_console() {
     let Some((_one, b, s)) = browser_and_held("console-pause") else {

@@ -71,6 +71,7 @@ mod properties;
 mod protect;
 mod providers;
 mod readiness;
+mod reconcile;
 mod replicas;
 mod smuggling;
 mod stopping;

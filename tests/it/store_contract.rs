@@ -1623,6 +1623,144 @@ mod cases {
         assert_eq!(s.ambiguous_counts().await.unwrap(), []);
     }
 
+    /// The background's take at `now` (marks until now + 1 s), sorted.
+    async fn take_questions(s: &dyn ClaimStore, now: Millis, limit: i64) -> Vec<String> {
+        let batch = idemgate::store::QuestionBatch {
+            route: R,
+            now,
+            next_at: now + 1_000,
+            limit,
+        };
+        let mut ids = s.take_questions(&batch).await.unwrap();
+        ids.sort();
+        ids
+    }
+
+    /// Reconciliation (SPEC §21): the background's mark, taken by one
+    /// caller at a time until it passes; a question's answer recorded as an
+    /// attempt row and acted on, fenced by the state and the attempt
+    /// count; the newest 20 questions kept, swept with their record.
+    pub async fn questions_are_marked_recorded_and_fenced(b: &Backend) {
+        use idemgate::store::{Learned, Reconciliation, ResolveOutcome};
+        let s = &*b.store;
+        for id in ["q1", "q2", "q3"] {
+            s.claim(&held_claim(id, T0)).await.unwrap();
+            assert_outcome_unknown(&s.claim(&held_claim(id, T0 + LEASE)).await.unwrap());
+        }
+        s.claim(&held_claim("live", T0 + LEASE)).await.unwrap();
+        claim_and_settle(s, "done", T0, RETENTION, delivered(200)).await;
+        let t1 = T0 + LEASE + 100;
+        let take = |now, limit| take_questions(s, now, limit);
+        // concurrent takes: each record goes to one of them
+        let (a, b2, c) = tokio::join!(take(t1, 10), take(t1, 10), take(t1, 10));
+        let mut all: Vec<String> = [a, b2, c].concat();
+        all.sort();
+        assert_eq!(all, ["q1", "q2", "q3"]);
+        assert!(
+            take(t1 + 999, 10).await.is_empty(),
+            "marked until t1 + 1000"
+        );
+        assert_eq!(take(t1 + 1_000, 2).await.len(), 2);
+        assert_eq!(take(t1 + 1_000, 10).await.len(), 1);
+        let answer = |event_id: &'static str, attempts: i64, learned, now: Millis| async move {
+            let req = Reconciliation {
+                route: R,
+                event_id,
+                attempts,
+                learned,
+                status: Some(200),
+                detail: "asked",
+                started_at: now - 5,
+                now,
+                instance: "asker",
+            };
+            s.reconciled(&req).await.unwrap()
+        };
+        let t2 = t1 + 2_000;
+        let done = Learned::Done { status: 202 };
+        assert_eq!(answer("q1", 1, done, t2).await, ResolveOutcome::Resolved);
+        let q1 = get(s, "q1").await;
+        assert_eq!(
+            (q1.state, q1.attempts, q1.last_status, q1.delivered_at),
+            (State::Delivered, 1, Some(202), Some(t2))
+        );
+        let h = s.history(R, "q1").await.unwrap();
+        assert_eq!(h.len(), 2, "{h:?}");
+        let q = &h[1];
+        assert_eq!(
+            (q.attempt, q.result.as_str(), q.status, q.error.as_deref()),
+            (1, "reconciled", Some(200), Some("asked"))
+        );
+        assert_eq!(
+            (
+                q.started_at,
+                q.ended_at,
+                q.duration_ms,
+                q.instance.as_deref()
+            ),
+            (t2 - 5, Some(t2), Some(5), Some("asker"))
+        );
+        match s.claim(&held_claim("q1", t2 + 1)).await.unwrap() {
+            ClaimOutcome::Existing { decision, recorded } => {
+                assert_eq!((decision, recorded.status), (Refusal::Replay, Some(202)));
+            }
+            other => panic!("{other:?}"),
+        }
+
+        assert_eq!(
+            answer("q2", 1, Learned::Unknown, t2).await,
+            ResolveOutcome::Resolved
+        );
+        assert_eq!(get(s, "q2").await.state, State::Ambiguous);
+        let h = s.history(R, "q2").await.unwrap();
+        assert_eq!(h.last().unwrap().result, "reconcile_unknown", "{h:?}");
+        // fenced: another attempt count, another state, no record
+        assert_eq!(
+            answer("q2", 2, Learned::NotDone, t2).await,
+            ResolveOutcome::NotAmbiguous(State::Ambiguous)
+        );
+        assert_eq!(get(s, "q2").await.state, State::Ambiguous);
+        assert_eq!(s.history(R, "q2").await.unwrap().len(), h.len());
+        assert_eq!(
+            answer("q1", 1, Learned::NotDone, t2).await,
+            ResolveOutcome::NotAmbiguous(State::Delivered)
+        );
+        assert_eq!(
+            answer("live", 1, Learned::NotDone, t2).await,
+            ResolveOutcome::NotAmbiguous(State::Processing)
+        );
+        assert_eq!(
+            answer("none", 1, Learned::NotDone, t2).await,
+            ResolveOutcome::NotFound
+        );
+
+        assert_eq!(
+            answer("q3", 1, Learned::NotDone, t2).await,
+            ResolveOutcome::Resolved
+        );
+        assert_eq!(get(s, "q3").await.state, State::Failed);
+        assert_claimed(
+            &s.claim(&held_claim("q3", t2 + 1)).await.unwrap(),
+            2,
+            ClaimKind::RetryFailed,
+        );
+
+        // only what is still ambiguous is taken
+        assert_eq!(take(t2 + 1_000, 10).await, ["q2"]);
+        for n in 0..25 {
+            answer("q2", 1, Learned::Unknown, t2 + 10 + n).await;
+        }
+        let h = s.history(R, "q2").await.unwrap();
+        let asked = h.iter().filter(|a| a.result == "reconcile_unknown").count();
+        assert_eq!((h.len(), asked), (21, 20), "{h:?}");
+        assert_eq!(h.last().unwrap().ended_at, Some(t2 + 34), "the newest kept");
+        while s.sweep_batch(Millis::MAX, 100).await.unwrap() > 0 {}
+        assert!(
+            s.history(R, "q2").await.unwrap().is_empty(),
+            "swept with the record"
+        );
+    }
+
     /// The sweeper's part: held claims whose lease ended turn ambiguous;
     /// released ones and live leases are left alone.
     pub async fn held_ended_leases_turn_ambiguous(b: &Backend) {
@@ -1744,7 +1882,8 @@ contract!(
     attempts_keep_the_newest_and_go_with_the_record,
     operator_actions,
     held_ended_leases_turn_ambiguous,
-    replay_headers_kept_with_the_record;
+    replay_headers_kept_with_the_record,
+    questions_are_marked_recorded_and_fenced;
     sql only: migrations_are_idempotent,
 );
 

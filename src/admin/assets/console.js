@@ -389,6 +389,7 @@
     $('force-release').hidden = rec.state !== 'delivered';
     $('resolve-delivered').hidden = rec.state !== 'ambiguous';
     $('resolve-failed').hidden = rec.state !== 'ambiguous';
+    $('ask-consumer').hidden = rec.state !== 'ambiguous';
   }
 
   function duration(ms) {
@@ -420,7 +421,7 @@
     $('fields').tBodies[0].replaceChildren();
     $('timeline').replaceChildren();
     $('attempts').tBodies[0].replaceChildren();
-    for (const b of ['release', 'force-release', 'resolve-delivered', 'resolve-failed']) $(b).hidden = true;
+    for (const b of ['release', 'force-release', 'resolve-delivered', 'resolve-failed', 'ask-consumer']) $(b).hidden = true;
     renderEvent(await loadEvent(route, id));
   }
 
@@ -507,6 +508,27 @@
           ? 'Resolved as delivered: later deliveries are replayed with ' + status + '.'
           : 'Resolved as failed: the next delivery of this event is forwarded.';
         return eventAction(rec, '/resolve', body, done)(use);
+      },
+    });
+  }
+
+  // SPEC §21: the route's `reconcile` asks the consumer now; the record
+  // after is shown, the question in its attempts.
+  function askConsumer() {
+    if (!shown) return;
+    const rec = shown;
+    ask({
+      title: 'Ask the consumer?',
+      text: aboutEvent(rec, 'idemgate asks the consumer what it did with this event, as the route\'s reconcile says. Found done, it is resolved as delivered; found not done, as failed (the next delivery is forwarded); any other answer leaves it as it is.'),
+      ok: 'Ask the consumer',
+      result: 'action-result',
+      run: async (use) => {
+        if (isDotSegment(rec.event_id)) {
+          throw new ApiError(0, { detail: 'This event ID cannot be written in a URL path; use `idemgate events reconcile` for it.' });
+        }
+        const { asked = {}, ...record } = await post(eventPath(rec.route, rec.event_id) + '/reconcile', use);
+        renderEvent(record);
+        return 'Asked the consumer: ' + (asked.detail || asked.learned) + (asked.recorded === false ? ' (the record changed meanwhile: left as it is)' : '') + '.';
       },
     });
   }
@@ -622,6 +644,7 @@
     $('force-release').addEventListener('click', () => askRelease(true));
     $('resolve-delivered').addEventListener('click', () => askResolve(true));
     $('resolve-failed').addEventListener('click', () => askResolve(false));
+    $('ask-consumer').addEventListener('click', askConsumer);
     $('detail-reload').addEventListener('click', () => route());
     $('confirm-ok').addEventListener('click', confirmPending);
     $('confirm-cancel').addEventListener('click', () => { pending = null; $('confirm').close(); });

@@ -3,6 +3,7 @@
 mod admin;
 mod depth;
 mod keys;
+mod reconcile;
 mod resolve;
 mod rules;
 mod secrets;

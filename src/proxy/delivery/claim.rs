@@ -8,7 +8,8 @@ use crate::claim::policy::{Hold, InFlight, InFlightRefusal, OnAmbiguous};
 use crate::claim::{claim_token, now_ms, Millis, Refusal, State};
 use crate::limits::{self, Permit};
 use crate::problem::{upstream_refusal, Problem};
-use crate::store::{ClaimOutcome, ClaimRequest, Recorded, StoreError};
+use crate::reconcile::Asked;
+use crate::store::{ClaimOutcome, ClaimRequest, Learned, Recorded, StoreError};
 
 use crate::proxy::routes::WaitPlace;
 
@@ -46,6 +47,9 @@ enum Step {
     Hold {
         retry_after_ms: Millis,
     },
+    /// An ambiguous record on a route that asks its consumer (SPEC §21):
+    /// asked about once, then read again.
+    Reconcile,
     Done(Claimed),
 }
 
@@ -67,6 +71,7 @@ impl<'a> Delivery<'a> {
     pub async fn claim(&mut self) -> Result<Claimed, ClaimStop> {
         let mut hold = Hold::default();
         let mut place = None;
+        let mut asked = false;
         let mut step = self.first_step();
         loop {
             step = match step {
@@ -79,6 +84,15 @@ impl<'a> Delivery<'a> {
                 Step::Hold { retry_after_ms } => {
                     self.hold(&mut hold, &mut place, retry_after_ms).await?;
                     Step::Claim { peeked: false }
+                }
+                Step::Reconcile if asked => {
+                    return Err(ClaimStop::Refused(outcome_unknown(&self.event_id)))
+                }
+                Step::Reconcile => {
+                    asked = true;
+                    // boxed: a question is rare, and its future would
+                    // weigh on every request's
+                    Box::pin(self.reconcile()).await?
                 }
                 Step::Done(claimed) => return Ok(claimed),
             }
@@ -141,6 +155,9 @@ impl<'a> Delivery<'a> {
         match decision {
             Refusal::Replay => Ok(Step::Done(Claimed::Answer(recorded))),
             Refusal::InFlight { retry_after_ms } => Ok(Step::Hold { retry_after_ms }),
+            Refusal::OutcomeUnknown if self.shared.reconciler.asks(self.route.name()) => {
+                Ok(Step::Reconcile)
+            }
             Refusal::OutcomeUnknown => Err(ClaimStop::Refused(outcome_unknown(event_id))),
             Refusal::Mismatch => Err(ClaimStop::Refused(mismatch(event_id))),
         }
@@ -166,6 +183,27 @@ impl<'a> Delivery<'a> {
         })
         .map_err(busy)?;
         self.wait_for_change(hold).await.map_err(busy)
+    }
+
+    /// Asks the consumer at once (SPEC §21, within the route's `timeout`):
+    /// found done or not done, the record is read again (a replay, or a
+    /// claim that forwards the next attempt); unknown, or asked about by
+    /// another delivery of this process right now, the 409 of SPEC §12.
+    async fn reconcile(&self) -> Result<Step, ClaimStop> {
+        let (route, event_id) = (self.route.name(), self.event_id.as_str());
+        let unknown = || ClaimStop::Refused(outcome_unknown(event_id));
+        match self.shared.reconciler.ask(route, event_id).await {
+            Ok(Asked::Learned { answer, .. }) if answer.learned == Learned::Unknown => {
+                Err(unknown())
+            }
+            // learned, or the record changed since it said ambiguous
+            Ok(Asked::Learned { .. } | Asked::NotAmbiguous(_) | Asked::NotFound) => Ok(Step::Peek),
+            Ok(Asked::Busy | Asked::NotConfigured) => Err(unknown()),
+            Err(e) => {
+                tracing::warn!(route, event_id, error = %e, "reconcile: the store failed around the question");
+                Err(unknown())
+            }
+        }
     }
 
     /// The store's read of this event: `None` when it is to claim.

@@ -49,7 +49,7 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 const RELEASE_PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `migrations/postgres`, in order: version, description, SQL.
-const MIGRATIONS: [(i64, &str, &str); 6] = [
+const MIGRATIONS: [(i64, &str, &str); 7] = [
     (
         1,
         "records",
@@ -79,6 +79,11 @@ const MIGRATIONS: [(i64, &str, &str); 6] = [
         6,
         "replay headers",
         include_str!("../../../migrations/postgres/0006_replay_headers.sql"),
+    ),
+    (
+        7,
+        "reconcile",
+        include_str!("../../../migrations/postgres/0007_reconcile.sql"),
     ),
 ];
 

@@ -30,7 +30,7 @@ impl Migration {
 
 /// In order; a new file gets the next version, and a file once released
 /// never changes (its checksum is on record in every store).
-const MIGRATIONS: [Migration; 6] = [
+const MIGRATIONS: [Migration; 7] = [
     Migration {
         version: 1,
         description: "records",
@@ -60,6 +60,11 @@ const MIGRATIONS: [Migration; 6] = [
         version: 6,
         description: "replay headers",
         sql: include_str!("../../../migrations/sqlite/0006_replay_headers.sql"),
+    },
+    Migration {
+        version: 7,
+        description: "reconcile",
+        sql: include_str!("../../../migrations/sqlite/0007_reconcile.sql"),
     },
 ];
 
@@ -258,7 +263,7 @@ mod tests {
         let got = versions(&conn);
         assert_eq!(
             got.iter().map(|v| v.0).collect::<Vec<_>>(),
-            [1, 2, 3, 4, 5, 6]
+            [1, 2, 3, 4, 5, 6, 7]
         );
         assert_eq!(got[0].3.to_lowercase(), SQLX_CHECKSUMS[0]);
         assert_eq!(count(&conn, "records"), 1, "version 1 is not run again");

@@ -10,13 +10,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
 use super::keys::{self, Bucket};
-use super::{decode, driver, operator, opt, scripts, ValkeyStore};
+use super::{decode, driver, operator, opt, questions, scripts, ValkeyStore};
 use crate::claim::{Millis, SettleResult};
 use crate::store::sql;
 use crate::store::{
     Attempt, Backend, BulkRelease, ClaimOutcome, ClaimRequest, EngineReport, Found, ListFilter,
-    Record, ReleaseOutcome, ReleaseRequest, ResolveOutcome, ResolveRequest, SettleOutcome,
-    SettleRequest, StoreError, UnacknowledgedClaim,
+    QuestionBatch, Reconciliation, Record, ReleaseOutcome, ReleaseRequest, ResolveOutcome,
+    ResolveRequest, SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
 };
 
 impl Backend for ValkeyStore {
@@ -322,6 +322,7 @@ impl Backend for ValkeyStore {
             for id in ids {
                 keys.push(b.record(id));
                 keys.push(b.attempts(id));
+                keys.push(b.questions(id));
                 args.push(id.as_bytes().to_vec());
             }
             let (value, _) = self.eval(b.slot, &self.scripts.sweep, &keys, &args).await?;
@@ -369,7 +370,11 @@ impl Backend for ValkeyStore {
     }
 
     async fn history(&self, route: &str, event_id: &str) -> Result<Vec<Attempt>, StoreError> {
-        operator::history(self, route, event_id).await
+        let mut rows = operator::history(self, route, event_id).await?;
+        rows.extend(questions::of(self, route, event_id).await?);
+        // each question after the attempt it asked about (stable)
+        rows.sort_by_key(|a| (a.attempt, a.started_at));
+        Ok(rows)
     }
 
     async fn release_bulk(&self, req: &BulkRelease<'_>, batch: i64) -> Result<u64, StoreError> {
@@ -390,6 +395,14 @@ impl Backend for ValkeyStore {
 
     async fn hold_ended_leases(&self, now: Millis, limit: i64) -> Result<u64, StoreError> {
         operator::hold_ended_leases(self, now, limit).await
+    }
+
+    async fn reconciled(&self, req: &Reconciliation<'_>) -> Result<ResolveOutcome, StoreError> {
+        questions::reconciled(self, req).await
+    }
+
+    async fn take_questions(&self, batch: &QuestionBatch<'_>) -> Result<Vec<String>, StoreError> {
+        questions::take(self, batch).await
     }
 
     async fn close(&self) {}

@@ -62,6 +62,12 @@ impl Bucket {
         format!("{}:a:{event_id}", self.tag)
     }
 
+    /// The questions asked about the record (SPEC §21): a list of JSON
+    /// rows, oldest first, the newest 20 kept.
+    pub fn questions(&self, event_id: &str) -> String {
+        format!("{}:q:{event_id}", self.tag)
+    }
+
     /// Every record of the bucket by `first_seen_at` (the list's order).
     pub fn by_first_seen(&self) -> String {
         format!("{}:f", self.tag)

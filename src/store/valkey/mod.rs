@@ -11,6 +11,9 @@
 //!   the claim's `hold`, `claimed_by`, `claim_token`, `claimed_from`);
 //! - `{r:R:B}:a:<event id>`: its attempts (SPEC §13), a hash of attempt
 //!   number to a JSON row, the newest 20 kept;
+//! - `{r:R:B}:q:<event id>`: the questions asked about it (SPEC §21), a
+//!   list of JSON rows, the newest 20 kept (`questions.rs`); the record's
+//!   hash keeps the background's mark, `reconcile_after`;
 //! - `{r:R:B}:f`, `:x`, `:p`: the bucket's indexes, sorted sets of event
 //!   IDs by `first_seen_at` (operator lists), by `expires_at` (the sweep)
 //!   and, for `processing` records only, by `updated_at` (the oldest claim
@@ -46,6 +49,7 @@ mod durable;
 pub mod keys;
 mod link;
 mod operator;
+mod questions;
 mod scripts;
 mod shards;
 pub mod target;
@@ -75,6 +79,8 @@ struct Scripts {
     release_unacknowledged: Script,
     bulk_release: Script,
     hold_ended: Script,
+    reconciled: Script,
+    take_question: Script,
 }
 
 pub struct ValkeyStore {
@@ -190,6 +196,8 @@ impl ValkeyStore {
                 release_unacknowledged: Script::new(scripts::RELEASE_UNACKNOWLEDGED),
                 bulk_release: Script::new(scripts::BULK_RELEASE),
                 hold_ended: Script::new(scripts::HOLD_ENDED),
+                reconciled: Script::new(scripts::RECONCILED),
+                take_question: Script::new(scripts::TAKE_QUESTION),
             },
             routes_known: Mutex::new(HashSet::new()),
             shards_seen: AtomicU64::new(0),
@@ -389,6 +397,8 @@ fn script_text(script: &Script, all: &Scripts) -> &'static str {
         (&all.release_unacknowledged, scripts::RELEASE_UNACKNOWLEDGED),
         (&all.bulk_release, scripts::BULK_RELEASE),
         (&all.hold_ended, scripts::HOLD_ENDED),
+        (&all.reconciled, scripts::RECONCILED),
+        (&all.take_question, scripts::TAKE_QUESTION),
     ]
     .into_iter()
     .find(|(s, _)| s.get_hash() == hash)

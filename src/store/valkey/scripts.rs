@@ -254,18 +254,18 @@ return out
 /// hold no live lease (`sql::SWEEP`'s condition, checked again here), with
 /// their attempts and index entries; an entry whose record the server
 /// expired already is dropped too (not counted).
-/// KEYS: by_first_seen, by_expiry, processing, ambiguous, then record and
-/// attempts of each event. ARGV: now, then the event IDs. Returns how many records
-/// it deleted.
+/// KEYS: by_first_seen, by_expiry, processing, ambiguous, then record,
+/// attempts and questions of each event. ARGV: now, then the event IDs.
+/// Returns how many records it deleted.
 pub const SWEEP_BUCKET: &str = r#"
 local now = tonumber(ARGV[1])
 local deleted = 0
 for i = 2, #ARGV do
-  local id, rec, att = ARGV[i], KEYS[2 * i + 1], KEYS[2 * i + 2]
+  local id, rec, att, q = ARGV[i], KEYS[3 * i - 1], KEYS[3 * i], KEYS[3 * i + 1]
   local r = redis.call('HMGET', rec, 'state', 'lease_until', 'expires_at')
   local gone = not r[1]
   if not gone and tonumber(r[3]) <= now and not (r[1] == 'processing' and r[2] and tonumber(r[2]) > now) then
-    redis.call('DEL', rec, att)
+    redis.call('DEL', rec, att, q)
     deleted = deleted + 1
     gone = true
   end
@@ -460,3 +460,55 @@ end
 return turned
 "#
 );
+
+/// A question's answer recorded and acted on (`sql_operator`'s
+/// `QUESTION_ROW`, `RECONCILED_DELIVERED` / `RECONCILED_FAILED` and
+/// `QUESTIONS_TRIM`), fenced by the state and the attempt count.
+/// KEYS: record, attempts, questions, by_expiry, processing, ambiguous.
+/// ARGV: event_id, attempts, now, how (delivered|failed|unknown), status
+/// (for delivered), the question's row (JSON).
+/// Returns `{'resolved'}`, `{'not_found'}` or `{'not_ambiguous', state}`.
+pub const RECONCILED: &str = concat!(
+    prelude!(),
+    r#"
+local rec, att, q, id, now = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[3]
+local r = redis.call('HMGET', rec, 'state', 'attempts', 'expires_at', 'updated_at')
+if not r[1] then return {'not_found'} end
+if r[1] ~= 'ambiguous' or tonumber(r[2]) ~= tonumber(ARGV[2]) then
+  return {'not_ambiguous', r[1]}
+end
+redis.call('RPUSH', q, ARGV[6])
+redis.call('LTRIM', q, -20, -1)
+local expires_at = r[3]
+if ARGV[4] ~= 'unknown' then
+  expires_at = num(tonumber(now) + tonumber(r[3]) - tonumber(r[4]))
+  if ARGV[4] == 'delivered' then
+    redis.call('HSET', rec, 'state', 'delivered', 'last_status', ARGV[5], 'delivered_at', now,
+      'updated_at', now, 'expires_at', expires_at)
+    redis.call('HDEL', rec, 'last_error', 'lease_until')
+  else
+    redis.call('HSET', rec, 'state', 'failed',
+      'last_error', 'the consumer said it never acted on it (reconciled)',
+      'updated_at', now, 'expires_at', expires_at)
+    redis.call('HDEL', rec, 'lease_until')
+  end
+  redis.call('ZADD', KEYS[4], expires_at, id)
+  redis.call('ZREM', KEYS[5], id)
+  redis.call('SREM', KEYS[6], id)
+end
+expire(rec, att, expires_at, now)
+redis.call('PEXPIRE', q, ttl(expires_at, now))
+return {'resolved'}
+"#
+);
+
+/// The background's mark of one record (`sql_operator`'s `TAKE_QUESTION`),
+/// a compare-and-set. KEYS: record. ARGV: now, next_at.
+/// Returns 1 when it took the record, else 0.
+pub const TAKE_QUESTION: &str = r#"
+local r = redis.call('HMGET', KEYS[1], 'state', 'reconcile_after')
+if r[1] ~= 'ambiguous' then return 0 end
+if r[2] and tonumber(r[2]) > tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'reconcile_after', ARGV[2])
+return 1
+"#;
