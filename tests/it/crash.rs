@@ -269,3 +269,176 @@ fn the_shipped_binary_ignores_failpoints() {
         assert!(!px.log().contains("failpoint"), "{failpoint}: {}", px.log());
     }
 }
+
+/// Issue 55's crash suite: the crashes of [`crash_suite`] that leave an
+/// outcome unknown (after the claim, after the upstream answered, a kill at
+/// a random moment), on a route held under `on_ambiguous: hold` that asks
+/// its consumer (`reconcile`, `every: 5s`). The consumer counts each event
+/// it applied and answers the question from that count (200 applied, 404
+/// not). No sender redelivers until the end: every record the crash left
+/// claimed is resolved by the background alone, within 2 × `every` of the
+/// crash, as the consumer's own count says (applied: `delivered`; not:
+/// `failed`). Then each event is redelivered once: replayed or forwarded,
+/// every event applied exactly once.
+#[test]
+fn crashes_under_hold_are_resolved_by_asking_the_consumer() {
+    const EVERY: Duration = Duration::from_secs(5);
+    let (up, applied) = counting_consumer();
+    let count = |id: &str| applied.lock().unwrap().get(id).copied().unwrap_or(0);
+    let dir = TempDir::new("crash-reconcile");
+    let store = dir.sqlite_url("crash.db");
+    let routes = route(
+        "c",
+        "/hooks/c",
+        &format!("http://{}", up.addr),
+        &format!(
+            "    lease: 1500ms\n    upstream_timeout: 1s\n    on_ambiguous: hold\n    reconcile:\n      \
+             url: \"http://{}/check/{{id}}\"\n      timeout: 1s\n      every: 5s\n",
+            up.addr
+        ),
+    ) + "sweeper:\n  interval: 1s\n";
+    let healthy = Proxy::start(&dir, &store, &routes);
+    let state = |id: &str| {
+        let (code, out, _) = cli(&[
+            "events", "show", "--store", &store, "--route", "c", id, "--json",
+        ]);
+        (code == 0)
+            .then(|| serde_json::from_str::<serde_json::Value>(&out).ok())
+            .flatten()
+            .and_then(|r| r["state"].as_str().map(str::to_string))
+    };
+    let crashed = crash_runs(&dir, &store, &routes, 24);
+    // the background resolves every record the crashes left claimed
+    let mut problems = Vec::new();
+    let mut resolved_in: Vec<Duration> = Vec::new();
+    let (mut found_done, mut found_undone, mut untouched) = (0, 0, 0);
+    for (id, crash, at) in &crashed {
+        let deadline = *at + 2 * EVERY;
+        let end = loop {
+            let s = state(id);
+            match s.as_deref() {
+                Some("processing") | Some("ambiguous") if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
+                _ => break s,
+            }
+        };
+        let applied = count(id);
+        match end.as_deref() {
+            Some("delivered") if applied == 1 => {
+                resolved_in.push(at.elapsed());
+                found_done += 1;
+            }
+            Some("failed") if applied == 0 => {
+                resolved_in.push(at.elapsed());
+                found_undone += 1;
+            }
+            // the kill came before the claim: nothing to resolve
+            None if applied == 0 => untouched += 1,
+            other => problems.push(format!(
+                "{id} ({crash:?}): {other:?} {:?} after the crash, the consumer applied it {applied} times",
+                at.elapsed()
+            )),
+        }
+    }
+    // each sender's redelivery: replayed (applied) or forwarded (not)
+    for (id, crash, _) in &crashed {
+        let r = healthy.deliver("/hooks/c", Some(id), b"{\"crash\":true}");
+        if r.status != 200 || count(id) != 1 {
+            problems.push(format!(
+                "{id} ({crash:?}): redelivery {} {:?}, applied {} times",
+                r.status,
+                r.header("Idempotency-Status"),
+                count(id)
+            ));
+        }
+    }
+    let slowest = resolved_in.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "crash runs under hold with reconcile (every {EVERY:?}): {}; resolved by the background: \
+         {} done, {} not done; never claimed {untouched}; slowest crash to resolution {slowest:?}; \
+         the healthy process's own findings: delivered {}, failed {} (each dying process asked at its start too); problems {}",
+        crashed.len(),
+        found_done,
+        found_undone,
+        healthy.metric("idemgate_reconciliations_total{result=\"delivered\",route=\"c\"}"),
+        healthy.metric("idemgate_reconciliations_total{result=\"failed\",route=\"c\"}"),
+        problems.len()
+    );
+    assert!(
+        problems.is_empty(),
+        "{}\n{}",
+        problems.join("\n"),
+        healthy.log()
+    );
+    assert!(
+        found_done >= 8 && found_undone >= 8,
+        "the after-upstream crashes were found done, the after-claim ones not"
+    );
+}
+
+/// What a consumer applied, per event ID.
+type Applied = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>;
+
+/// A consumer that applies each delivery on arrival and answers it 150 ms
+/// later (a kill can fall between the two), and answers a question
+/// (`GET /check/{id}`) from what it applied: 200 applied, 404 not.
+fn counting_consumer() -> (crate::raw_upstream::Server, Applied) {
+    use crate::raw_upstream::{response, upstream, Behavior};
+    let applied = Applied::default();
+    let seen = std::sync::Arc::clone(&applied);
+    let up = upstream(move |req, _| {
+        if req.method == "GET" {
+            let id = req.path.strip_prefix("/check/").unwrap_or_default();
+            let done = seen.lock().unwrap().get(id).copied().unwrap_or(0) > 0;
+            return Behavior::Respond(response(if done { 200 } else { 404 }, b""));
+        }
+        let id = req.key().unwrap_or_default().to_string();
+        *seen.lock().unwrap().entry(id).or_default() += 1;
+        Behavior::Late(Duration::from_millis(150), response(200, b"applied"))
+    });
+    (up, applied)
+}
+
+/// `runs` deliveries, each through a process that dies after the claim,
+/// after the upstream answered, or at a random moment (in turn): each
+/// event, how its process died, and when.
+fn crash_runs(
+    dir: &TempDir,
+    store: &str,
+    routes: &str,
+    runs: usize,
+) -> Vec<(String, Crash, Instant)> {
+    let mut rng = Rng(0x005e_ed55);
+    let mut crashed: Vec<(String, Crash, Instant)> = Vec::new();
+    for run in 0..runs {
+        let crash = match run % 3 {
+            0 => Crash::AfterClaim,
+            1 => Crash::AfterUpstream,
+            _ => Crash::RandomKill(rng.next() % 300),
+        };
+        let failpoint = match crash {
+            Crash::AfterClaim => "after_claim",
+            Crash::AfterUpstream => "after_upstream",
+            _ => "",
+        };
+        let id = eid("rec-crash");
+        let env = [("IDEMGATE_FAILPOINT", failpoint)];
+        let mut doomed = Proxy::start_bin(armed(), dir, store, routes, &env);
+        let addr = doomed.addr;
+        let sender = {
+            let id = id.clone();
+            std::thread::spawn(move || {
+                kit::deliver(addr, "/hooks/c", Some(&id), b"{\"crash\":true}")
+            })
+        };
+        if let Crash::RandomKill(ms) = crash {
+            std::thread::sleep(Duration::from_millis(ms));
+            doomed.kill();
+        }
+        let _ = sender.join().unwrap();
+        doomed.kill();
+        crashed.push((id, crash, Instant::now()));
+    }
+    crashed
+}

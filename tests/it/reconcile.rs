@@ -188,6 +188,7 @@ fn unknown_answers_leave_it_ambiguous() {
         let t = Instant::now();
         let retry = px.deliver("/r", Some(&id), b"{\"a\":1}");
         let took = t.elapsed();
+        eprintln!("{tag}: the delivery's own question answered in {took:?} (timeout 1s)");
         assert_eq!(retry.status, 409, "{tag}: {retry:?}");
         assert_eq!(retry.header("retry-after"), Some("60"));
         assert!(took < Duration::from_millis(1600), "{tag}: {took:?}");
@@ -468,4 +469,33 @@ fn the_sql_form_asks_the_consumers_table() {
     let h = history(&ts.url, &undone);
     assert_eq!(h[1]["error"], "not done: the query found no row", "{h:?}");
     drop(px);
+}
+
+/// Issue 55's count: two processes on one store, `every: 5s`, for 60 s,
+/// three records whose consumer never knows (500): each record is asked at
+/// most 13 times (60 s / 5 s, and the first at once), and it was asked
+/// throughout.
+#[test]
+fn two_processes_ask_each_record_at_most_13_times_in_60s() {
+    let up = consumer();
+    let ts = TestStore::sqlite("rec-sixty");
+    let px = start_on(&ts, &up, "5s");
+    let other = start_on(&ts, &up, "5s");
+    let ids: Vec<String> = (0..3).map(|_| eid("slow-said-err")).collect();
+    for id in &ids {
+        make_ambiguous(&px, &ts.url, id);
+    }
+    let since = Instant::now();
+    std::thread::sleep(Duration::from_secs(60));
+    let asked: Vec<usize> = ids.iter().map(|id| questions(&up, id).len()).collect();
+    eprintln!(
+        "two processes, every 5s, {:.1}s: questions per record {asked:?}",
+        since.elapsed().as_secs_f64()
+    );
+    assert!(asked.iter().all(|&n| n <= 13), "{asked:?}");
+    assert!(
+        asked.iter().all(|&n| n >= 10),
+        "asked throughout: {asked:?}"
+    );
+    drop((other, px));
 }
