@@ -32,6 +32,9 @@
 //! | p | as (d), with random 32-hex event IDs |
 //! | t | as (r), but each ID begins with the time: 12 hex of Unix milliseconds, then 20 random hex (the order of UUIDv7, ULID, KSUID) |
 //! | q | as (p), with (t)'s time-ordered IDs |
+//! | l | as (b), on a route with `allow_from: file:` of 5,000 ranges (loopback the last) |
+//! | h | as (b), on a route that keeps `replay_headers: [Location, ETag]` |
+//! | x | as (b), on a route with `on_ambiguous: hold` and `reconcile` (nothing ambiguous: what it costs the others) |
 //!
 //! For every run it prints req/s, p50, p99, the ratio to (a) of the same round
 //! and connection count, CPU µs per request of the process under test, the

@@ -36,7 +36,7 @@ pub(crate) struct Scenario {
     pub(crate) route: Option<&'static str>,
 }
 
-pub(crate) const SCENARIOS: [Scenario; 11] = [
+pub(crate) const SCENARIOS: [Scenario; 14] = [
     Scenario {
         key: 'u',
         name: "upstream direct (ceiling)",
@@ -116,6 +116,33 @@ pub(crate) const SCENARIOS: [Scenario; 11] = [
         path: "/unique",
         ids: Ids::TimeOrdered,
         route: Some("unique"),
+    },
+    // (b) on routes with one v4 feature each, in the same process as (b),
+    // for issue 55's and 56's A/B: 5,000 `allow_from` ranges, the
+    // replayed headers kept, `reconcile` under `hold`.
+    Scenario {
+        key: 'l',
+        name: "unique events, 5,000 allow_from ranges",
+        target: Target::IdemSqlite,
+        path: "/allowlisted",
+        ids: Ids::Unique,
+        route: Some("allowlisted"),
+    },
+    Scenario {
+        key: 'h',
+        name: "unique events, replay_headers kept",
+        target: Target::IdemSqlite,
+        path: "/headers",
+        ids: Ids::Unique,
+        route: Some("headers"),
+    },
+    Scenario {
+        key: 'x',
+        name: "unique events, reconcile under hold",
+        target: Target::IdemSqlite,
+        path: "/reconciled",
+        ids: Ids::Unique,
+        route: Some("reconciled"),
     },
     Scenario {
         key: 'q',

@@ -124,10 +124,17 @@ pub(crate) fn start_idemgate(
     .unwrap();
     for r in routes {
         // `pass` is the unguarded route; the others are guarded POST routes.
-        let guard = if *r == "pass" {
-            "    guard_methods: []\n"
-        } else {
-            ""
+        let guard = match *r {
+            "pass" => "    guard_methods: []\n".to_string(),
+            "allowlisted" => format!(
+                "    allow_from: \"file:{}\"\n",
+                allow_list(dir).display()
+            ),
+            "headers" => "    replay_headers: [Location, ETag]\n".to_string(),
+            "reconciled" => format!(
+                "    on_ambiguous: hold\n    reconcile:\n      url: \"http://{upstream}/check/{{id}}\"\n"
+            ),
+            _ => String::new(),
         };
         write!(
             cfg,
@@ -202,7 +209,15 @@ pub(crate) fn start_world(
         s,
         &format!("sqlite://{}", dir.join("claims.db").display()),
         upstream.addr,
-        &["pass", "unique", "replay", "conflict"],
+        &[
+            "pass",
+            "unique",
+            "replay",
+            "conflict",
+            "allowlisted",
+            "headers",
+            "reconciled",
+        ],
         &Extra::default(),
     );
     let pg = if uses_pg {
@@ -270,4 +285,17 @@ fn start_pg(
             None
         }
     }
+}
+
+/// 5,000 ranges for the `allowlisted` route, loopback the last of them
+/// (none other holds it), written into `dir`.
+fn allow_list(dir: &Path) -> PathBuf {
+    let path = dir.join("allow_from.txt");
+    let mut list = String::from("# the load harness's allow list: 4,999 ranges and loopback\n");
+    for i in 0..4999u32 {
+        list.push_str(&format!("10.{}.{}.0/24\n", i / 256, i % 256));
+    }
+    list.push_str("127.0.0.0/8\n");
+    std::fs::write(&path, list).unwrap();
+    path
 }
