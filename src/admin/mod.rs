@@ -50,7 +50,7 @@ pub struct Admin {
     pub stopping: Arc<AtomicBool>,
     /// The store's readiness ping under way, joined by every probe.
     pub store_ping: ready::StorePing,
-    pub ready_log: ready::ReadyLog,
+    pub not_ready_log: ready::NotReadyLog,
     /// `/api/…` and the console.
     pub api: api::Api,
     /// The admin listener is on loopback: the API and the console answer
@@ -131,17 +131,17 @@ impl ServeHttp for Admin {
                 };
                 match ping {
                     Some(Ok(())) => {
-                        self.ready_log.ready();
+                        self.not_ready_log.ready();
                         text(StatusCode::OK, plain, b"ready\n".to_vec())
                     }
                     Some(Err(e)) => {
-                        self.ready_log.not_ready(
+                        self.not_ready_log.not_ready(
                             || tracing::warn!(error = %e, "/readyz: the store does not answer"),
                         );
                         unavailable()
                     }
                     None => {
-                        self.ready_log.not_ready(|| {
+                        self.not_ready_log.not_ready(|| {
                             tracing::warn!(
                                 "/readyz: the store gave no answer within {}",
                                 humantime::format_duration(READY_TIMEOUT)

@@ -1,4 +1,5 @@
-//! `/readyz`'s store check, one ping at a time.
+//! `/readyz`'s store check, one ping at a time, and its log lines about
+//! the store, at most one every 10 s while it does not answer.
 //!
 //! A probe that gives up at its budget leaves its ping running on a task
 //! of its own (cut short, a connection being tested would go back to the
@@ -73,12 +74,12 @@ impl StorePing {
 /// then at most one every [`NOT_READY_LOG_EVERY`] while it does not, and
 /// one when it answers again.
 #[derive(Default)]
-pub struct ReadyLog {
+pub struct NotReadyLog {
     /// When a not-ready line was last written; `None` while ready.
     last_written: Mutex<Option<Instant>>,
 }
 
-impl ReadyLog {
+impl NotReadyLog {
     /// The store did not answer: `line` writes the WARN, when one is due.
     pub(super) fn not_ready(&self, line: impl FnOnce()) {
         let mut last = self.last_written.lock().unwrap_or_else(|p| p.into_inner());
@@ -109,7 +110,7 @@ mod tests {
 
     #[test]
     fn an_outage_is_logged_once_per_period_and_again_after_it_ends() {
-        let log = ReadyLog::default();
+        let log = NotReadyLog::default();
         let written = Cell::new(0);
         for _ in 0..5 {
             log.not_ready(|| written.set(written.get() + 1));

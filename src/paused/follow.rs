@@ -1,6 +1,8 @@
 //! Following the routes' state in the store: the paused routes (SPEC §14),
 //! which every process follows within 2 s, and the count of ambiguous
-//! records (SPEC §5), on a loop of their own beside the sweeper's.
+//! records (SPEC §5), on a loop of their own beside the sweeper's; with the
+//! paused routes, every second, what the store's engine reports for the
+//! metrics (SPEC §18: its shards, its durability waits).
 
 use std::sync::Arc;
 use std::time::Duration;

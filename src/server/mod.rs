@@ -263,7 +263,7 @@ fn add_services(
             proxy_up: Default::default(),
             stopping: stopping.clone(),
             store_ping: Default::default(),
-            ready_log: Default::default(),
+            not_ready_log: Default::default(),
             api: crate::admin::api::Api::new(
                 config,
                 store.clone(),

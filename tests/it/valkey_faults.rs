@@ -10,7 +10,7 @@
 //! with `cargo test --release --test it valkey_faults:: -- --ignored`.
 //! Each prints the figures docs/valkey.md quotes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -42,28 +42,49 @@ fn two_processes(v: &Valkey, dir: &TempDir, up: &Consumer) -> [Proxy; 2] {
     ]
 }
 
-/// Every side effect at the consumer, per event ID.
-fn side_effects(up: &Consumer) -> BTreeMap<String, usize> {
-    let mut got = BTreeMap::new();
-    for r in up.received() {
-        let id = r.header("X-Event-ID").unwrap_or_default().to_string();
-        *got.entry(id).or_insert(0) += 1;
-    }
-    got
+/// What a run under load left behind.
+struct Audit {
+    /// The senders' wrong answers, events with more than one side effect,
+    /// and events a sender saw 2xx whose record is not `delivered`.
+    problems: Vec<String>,
+    /// Side effects at the consumer, per event ID.
+    effects: BTreeMap<String, usize>,
+    /// The events a sender saw answered 2xx.
+    delivered_ok: Vec<String>,
 }
 
-/// The state of each record, read from the cluster through the store.
-fn states(url: &str, ids: &[String]) -> HashMap<String, Option<State>> {
+/// Checks the consumer's side effects and, through the store, the record
+/// of every event a sender saw 2xx.
+fn audit(v: &Valkey, up: &Consumer, seen: &Seen) -> Audit {
+    let mut problems: Vec<String> = seen.wrong.lock().unwrap().clone();
+    let mut effects = BTreeMap::new();
+    for r in up.received() {
+        let id = r.header("X-Event-ID").unwrap_or_default().to_string();
+        *effects.entry(id).or_insert(0) += 1;
+    }
+    for (id, n) in &effects {
+        if *n > 1 {
+            problems.push(format!("{id}: {n} side effects"));
+        }
+    }
+    let delivered_ok = seen.delivered();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let s = idemgate::store::open(url, 2).await.expect("open valkey");
-        let mut out = HashMap::new();
-        for id in ids {
-            let record = s.get("r", id).await.expect("a read");
-            out.insert(id.clone(), record.map(|r| r.state));
+        let s = idemgate::store::open(&v.url("replicas=1"), 2)
+            .await
+            .expect("open valkey");
+        for id in &delivered_ok {
+            let state = s.get("r", id).await.expect("a read").map(|r| r.state);
+            if state != Some(State::Delivered) {
+                problems.push(format!("{id}: a sender saw 2xx, the record is {state:?}"));
+            }
         }
-        out
-    })
+    });
+    Audit {
+        problems,
+        effects,
+        delivered_ok,
+    }
 }
 
 /// 200 senders deliver one event at once, 100 through each process: the
@@ -207,19 +228,11 @@ fn primaries_killed_under_load(kills: usize) {
         log
     });
     let took = started.elapsed();
-    let mut problems: Vec<String> = seen.wrong.lock().unwrap().clone();
-    let effects = side_effects(&up);
-    for (id, n) in &effects {
-        if *n > 1 {
-            problems.push(format!("{id}: {n} side effects"));
-        }
-    }
-    let delivered_ok = seen.delivered();
-    for (id, state) in states(&v.url("replicas=1"), &delivered_ok) {
-        if state != Some(State::Delivered) {
-            problems.push(format!("{id}: a sender saw 2xx, the record is {state:?}"));
-        }
-    }
+    let Audit {
+        mut problems,
+        effects,
+        delivered_ok,
+    } = audit(&v, &up, &seen);
     for (i, p) in pxs.iter().enumerate() {
         if p.pid() != pids[i] {
             problems.push(format!("process {i} was restarted"));
@@ -386,19 +399,11 @@ fn a_slot_migration_mid_load_doubles_nothing() {
         .lines()
         .filter(|l| l.starts_with("Moving slot"))
         .count();
-    let mut problems: Vec<String> = seen.wrong.lock().unwrap().clone();
-    let effects = side_effects(&up);
-    for (id, n) in &effects {
-        if *n > 1 {
-            problems.push(format!("{id}: {n} side effects"));
-        }
-    }
-    let delivered_ok = seen.delivered();
-    for (id, state) in states(&v.url("replicas=1"), &delivered_ok) {
-        if state != Some(State::Delivered) {
-            problems.push(format!("{id}: a sender saw 2xx, the record is {state:?}"));
-        }
-    }
+    let Audit {
+        mut problems,
+        effects,
+        delivered_ok,
+    } = audit(&v, &up, &seen);
     eprintln!(
         "valkey reshard: 2000 slots moved in {took:?} ({migrated} 'Moving slot' lines) under load; \
          requests {}, events answered 2xx {}, storms {}; 503s {}, 409s {}; consumer: {} events, \

@@ -148,13 +148,7 @@ impl Backend for ValkeyStore {
                     ("ambiguous", None, error, None, SettleResult::Ambiguous)
                 }
             };
-        let keys = [
-            b.record(req.event_id),
-            b.attempts(req.event_id),
-            b.by_expiry(),
-            b.processing(),
-            b.ambiguous(),
-        ];
+        let keys = b.state_change_keys(req.event_id);
         let args: Vec<Vec<u8>> = vec![
             req.event_id.into(),
             outcome.into(),
@@ -257,13 +251,7 @@ impl Backend for ValkeyStore {
 
     async fn release(&self, req: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, StoreError> {
         let b = Bucket::of(req.route, req.event_id);
-        let keys = [
-            b.record(req.event_id),
-            b.attempts(req.event_id),
-            b.by_expiry(),
-            b.processing(),
-            b.ambiguous(),
-        ];
+        let keys = b.state_change_keys(req.event_id);
         let args: Vec<Vec<u8>> = vec![
             req.event_id.into(),
             req.now.to_string().into(),

@@ -89,6 +89,19 @@ impl Bucket {
         format!("{}:m", self.tag)
     }
 
+    /// The keys a script that closes or releases a claim touches (settle,
+    /// release, resolve), in the order those scripts take them: the record,
+    /// its attempts, and the indexes its state and expiry sit in.
+    pub fn state_change_keys(&self, event_id: &str) -> [String; 5] {
+        [
+            self.record(event_id),
+            self.attempts(event_id),
+            self.by_expiry(),
+            self.processing(),
+            self.ambiguous(),
+        ]
+    }
+
     /// The prefix of a record's key: what the list script appends IDs to.
     pub fn record_prefix(&self) -> String {
         format!("{}:e:", self.tag)

@@ -42,6 +42,13 @@
 //! whose write may stand (`OutcomeUnknown`), so the proxy forwards nothing
 //! and releases the claim by its token once the store answers again.
 //! At start and in `ping`, [`shards`] checks every shard can give the count.
+//!
+//! # The connection
+//! One cluster connection, shared; [`link`] replaces it with a fresh one
+//! when a request fails in a way a stuck connection or a stale slot map
+//! explains (the redis crate's own repair was seen stuck for 20 s), and
+//! the engine's figures for the metrics (shards, wait times) come out
+//! through `Backend::report`.
 
 mod backend;
 mod decode;

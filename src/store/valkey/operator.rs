@@ -38,13 +38,7 @@ pub(super) async fn resolve(
     req: &ResolveRequest<'_>,
 ) -> Result<ResolveOutcome, StoreError> {
     let b = Bucket::of(req.route, req.event_id);
-    let keys = [
-        b.record(req.event_id),
-        b.attempts(req.event_id),
-        b.by_expiry(),
-        b.processing(),
-        b.ambiguous(),
-    ];
+    let keys = b.state_change_keys(req.event_id);
     let (how, status) = match req.how {
         Resolution::Delivered { status } => ("delivered", status.to_string()),
         Resolution::Failed => ("failed", String::new()),
