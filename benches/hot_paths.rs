@@ -212,6 +212,7 @@ fn claim_req<'a>(id: &'a str, digest: &'a str, now: i64) -> ClaimRequest<'a> {
         hold: false,
         instance: "test",
         token: 0,
+        trace: None,
     }
 }
 

@@ -55,6 +55,7 @@ mod raw;
 mod reconcile;
 mod route;
 mod route_fields;
+mod telemetry;
 mod tls;
 mod units;
 mod validate;
@@ -73,7 +74,8 @@ pub use fields::route_name;
 pub use model::{
     AdminConfig, AdminToken, Ask, AskUrl, Challenge, Config, DigestMode, Downstream, DurationMs,
     EventIdSource, IdPart, InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Reconcile,
-    Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Tls, UpstreamUrl, Verifier,
+    Otlp, Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Telemetry, Tls, UpstreamUrl,
+    Verifier,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};
 

@@ -46,6 +46,32 @@ pub struct Config {
     /// Peers whose `X-Forwarded-For` names the client (SPEC §22); empty:
     /// the client is always the TCP peer.
     pub trusted_proxies: Arc<Ranges>,
+    /// OpenTelemetry (SPEC §19); `None`: no trace is recorded or sent.
+    pub telemetry: Option<Telemetry>,
+}
+
+/// `telemetry:` (SPEC §19).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Telemetry {
+    /// Where spans go; `None`: nothing is recorded (a `trace_url` alone
+    /// still links the trace IDs another process recorded).
+    pub otlp: Option<Otlp>,
+    /// The console's link for a trace ID: `{trace_id}` replaced.
+    pub trace_url: Option<String>,
+}
+
+/// `telemetry.otlp:`: an OTLP/HTTP (protobuf) collector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Otlp {
+    pub endpoint: UpstreamUrl,
+    /// The endpoint's path with `/v1/traces` appended.
+    pub path: String,
+    /// Sent with every export (values from secrets, marked sensitive).
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The ratio of root traces kept (parent-based below the root).
+    pub sample: f64,
+    /// The resource's `service.name`.
+    pub service_name: String,
 }
 
 /// The `downstream` section: the bounds on client connections (SPEC §9).

@@ -77,6 +77,26 @@ pub struct RawConfig {
     pub instance: Option<String>,
     /// SPEC §22: peers whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Option<Vec<String>>,
+    /// SPEC §19: OpenTelemetry traces.
+    pub telemetry: Option<RawTelemetry>,
+}
+
+/// `telemetry:` as written (SPEC §19).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    pub otlp: Option<RawOtlp>,
+    pub trace_url: Option<String>,
+}
+
+/// `telemetry.otlp:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOtlp {
+    pub endpoint: Option<String>,
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
+    pub sample: Option<f64>,
+    pub service_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -165,7 +165,7 @@ fn split_url(url: &str) -> Result<AskUrl, String> {
 }
 
 /// Each header's value read from its secret reference.
-fn ask_headers(
+pub(super) fn ask_headers(
     ctx: &mut Ctx,
     path: &str,
     raw: BTreeMap<String, String>,

@@ -95,6 +95,9 @@ macro_rules! route_fields {
             /// `upstream_rate` may wait, in this process, for a slot or a
             /// token before its 503 (unset: refused at once, SPEC §15).
             upstream_wait: Text => Option<Duration> = None, parse wait;
+            /// The SERVER span continues a valid `traceparent` from the
+            /// sender instead of starting a trace (SPEC §19).
+            trust_inbound_trace: bool => bool = false, parse plain;
         }
     };
 }

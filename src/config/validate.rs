@@ -33,6 +33,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         upgrade_sock,
         instance,
         trusted_proxies,
+        telemetry,
     } = raw;
 
     let listen = socket_addr(ctx, "listen", listen.as_ref());
@@ -69,6 +70,10 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
     let upgrade_sock = upgrade_sock_path(ctx, upgrade_sock);
     let instance = instance_name(ctx, instance);
     let trusted_proxies = trusted_proxies_config(ctx, trusted_proxies);
+    let telemetry = match telemetry {
+        None => Some(None),
+        Some(raw) => super::telemetry::telemetry(ctx, raw).map(Some),
+    };
 
     let downstream = downstream_config(ctx, downstream);
     let tls = match tls {
@@ -93,6 +98,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         upgrade_sock: upgrade_sock?,
         instance: instance?,
         trusted_proxies: trusted_proxies?,
+        telemetry: telemetry?,
     })
 }
 

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
+use super::TraceRef;
 
 /// A store error: the proxy fails closed on it (503) unless told otherwise.
 /// A driver's error is kept as the [`source`](std::error::Error::source),
@@ -94,6 +95,10 @@ pub struct ClaimRequest<'a> {
     /// Random per claim, kept with the record: a claim whose commit was
     /// not acknowledged is released by it, and by nothing else (SPEC §16).
     pub token: i64,
+    /// The send this claim's attempt makes (SPEC §19), kept with the record
+    /// as its latest send; `None` without tracing (or unsampled): the
+    /// record then keeps none.
+    pub trace: Option<TraceRef>,
 }
 
 /// An operator's release of one record (`events release`, the API).
@@ -116,6 +121,9 @@ pub struct Recorded {
     /// With `replay_headers` (SPEC §22): the delivered response's values
     /// of those headers.
     pub headers: Option<ReplayHeaders>,
+    /// The record's latest send (SPEC §19), whatever its state: a
+    /// duplicate's span (replay, 409, 422) links to it.
+    pub trace: Option<TraceRef>,
 }
 
 /// Response headers kept with a delivered record and sent again with every
@@ -188,6 +196,9 @@ pub enum ClaimOutcome {
         attempt: i64,
         kind: ClaimKind,
         lease_until: Millis,
+        /// A reclaim: the send of the attempt before (SPEC §19), which
+        /// this claim replaced with its own; `None` for a new record.
+        previous: Option<TraceRef>,
     },
     /// Somebody else decided it already: the record refuses this claim.
     Existing {
@@ -268,6 +279,10 @@ pub struct Record {
     pub replay_status: Option<i64>,
     pub replay_content_type: Option<String>,
     pub replay_body_bytes: Option<i64>,
+    /// The latest send's trace and span ID, hex (SPEC §19); `None` when
+    /// it was not traced.
+    pub trace_id: Option<String>,
+    pub span_id: Option<String>,
     /// The newest attempts, oldest first: read for one record (`get`),
     /// not for a list.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -107,6 +107,7 @@ impl Entry {
             content_type: r.replay_content_type.clone(),
             body: self.replay_body.clone(),
             headers: self.replay_headers.clone(),
+            trace: None,
         }
     }
 }
@@ -157,6 +158,8 @@ fn new_entry(req: &ClaimRequest<'_>) -> Entry {
             replay_status: None,
             replay_content_type: None,
             replay_body_bytes: None,
+            trace_id: None,
+            span_id: None,
             history: None,
         },
         replay_body: None,
@@ -206,6 +209,7 @@ fn take_over(e: &mut Entry, req: &ClaimRequest<'_>) -> ClaimOutcome {
         attempt: e.record.attempts,
         kind,
         lease_until: req.now + req.lease_ms,
+        previous: None,
     }
 }
 
@@ -227,6 +231,7 @@ fn claim_in(t: &mut Tables, req: &ClaimRequest<'_>) -> ClaimOutcome {
             attempt: 1,
             kind: ClaimKind::New,
             lease_until: req.now + req.lease_ms,
+            previous: None,
         };
     };
     match found(e, req) {
@@ -693,6 +698,7 @@ mod tests {
             lease_ms: LEASE,
             retention_ms: 10 * LEASE,
             hold,
+            trace: None,
             instance: "i",
             token: 7,
         }

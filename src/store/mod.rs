@@ -30,6 +30,7 @@ pub(crate) mod sql;
 mod sql_operator;
 pub mod sqlite;
 mod ticket;
+mod trace_ref;
 mod url;
 pub mod valkey;
 
@@ -45,6 +46,7 @@ pub use contract::{
     ReleaseRequest, ReplayHeaders, Resolution, ResolveOutcome, ResolveRequest, SettleOutcome,
     SettleRequest, StoreError, UnacknowledgedClaim,
 };
+pub use trace_ref::TraceRef;
 pub use url::{redact_url, StoreKind, StoreUrl};
 pub use valkey::target::{Durability, ValkeyTarget};
 

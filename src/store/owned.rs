@@ -14,6 +14,7 @@ pub(crate) struct OwnedClaim {
     pub(crate) hold: bool,
     pub(crate) instance: String,
     pub(crate) token: i64,
+    pub(crate) trace: Option<super::TraceRef>,
 }
 
 pub(crate) struct OwnedSettle {
@@ -57,6 +58,7 @@ impl OwnedClaim {
             hold: r.hold,
             instance: r.instance.to_owned(),
             token: r.token,
+            trace: r.trace,
         }
     }
     pub(crate) fn req(&self) -> ClaimRequest<'_> {
@@ -70,6 +72,7 @@ impl OwnedClaim {
             hold: self.hold,
             instance: &self.instance,
             token: self.token,
+            trace: self.trace,
         }
     }
 }

@@ -478,6 +478,7 @@ impl Readback {
                 .replay_headers
                 .clone()
                 .and_then(super::ReplayHeaders::from_stored),
+            trace: None,
         }
     }
 
@@ -502,6 +503,7 @@ impl Readback {
             headers: self
                 .replay_headers
                 .and_then(super::ReplayHeaders::from_stored),
+            trace: None,
         };
         super::existing_outcome(
             self.state,
@@ -621,6 +623,7 @@ pub(crate) fn claimed(
         attempt,
         kind,
         lease_until,
+        previous: None,
     }
 }
 

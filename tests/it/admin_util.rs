@@ -34,6 +34,7 @@ pub fn stuck_claim(store: &str, route: &str, id: &str, age_ms: i64, lease_ms: i6
                 hold: false,
                 instance: "test",
                 token: 0,
+                trace: None,
             })
             .await
             .unwrap();

@@ -260,6 +260,7 @@ impl Run<'_> {
                     hold: self.hold,
                     instance: "test",
                     token: 0,
+                    trace: None,
                 })
                 .await,
             "claim",

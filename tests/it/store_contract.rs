@@ -103,6 +103,7 @@ fn claim_req<'a>(event_id: &'a str, digest: &'a str, now: Millis) -> ClaimReques
         hold: false,
         instance: "test",
         token: 0,
+        trace: None,
     }
 }
 

@@ -25,6 +25,7 @@ fn req(event_id: &str) -> ClaimRequest<'_> {
         hold: false,
         instance: "test",
         token: 7,
+        trace: None,
     }
 }
 

@@ -142,6 +142,7 @@ impl<'a> Delivery<'a> {
                 attempt,
                 kind,
                 lease_until,
+                previous: _,
             } => {
                 let name = self.route.name();
                 self.shared.metrics.claimed(name, kind.as_str());
@@ -270,6 +271,7 @@ impl<'a> Delivery<'a> {
             hold: cfg.on_ambiguous == OnAmbiguous::Hold,
             instance: &self.shared.instance,
             token: 0,
+            trace: None,
         }
     }
 

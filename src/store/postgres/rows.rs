@@ -166,6 +166,8 @@ pub(crate) fn record_from_row(row: &PgRow) -> Result<Record, StoreError> {
         replay_status: rb.replay_status,
         replay_content_type: rb.replay_content_type,
         replay_body_bytes: rb.replay_body.map(|b| b.len() as i64),
+        trace_id: None,
+        span_id: None,
         history: None,
     })
 }

@@ -283,6 +283,7 @@ mod tests {
                     content_type: None,
                     body: None,
                     headers: None,
+                    trace: None,
                 }
             }
         );

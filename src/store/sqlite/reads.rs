@@ -79,6 +79,8 @@ fn record(row: &Row<'_>) -> Result<Record, StoreError> {
         replay_status: row.get(12)?,
         replay_content_type: row.get(13)?,
         replay_body_bytes,
+        trace_id: None,
+        span_id: None,
         history: None,
     })
 }

@@ -138,6 +138,8 @@ pub(super) fn record(route: &str, event_id: &str, v: Value) -> Result<Option<Rec
         replay_status: int("replay_status")?,
         replay_content_type: text("replay_content_type")?,
         replay_body_bytes: f.get("replay_body").map(|b| b.len() as i64),
+        trace_id: None,
+        span_id: None,
         history: None,
     }))
 }

@@ -658,6 +658,7 @@ pub async fn peek(
         hold: false,
         instance: "test",
         token: 0,
+        trace: None,
     };
     store.peek(&req).await
 }
