@@ -22,6 +22,7 @@
 //! - [`listener`]: client connections: limits, timeouts, TLS, head reading.
 //! - [`problem`]: problem+json responses and request outcomes.
 //! - [`metrics`]: the metric set over an owned Prometheus registry.
+//! - [`otel`]: OpenTelemetry traces (SPEC §19): the request's spans, W3C propagation, the bounded export.
 //! - [`telemetry`]: the log (subscriber, line format, writer) and the registry's plumbing.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, the JSON admin API and the operator console.
 //! - [`server`]: assembles and runs the pingora server, with graceful stop.
@@ -42,6 +43,7 @@ mod failpoint;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod otel;
 pub mod path;
 pub mod paused;
 pub mod problem;

@@ -132,6 +132,8 @@ pub struct Metrics {
     /// `idemgate_log_lines_dropped_total`, brought up to
     /// [`LOG_LINES_DROPPED`] at each scrape.
     log_lines_dropped: IntCounter,
+    /// `idemgate_spans_dropped_total` (SPEC §19).
+    spans_dropped: IntCounter,
     /// Requests sent once more after a kept upstream connection failed
     /// before answering (SPEC §4, "Hop-by-hop").
     upstream_retries: IntCounterVec,
@@ -227,6 +229,14 @@ fn log_lines_dropped_counter(r: &Registrar) -> IntCounter {
     r.counter(
         "idemgate_log_lines_dropped_total",
         "Log lines dropped because the log's output did not take them.",
+    )
+}
+
+/// `idemgate_spans_dropped_total` (SPEC §19).
+fn spans_dropped_counter(r: &Registrar) -> IntCounter {
+    r.counter(
+        "idemgate_spans_dropped_total",
+        "Trace spans dropped: the export queue was full, or the collector did not take them in time.",
     )
 }
 
@@ -329,6 +339,7 @@ impl Metrics {
                 &["reason"],
             ),
             log_lines_dropped: log_lines_dropped_counter(&r),
+            spans_dropped: spans_dropped_counter(&r),
             upstream_retries: r.counters(
                 "idemgate_upstream_retries_total",
                 "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
@@ -515,6 +526,11 @@ impl Metrics {
             .set(n as i64);
     }
 
+    /// `idemgate_spans_dropped_total`, for the span exporter to count in.
+    pub fn spans_dropped(&self) -> IntCounter {
+        self.spans_dropped.clone()
+    }
+
     /// `idemgate_settles_pending`, as the carrier counts them.
     pub fn settles_pending(&self, n: usize) {
         self.settles_pending.set(n as i64);
@@ -688,6 +704,8 @@ mod tests {
             "# TYPE idemgate_connections gauge",
             "# TYPE idemgate_connections_closed_total counter",
             "# TYPE idemgate_log_lines_dropped_total counter",
+            "# TYPE idemgate_spans_dropped_total counter",
+            "idemgate_spans_dropped_total 0",
             "# TYPE idemgate_headers_dropped_total counter",
             "# TYPE idemgate_settles_pending gauge",
             "idemgate_settles_pending 0",

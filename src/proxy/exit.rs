@@ -135,8 +135,17 @@ pub type Handled = pingora::Result<bool>;
 
 /// Proof that a request's count is settled: it was counted once, or its
 /// connection broke on idemgate's own path before any answer (not
-/// counted, as before). Only this file makes one.
-pub struct Counted(());
+/// counted, as before), with the outcome it was counted as. Only this
+/// file makes one.
+pub struct Counted(Option<Outcome>);
+
+impl Counted {
+    /// The outcome the request was counted as; `None` for a connection
+    /// that broke before any answer.
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.0
+    }
+}
 
 /// A request answered on idemgate's own path: for pingora, and the proof
 /// that it was counted.
@@ -155,6 +164,8 @@ pub struct LogLine<'a> {
     /// The client address (SPEC §22): the peer, or behind a trusted proxy
     /// the one it names; `None`: unknown.
     pub client: Option<std::net::IpAddr>,
+    /// While tracing is on: the request's trace, whose ID the line carries.
+    pub trace: Option<&'a crate::otel::RequestTrace>,
 }
 
 /// The one exit of a request read whole on `route`: counts it (before the
@@ -177,6 +188,7 @@ pub async fn answer(
     }
     let exit = write(shared, session, route, ending).await;
     if let (false, Some(line)) = (without_store, log) {
+        let trace_id = line.trace.map(crate::otel::RequestTrace::trace_id);
         tracing::info!(
             route = route.name(),
             event_id = line.event_id.unwrap_or(""),
@@ -184,6 +196,7 @@ pub async fn answer(
             upstream_status = upstream_status.map(i64::from).unwrap_or(0),
             attempt = line.attempt.unwrap_or(0),
             client = %crate::source::Shown(line.client),
+            trace_id = trace_id.as_deref(),
             // to the microsecond: `0.013`, not `0.013316999999999999`
             duration_ms = line.started.elapsed().as_micros() as f64 / 1000.0,
             "guarded request"
@@ -209,7 +222,7 @@ async fn write(shared: &Shared, session: &mut Session, route: &RouteRt, ending: 
             (counted, Box::pin(relayed).await)
         }
         Err(Stop::Refused(refused)) => return refuse(shared, session, Some(route), refused).await,
-        Err(Stop::Broken(e)) => (Counted(()), Err(e)),
+        Err(Stop::Broken(e)) => (Counted(None), Err(e)),
     };
     Exit {
         counted,
@@ -244,7 +257,7 @@ fn count(shared: &Shared, route: Option<&RouteRt>, outcome: Outcome) -> Counted 
             .route_request(&route.requests, route.name(), outcome),
         None => shared.metrics.request("", outcome),
     }
-    Counted(())
+    Counted(Some(outcome))
 }
 
 /// Counts an unguarded request on pingora's streaming path once, as soon

@@ -21,7 +21,9 @@ use super::idle::IdleConnections;
 use super::respond::IDEMPOTENCY_STATUS;
 use super::routes::RouteRt;
 use super::shared::Shared;
+use crate::otel::{RequestTrace, Send};
 use crate::problem::ProblemKind;
+use crate::store::TraceRef;
 
 /// Dropped from a request whose body idemgate read, besides the hop-by-hop
 /// headers ([`hop`]): the framing, which is rewritten from the body read,
@@ -155,11 +157,31 @@ const COALESCE_LIMIT: usize = 64 * 1024;
 pub struct Upstream<'a> {
     shared: &'a Shared,
     route: &'a RouteRt,
+    /// The request's trace: each send gets a CLIENT span and its
+    /// `traceparent` (SPEC §19).
+    trace: Option<&'a RequestTrace>,
+    /// The first send's span, chosen before the claim (its record keeps it).
+    planned: Option<TraceRef>,
 }
 
 impl<'a> Upstream<'a> {
     pub fn of(shared: &'a Shared, route: &'a RouteRt) -> Self {
-        Upstream { shared, route }
+        Upstream {
+            shared,
+            route,
+            trace: None,
+            planned: None,
+        }
+    }
+
+    /// Each send traced as a child of `trace`, the first with `planned`'s
+    /// span ID.
+    pub fn traced(self, trace: Option<&'a RequestTrace>, planned: Option<TraceRef>) -> Self {
+        Upstream {
+            trace,
+            planned,
+            ..self
+        }
     }
 
     /// The request as this upstream gets it ([`build_request`]): the
@@ -196,7 +218,8 @@ impl<'a> Upstream<'a> {
         let deadline = tokio::time::Instant::now() + self.route.cfg.upstream_timeout;
         // set once the request's last byte is written, read if the time runs out
         let written = AtomicBool::new(false);
-        let attempt = self.attempt(&req, &body, hold, &written);
+        let mut req = req;
+        let attempt = self.attempt(&mut req, &body, hold, &written);
         let exchanged = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok((client, header))) => Ok(Answered {
                 client,
@@ -229,7 +252,7 @@ impl<'a> Upstream<'a> {
     /// nor on a new connection.
     async fn attempt(
         &self,
-        req: &RequestHeader,
+        req: &mut RequestHeader,
         body: &Bytes,
         hold: bool,
         written: &AtomicBool,
@@ -238,33 +261,47 @@ impl<'a> Upstream<'a> {
         let mut retried = false;
         loop {
             written.store(false, Ordering::Relaxed);
+            let send = self.send_span(req, retried);
             let kept = if retried { None } else { route.idle.take() };
             let (client, reused) = match kept {
                 Some(stream) => (
                     HttpSession::H1(Http1Session::new_with_options(stream, peer)),
                     true,
                 ),
-                None => self
-                    .shared
-                    .connector
-                    .get_http_session(peer)
-                    .await
-                    .map_err(|e| connect_failure(&e))?,
+                None => match self.shared.connector.get_http_session(peer).await {
+                    Ok(connected) => connected,
+                    Err(e) => return sent(send, Err(connect_failure(&e))),
+                },
             };
             let timeout = route.cfg.upstream_timeout;
             match try_once(client, peer, req, body, timeout, written).await {
-                Ok(client) => return final_header(client),
+                Ok(client) => return sent(send, final_header(client)),
                 Err(Try::Gone(_))
                     if reused && !retried && !(hold && written.load(Ordering::Relaxed)) =>
                 {
+                    if let Some(send) = send {
+                        send.failed("connection_closed");
+                    }
                     retried = true;
                     self.shared.metrics.upstream_retry(route.name());
                 }
                 Err(Try::Gone(e) | Try::Failed(e)) => {
-                    return Err(failure(&e, written.load(Ordering::Relaxed)))
+                    return sent(send, Err(failure(&e, written.load(Ordering::Relaxed))))
                 }
             }
         }
+    }
+
+    /// A traced send's CLIENT span, its `traceparent` put on `req` (any the
+    /// sender sent is replaced); the first send takes the planned span ID.
+    fn send_span(&self, req: &mut RequestHeader, resent: bool) -> Option<Send> {
+        let trace = self.trace?;
+        let planned = if resent { None } else { self.planned };
+        let send = trace.send(planned, &req.method, send_attributes(self.route, resent));
+        if put_trace_headers(req, &send).is_err() {
+            tracing::debug!("traceparent could not be set");
+        }
+        Some(send)
     }
 
     /// Passes the upstream's answer on to the sender ([`relay`]) and keeps
@@ -288,6 +325,49 @@ impl<'a> Upstream<'a> {
         )
         .await
     }
+}
+
+/// A send's end on its CLIENT span: the status, or the failure's class.
+fn sent<T>(
+    send: Option<Send>,
+    result: Result<(T, ResponseHeader), UpstreamFailure>,
+) -> Result<(T, ResponseHeader), UpstreamFailure> {
+    if let Some(send) = send {
+        match &result {
+            Ok((_, header)) => send.answered(header.status.as_u16()),
+            Err(f) => send.failed(f.class()),
+        }
+    }
+    result
+}
+
+/// The CLIENT span's attributes (SPEC §19): the upstream's address and
+/// port, and `http.request.resend_count` on a send made again.
+pub fn send_attributes(route: &RouteRt, resent: bool) -> Vec<opentelemetry::KeyValue> {
+    use opentelemetry::KeyValue;
+    let u = &route.cfg.upstream;
+    let mut attributes = vec![
+        KeyValue::new("server.address", u.host.clone()),
+        KeyValue::new("server.port", i64::from(u.port)),
+    ];
+    if resent {
+        attributes.push(KeyValue::new("http.request.resend_count", 1_i64));
+    }
+    attributes
+}
+
+/// The send's `traceparent` (and `tracestate`, or none) on the request the
+/// upstream gets, replacing the sender's.
+pub fn put_trace_headers(req: &mut RequestHeader, send: &Send) -> pingora::Result<()> {
+    let (parent, state) = send.headers();
+    req.insert_header("traceparent", parent)?;
+    match state {
+        Some(state) => req.insert_header("tracestate", state)?,
+        None => {
+            req.remove_header("tracestate");
+        }
+    }
+    Ok(())
 }
 
 /// The final response header a try read: a 101 is refused (idemgate never

@@ -69,6 +69,11 @@ pub struct RequestCtx {
     /// pingora's path: the route's limits let the request through (SPEC
     /// §15); its slot is given back when the context is dropped.
     permit: Option<crate::limits::Permit>,
+    /// The request's trace (SPEC §19), from its route on; ended in
+    /// `logging`. `None` without tracing.
+    trace: Option<crate::otel::RequestTrace>,
+    /// pingora's path: the send's CLIENT span.
+    send: Option<crate::otel::Send>,
 }
 
 impl RequestCtx {
@@ -164,6 +169,12 @@ impl ProxyHttp for Gate {
                 upstream
                     .insert_header(http::header::HOST, route.cfg.upstream.host_header.clone())?;
             }
+            if let Some(trace) = &ctx.trace {
+                let attributes = forward::send_attributes(route, ctx.retried);
+                let send = trace.send(None, &upstream.method, attributes);
+                forward::put_trace_headers(upstream, &send)?;
+                ctx.send = Some(send);
+            }
         }
         Ok(())
     }
@@ -191,6 +202,9 @@ impl ProxyHttp for Gate {
         if upstream.status.is_informational() {
             return Ok(()); // an interim answer; the final one is counted
         }
+        if let Some(send) = ctx.send.take() {
+            send.answered(upstream.status.as_u16());
+        }
         self.count_unguarded(ctx, Some(upstream.status.as_u16()), None);
         upstream.insert_header(respond::IDEMPOTENCY_STATUS, Outcome::Unguarded.as_str())?;
         Ok(())
@@ -211,6 +225,9 @@ impl ProxyHttp for Gate {
             && !ctx.retried
             && forward::closed_before_answer(&e)
             && !session.as_ref().retry_buffer_truncated();
+        if let Some(send) = ctx.send.take() {
+            send.failed(e.etype().as_str());
+        }
         let mut e = e.more_context(format!("Peer: {peer}"));
         e.set_retry(retry);
         if let (true, Some(route)) = (retry, &ctx.route) {
@@ -230,6 +247,9 @@ impl ProxyHttp for Gate {
         e: &Error,
         ctx: &mut RequestCtx,
     ) -> FailToProxy {
+        if let Some(send) = ctx.send.take() {
+            send.failed(e.etype().as_str());
+        }
         let stalled = sender_stalled(session, e);
         // a stall is the sender's: no upstream outcome is counted for it
         self.count_unguarded(ctx, None, (!stalled).then_some(e));
@@ -269,8 +289,14 @@ impl ProxyHttp for Gate {
 
     /// Every path, once, after the response: counts the unguarded requests
     /// that neither an upstream answer nor a failure counted.
-    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         self.count_unguarded(ctx, None, e);
+        if let Some(send) = ctx.send.take() {
+            send.failed(e.map_or("incomplete", |e| e.etype().as_str()));
+        }
+        if let Some(trace) = ctx.trace.take() {
+            end_trace(trace, session, e, ctx.counted.as_ref());
+        }
         if e.is_some_and(|e| {
             e.etype() == &ErrorType::WriteTimedout && e.esource() != &pingora::ErrorSource::Upstream
         }) {
@@ -280,6 +306,30 @@ impl ProxyHttp for Gate {
                 .connection_closed(crate::metrics::CloseReason::WriteTimeout);
         }
     }
+}
+
+/// The SERVER span's end: the status written, the outcome counted, and
+/// for a 5xx or a broken connection what went wrong (`error.type`: the
+/// outcome, or pingora's error; a relayed 5xx is its status).
+fn end_trace(
+    trace: crate::otel::RequestTrace,
+    session: &Session,
+    e: Option<&Error>,
+    counted: Option<&exit::Counted>,
+) {
+    let status = session.response_written().map(|h| h.status.as_u16());
+    let outcome = counted.and_then(exit::Counted::outcome);
+    let failure = match (status, outcome, e) {
+        (Some(s), Some(o), _)
+            if s >= 500 && !matches!(o, Outcome::Forwarded | Outcome::Unguarded) =>
+        {
+            Some(o.as_str())
+        }
+        (None, _, Some(e)) => Some(e.etype().as_str()),
+        _ => None,
+    };
+    let label = outcome.map_or("", Outcome::as_str);
+    trace.end(status, label, failure);
 }
 
 /// What the header fields refuse once the route (if any) is known
@@ -327,6 +377,30 @@ fn streamed_failure(e: &Error, stalled: bool) -> Option<ProblemKind> {
 /// SPEC §22: a client outside the route's `allow_from` (an unknown one
 /// too) is refused on its head: nothing read, nothing claimed, no store
 /// operation, the connection closed.
+/// The request's SERVER span: a child of the sender's `traceparent` on a
+/// route that trusts it, else a new root.
+fn start_trace(
+    tracing: &crate::otel::Tracing,
+    req: &RequestHeader,
+    route: &RouteRt,
+    client: Option<std::net::IpAddr>,
+) -> crate::otel::RequestTrace {
+    let inbound = if route.cfg.trust_inbound_trace {
+        crate::otel::propagation::inbound(&req.headers)
+    } else {
+        None
+    };
+    tracing.request(crate::otel::ServerSpan {
+        method: &req.method,
+        path: req.uri.path(),
+        path_prefix: &route.cfg.path_prefix,
+        version: req.version,
+        route: route.name(),
+        client,
+        inbound,
+    })
+}
+
 fn source_refusal(route: &RouteRt, client: Option<std::net::IpAddr>) -> Option<Refused> {
     let allowed = route.cfg.allow_from.as_ref()?;
     if client.is_some_and(|c| allowed.contains(c)) {
@@ -394,6 +468,9 @@ impl Gate {
             return Some(pass_through::refuse_unrouted(shared, session, p).await);
         };
         let client = self.client(session);
+        if let Some(tracing) = &shared.tracing {
+            ctx.trace = Some(start_trace(tracing, session.req_header(), &route, client));
+        }
         if let Some(refused) = source_refusal(&route, client) {
             return Some(exit::refuse(shared, session, Some(&route), refused).await);
         }
@@ -402,7 +479,8 @@ impl Gate {
         let (guarded, verified) = (route.guards(method), route.verifies(method));
         ctx.route = Some(route.clone());
         if guarded {
-            return Some(delivery::run(shared, session, &route, client).await);
+            let trace = ctx.trace.as_ref();
+            return Some(delivery::run(shared, session, &route, client, trace).await);
         }
         if shared.paused.contains(route.name()) {
             // a paused route forwards nothing (SPEC §14); the body is not read
@@ -411,10 +489,12 @@ impl Gate {
         }
         if verified {
             // read, verified, then forwarded unguarded (SPEC §8)
-            return Some(pass_through::pass_verified(shared, session, &route).await);
+            let trace = ctx.trace.as_ref();
+            return Some(pass_through::pass_verified(shared, session, &route, trace).await);
         }
         if body::buffered_pass_through(session) {
-            return Some(pass_through::pass_buffered(shared, session, &route).await);
+            let trace = ctx.trace.as_ref();
+            return Some(pass_through::pass_buffered(shared, session, &route, trace).await);
         }
         None
     }
@@ -503,6 +583,7 @@ mod tests {
                 instance: "test".into(),
                 pending: Default::default(),
                 trusted_proxies: Default::default(),
+                tracing: None,
                 reconciler,
             },
         };

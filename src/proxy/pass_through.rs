@@ -3,6 +3,7 @@
 //! verified requests of unguarded methods, small unguarded bodies read
 //! before forwarding, and the guarded path's unguarded fallbacks.
 
+use crate::otel::RequestTrace;
 use bytes::Bytes;
 use pingora::proxy::Session;
 
@@ -30,30 +31,45 @@ pub async fn refuse_unrouted(shared: &Shared, session: &mut Session, p: Problem)
 /// `verify` (SPEC §8: every method is verified but `unverified_methods`):
 /// read whole (bounded by `max_body`), verified, then forwarded
 /// unguarded. A forged one gets 401 and reaches nothing.
-pub async fn pass_verified(shared: &Shared, session: &mut Session, route: &RouteRt) -> Exit {
-    let ending = verified(shared, session, route).await;
+pub async fn pass_verified(
+    shared: &Shared,
+    session: &mut Session,
+    route: &RouteRt,
+    trace: Option<&RequestTrace>,
+) -> Exit {
+    let ending = verified(shared, session, route, trace).await;
     exit::answer(shared, session, route, ending, None).await
 }
 
-async fn verified(shared: &Shared, session: &mut Session, route: &RouteRt) -> Ending {
+async fn verified(
+    shared: &Shared,
+    session: &mut Session,
+    route: &RouteRt,
+    trace: Option<&RequestTrace>,
+) -> Ending {
     steps::check_declared_length(session, route.cfg.max_body)?;
     steps::send_continue(session, body::expects_continue(session.req_header())).await?;
     // as on the guarded path: 408 for a body late past body_timeout
     let body = steps::read_body(session, route).await?;
-    steps::check_signature(session, route, &body, None)?;
-    Box::pin(forward_admitted(shared, session, route, body)).await
+    steps::check_signature(session, route, &body, None, trace)?;
+    Box::pin(forward_admitted(shared, session, route, body, trace)).await
 }
 
 /// An unguarded request whose body is read before it is forwarded
 /// ([`body::buffered_pass_through`]): it goes out as guarded requests
 /// do, header and body in one write on one of the route's kept
 /// connections. No claim and no log line, as on pingora's path.
-pub async fn pass_buffered(shared: &Shared, session: &mut Session, route: &RouteRt) -> Exit {
+pub async fn pass_buffered(
+    shared: &Shared,
+    session: &mut Session,
+    route: &RouteRt,
+    trace: Option<&RequestTrace>,
+) -> Exit {
     let ending = match body::read_full(session, body::BUFFERED_PASS_LIMIT).await {
         // boxed: inline, the exchange (~12 KiB) made the request
         // filter's future that large for every request, guarded
         // ones waiting for their body included
-        Ok(body) => Box::pin(forward_admitted(shared, session, route, body)).await,
+        Ok(body) => Box::pin(forward_admitted(shared, session, route, body, trace)).await,
         Err(e) => {
             let p = Problem::new(e.invalid_kind(), e.invalid_detail());
             Err(Refused::new(p).unguarded().closing(true).into())
@@ -80,9 +96,10 @@ pub async fn forward_admitted(
     session: &mut Session,
     route: &RouteRt,
     body: Bytes,
+    trace: Option<&RequestTrace>,
 ) -> Ending {
     let _permit = within_limits(route).await?;
-    forward(shared, session, route, body).await
+    forward(shared, session, route, body, trace).await
 }
 
 /// Forwards a request whose body was read, without a claim (unguarded
@@ -93,8 +110,9 @@ pub async fn forward(
     session: &mut Session,
     route: &RouteRt,
     body: Bytes,
+    trace: Option<&RequestTrace>,
 ) -> Ending {
-    let upstream = Upstream::of(shared, route);
+    let upstream = Upstream::of(shared, route).traced(trace, None);
     let req = upstream.request(session, body.len(), None)?;
     match upstream.exchange(req, body, false).await {
         Ok(answered) => Ok(Verdict::Relay(Relay {

@@ -35,4 +35,6 @@ pub struct Shared {
     pub trusted_proxies: Arc<Ranges>,
     /// Asks the consumer about an ambiguous record a delivery meets (SPEC §21).
     pub reconciler: Reconciler,
+    /// OpenTelemetry (SPEC §19); `None` without `telemetry.otlp`.
+    pub tracing: Option<Arc<crate::otel::Tracing>>,
 }

@@ -10,6 +10,7 @@ use super::body::{self, BodyError};
 use super::exit::Refused;
 use super::routes::RouteRt;
 use crate::claim::now_ms;
+use crate::otel::RequestTrace;
 use crate::problem::{Problem, ProblemKind};
 
 /// A declared `Content-Length` over `max_body`: refused before the body.
@@ -56,14 +57,19 @@ pub fn check_signature(
     route: &RouteRt,
     body: &[u8],
     event_id: Option<&str>,
+    trace: Option<&RequestTrace>,
 ) -> Result<(), Refused> {
     let Some(v) = &route.cfg.verify else {
         return Ok(());
     };
     let now_secs = (now_ms() / 1000) as i64;
-    v.verify_with_id(&session.req_header().headers, body, event_id, now_secs)
-        .map_err(|e| {
-            let p = Problem::new(ProblemKind::InvalidSignature, e.to_string());
-            Refused::new(p.with_event_id(event_id))
-        })
+    let span = trace.map(|t| t.child("idemgate.verify", Vec::new()));
+    let checked = v.verify_with_id(&session.req_header().headers, body, event_id, now_secs);
+    if let Some(mut span) = span {
+        crate::otel::verified(&mut span, checked.is_ok());
+    }
+    checked.map_err(|e| {
+        let p = Problem::new(ProblemKind::InvalidSignature, e.to_string());
+        Refused::new(p.with_event_id(event_id))
+    })
 }

@@ -95,6 +95,18 @@ pub fn gate(
             .map(|r| (r.name().to_owned(), r.limits.clone()))
             .collect(),
     );
+    let tracing = config
+        .telemetry
+        .as_ref()
+        .and_then(|t| t.otlp.as_ref())
+        .map(|otlp| {
+            Arc::new(crate::otel::Tracing::start(
+                otlp,
+                &config.instance,
+                config.store.url.kind(),
+                metrics.spans_dropped(),
+            ))
+        });
     let reconciler = Reconciler::new(
         &config.routes,
         store.clone(),
@@ -114,6 +126,7 @@ pub fn gate(
             pending: Default::default(),
             trusted_proxies: config.trusted_proxies.clone(),
             reconciler,
+            tracing,
         },
     })
 }
@@ -154,6 +167,7 @@ pub fn run(
     let gate = gate(&config, &conf, store.clone(), metrics.clone())?;
     let in_flight = gate.shared.in_flight.clone();
     let pending = gate.shared.pending.clone();
+    let tracing = gate.shared.tracing.clone();
     let opt = upgrade.then(|| Opt {
         upgrade: true,
         ..Opt::default()
@@ -217,6 +231,10 @@ pub fn run(
         let _ = done.send(());
     });
     let _ = finished.recv();
+    if let Some(t) = tracing {
+        // the spans of the last requests, sent before the process exits
+        t.stop();
+    }
     Ok(())
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
-use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
 use super::TraceRef;
+use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
 
 /// A store error: the proxy fails closed on it (503) unless told otherwise.
 /// A driver's error is kept as the [`source`](std::error::Error::source),

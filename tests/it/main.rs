@@ -65,6 +65,7 @@ mod model;
 mod monitoring;
 mod operations;
 mod options;
+mod otel;
 mod outage;
 mod paths;
 mod properties;

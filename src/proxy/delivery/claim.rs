@@ -9,7 +9,7 @@ use crate::claim::{claim_token, now_ms, Millis, Refusal, State};
 use crate::limits::{self, Permit};
 use crate::problem::{upstream_refusal, Problem};
 use crate::reconcile::Asked;
-use crate::store::{ClaimOutcome, ClaimRequest, Learned, Recorded, StoreError};
+use crate::store::{ClaimOutcome, ClaimRequest, Learned, Recorded, StoreError, TraceRef};
 
 use crate::proxy::routes::WaitPlace;
 
@@ -132,7 +132,6 @@ impl<'a> Delivery<'a> {
     /// What the store's answer comes to: this delivery's claim, a replay, a
     /// refusal, or a duplicate in flight to hold.
     fn decide(&mut self, outcome: ClaimOutcome) -> Result<Step, ClaimStop> {
-        let event_id = self.event_id.as_str();
         if !matches!(outcome, ClaimOutcome::Claimed { .. }) {
             // not to forward after all: the slot goes back at once
             self.permit = None;
@@ -142,8 +141,9 @@ impl<'a> Delivery<'a> {
                 attempt,
                 kind,
                 lease_until,
-                previous: _,
+                previous,
             } => {
+                self.link(previous, "reclaimed");
                 let name = self.route.name();
                 self.shared.metrics.claimed(name, kind.as_str());
                 self.attempt = Some(attempt);
@@ -153,6 +153,8 @@ impl<'a> Delivery<'a> {
             }
             ClaimOutcome::Existing { decision, recorded } => (decision, recorded),
         };
+        self.link(recorded.trace, link_reason(&decision));
+        let event_id = self.event_id.as_str();
         match decision {
             Refusal::Replay => Ok(Step::Done(Claimed::Answer(recorded))),
             Refusal::InFlight { retry_after_ms } => Ok(Step::Hold { retry_after_ms }),
@@ -161,6 +163,18 @@ impl<'a> Delivery<'a> {
             }
             Refusal::OutcomeUnknown => Err(ClaimStop::Refused(outcome_unknown(event_id))),
             Refusal::Mismatch => Err(ClaimStop::Refused(mismatch(event_id))),
+        }
+    }
+
+    /// A link from the request's SERVER span to the send a record
+    /// remembers (SPEC §19), once per send met.
+    fn link(&mut self, to: Option<TraceRef>, why: &'static str) {
+        let (Some(trace), Some(to)) = (self.trace, to) else {
+            return;
+        };
+        if self.linked != Some(to) {
+            self.linked = Some(to);
+            trace.link(to, why);
         }
     }
 
@@ -271,7 +285,7 @@ impl<'a> Delivery<'a> {
             hold: cfg.on_ambiguous == OnAmbiguous::Hold,
             instance: &self.shared.instance,
             token: 0,
-            trace: None,
+            trace: self.planned_send,
         }
     }
 
@@ -326,5 +340,15 @@ impl<'a> Delivery<'a> {
                 _ => return Ok(()),
             }
         }
+    }
+}
+
+/// Why a duplicate's span links to its record's send.
+fn link_reason(decision: &Refusal) -> &'static str {
+    match decision {
+        Refusal::Replay => "replayed",
+        Refusal::InFlight { .. } => "in_flight",
+        Refusal::Mismatch => "mismatch",
+        Refusal::OutcomeUnknown => "outcome_unknown",
     }
 }

@@ -27,7 +27,14 @@ impl Delivery<'_> {
     /// `on_store_error` says.
     pub async fn deliver(&mut self, session: &mut Session, body: Bytes) -> Ending {
         crate::failpoint::hit("before_claim");
+        let span = self.trace.map(|t| t.store_step("idemgate.claim"));
         let claimed = self.claim().await;
+        if let Some(mut span) = span {
+            crate::otel::store_outcome(&mut span, claim_outcome(&claimed));
+        }
+        if let (Some(t), Some(attempt)) = (self.trace, self.attempt) {
+            t.set(opentelemetry::KeyValue::new("idemgate.attempt", attempt));
+        }
         let (route, event_id) = (self.route, self.event_id.as_str());
         match claimed {
             Ok(Claimed::Own) => Box::pin(self.forward(session, body)).await,
@@ -52,14 +59,22 @@ impl Delivery<'_> {
                 crate::telemetry::outage::note("forwarded_unguarded");
                 if self.permit.is_some() {
                     // within the slot this delivery holds already
-                    return Box::pin(pass_through::forward(self.shared, session, route, body))
-                        .await;
+                    let trace = self.trace;
+                    return Box::pin(pass_through::forward(
+                        self.shared,
+                        session,
+                        route,
+                        body,
+                        trace,
+                    ))
+                    .await;
                 }
                 Box::pin(pass_through::forward_admitted(
                     self.shared,
                     session,
                     route,
                     body,
+                    self.trace,
                 ))
                 .await
             }
@@ -74,7 +89,7 @@ impl Delivery<'_> {
             .idempotency_key_header
             .as_ref()
             .map(|h| (h, self.event_id.as_str()));
-        let upstream = Upstream::of(self.shared, self.route);
+        let upstream = Upstream::of(self.shared, self.route).traced(self.trace, self.planned_send);
         let req = upstream.request(session, body.len(), key)?;
         crate::failpoint::hit("after_claim");
         let hold = cfg.on_ambiguous == OnAmbiguous::Hold;
@@ -260,6 +275,18 @@ impl Delivery<'_> {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         Ok((Some(bytes.clone()), Some((content_type, bytes))))
+    }
+}
+
+/// The claim span's `idemgate.claim.outcome`: claimed, replay, the
+/// refusal's problem (in_flight, mismatch, outcome_unknown, ...) or
+/// store_error.
+fn claim_outcome(claimed: &Result<Claimed, ClaimStop>) -> &'static str {
+    match claimed {
+        Ok(Claimed::Own) => "claimed",
+        Ok(Claimed::Answer(_)) => "replay",
+        Err(ClaimStop::Refused(p)) => p.kind.name(),
+        Err(ClaimStop::Store(_)) => "store_error",
     }
 }
 

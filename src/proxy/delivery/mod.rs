@@ -30,8 +30,11 @@ use crate::claim::{digest, Millis};
 use crate::config::DigestMode;
 use crate::limits::Permit;
 use crate::metrics::CloseReason;
+use crate::otel::RequestTrace;
 use crate::problem::{Problem, ProblemKind};
+use crate::store::TraceRef;
 use key::{header_key, json_body, json_key};
+use opentelemetry::KeyValue;
 pub use refused::route_paused;
 
 /// A guarded request, from the header to the answer.
@@ -40,22 +43,23 @@ pub async fn run(
     session: &mut Session,
     route: &RouteRt,
     client: Option<std::net::IpAddr>,
+    trace: Option<&RequestTrace>,
 ) -> Exit {
     let started = Instant::now();
     // Counted from the start: a claim may commit before the answer is written.
     let _busy = shared.in_flight.enter();
-    let (ending, delivery) = match intake(shared, session, route).await {
+    let (ending, delivery) = match intake(shared, session, route, trace).await {
         Ok(Intake::Claim {
             event_id,
             digest,
             body,
         }) => {
-            let mut delivery = Delivery::new(shared, route, event_id, digest);
+            let mut delivery = Delivery::new(shared, route, event_id, digest, trace);
             (delivery.deliver(session, body).await, Some(delivery))
         }
         Ok(Intake::Unguarded(body)) => {
-            let forwarded = Box::pin(pass_through::forward_admitted(shared, session, route, body));
-            (forwarded.await, None)
+            let forwarded = pass_through::forward_admitted(shared, session, route, body, trace);
+            (Box::pin(forwarded).await, None)
         }
         Err(stop) => (Err(stop), None),
     };
@@ -64,6 +68,7 @@ pub async fn run(
         event_id: delivery.as_ref().map(|d| d.event_id.as_str()),
         attempt: delivery.as_ref().and_then(|d| d.attempt),
         client,
+        trace,
     };
     exit::answer(shared, session, route, ending, Some(log)).await
 }
@@ -84,12 +89,25 @@ pub struct Delivery<'a> {
     permit: Option<Permit>,
     /// When the claim's lease ends, as the store recorded it.
     lease_until: Millis,
+    /// The request's trace (SPEC §19), if traced.
+    trace: Option<&'a RequestTrace>,
+    /// The first send's trace and span ID, chosen before the claim so that
+    /// the record keeps them (`None` unless the trace is recorded).
+    planned_send: Option<TraceRef>,
+    /// The record's send this request's span links to already.
+    linked: Option<TraceRef>,
 }
 
 // ---- Delivery: its start (the claim, forward and settle are in the files beside)
 
 impl<'a> Delivery<'a> {
-    pub fn new(shared: &'a Shared, route: &'a RouteRt, event_id: String, digest: String) -> Self {
+    pub fn new(
+        shared: &'a Shared,
+        route: &'a RouteRt,
+        event_id: String,
+        digest: String,
+        trace: Option<&'a RequestTrace>,
+    ) -> Self {
         Delivery {
             shared,
             route,
@@ -99,6 +117,9 @@ impl<'a> Delivery<'a> {
             started_at: 0,
             permit: None,
             lease_until: 0,
+            planned_send: trace.and_then(RequestTrace::plan_send),
+            linked: None,
+            trace,
         }
     }
 }
@@ -122,6 +143,7 @@ async fn intake(
     shared: &Shared,
     session: &mut Session,
     route: &RouteRt,
+    trace: Option<&RequestTrace>,
 ) -> Result<Intake, exit::Stop> {
     let cfg = &route.cfg;
     let expect_continue = body::expects_continue(session.req_header());
@@ -139,7 +161,12 @@ async fn intake(
         Some(Key::EventId(id)) => Some(id.as_str()),
         _ => None,
     };
-    steps::check_signature(session, route, &body, header_id)?;
+    if let (Some(t), Some(id)) = (trace, header_id) {
+        // known before the signature: a 401 names it too
+        t.set(KeyValue::new("idemgate.event_id", id.to_owned()));
+    }
+    let named = header_id.is_some();
+    steps::check_signature(session, route, &body, header_id, trace)?;
     let json = json_body(route, &body, header_id)?;
     let key = match header_key {
         Some(key) => key,
@@ -159,6 +186,9 @@ async fn intake(
     };
     let digest = body_digest(route, json.as_ref(), &body);
     let event_id = id.unwrap_or_else(|| digest.clone());
+    if let (Some(t), false) = (trace, named) {
+        t.set(KeyValue::new("idemgate.event_id", event_id.clone()));
+    }
     Ok(Intake::Claim {
         event_id,
         digest,

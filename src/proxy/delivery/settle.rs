@@ -31,7 +31,13 @@ impl Delivery<'_> {
             SettleOutcome::Failed { status, .. } => (AttemptEnd::Failed, *status),
             SettleOutcome::Ambiguous { .. } => (AttemptEnd::Ambiguous, None),
         };
-        if self.commit(outcome, attempt_error).await.is_some() {
+        let span = self.trace.map(|t| t.store_step("idemgate.settle"));
+        let committed = self.commit(outcome, attempt_error).await;
+        if let Some(mut span) = span {
+            let label = committed.map_or("store_error", SettleResult::as_str);
+            crate::otel::store_outcome(&mut span, label);
+        }
+        if committed.is_some() {
             return Ok(());
         }
         let on_store_error = self.route.cfg.on_store_error;

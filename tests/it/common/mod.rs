@@ -16,6 +16,7 @@ pub use testkit::{
 };
 
 pub mod binaries;
+pub mod collector;
 pub mod pg_cluster;
 pub mod tmpfs;
 pub mod valkey;

@@ -1,0 +1,208 @@
+//! W3C Trace Context (<https://www.w3.org/TR/trace-context/>), the two
+//! things idemgate does with it: read a sender's `traceparent` (only for a
+//! route with `trust_inbound_trace`) and write the one the consumer gets.
+//! Pure functions, tested here.
+
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+use std::str::FromStr;
+
+/// A sender's `traceparent`, if it is valid: version 00 exactly, or a
+/// later version read by its first four fields (as the specification asks);
+/// never version `ff`, an all-zero ID, or uppercase hex. Several
+/// `traceparent` fields are invalid together. `tracestate` goes with it
+/// when it parses (else an empty one, as the specification allows).
+pub fn inbound(headers: &http::HeaderMap) -> Option<SpanContext> {
+    let mut values = headers.get_all("traceparent").iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    let (trace_id, span_id, flags) = parse_traceparent(value.as_bytes())?;
+    let state = tracestate(headers);
+    Some(SpanContext::new(
+        TraceId::from_bytes(trace_id),
+        SpanId::from_bytes(span_id),
+        TraceFlags::new(flags & 0x01),
+        true,
+        state,
+    ))
+}
+
+/// The sender's `tracestate`, several fields joined as the specification
+/// says; an unparsable one is dropped.
+fn tracestate(headers: &http::HeaderMap) -> TraceState {
+    let mut joined = String::new();
+    for v in headers.get_all("tracestate") {
+        let Ok(text) = v.to_str() else {
+            return TraceState::default();
+        };
+        if !joined.is_empty() {
+            joined.push(',');
+        }
+        joined.push_str(text);
+    }
+    if joined.len() > 512 || !valid_tracestate(&joined) {
+        // 512: the specification's bound for what a participant must carry
+        return TraceState::default();
+    }
+    TraceState::from_str(&joined).unwrap_or_default()
+}
+
+/// W3C's list: at most 32 `key=value` members (empty ones allowed), a key
+/// of lowercase letters, digits and `_-*/` (one `@` for a tenant), a value
+/// of printable ASCII without `,` and `=` that does not end in a space.
+fn valid_tracestate(list: &str) -> bool {
+    let mut members = 0;
+    for member in list.split(',') {
+        let member = member.trim_matches([' ', '\t']);
+        if member.is_empty() {
+            continue;
+        }
+        members += 1;
+        let Some((key, value)) = member.split_once('=') else {
+            return false;
+        };
+        let key_ok = (1..=256).contains(&key.len())
+            && key.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && key.matches('@').count() <= 1
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-*/@".contains(&b));
+        let value_ok = (1..=256).contains(&value.len())
+            && !value.ends_with(' ')
+            && value
+                .bytes()
+                .all(|b| (0x20..=0x7e).contains(&b) && b != b',' && b != b'=');
+        if !key_ok || !value_ok {
+            return false;
+        }
+    }
+    members <= 32
+}
+
+/// `version-traceid-parentid-flags` → (trace ID, span ID, flags).
+pub fn parse_traceparent(v: &[u8]) -> Option<([u8; 16], [u8; 8], u8)> {
+    if v.len() < 55 {
+        return None;
+    }
+    let version = hex_byte(&v[0..2])?;
+    if version == 0xff || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
+        return None;
+    }
+    match (version, v.len()) {
+        (0, 55) => {}
+        (0, _) => return None,
+        // a later version may add fields after a dash
+        (_, 55) => {}
+        (_, _) if v[55] == b'-' => {}
+        _ => return None,
+    }
+    let mut trace_id = [0u8; 16];
+    for (i, b) in trace_id.iter_mut().enumerate() {
+        *b = hex_byte(&v[3 + 2 * i..5 + 2 * i])?;
+    }
+    let mut span_id = [0u8; 8];
+    for (i, b) in span_id.iter_mut().enumerate() {
+        *b = hex_byte(&v[36 + 2 * i..38 + 2 * i])?;
+    }
+    let flags = hex_byte(&v[53..55])?;
+    if trace_id == [0; 16] || span_id == [0; 8] {
+        return None;
+    }
+    Some((trace_id, span_id, flags))
+}
+
+/// Two lowercase hex digits.
+fn hex_byte(two: &[u8]) -> Option<u8> {
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    Some(nibble(two[0])? << 4 | nibble(two[1])?)
+}
+
+/// The `traceparent` for a span: version 00, its IDs and its sampled flag.
+pub fn traceparent(cx: &SpanContext) -> String {
+    format!(
+        "00-{}-{}-{:02x}",
+        cx.trace_id(),
+        cx.span_id(),
+        cx.trace_flags().to_u8() & 0x01
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn a_valid_traceparent_is_read_and_written_back_the_same() {
+        let cx = inbound(&headers(&[("traceparent", VALID)])).unwrap();
+        assert!(cx.is_remote() && cx.is_sampled());
+        assert_eq!(traceparent(&cx), VALID);
+        let unsampled = VALID.replace("-01", "-00");
+        let cx = inbound(&headers(&[("traceparent", &unsampled)])).unwrap();
+        assert!(!cx.is_sampled());
+        // other flag bits are not carried on
+        let other = VALID.replace("-01", "-ff");
+        let cx = inbound(&headers(&[("traceparent", &other)])).unwrap();
+        assert_eq!(traceparent(&cx), VALID);
+    }
+
+    #[test]
+    fn every_invalid_form_is_refused() {
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+        ] {
+            assert!(
+                inbound(&headers(&[("traceparent", bad)])).is_none(),
+                "{bad:?}"
+            );
+        }
+        // two of them
+        assert!(inbound(&headers(&[("traceparent", VALID), ("traceparent", VALID)])).is_none());
+    }
+
+    #[test]
+    fn a_later_version_is_read_by_its_first_fields() {
+        let v = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-next";
+        let cx = inbound(&headers(&[("traceparent", v)])).unwrap();
+        assert_eq!(traceparent(&cx), VALID);
+    }
+
+    #[test]
+    fn tracestate_goes_with_a_valid_parent() {
+        let cx = inbound(&headers(&[
+            ("traceparent", VALID),
+            ("tracestate", "vendor=abc"),
+            ("tracestate", "other=1"),
+        ]))
+        .unwrap();
+        assert_eq!(cx.trace_state().header(), "vendor=abc,other=1");
+        let cx = inbound(&headers(&[("traceparent", VALID), ("tracestate", "=,=")])).unwrap();
+        assert_eq!(cx.trace_state().header(), "");
+    }
+}
