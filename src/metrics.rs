@@ -240,6 +240,15 @@ fn spans_dropped_counter(r: &Registrar) -> IntCounter {
     )
 }
 
+/// `idemgate_upstream_retries_total{route}`.
+fn upstream_retries_counter(r: &Registrar) -> IntCounterVec {
+    r.counters(
+        "idemgate_upstream_retries_total",
+        "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
+        &["route"],
+    )
+}
+
 /// `idemgate_settles_pending` (SPEC §16).
 fn settles_pending_gauge(r: &Registrar) -> IntGauge {
     r.int_gauge(
@@ -340,11 +349,7 @@ impl Metrics {
             ),
             log_lines_dropped: log_lines_dropped_counter(&r),
             spans_dropped: spans_dropped_counter(&r),
-            upstream_retries: r.counters(
-                "idemgate_upstream_retries_total",
-                "Requests sent once more, on a new connection, after a kept upstream connection closed before any response byte.",
-                &["route"],
-            ),
+            upstream_retries: upstream_retries_counter(&r),
             headers_dropped: headers_dropped_counter(&r),
             ambiguous_records,
             route_paused,

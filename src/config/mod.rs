@@ -22,7 +22,8 @@
 //!
 //! Environment variables: `${NAME}` is expanded in `store.url` only (so a
 //! database password need not sit in the file). Secrets come from
-//! `env:NAME` / `file:PATH` references in `verify.secrets` and `admin.token`; a relative
+//! `env:NAME` / `file:PATH` references in `verify.secrets`, `admin.token` and
+//! header values (`reconcile.headers`, `telemetry.otlp.headers`); a relative
 //! `file:` path is relative to the working directory, like a SQLite path.
 //!
 //! Layout: `yaml.rs` (the tree, path → line:col), `de.rs` (serde over the
@@ -34,7 +35,8 @@
 //! `route.rs` (one route: presets and the checks across its fields),
 //! `admin.rs` (the admin token), `tls.rs` (the listener's certificate),
 //! `fields.rs` (small value parsers: upstream URL, JSON pointer, header),
-//! `reconcile.rs` (a route's `reconcile` block, SPEC §21),
+//! `reconcile.rs` (a route's `reconcile` block, SPEC §21), `telemetry.rs`
+//! (the `telemetry` block, SPEC §19),
 //! `verify.rs` (provider presets, secrets, warnings), `hmac_rule.rs` (the
 //! `scheme: hmac` block, SPEC §17), `error.rs` (a problem with its file,
 //! line and column), `model.rs` (the output).

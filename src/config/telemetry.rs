@@ -14,8 +14,16 @@ const TRACES_PATH: &str = "/v1/traces";
 /// The placeholder `trace_url` must hold.
 const TRACE_ID: &str = "{trace_id}";
 
+/// `telemetry`, if present: `Some(None)` when absent, `None` when wrong.
+pub fn optional(ctx: &mut Ctx, raw: Option<RawTelemetry>) -> Option<Option<Telemetry>> {
+    match raw {
+        None => Some(None),
+        Some(raw) => telemetry(ctx, raw).map(Some),
+    }
+}
+
 /// Parses `telemetry`; `None` when wrong (recorded).
-pub fn telemetry(ctx: &mut Ctx, raw: RawTelemetry) -> Option<Telemetry> {
+fn telemetry(ctx: &mut Ctx, raw: RawTelemetry) -> Option<Telemetry> {
     let errors_before = ctx.error_count();
     let otlp = raw.otlp.and_then(|o| otlp(ctx, o));
     let trace_url = raw.trace_url.filter(|url| {
@@ -45,11 +53,6 @@ fn otlp(ctx: &mut Ctx, raw: RawOtlp) -> Option<Otlp> {
             None
         }
         Some(url) => match fields::upstream(&url) {
-            Ok(target) if url.contains('?') || url.contains('#') => {
-                let _ = target;
-                ctx.at_value(&at("endpoint"), "the endpoint takes no query or fragment");
-                None
-            }
             Ok(target) => Some(target),
             Err(e) => {
                 ctx.at_value(&at("endpoint"), e.replace("upstream", "endpoint"));

@@ -70,11 +70,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
     let upgrade_sock = upgrade_sock_path(ctx, upgrade_sock);
     let instance = instance_name(ctx, instance);
     let trusted_proxies = trusted_proxies_config(ctx, trusted_proxies);
-    let telemetry = match telemetry {
-        None => Some(None),
-        Some(raw) => super::telemetry::telemetry(ctx, raw).map(Some),
-    };
-
+    let telemetry = super::telemetry::optional(ctx, telemetry);
     let downstream = downstream_config(ctx, downstream);
     let tls = match tls {
         None => Some(None),

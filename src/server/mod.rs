@@ -166,8 +166,7 @@ pub fn run(
     let conf = server_conf(&config);
     let gate = gate(&config, &conf, store.clone(), metrics.clone())?;
     let in_flight = gate.shared.in_flight.clone();
-    let pending = gate.shared.pending.clone();
-    let tracing = gate.shared.tracing.clone();
+    let (pending, gate_tracing) = (gate.shared.pending.clone(), gate.shared.tracing.clone());
     let opt = upgrade.then(|| Opt {
         upgrade: true,
         ..Opt::default()
@@ -202,6 +201,7 @@ pub fn run(
             in_flight: in_flight.clone(),
             table,
             pending,
+            tracing: gate_tracing,
         },
         config.shutdown_grace,
         upgrade,
@@ -231,10 +231,6 @@ pub fn run(
         let _ = done.send(());
     });
     let _ = finished.recv();
-    if let Some(t) = tracing {
-        // the spans of the last requests, sent before the process exits
-        t.stop();
-    }
     Ok(())
 }
 
@@ -337,6 +333,9 @@ fn spawn_drain_watch(
             Ok(ExecutionPhase::ShutdownStarted) => {
                 let stopped = Instant::now();
                 drain(&draining, grace);
+                if let Some(t) = &draining.tracing {
+                    t.stop();
+                }
                 if draining.in_flight.handing_over() && std::env::var_os("NOTIFY_SOCKET").is_some()
                 {
                     // the new process tells systemd it is the main process
@@ -372,6 +371,8 @@ struct Draining {
     /// answered, and a settle dropped here leaves its claim to the lease's
     /// end and then to SPEC §12 (a second delivery, or an event held).
     pending: Arc<PendingSettles>,
+    /// The spans of the last requests, sent once they are drained.
+    tracing: Option<Arc<crate::otel::Tracing>>,
 }
 
 /// Waits, up to `grace`, until no guarded request is in flight, no client

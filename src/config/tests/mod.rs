@@ -8,6 +8,7 @@ mod resolve;
 mod rules;
 mod secrets;
 mod svix_ids;
+mod telemetry;
 mod units;
 mod values;
 
