@@ -7,6 +7,17 @@ pub(crate) enum Target {
     NginxProxy,
     IdemSqlite,
     IdemPg,
+    /// Its own SQLite process, traced to a live collector at `sample: 1.0`.
+    IdemTraced,
+    /// Its own SQLite process, traced at `sample: 0.01`.
+    IdemSampled,
+}
+
+impl Target {
+    /// A process of its own with a `telemetry` block (SPEC §19).
+    pub(crate) fn traced(self) -> bool {
+        matches!(self, Target::IdemTraced | Target::IdemSampled)
+    }
 }
 
 /// How the event IDs of a run are made.
@@ -36,7 +47,7 @@ pub(crate) struct Scenario {
     pub(crate) route: Option<&'static str>,
 }
 
-pub(crate) const SCENARIOS: [Scenario; 14] = [
+pub(crate) const SCENARIOS: [Scenario; 16] = [
     Scenario {
         key: 'u',
         name: "upstream direct (ceiling)",
@@ -143,6 +154,24 @@ pub(crate) const SCENARIOS: [Scenario; 14] = [
         path: "/reconciled",
         ids: Ids::Unique,
         route: Some("reconciled"),
+    },
+    // (b) traced, in processes of their own, each with a `telemetry` block
+    // to one live collector (rotel), for issue 53's A/B against (b).
+    Scenario {
+        key: 'o',
+        name: "unique events, traced (sample 1.0)",
+        target: Target::IdemTraced,
+        path: "/unique",
+        ids: Ids::Unique,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 'm',
+        name: "unique events, traced (sample 0.01)",
+        target: Target::IdemSampled,
+        path: "/unique",
+        ids: Ids::Unique,
+        route: Some("unique"),
     },
     Scenario {
         key: 'q',

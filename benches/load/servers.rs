@@ -225,15 +225,70 @@ pub(crate) fn start_world(
     } else {
         None
     };
+    let traced = s
+        .scenarios
+        .iter()
+        .any(|&k| crate::scenarios::scenario(k).target.traced())
+        .then(|| start_traced(s, &dir, logs, upstream.addr));
     World {
         dir,
         upstream,
         proxy,
         sqlite,
         pg,
+        traced,
         tck: clk_tck(),
         ncpu: std::thread::available_parallelism().map_or(1, |n| n.get()),
     }
+}
+
+/// A live OTLP collector (rotel, from PyPI, as the tests use; nothing
+/// printed, spans taken and dropped) and the two traced SQLite processes
+/// of (o) and (m), each on its own store file.
+fn start_traced(
+    s: &Settings,
+    dir: &Path,
+    logs: &Path,
+    upstream: SocketAddr,
+) -> (Idemgate, Idemgate) {
+    let pkg = crate::processes::sh(
+        "python3",
+        &[
+            "-c",
+            "import rotel, os; print(os.path.dirname(rotel.__file__))",
+        ],
+    );
+    assert!(
+        !pkg.is_empty(),
+        "(o) and (m) need the collector: python3 -m pip install rotel==0.0.1a15"
+    );
+    let (http, grpc) = (free_port(), free_port());
+    let log = std::fs::File::create(logs.join("rotel.log")).unwrap();
+    let mut cmd = command(&format!("{pkg}/rotel-agent"));
+    cmd.args(["start", "--exporter", "blackhole", "--otlp-http-endpoint"])
+        .arg(format!("127.0.0.1:{http}"))
+        .arg("--otlp-grpc-endpoint")
+        .arg(format!("127.0.0.1:{grpc}"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    spawn("rotel", cmd);
+    wait_until("rotel", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(loopback(http)).is_ok()
+    });
+    let traced = |name: &'static str, sample: &str| {
+        let extra = Extra {
+            top: format!(
+                "telemetry:\n  otlp:\n    endpoint: \"http://127.0.0.1:{http}\"\n    sample: {sample}\n"
+            ),
+            defaults: String::new(),
+        };
+        let store = format!("sqlite://{}", dir.join(format!("{name}.db")).display());
+        start_idemgate(dir, logs, name, s, &store, upstream, &["unique"], &extra)
+    };
+    (
+        traced("idemgate-traced", "1.0"),
+        traced("idemgate-sampled", "0.01"),
+    )
 }
 
 /// The idemgate on a PostgreSQL schema of this run, if the server is usable.

@@ -32,6 +32,8 @@ pub(crate) struct World {
     pub(crate) proxy: Option<Nginx>,
     pub(crate) sqlite: Idemgate,
     pub(crate) pg: Option<Idemgate>,
+    /// (o) and (m)'s processes, traced at 1.0 and 0.01, when a run has them.
+    pub(crate) traced: Option<(Idemgate, Idemgate)>,
     pub(crate) tck: f64,
     pub(crate) ncpu: usize,
 }
@@ -43,6 +45,8 @@ impl World {
             Target::NginxProxy => self.proxy.as_ref().map(|n| n.addr),
             Target::IdemSqlite => Some(self.sqlite.addr),
             Target::IdemPg => self.pg.as_ref().map(|p| p.addr),
+            Target::IdemTraced => self.traced.as_ref().map(|t| t.0.addr),
+            Target::IdemSampled => self.traced.as_ref().map(|t| t.1.addr),
         }
     }
     /// The process whose CPU a scenario measures (`None`: the client's ceiling).
@@ -52,18 +56,23 @@ impl World {
             Target::NginxProxy => self.proxy.as_ref().map(|n| n.pid),
             Target::IdemSqlite => Some(self.sqlite.pid),
             Target::IdemPg => self.pg.as_ref().map(|p| p.pid),
+            Target::IdemTraced => self.traced.as_ref().map(|t| t.0.pid),
+            Target::IdemSampled => self.traced.as_ref().map(|t| t.1.pid),
         }
     }
     pub(crate) fn admin(&self, t: Target) -> Option<SocketAddr> {
         match t {
             Target::IdemSqlite => Some(self.sqlite.admin),
             Target::IdemPg => self.pg.as_ref().map(|p| p.admin),
+            Target::IdemTraced => self.traced.as_ref().map(|t| t.0.admin),
+            Target::IdemSampled => self.traced.as_ref().map(|t| t.1.admin),
             _ => None,
         }
     }
     pub(crate) fn idemgates(&self) -> Vec<&Idemgate> {
         std::iter::once(&self.sqlite)
             .chain(self.pg.as_ref())
+            .chain(self.traced.iter().flat_map(|(a, b)| [a, b]))
             .collect()
     }
 }

@@ -38,7 +38,7 @@ use crate::problem::AdminKind;
 use crate::problem::Problem;
 use crate::reconcile::Reconciler;
 use crate::store::json::{record_json, timestamp};
-use crate::store::{ClaimStore, ListFilter, ListKey};
+use crate::store::{ClaimStore, ListFilter, ListKey, Record};
 
 /// `limit` when the request names none, and the most it may name.
 const DEFAULT_LIMIT: i64 = 50;
@@ -58,6 +58,9 @@ pub struct Api {
     /// SHA-256 of `admin.token`: comparing digests takes the same time
     /// whatever the length or content of what was presented.
     token: Option<[u8; 32]>,
+    /// `telemetry.trace_url` (SPEC §19): a record's `trace_url` is it with
+    /// `{trace_id}` filled in.
+    trace_url: Option<String>,
 }
 
 impl Api {
@@ -81,7 +84,18 @@ impl Api {
                 .token
                 .as_ref()
                 .map(|t| Sha256::digest(&t.0).into()),
+            trace_url: config.telemetry.as_ref().and_then(|t| t.trace_url.clone()),
         }
+    }
+
+    /// A record as the API shows it: `record_json`, and with `trace_url`
+    /// the link to its trace.
+    fn record(&self, rec: &Record) -> Value {
+        let mut doc = record_json(rec);
+        if let (Some(url), Some(id)) = (&self.trace_url, &rec.trace_id) {
+            doc["trace_url"] = json!(url.replace("{trace_id}", id));
+        }
+        doc
     }
 
     /// Answers a request under `/api/`.
@@ -269,7 +283,7 @@ impl Api {
         } else {
             None
         };
-        let events: Vec<Value> = records.iter().map(record_json).collect();
+        let events: Vec<Value> = records.iter().map(|r| self.record(r)).collect();
         Ok(json(
             StatusCode::OK,
             &json!({"events": events, "next": next}),
@@ -285,7 +299,7 @@ impl Api {
         no_params(query)?;
         let found = self.store.show(route, id).await.map_err(Problem::store)?;
         match found {
-            Some(rec) => Ok(json(StatusCode::OK, &record_json(&rec))),
+            Some(rec) => Ok(json(StatusCode::OK, &self.record(&rec))),
             None => Err(Problem::not_found(route, id)),
         }
     }

@@ -373,7 +373,6 @@ fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
         !page.as_str().unwrap().contains("\"n\":42"),
         "no payload is shown"
     );
-    b.screenshot(screenshots().as_deref(), "console-event.png");
 }
 
 #[test]
@@ -948,4 +947,48 @@ fn the_overview_shows_each_routes_limits_in_flight_and_breaker() {
     });
     assert!(text.ends_with("s left)"), "{text}");
     b.screenshot(screenshots().as_deref(), "console-overview-limits");
+}
+
+/// SPEC §19: a traced record's page shows its trace ID, a link to
+/// `telemetry.trace_url` (here the collector is absent: spans are dropped,
+/// the record still keeps its send's trace).
+#[test]
+fn an_event_page_links_its_trace_id_to_trace_url() {
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(b) = Browser::start() else {
+        return;
+    };
+    let dir = TempDir::new("console-trace");
+    let up = Consumer::start().unwrap();
+    let store = dir.sqlite_url("console.db");
+    let routes = route("orders", "/hooks/orders", &up.url(), "    lease: 30s\n")
+        + &format!(
+            "telemetry:\n  otlp:\n    endpoint: \"http://127.0.0.1:{}\"\n  \
+             trace_url: \"https://traces.example/trace/{{trace_id}}?from=console\"\n",
+            free_port()
+        );
+    let px = start_with_token(&dir, &store, &routes);
+    let id = eid("traced");
+    assert_eq!(
+        px.deliver("/hooks/orders", Some(&id), br#"{"n":7}"#).status,
+        200
+    );
+    let want = show(&store, "orders", &id);
+    let trace = want["trace_id"].as_str().expect("a trace ID").to_string();
+    assert_eq!(trace.len(), 32, "{want}");
+
+    b.goto(&format!("http://{}/#/event/orders/{id}", px.admin));
+    wait_shown(&b, "the detail", "trace_id", &trace);
+    let link = b.execute(
+        "const a = document.querySelector('#fields tr[data-field=\"trace_id\"] a'); \
+         return a ? [a.textContent, a.getAttribute('href'), a.getAttribute('rel')] : null;",
+        json!([]),
+    );
+    let href = format!("https://traces.example/trace/{trace}?from=console");
+    assert_eq!(link, json!([trace, href, "noopener noreferrer"]));
+    assert!(
+        !shown_fields(&b).contains_key("trace_url"),
+        "the link is the trace ID's"
+    );
+    b.screenshot(screenshots().as_deref(), "console-event.png");
 }

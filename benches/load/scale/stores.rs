@@ -156,6 +156,7 @@ pub(super) fn world_with(w: &World, g: Idemgate, store: Store) -> World {
         proxy: None,
         sqlite: if store == Store::Sqlite { g } else { w.sqlite },
         pg: (store == Store::Postgres).then_some(g),
+        traced: None,
         tck: w.tck,
         ncpu: w.ncpu,
     }

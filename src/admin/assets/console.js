@@ -341,7 +341,15 @@
   let shown = null; // the record on screen
   const FIELD_ORDER = ['route', 'event_id', 'body_sha256', 'state', 'attempts', 'lease_until', 'last_status',
     'last_error', 'first_seen_at', 'updated_at', 'delivered_at', 'expires_at',
-    'replay_status', 'replay_content_type', 'replay_body_bytes'];
+    'replay_status', 'replay_content_type', 'replay_body_bytes', 'trace_id', 'span_id'];
+
+  // a record's trace ID, linked to `telemetry.trace_url` when the API gave one
+  // (only an http(s) link: the API builds it from the config and a hex ID)
+  function traceCell(rec) {
+    const url = rec.trace_url;
+    if (!rec.trace_id || !url || !/^https?:\/\//.test(url)) return el('td', { text: dash(rec.trace_id) });
+    return el('td', null, el('a', { class: 'trace-link', href: url, target: '_blank', rel: 'noopener noreferrer', text: rec.trace_id }));
+  }
 
   async function loadEvent(route, id) {
     if (!isDotSegment(id)) return api(eventPath(route, id));
@@ -358,11 +366,12 @@
     // SPEC §3's order, then anything else the record has
     // (the attempts have a table of their own)
     const keys = FIELD_ORDER.filter((k) => k in rec)
-      .concat(Object.keys(rec).filter((k) => !FIELD_ORDER.includes(k) && k !== 'history'));
+      .concat(Object.keys(rec).filter((k) => !FIELD_ORDER.includes(k) && k !== 'history' && k !== 'trace_url'));
     $('fields').tBodies[0].replaceChildren(...keys.map((k) => [k, rec[k]]).map(([k, v]) =>
       el('tr', { data: { field: k } },
         el('th', { text: k }),
-        k === 'state' ? el('td', null, stateBadge(v)) : el('td', { text: dash(v) }))));
+        k === 'state' ? el('td', null, stateBadge(v))
+          : k === 'trace_id' ? traceCell(rec) : el('td', { text: dash(v) }))));
 
     const attempts = rec.history || [];
     renderAttempts(attempts);
