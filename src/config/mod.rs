@@ -73,8 +73,8 @@ pub use error::{ConfigError, ConfigErrors};
 pub use fields::route_name;
 pub use model::{
     AdminConfig, AdminToken, Ask, AskUrl, Challenge, Config, DigestMode, Downstream, DurationMs,
-    EventIdSource, IdPart, InFlight, OnAmbiguous, OnMissingId, OnStoreError, Provider, Reconcile,
-    Otlp, Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Telemetry, Tls, UpstreamUrl,
+    EventIdSource, IdPart, InFlight, OnAmbiguous, OnMissingId, OnStoreError, Otlp, Provider,
+    Reconcile, Route, Scheme, SettleOn, StoreConfig, SweeperConfig, Telemetry, Tls, UpstreamUrl,
     Verifier,
 };
 pub use units::{format_duration, format_size, parse_duration, parse_size};

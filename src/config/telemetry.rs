@@ -62,7 +62,10 @@ fn otlp(ctx: &mut Ctx, raw: RawOtlp) -> Option<Otlp> {
         None => 1.0,
         Some(s) if (0.0..=1.0).contains(&s) => s,
         Some(s) => {
-            ctx.at_value(&at("sample"), format!("sample {s} is not a ratio from 0 to 1"));
+            ctx.at_value(
+                &at("sample"),
+                format!("sample {s} is not a ratio from 0 to 1"),
+            );
             1.0
         }
     };
