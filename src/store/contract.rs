@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
-use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
 use super::TraceRef;
+use crate::claim::{ClaimKind, Decision, Millis, Refusal, SettleResult, State};
 
 /// A store error: the proxy fails closed on it (503) unless told otherwise.
 /// A driver's error is kept as the [`source`](std::error::Error::source),
@@ -605,11 +605,15 @@ pub(crate) fn existing_outcome(
 }
 
 /// The answer to the delivery that found a record [`Found::Hold`], once
-/// the record is `ambiguous`.
-pub(crate) fn outcome_unknown() -> ClaimOutcome {
+/// the record is `ambiguous`: `trace` is the record's latest send (the
+/// attempt whose outcome is unknown), as the engine read it.
+pub(crate) fn outcome_unknown(trace: Option<TraceRef>) -> ClaimOutcome {
     ClaimOutcome::Existing {
         decision: Refusal::OutcomeUnknown,
-        recorded: Recorded::default(),
+        recorded: Recorded {
+            trace,
+            ..Recorded::default()
+        },
     }
 }
 
