@@ -657,6 +657,54 @@ mod tests {
     use crate::claim::State;
     use crate::store::{ListFilter, ListKey};
 
+    /// A claim's row names the send it replaced (SPEC §19): a reclaim's,
+    /// read as stored; a new record replaced none, whatever the column
+    /// holds; a text not in the stored form is none.
+    #[test]
+    fn a_claimed_row_names_the_send_it_replaced() {
+        use crate::claim::ClaimKind;
+        use crate::store::{ClaimOutcome, TraceRef};
+        let sent = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7";
+        let previous = |out: ClaimOutcome| match out {
+            ClaimOutcome::Claimed { kind, previous, .. } => (kind, previous),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            previous(claimed(2, Some("failed"), Some(sent), 9)),
+            (ClaimKind::RetryFailed, TraceRef::from_stored(sent))
+        );
+        assert_eq!(
+            previous(claimed(3, Some("processing"), None, 9)),
+            (ClaimKind::RetryExpired, None)
+        );
+        assert_eq!(
+            previous(claimed(1, None, Some(sent), 9)),
+            (ClaimKind::New, None)
+        );
+        assert_eq!(
+            previous(claimed(2, Some("failed"), Some("junk"), 9)),
+            (ClaimKind::RetryFailed, None)
+        );
+        let rb = Readback {
+            state: State::Delivered,
+            lease_until: None,
+            body_sha256: "d".into(),
+            last_status: Some(200),
+            replay_status: None,
+            replay_content_type: None,
+            replay_body: None,
+            replay_headers: None,
+            send_trace: Some(sent.into()),
+        };
+        assert_eq!(rb.recorded().trace, TraceRef::from_stored(sent));
+        match rb.outcome("d", 0, false) {
+            crate::store::Found::Answer(ClaimOutcome::Existing { recorded, .. }) => {
+                assert_eq!(recorded.trace, TraceRef::from_stored(sent))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     fn every_filter() -> ListFilter {
         ListFilter {
             route: Some("r'; DROP TABLE records; --".into()),

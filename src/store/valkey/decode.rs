@@ -232,3 +232,61 @@ pub(super) fn release(v: Value) -> Result<ReleaseOutcome, StoreError> {
         other => Err(corrupt(format!("release answered {other:?}"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    /// The claim script's answers carry the sends (SPEC §19): the one a
+    /// reclaim replaced, a held record's, a refused claim's record's.
+    #[test]
+    fn claim_answers_carry_the_sends() {
+        let sent = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7";
+        let won = claim(Value::Array(vec![
+            bulk("claimed"),
+            Value::Int(2),
+            bulk("failed"),
+            bulk(sent),
+        ]))
+        .unwrap();
+        assert!(
+            matches!(won, Claimed::Won { attempt: 2, ref from, ref replaced }
+                if from.as_deref() == Some("failed") && replaced.as_deref() == Some(sent))
+        );
+        // a new record: no state taken over, no send replaced
+        let new = claim(Value::Array(vec![bulk("claimed"), Value::Int(1)])).unwrap();
+        assert!(matches!(
+            new,
+            Claimed::Won {
+                attempt: 1,
+                from: None,
+                replaced: None
+            }
+        ));
+        let held = claim(Value::Array(vec![bulk("held"), bulk(sent)])).unwrap();
+        assert!(matches!(held, Claimed::Held { trace: Some(ref t) } if t == sent));
+        let held = claim(Value::Array(vec![bulk("held"), Value::Nil])).unwrap();
+        assert!(matches!(held, Claimed::Held { trace: None }));
+        let mut fields = vec![bulk("delivered"), Value::Nil, bulk("d"), bulk("200")];
+        fields.extend([Value::Nil, Value::Nil, Value::Nil, Value::Nil]);
+        fields.push(bulk(sent));
+        let mut answer = vec![bulk("existing")];
+        answer.extend(fields.clone());
+        let Claimed::Existing(rb) = claim(Value::Array(answer)).unwrap() else {
+            panic!("existing");
+        };
+        assert_eq!(rb.send_trace.as_deref(), Some(sent));
+        assert_eq!(
+            readback(Value::Array(fields))
+                .unwrap()
+                .unwrap()
+                .send_trace
+                .as_deref(),
+            Some(sent)
+        );
+    }
+}
