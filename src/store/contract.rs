@@ -605,11 +605,15 @@ pub(crate) fn existing_outcome(
 }
 
 /// The answer to the delivery that found a record [`Found::Hold`], once
-/// the record is `ambiguous`.
-pub(crate) fn outcome_unknown() -> ClaimOutcome {
+/// the record is `ambiguous`: `trace` is the record's latest send (the
+/// attempt whose outcome is unknown), as the engine read it.
+pub(crate) fn outcome_unknown(trace: Option<TraceRef>) -> ClaimOutcome {
     ClaimOutcome::Existing {
         decision: Refusal::OutcomeUnknown,
-        recorded: Recorded::default(),
+        recorded: Recorded {
+            trace,
+            ..Recorded::default()
+        },
     }
 }
 

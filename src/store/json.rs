@@ -33,7 +33,8 @@ pub fn parse_time(text: &str) -> Result<Millis, String> {
     Millis::try_from(ms).map_err(|_| format!("{text:?} is too far ahead"))
 }
 
-/// A record as JSON: the SPEC §3 field names; `null` where unset. The
+/// A record as JSON: the SPEC §3 field names (and §19's `trace_id` and
+/// `span_id`); `null` where unset. The
 /// replay body itself is never part of it, only its size.
 pub fn record_json(r: &Record) -> Value {
     let ts = |v: Option<Millis>| v.map(timestamp);
@@ -50,6 +51,9 @@ pub fn record_json(r: &Record) -> Value {
         "updated_at": timestamp(r.updated_at),
         "delivered_at": ts(r.delivered_at),
         "expires_at": timestamp(r.expires_at),
+        // SPEC §19: the latest send's IDs, hex; null when it was not traced
+        "trace_id": r.trace_id,
+        "span_id": r.span_id,
     });
     if r.replay_status.is_some() {
         doc["replay_status"] = json!(r.replay_status);
@@ -79,6 +83,44 @@ pub fn attempt_json(a: &Attempt) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SPEC §19: the latest send's IDs are always printed, `null` when the
+    /// send was not traced.
+    #[test]
+    fn the_latest_sends_ids_are_printed_or_null() {
+        let mut r = Record {
+            route: "r".into(),
+            event_id: "e".into(),
+            body_sha256: "d".into(),
+            state: crate::claim::State::Delivered,
+            attempts: 1,
+            lease_until: None,
+            last_status: Some(200),
+            last_error: None,
+            first_seen_at: 1,
+            updated_at: 2,
+            delivered_at: Some(2),
+            expires_at: 3,
+            replay_status: None,
+            replay_content_type: None,
+            replay_body_bytes: None,
+            trace_id: None,
+            span_id: None,
+            history: None,
+        };
+        let doc = record_json(&r);
+        assert_eq!(doc["trace_id"], Value::Null, "{doc}");
+        assert_eq!(doc["span_id"], Value::Null, "{doc}");
+        assert!(doc.as_object().unwrap().contains_key("trace_id"));
+        let send = crate::store::TraceRef {
+            trace_id: [0xab; 16],
+            span_id: [0x01; 8],
+        };
+        (r.trace_id, r.span_id) = crate::store::TraceRef::record_ids(Some(send));
+        let doc = record_json(&r);
+        assert_eq!(doc["trace_id"], json!("ab".repeat(16)));
+        assert_eq!(doc["span_id"], json!("01".repeat(8)));
+    }
 
     #[test]
     fn times_read_back_what_timestamp_writes() {

@@ -19,7 +19,7 @@ use super::{
     outcome_unknown, Attempt, Backend, BulkRelease, ClaimOutcome, ClaimRequest, Found, Learned,
     ListFilter, QuestionBatch, Reconciliation, Record, Recorded, ReleaseOutcome, ReleaseRequest,
     ReplayHeaders, Resolution, ResolveOutcome, ResolveRequest, SettleOutcome, SettleRequest,
-    StoreError, UnacknowledgedClaim,
+    StoreError, TraceRef, UnacknowledgedClaim,
 };
 use crate::claim::{self, AttemptEnd, ClaimKind, Current, Millis, SettleResult, State};
 
@@ -33,6 +33,9 @@ struct Entry {
     replay_body: Option<Vec<u8>>,
     /// The replayed headers the delivered settle kept (SPEC §22).
     replay_headers: Option<ReplayHeaders>,
+    /// The latest send (SPEC §19): the last winning claim's, `None` when
+    /// it was not traced. The record's `trace_id` and `span_id` show it.
+    send: Option<TraceRef>,
     /// Claimed under `on_ambiguous: hold`.
     hold: bool,
     claimed_by: Option<String>,
@@ -107,8 +110,14 @@ impl Entry {
             content_type: r.replay_content_type.clone(),
             body: self.replay_body.clone(),
             headers: self.replay_headers.clone(),
-            trace: None,
+            trace: self.send,
         }
+    }
+
+    /// A winning claim's send becomes the latest; the one it replaced.
+    fn set_send(&mut self, send: Option<TraceRef>) -> Option<TraceRef> {
+        (self.record.trace_id, self.record.span_id) = TraceRef::record_ids(send);
+        std::mem::replace(&mut self.send, send)
     }
 }
 
@@ -141,7 +150,7 @@ fn key(route: &str, event_id: &str) -> Key {
 }
 
 fn new_entry(req: &ClaimRequest<'_>) -> Entry {
-    Entry {
+    let mut e = Entry {
         record: Record {
             route: req.route.to_owned(),
             event_id: req.event_id.to_owned(),
@@ -164,13 +173,16 @@ fn new_entry(req: &ClaimRequest<'_>) -> Entry {
         },
         replay_body: None,
         replay_headers: None,
+        send: None,
         hold: req.hold,
         claimed_by: Some(req.instance.to_owned()),
         claim_token: req.token,
         attempts: BTreeMap::new(),
         reconcile_after: None,
         questions: Vec::new(),
-    }
+    };
+    e.set_send(req.trace);
+    e
 }
 
 /// What the record decides for a claim, as the SQL stores decide it.
@@ -201,6 +213,7 @@ fn take_over(e: &mut Entry, req: &ClaimRequest<'_>) -> ClaimOutcome {
     e.hold = req.hold;
     e.claimed_by = Some(req.instance.to_owned());
     e.claim_token = req.token;
+    let replaced = e.set_send(req.trace);
     let kind = match previous {
         State::Failed => ClaimKind::RetryFailed,
         _ => ClaimKind::RetryExpired,
@@ -209,7 +222,7 @@ fn take_over(e: &mut Entry, req: &ClaimRequest<'_>) -> ClaimOutcome {
         attempt: e.record.attempts,
         kind,
         lease_until: req.now + req.lease_ms,
-        previous: None,
+        previous: replaced,
     }
 }
 
@@ -238,7 +251,7 @@ fn claim_in(t: &mut Tables, req: &ClaimRequest<'_>) -> ClaimOutcome {
         Found::Answer(outcome) => outcome,
         Found::Hold => {
             hold_ended(e, req.now);
-            outcome_unknown()
+            outcome_unknown(e.send)
         }
         Found::Claim => take_over(e, req),
     }

@@ -58,10 +58,12 @@ macro_rules! lease_lost {
 pub(crate) use lease_lost;
 
 /// The start of every claim statement: the columns a new record gets.
+/// `send_trace` is the claim's send (SPEC §19), NULL when not traced.
 macro_rules! claim_insert {
     () => {
         "INSERT INTO records (route, event_id, body_sha256, state, attempts, lease_until,
-                     first_seen_at, updated_at, expires_at, hold, claimed_by, claim_token)\n"
+                     first_seen_at, updated_at, expires_at, hold, claimed_by, claim_token,
+                     send_trace)\n"
     };
 }
 pub(crate) use claim_insert;
@@ -69,7 +71,7 @@ pub(crate) use claim_insert;
 /// A new record's values for [`claim_insert!`], from the claim's parameters.
 macro_rules! claim_values {
     () => {
-        "VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6, $7, $8, $9)\n"
+        "VALUES ($1, $2, $3, 'processing', 1, $4, $5, $5, $6, $7, $8, $9, $10)\n"
     };
 }
 pub(crate) use claim_values;
@@ -79,6 +81,10 @@ pub(crate) use claim_values;
 /// with an expired lease unless the claim is made under `on_ambiguous:
 /// hold` (`excluded.hold`). Mirrors `claim::decide`. Taking over an expired
 /// lease records the lost attempt (the trigger `records_lease_lost`).
+/// The claim's send replaces the record's latest (SPEC §19); the one it
+/// replaced is kept in `claimed_trace` (SET's right-hand sides read the
+/// row as it was, as `claimed_from` does) for the `RETURNING`, which
+/// gives new values only.
 macro_rules! claim_on_conflict {
     () => {
         "ON CONFLICT (route, event_id) DO UPDATE SET
@@ -90,7 +96,9 @@ macro_rules! claim_on_conflict {
     claimed_from = records.state,
     hold = excluded.hold,
     claimed_by = excluded.claimed_by,
-    claim_token = excluded.claim_token
+    claim_token = excluded.claim_token,
+    claimed_trace = records.send_trace,
+    send_trace = excluded.send_trace
 WHERE records.body_sha256 = excluded.body_sha256
   AND (records.state = 'failed'
        OR (records.state = 'processing' AND excluded.hold = 0
@@ -103,18 +111,20 @@ pub(crate) use claim_on_conflict;
 /// same digest (failed, or processing with an expired lease). Mirrors
 /// `claim::decide`; a refused claim returns no row.
 /// $1 route, $2 event_id, $3 digest, $4 lease_until, $5 now, $6 expires_at,
-/// $7 hold (0/1), $8 instance, $9 the claim's token
+/// $7 hold (0/1), $8 instance, $9 the claim's token, $10 the claim's send
+/// ([`TraceRef::stored`](super::TraceRef::stored), or NULL). Returns the
+/// send a reclaim replaced as `claimed_trace` (for a new record, NULL).
 pub const CLAIM: &str = concat!(
     claim_insert!(),
     claim_values!(),
     claim_on_conflict!(),
-    "RETURNING attempts, lease_until, claimed_from"
+    "RETURNING attempts, lease_until, claimed_from, claimed_trace"
 );
 
 /// What a refused claim needs to know. $1 route, $2 event_id
 pub const CLAIM_READBACK: &str = "\
 SELECT state, lease_until, body_sha256, last_status, replay_status, replay_content_type, replay_body,
-       replay_headers
+       replay_headers, send_trace
 FROM records WHERE route = $1 AND event_id = $2";
 
 /// Every settle statement takes the same values ([`settle_statement`]):
@@ -343,7 +353,7 @@ macro_rules! select_record {
     () => {
         "SELECT route, event_id, body_sha256, state, attempts, lease_until, last_status, last_error,
        first_seen_at, updated_at, delivered_at, expires_at,
-       replay_status, replay_content_type, replay_body, replay_headers
+       replay_status, replay_content_type, replay_body, replay_headers, send_trace
 FROM records"
     };
 }
@@ -465,6 +475,9 @@ pub(crate) struct Readback {
     pub replay_body: Option<Vec<u8>>,
     /// [`ReplayHeaders::stored`](super::ReplayHeaders::stored), or NULL.
     pub replay_headers: Option<String>,
+    /// The latest send, [`TraceRef::stored`](super::TraceRef::stored), or
+    /// NULL (not traced, or written by the release before).
+    pub send_trace: Option<String>,
 }
 
 impl Readback {
@@ -478,8 +491,13 @@ impl Readback {
                 .replay_headers
                 .clone()
                 .and_then(super::ReplayHeaders::from_stored),
-            trace: None,
+            trace: self.trace(),
         }
+    }
+
+    /// The record's latest send (SPEC §19).
+    pub(crate) fn trace(&self) -> Option<super::TraceRef> {
+        super::TraceRef::from_column(self.send_trace.as_deref())
     }
 
     /// The recorded body's status, else the delivering answer's.
@@ -498,12 +516,12 @@ impl Readback {
     ) -> super::Found {
         let recorded = super::Recorded {
             status: self.replay_status(),
+            trace: self.trace(),
             content_type: self.replay_content_type,
             body: self.replay_body,
             headers: self
                 .replay_headers
                 .and_then(super::ReplayHeaders::from_stored),
-            trace: None,
         };
         super::existing_outcome(
             self.state,
@@ -608,22 +626,28 @@ pub(crate) fn settled(rows: u64, result: SettleResult) -> SettleResult {
     }
 }
 
-/// The outcome of a claim statement that returned its row.
+/// The outcome of a claim statement that returned its row: `claimed_trace`
+/// is the send a reclaim replaced (the row's `claimed_trace`), left out
+/// for a new record (attempt 1), which replaced none.
 pub(crate) fn claimed(
     attempt: i64,
     claimed_from: Option<&str>,
+    claimed_trace: Option<&str>,
     lease_until: crate::claim::Millis,
 ) -> super::ClaimOutcome {
-    let kind = if attempt == 1 {
-        crate::claim::ClaimKind::New
+    let (kind, previous) = if attempt == 1 {
+        (crate::claim::ClaimKind::New, None)
     } else {
-        super::claim_kind_from_previous(claimed_from)
+        (
+            super::claim_kind_from_previous(claimed_from),
+            super::TraceRef::from_column(claimed_trace),
+        )
     };
     super::ClaimOutcome::Claimed {
         attempt,
         kind,
         lease_until,
-        previous: None,
+        previous,
     }
 }
 
@@ -632,6 +656,54 @@ mod tests {
     use super::*;
     use crate::claim::State;
     use crate::store::{ListFilter, ListKey};
+
+    /// A claim's row names the send it replaced (SPEC §19): a reclaim's,
+    /// read as stored; a new record replaced none, whatever the column
+    /// holds; a text not in the stored form is none.
+    #[test]
+    fn a_claimed_row_names_the_send_it_replaced() {
+        use crate::claim::ClaimKind;
+        use crate::store::{ClaimOutcome, TraceRef};
+        let sent = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7";
+        let previous = |out: ClaimOutcome| match out {
+            ClaimOutcome::Claimed { kind, previous, .. } => (kind, previous),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            previous(claimed(2, Some("failed"), Some(sent), 9)),
+            (ClaimKind::RetryFailed, TraceRef::from_stored(sent))
+        );
+        assert_eq!(
+            previous(claimed(3, Some("processing"), None, 9)),
+            (ClaimKind::RetryExpired, None)
+        );
+        assert_eq!(
+            previous(claimed(1, None, Some(sent), 9)),
+            (ClaimKind::New, None)
+        );
+        assert_eq!(
+            previous(claimed(2, Some("failed"), Some("junk"), 9)),
+            (ClaimKind::RetryFailed, None)
+        );
+        let rb = Readback {
+            state: State::Delivered,
+            lease_until: None,
+            body_sha256: "d".into(),
+            last_status: Some(200),
+            replay_status: None,
+            replay_content_type: None,
+            replay_body: None,
+            replay_headers: None,
+            send_trace: Some(sent.into()),
+        };
+        assert_eq!(rb.recorded().trace, TraceRef::from_stored(sent));
+        match rb.outcome("d", 0, false) {
+            crate::store::Found::Answer(ClaimOutcome::Existing { recorded, .. }) => {
+                assert_eq!(recorded.trace, TraceRef::from_stored(sent))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn every_filter() -> ListFilter {
         ListFilter {
@@ -681,6 +753,7 @@ mod tests {
             include_str!("../../migrations/sqlite/0001_records.sql"),
             include_str!("../../migrations/sqlite/0002_failed_index.sql"),
             include_str!("../../migrations/sqlite/0006_replay_headers.sql"),
+            include_str!("../../migrations/sqlite/0008_send_trace.sql"),
         ] {
             conn.execute_batch(sql).unwrap();
         }

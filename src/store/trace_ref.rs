@@ -29,6 +29,22 @@ impl TraceRef {
         (!zero).then_some(TraceRef { trace_id, span_id })
     }
 
+    /// A column or hash field read back: `None` for NULL or absent (the
+    /// send was not traced, or a process of the release before wrote the
+    /// record) as for a text that is not [`stored`](Self::stored)'s form.
+    pub fn from_column(text: Option<&str>) -> Option<TraceRef> {
+        text.and_then(TraceRef::from_stored)
+    }
+
+    /// A [`Record`](super::Record)'s `trace_id` and `span_id`: both or
+    /// neither.
+    pub fn record_ids(trace: Option<TraceRef>) -> (Option<String>, Option<String>) {
+        match trace {
+            Some(t) => (Some(t.trace_hex()), Some(t.span_hex())),
+            None => (None, None),
+        }
+    }
+
     /// The trace ID as 32 lowercase hex digits.
     pub fn trace_hex(&self) -> String {
         hex(&self.trace_id)
@@ -96,6 +112,17 @@ mod tests {
             "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         ] {
             assert_eq!(TraceRef::from_stored(bad), None, "{bad:?}");
+            assert_eq!(TraceRef::from_column(Some(bad)), None, "{bad:?}");
         }
+        assert_eq!(TraceRef::from_column(None), None);
+        assert_eq!(TraceRef::from_column(Some(&s)), Some(t));
+        assert_eq!(
+            TraceRef::record_ids(Some(t)),
+            (
+                Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
+                Some("00f067aa0ba902b7".into())
+            )
+        );
+        assert_eq!(TraceRef::record_ids(None), (None, None));
     }
 }

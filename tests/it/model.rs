@@ -272,6 +272,7 @@ impl Run<'_> {
                     attempt,
                     kind: got_kind,
                     lease_until,
+                    ..
                 },
             ) => {
                 self.granted(ev, digest, kind, attempt, got_kind, lease_until)?;

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use idemgate::claim::{self, ClaimKind, Decision, Existing, Millis, Refusal, SettleResult, State};
 use idemgate::store::{
     self, ClaimOutcome, ClaimRequest, ClaimStore, ListFilter, Record, Recorded, ReleaseOutcome,
-    ReplayHeaders, SettleOutcome, SettleRequest,
+    ReplayHeaders, Resolution, ResolveOutcome, ResolveRequest, SettleOutcome, SettleRequest,
+    TraceRef,
 };
 
 const T0: Millis = 1_700_000_000_000;
@@ -227,6 +228,14 @@ fn assert_outcome_unknown(out: &ClaimOutcome) {
     );
 }
 
+/// A send (SPEC §19) told apart by `n`: trace ID and span ID all `n`.
+fn send(n: u8) -> TraceRef {
+    TraceRef {
+        trace_id: [n; 16],
+        span_id: [n; 8],
+    }
+}
+
 fn decision_of(outcome: &ClaimOutcome) -> Decision {
     match outcome {
         ClaimOutcome::Claimed { kind, .. } => Decision::Claim(*kind),
@@ -271,6 +280,7 @@ mod cases {
                 content_type: body.map(|_| "text/plain".into()),
                 body: body.map(<[u8]>::to_vec),
                 headers,
+                trace: None,
             },
         };
         for (id, body) in [("h-plain", None), ("h-body", Some(&b"made"[..]))] {
@@ -322,6 +332,134 @@ mod cases {
         );
     }
 
+    /// SPEC §19: the record keeps its latest send, the one of the last
+    /// claim that won (none when that claim's send was not traced). Every
+    /// refusal (replay, in flight, mismatch, outcome unknown) and a peek
+    /// carry it, a reclaim answers the one it replaced, a new record
+    /// replaced none; settles, releases and resolves leave it; `get`, `list`
+    /// and `show` print its IDs.
+    // long: one record through every step, then the delivered, released
+    // and held ones
+    pub async fn links_follow_the_latest_send(b: &Backend) {
+        let s = &*b.store;
+        let (t1, t2, t3) = (send(1), send(2), send(3));
+        let traced = |id, digest, now, trace| ClaimRequest {
+            trace,
+            ..claim_req(id, digest, now)
+        };
+        let link = |out: ClaimOutcome| match out {
+            ClaimOutcome::Existing { recorded, .. } => recorded.trace,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let previous = |out: ClaimOutcome| match out {
+            ClaimOutcome::Claimed { previous, .. } => previous,
+            other => panic!("expected a claim, got {other:?}"),
+        };
+        let ids = |rec: &Record| (rec.trace_id.clone(), rec.span_id.clone());
+        let hex = |t: TraceRef| (Some(t.trace_hex()), Some(t.span_hex()));
+
+        // a new record: its send is the latest, it replaced none
+        let out = s.claim(&traced("t", D1, T0, Some(t1))).await.unwrap();
+        assert_claimed(&out, 1, ClaimKind::New);
+        assert_eq!(previous(out), None);
+        assert_eq!(ids(&get(s, "t").await), hex(t1));
+        // a duplicate in flight, and another digest, link to it
+        let dup = traced("t", D1, T0 + 1, Some(t2));
+        assert_eq!(link(s.claim(&dup).await.unwrap()), Some(t1), "409");
+        assert_eq!(link(s.peek(&dup).await.unwrap().unwrap()), Some(t1));
+        let other = traced("t", D2, T0 + 2, Some(t2));
+        assert_eq!(link(s.claim(&other).await.unwrap()), Some(t1), "422");
+        // a failed settle leaves it; the reclaim replaces it
+        settle(s, "t", 1, T0 + 3, failed(Some(500))).await;
+        assert_eq!(ids(&get(s, "t").await), hex(t1), "after a failed settle");
+        let out = s.claim(&traced("t", D1, T0 + 4, Some(t2))).await.unwrap();
+        assert_claimed(&out, 2, ClaimKind::RetryFailed);
+        assert_eq!(previous(out), Some(t1));
+        assert_eq!(ids(&get(s, "t").await), hex(t2));
+        // a claim without a send: the record keeps none
+        settle(s, "t", 2, T0 + 5, failed(None)).await;
+        let out = s.claim(&traced("t", D1, T0 + 6, None)).await.unwrap();
+        assert_claimed(&out, 3, ClaimKind::RetryFailed);
+        assert_eq!(previous(out), Some(t2));
+        assert_eq!(ids(&get(s, "t").await), (None, None));
+        let dup = traced("t", D1, T0 + 7, Some(t3));
+        assert_eq!(link(s.claim(&dup).await.unwrap()), None, "none kept");
+        // an ended lease's takeover answers the send it replaced (none)
+        let out = s
+            .claim(&traced("t", D1, T0 + 6 + LEASE, Some(t3)))
+            .await
+            .unwrap();
+        assert_claimed(&out, 4, ClaimKind::RetryExpired);
+        assert_eq!(previous(out), None);
+        let out = s
+            .claim(&traced("t", D1, T0 + 6 + 2 * LEASE, Some(t1)))
+            .await
+            .unwrap();
+        assert_claimed(&out, 5, ClaimKind::RetryExpired);
+        assert_eq!(previous(out), Some(t3));
+
+        // delivered: every duplicate links to the send that delivered it,
+        // from a read or from whatever an engine keeps in hand
+        let out = s.claim(&traced("d", D1, T0, Some(t1))).await.unwrap();
+        assert_eq!(previous(out), None);
+        settle(s, "d", 1, T0 + 1, delivered(200)).await;
+        for now in [T0 + 2, T0 + 3] {
+            let dup = traced("d", D1, now, Some(t2));
+            let out = s.claim(&dup).await.unwrap();
+            assert_eq!(decision_of(&out), Decision::Refuse(Refusal::Replay));
+            assert_eq!(link(out), Some(t1), "replay");
+            assert_eq!(link(s.peek(&dup).await.unwrap().unwrap()), Some(t1));
+            let other = traced("d", D2, now, Some(t2));
+            assert_eq!(link(s.claim(&other).await.unwrap()), Some(t1), "422");
+        }
+        let shown = s.show(R, "d").await.unwrap().unwrap();
+        assert_eq!(ids(&shown), hex(t1));
+        let listed = s
+            .list(&ListFilter {
+                route: Some(R.into()),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let of = |id: &str| ids(listed.iter().find(|r| r.event_id == id).unwrap());
+        assert_eq!(of("d"), hex(t1));
+        assert_eq!(of("t"), hex(t1));
+        // an operator's release leaves it; the next claim replaces it
+        assert!(matches!(
+            release(s, "d", true, T0 + 4).await,
+            ReleaseOutcome::Released { .. }
+        ));
+        assert_eq!(ids(&get(s, "d").await), hex(t1), "after a release");
+        let out = s.claim(&traced("d", D1, T0 + 5, Some(t3))).await.unwrap();
+        assert_claimed(&out, 2, ClaimKind::RetryFailed);
+        assert_eq!(previous(out), Some(t1));
+
+        // held: the outcome-unknown answer links to the send whose outcome
+        // is unknown, and a resolve leaves it
+        let held = |now, trace| ClaimRequest {
+            hold: true,
+            ..traced("h", D1, now, trace)
+        };
+        s.claim(&held(T0, Some(t2))).await.unwrap();
+        for now in [T0 + LEASE, T0 + LEASE + 1] {
+            let out = s.claim(&held(now, Some(t3))).await.unwrap();
+            assert_outcome_unknown(&out);
+            assert_eq!(link(out), Some(t2));
+        }
+        let resolve = ResolveRequest {
+            route: R,
+            event_id: "h",
+            how: Resolution::Failed,
+            now: T0 + LEASE + 2,
+        };
+        assert_eq!(s.resolve(&resolve).await.unwrap(), ResolveOutcome::Resolved);
+        assert_eq!(ids(&get(s, "h").await), hex(t2), "after a resolve");
+        let out = s.claim(&held(T0 + LEASE + 3, None)).await.unwrap();
+        assert_eq!(previous(out), Some(t2));
+        assert_eq!(ids(&get(s, "h").await), (None, None));
+    }
+
     pub async fn new_claim(b: &Backend) {
         let s = &*b.store;
         let out = claim(s, "e1", D1, T0).await;
@@ -330,7 +468,8 @@ mod cases {
             ClaimOutcome::Claimed {
                 attempt: 1,
                 kind: ClaimKind::New,
-                lease_until: T0 + LEASE
+                lease_until: T0 + LEASE,
+                previous: None,
             }
         );
         let rec = get(s, "e1").await;
@@ -350,6 +489,8 @@ mod cases {
             replay_status: None,
             replay_content_type: None,
             replay_body_bytes: None,
+            trace_id: None,
+            span_id: None,
             history: None,
         };
         assert_eq!(rec, want);
@@ -390,6 +531,7 @@ mod cases {
                         content_type: None,
                         body: None,
                         headers: None,
+                        trace: None,
                     }
                 }
             );
@@ -425,6 +567,7 @@ mod cases {
                     content_type: Some("application/json".into()),
                     body: Some(body.to_vec()),
                     headers: None,
+                    trace: None,
                 }
             }
         );
@@ -524,7 +667,8 @@ mod cases {
             ClaimOutcome::Claimed {
                 attempt: 2,
                 kind: ClaimKind::RetryExpired,
-                lease_until: t1 + LEASE
+                lease_until: t1 + LEASE,
+                previous: None,
             }
         );
         let t2 = t1 + LEASE + 3;
@@ -533,7 +677,8 @@ mod cases {
             ClaimOutcome::Claimed {
                 attempt: 3,
                 kind: ClaimKind::RetryExpired,
-                lease_until: t2 + LEASE
+                lease_until: t2 + LEASE,
+                previous: None,
             }
         );
         let rec = get(s, "e").await;
@@ -561,7 +706,8 @@ mod cases {
             ClaimOutcome::Claimed {
                 attempt: 2,
                 kind: ClaimKind::RetryFailed,
-                lease_until: T0 + 11 + LEASE
+                lease_until: T0 + 11 + LEASE,
+                previous: None,
             }
         );
         // A connect error or timeout releases too, with no status.
@@ -1534,7 +1680,7 @@ mod cases {
     /// Resolving, the bulk release and pauses, as the operator module
     /// writes them once for both stores.
     pub async fn operator_actions(b: &Backend) {
-        use idemgate::store::{BulkRelease, Resolution, ResolveOutcome, ResolveRequest};
+        use idemgate::store::BulkRelease;
         let s = &*b.store;
         for id in ["x", "y", "z"] {
             s.claim(&held_claim(id, T0)).await.unwrap();
@@ -1884,6 +2030,7 @@ contract!(
     operator_actions,
     held_ended_leases_turn_ambiguous,
     replay_headers_kept_with_the_record,
+    links_follow_the_latest_send,
     questions_are_marked_recorded_and_fenced;
     sql only: migrations_are_idempotent,
 );
@@ -2223,6 +2370,7 @@ mod sqlite_writer {
                 content_type: None,
                 body: None,
                 headers: None,
+                trace: None,
             },
         };
         assert_eq!(

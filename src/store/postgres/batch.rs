@@ -54,23 +54,24 @@ pub(super) const KEPT_CONNECTIONS: u32 = 3;
 
 /// Claims of keys not in the table yet, or reclaimable: [`sql::CLAIM`] over
 /// arrays. $1 routes, $2 event_ids, $3 digests, $4 lease_until, $5 now,
-/// $6 expires_at, $7 hold, $8 instance, $9 tokens — one element per claim,
-/// sorted by (route, event_id).
+/// $6 expires_at, $7 hold, $8 instance, $9 tokens, $10 sends (SPEC §19,
+/// NULL where not traced) — one element per claim, sorted by (route,
+/// event_id).
 const CLAIM_MANY: &str = concat!(
     sql::claim_insert!(),
-    "SELECT r, e, d, 'processing', 1, l, n, n, x, h, c, k
+    "SELECT r, e, d, 'processing', 1, l, n, n, x, h, c, k, t
 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[], $6::int8[],
-            $7::int8[], $8::text[], $9::int8[])
-     WITH ORDINALITY AS u(r, e, d, l, n, x, h, c, k, i)
+            $7::int8[], $8::text[], $9::int8[], $10::text[])
+     WITH ORDINALITY AS u(r, e, d, l, n, x, h, c, k, t, i)
 ORDER BY i\n",
     sql::claim_on_conflict!(),
-    "RETURNING route, event_id, attempts, claimed_from"
+    "RETURNING route, event_id, attempts, claimed_from, claimed_trace"
 );
 
 /// [`sql::CLAIM_READBACK`] for many keys. $1 routes, $2 event_ids
 const READ_MANY: &str = "\
 SELECT records.route, records.event_id, state, lease_until, body_sha256, last_status,
-       replay_status, replay_content_type, replay_body, replay_headers
+       replay_status, replay_content_type, replay_body, replay_headers, send_trace
 FROM records JOIN UNNEST($1::text[], $2::text[]) AS u(r, e)
   ON records.route = u.r AND records.event_id = u.e";
 
@@ -511,23 +512,35 @@ async fn claim_many(
                 .collect::<Vec<_>>(),
         )
         .bind(pick(&|c| c.token))
+        .bind(
+            which
+                .iter()
+                .map(|&i| items[i].trace.map(|t| t.stored()))
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await?;
-    let mut claimed: HashMap<Key, (i64, Option<String>)> = HashMap::with_capacity(rows.len());
+    type Won = (i64, Option<String>, Option<String>);
+    let mut claimed: HashMap<Key, Won> = HashMap::with_capacity(rows.len());
     for row in &rows {
         claimed.insert(
             (row.try_get("route")?, row.try_get("event_id")?),
-            (row.try_get("attempts")?, row.try_get("claimed_from")?),
+            (
+                row.try_get("attempts")?,
+                row.try_get("claimed_from")?,
+                row.try_get("claimed_trace")?,
+            ),
         );
     }
     let mut refused = Vec::new();
     for &i in which {
         let c = &items[i];
         match claimed.remove(&(c.route.clone(), c.event_id.clone())) {
-            Some((attempt, from)) => {
+            Some((attempt, from, replaced)) => {
                 results[i] = Some(Ok(sql::claimed(
                     attempt,
                     from.as_deref(),
+                    replaced.as_deref(),
                     c.now + c.lease_ms,
                 )));
             }

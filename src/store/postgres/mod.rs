@@ -49,7 +49,7 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 const RELEASE_PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `migrations/postgres`, in order: version, description, SQL.
-const MIGRATIONS: [(i64, &str, &str); 7] = [
+const MIGRATIONS: [(i64, &str, &str); 8] = [
     (
         1,
         "records",
@@ -84,6 +84,11 @@ const MIGRATIONS: [(i64, &str, &str); 7] = [
         7,
         "reconcile",
         include_str!("../../../migrations/postgres/0007_reconcile.sql"),
+    ),
+    (
+        8,
+        "send trace",
+        include_str!("../../../migrations/postgres/0008_send_trace.sql"),
     ),
 ];
 

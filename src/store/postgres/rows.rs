@@ -9,7 +9,7 @@ use crate::claim::{Millis, SettleResult};
 use crate::store::sql::{self, Param, Readback, Value};
 use crate::store::{
     outcome_unknown, ClaimOutcome, ClaimRequest, Found, Record, SettleOutcome, SettleRequest,
-    StoreError,
+    StoreError, TraceRef,
 };
 
 /// The claim, on one pooled connection (a batch's or its own).
@@ -19,6 +19,7 @@ pub(crate) async fn claim_on(
 ) -> Result<ClaimOutcome, StoreError> {
     let lease_until = req.now + req.lease_ms;
     let expires_at = req.now + req.retention_ms;
+    let send = req.trace.map(|t| t.stored());
     // A refused claim is read back and decided; if the record became
     // claimable in between (released, lease ran out), claim again.
     for _ in 0..4 {
@@ -32,13 +33,16 @@ pub(crate) async fn claim_on(
             .bind(i64::from(req.hold))
             .bind(req.instance)
             .bind(req.token)
+            .bind(send.as_deref())
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(row) = row {
             let prev: Option<String> = row.try_get("claimed_from")?;
+            let replaced: Option<String> = row.try_get("claimed_trace")?;
             return Ok(sql::claimed(
                 row.try_get("attempts")?,
                 prev.as_deref(),
+                replaced.as_deref(),
                 lease_until,
             ));
         }
@@ -48,12 +52,14 @@ pub(crate) async fn claim_on(
             .fetch_optional(&mut *conn)
             .await?;
         let Some(row) = row else { continue };
-        match readback(&row)?.outcome(req.digest, req.now, req.hold) {
+        let found = readback(&row)?;
+        let trace = found.trace();
+        match found.outcome(req.digest, req.now, req.hold) {
             Found::Answer(outcome) => return Ok(outcome),
             Found::Claim => {}
             Found::Hold => {
                 if hold_expired(conn, req.route, req.event_id, req.now).await? {
-                    return Ok(outcome_unknown());
+                    return Ok(outcome_unknown(trace));
                 }
             }
         }
@@ -143,6 +149,7 @@ pub(crate) fn readback(row: &PgRow) -> Result<Readback, StoreError> {
         replay_content_type: row.try_get("replay_content_type")?,
         replay_body: row.try_get("replay_body")?,
         replay_headers: row.try_get("replay_headers")?,
+        send_trace: row.try_get("send_trace")?,
     })
 }
 
@@ -150,6 +157,7 @@ pub(crate) fn readback(row: &PgRow) -> Result<Readback, StoreError> {
 /// the read-back's columns and the rest.
 pub(crate) fn record_from_row(row: &PgRow) -> Result<Record, StoreError> {
     let rb = readback(row)?;
+    let (trace_id, span_id) = TraceRef::record_ids(rb.trace());
     Ok(Record {
         route: row.try_get("route")?,
         event_id: row.try_get("event_id")?,
@@ -166,8 +174,8 @@ pub(crate) fn record_from_row(row: &PgRow) -> Result<Record, StoreError> {
         replay_status: rb.replay_status,
         replay_content_type: rb.replay_content_type,
         replay_body_bytes: rb.replay_body.map(|b| b.len() as i64),
-        trace_id: None,
-        span_id: None,
+        trace_id,
+        span_id,
         history: None,
     })
 }

@@ -252,6 +252,7 @@ mod tests {
             replay_content_type: None,
             replay_body: (body > 0).then(|| vec![b'x'; body]),
             replay_headers: None,
+            send_trace: None,
         }
     }
 
@@ -293,6 +294,29 @@ mod tests {
         );
         assert!(!holds(&cache, "r", "e2"), "another event");
         assert!(!holds(&cache, "s", "e1"), "another route");
+    }
+
+    /// The record's latest send (SPEC §19) is kept with the entry: a
+    /// replay and a mismatch answered from memory link to it too.
+    #[test]
+    fn an_entry_keeps_the_latest_send() {
+        let cache = DeliveredCache::new(counter("send"));
+        let send = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7";
+        let rec = Readback {
+            send_trace: Some(send.into()),
+            ..delivered("d", 3)
+        };
+        cache.fill("r", "e", &rec, cache.fill_tag().unwrap());
+        let want = crate::store::TraceRef::from_stored(send);
+        assert!(want.is_some());
+        for digest in ["d", "other"] {
+            let Some(ClaimOutcome::Existing { recorded, .. }) =
+                cache.answer("r", "e", digest, now())
+            else {
+                panic!("{digest}: no answer from memory");
+            };
+            assert_eq!(recorded.trace, want, "{digest}");
+        }
     }
 
     #[test]

@@ -122,6 +122,7 @@ pub(super) fn read_back(
             replay_content_type: row.get(5)?,
             replay_body: row.get(6)?,
             replay_headers: row.get(7)?,
+            send_trace: row.get(8)?,
         })
     })
 }
@@ -164,7 +165,8 @@ pub(super) fn claim_in(
     let lease_until = req.now + req.lease_ms;
     let expires_at = req.now + req.retention_ms;
     let hold = i64::from(req.hold);
-    let params: [&dyn ToSql; 9] = [
+    let send = req.trace.map(|t| t.stored());
+    let params: [&dyn ToSql; 10] = [
         &req.route,
         &req.event_id,
         &req.digest,
@@ -174,6 +176,7 @@ pub(super) fn claim_in(
         &hold,
         &req.instance,
         &req.token,
+        &send,
     ];
     // Most claims are of events never seen, which a plain insert decides;
     // a refused one (a duplicate in flight or delivered) is decided by the
@@ -187,17 +190,18 @@ pub(super) fn claim_in(
             let mut st = conn.prepare_cached(CLAIM_NEW)?;
             bind_numbered(&mut st, &params)?;
             if st.raw_execute()? == 1 {
-                return Ok(sql::claimed(1, None, lease_until));
+                return Ok(sql::claimed(1, None, None, lease_until));
             }
         }
         let Some(found) = read_back(conn, req.route, req.event_id)? else {
             continue;
         };
+        let trace = found.trace();
         match found.outcome(req.digest, req.now, req.hold) {
             Found::Answer(outcome) => return Ok(outcome),
             Found::Hold => {
                 if hold_expired(conn, req.route, req.event_id, req.now)? {
-                    return Ok(outcome_unknown());
+                    return Ok(outcome_unknown(trace));
                 }
                 continue;
             }
@@ -209,9 +213,15 @@ pub(super) fn claim_in(
         if let Some(row) = rows.next()? {
             let attempt: i64 = row.get(0)?;
             let claimed_from: Option<String> = row.get(2)?;
+            let claimed_trace: Option<String> = row.get(3)?;
             // step to the end so the statement is done before the next
             while rows.next()?.is_some() {}
-            return Ok(sql::claimed(attempt, claimed_from.as_deref(), lease_until));
+            return Ok(sql::claimed(
+                attempt,
+                claimed_from.as_deref(),
+                claimed_trace.as_deref(),
+                lease_until,
+            ));
         }
     }
     Err(StoreError::Unavailable(

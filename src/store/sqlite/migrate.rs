@@ -30,7 +30,7 @@ impl Migration {
 
 /// In order; a new file gets the next version, and a file once released
 /// never changes (its checksum is on record in every store).
-const MIGRATIONS: [Migration; 7] = [
+const MIGRATIONS: [Migration; 8] = [
     Migration {
         version: 1,
         description: "records",
@@ -65,6 +65,11 @@ const MIGRATIONS: [Migration; 7] = [
         version: 7,
         description: "reconcile",
         sql: include_str!("../../../migrations/sqlite/0007_reconcile.sql"),
+    },
+    Migration {
+        version: 8,
+        description: "send trace",
+        sql: include_str!("../../../migrations/sqlite/0008_send_trace.sql"),
     },
 ];
 
@@ -203,8 +208,11 @@ mod tests {
             .unwrap();
         // every column of every migration, although 4 edits the table's
         // text in place and 5 adds a column in the same transaction
-        conn.execute_batch("SELECT hold, claimed_by, claim_token FROM records")
-            .unwrap();
+        conn.execute_batch(
+            "SELECT hold, claimed_by, claim_token, replay_headers, reconcile_after, send_trace,
+                    claimed_trace FROM records",
+        )
+        .unwrap();
         let check: String = conn
             .query_row("PRAGMA integrity_check", [], |r| r.get(0))
             .unwrap();
@@ -263,7 +271,7 @@ mod tests {
         let got = versions(&conn);
         assert_eq!(
             got.iter().map(|v| v.0).collect::<Vec<_>>(),
-            [1, 2, 3, 4, 5, 6, 7]
+            [1, 2, 3, 4, 5, 6, 7, 8]
         );
         assert_eq!(got[0].3.to_lowercase(), SQLX_CHECKSUMS[0]);
         assert_eq!(count(&conn, "records"), 1, "version 1 is not run again");

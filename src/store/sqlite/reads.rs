@@ -9,7 +9,7 @@ use rusqlite::{Connection, Row};
 use super::direct::{bind_each, first_row, state_at};
 use crate::claim::Millis;
 use crate::store::sql;
-use crate::store::{ListFilter, Record, StoreError};
+use crate::store::{ListFilter, Record, StoreError, TraceRef};
 
 /// One cheap read that touches the database file itself, not just the
 /// connection: on a fresh connection (see `SqliteStore::ping`), the file's
@@ -63,6 +63,8 @@ fn record(row: &Row<'_>) -> Result<Record, StoreError> {
             )))
         }
     };
+    let send_trace: Option<String> = row.get(16)?;
+    let (trace_id, span_id) = TraceRef::record_ids(TraceRef::from_column(send_trace.as_deref()));
     Ok(Record {
         route: row.get(0)?,
         event_id: row.get(1)?,
@@ -79,8 +81,8 @@ fn record(row: &Row<'_>) -> Result<Record, StoreError> {
         replay_status: row.get(12)?,
         replay_content_type: row.get(13)?,
         replay_body_bytes,
-        trace_id: None,
-        span_id: None,
+        trace_id,
+        span_id,
         history: None,
     })
 }

@@ -16,7 +16,7 @@ use crate::store::sql;
 use crate::store::{
     Attempt, Backend, BulkRelease, ClaimOutcome, ClaimRequest, EngineReport, Found, ListFilter,
     QuestionBatch, Reconciliation, Record, ReleaseOutcome, ReleaseRequest, ResolveOutcome,
-    ResolveRequest, SettleOutcome, SettleRequest, StoreError, UnacknowledgedClaim,
+    ResolveRequest, SettleOutcome, SettleRequest, StoreError, TraceRef, UnacknowledgedClaim,
 };
 
 impl Backend for ValkeyStore {
@@ -99,16 +99,28 @@ impl Backend for ValkeyStore {
             if req.hold { "1" } else { "0" }.into(),
             req.instance.into(),
             req.token.to_string().into(),
+            opt(req.trace.map(|t| t.stored())),
         ];
         let (value, wrote) = self.eval(b.slot, &self.scripts.claim, &keys, &args).await?;
         match decode::claim(value)? {
-            decode::Claimed::Won { attempt, from } => {
+            decode::Claimed::Won {
+                attempt,
+                from,
+                replaced,
+            } => {
                 self.durable.wait(&wrote.conn, b.slot, wrote.client).await?;
-                Ok(sql::claimed(attempt, from.as_deref(), lease_until))
+                Ok(sql::claimed(
+                    attempt,
+                    from.as_deref(),
+                    replaced.as_deref(),
+                    lease_until,
+                ))
             }
-            decode::Claimed::Held => {
+            decode::Claimed::Held { trace } => {
                 self.durable.wait(&wrote.conn, b.slot, wrote.client).await?;
-                Ok(crate::store::outcome_unknown())
+                Ok(crate::store::outcome_unknown(TraceRef::from_column(
+                    trace.as_deref(),
+                )))
             }
             decode::Claimed::Existing(found) => {
                 match found.outcome(req.digest, req.now, req.hold) {

@@ -6,10 +6,10 @@ use redis::Value;
 
 use crate::claim::Millis;
 use crate::store::sql::Readback;
-use crate::store::{state_of, Attempt, Record, ReleaseOutcome, StoreError};
+use crate::store::{state_of, Attempt, Record, ReleaseOutcome, StoreError, TraceRef};
 
 /// The fields a refused claim or a peek reads, in [`readback`]'s order.
-pub(super) const READBACK_FIELDS: [&str; 8] = [
+pub(super) const READBACK_FIELDS: [&str; 9] = [
     "state",
     "lease_until",
     "body_sha256",
@@ -18,6 +18,9 @@ pub(super) const READBACK_FIELDS: [&str; 8] = [
     "replay_content_type",
     "replay_body",
     "replay_headers",
+    // SPEC §19: the latest send, written by every winning claim (a field
+    // the release before's scripts neither write nor read)
+    "send_trace",
 ];
 
 fn corrupt(what: impl std::fmt::Display) -> StoreError {
@@ -66,6 +69,7 @@ fn readback_of(values: Vec<Value>) -> Result<Option<Readback>, StoreError> {
         replay_content_type: text(next())?,
         replay_body: bytes(next())?,
         replay_headers: text(next())?,
+        send_trace: text(next())?,
     }))
 }
 
@@ -76,8 +80,17 @@ pub(super) fn readback(v: Value) -> Result<Option<Readback>, StoreError> {
 
 /// What the claim script did.
 pub(super) enum Claimed {
-    Won { attempt: i64, from: Option<String> },
-    Held,
+    /// `from`: the state a reclaim took over; `replaced`: the send it
+    /// replaced (SPEC §19; none for a new record).
+    Won {
+        attempt: i64,
+        from: Option<String>,
+        replaced: Option<String>,
+    },
+    /// The record turned `ambiguous`; `trace` is its latest send.
+    Held {
+        trace: Option<String>,
+    },
     Existing(Readback),
 }
 
@@ -91,9 +104,16 @@ pub(super) fn claim(v: Value) -> Result<Claimed, StoreError> {
                 other => return Err(corrupt(format!("claim attempt {other:?}"))),
             };
             let from = text(items.next().unwrap_or(Value::Nil))?;
-            Ok(Claimed::Won { attempt, from })
+            let replaced = text(items.next().unwrap_or(Value::Nil))?;
+            Ok(Claimed::Won {
+                attempt,
+                from,
+                replaced,
+            })
         }
-        "held" => Ok(Claimed::Held),
+        "held" => Ok(Claimed::Held {
+            trace: text(items.next().unwrap_or(Value::Nil))?,
+        }),
         "existing" => readback_of(items.collect())?
             .map(Claimed::Existing)
             .ok_or_else(|| corrupt("a refused claim without its record")),
@@ -122,6 +142,8 @@ pub(super) fn record(route: &str, event_id: &str, v: Value) -> Result<Option<Rec
     };
     let need = |name: &str| int(name)?.ok_or_else(|| corrupt(format!("{name} missing")));
     let state = text("state")?.ok_or_else(|| corrupt("state missing"))?;
+    let send = TraceRef::from_column(text("send_trace")?.as_deref());
+    let (trace_id, span_id) = TraceRef::record_ids(send);
     Ok(Some(Record {
         route: route.to_string(),
         event_id: event_id.to_string(),
@@ -138,8 +160,8 @@ pub(super) fn record(route: &str, event_id: &str, v: Value) -> Result<Option<Rec
         replay_status: int("replay_status")?,
         replay_content_type: text("replay_content_type")?,
         replay_body_bytes: f.get("replay_body").map(|b| b.len() as i64),
-        trace_id: None,
-        span_id: None,
+        trace_id,
+        span_id,
         history: None,
     }))
 }
@@ -208,5 +230,63 @@ pub(super) fn release(v: Value) -> Result<ReleaseOutcome, StoreError> {
         "not_found" => Ok(ReleaseOutcome::NotFound),
         "refused" => Ok(ReleaseOutcome::RefusedDelivered),
         other => Err(corrupt(format!("release answered {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    /// The claim script's answers carry the sends (SPEC §19): the one a
+    /// reclaim replaced, a held record's, a refused claim's record's.
+    #[test]
+    fn claim_answers_carry_the_sends() {
+        let sent = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7";
+        let won = claim(Value::Array(vec![
+            bulk("claimed"),
+            Value::Int(2),
+            bulk("failed"),
+            bulk(sent),
+        ]))
+        .unwrap();
+        assert!(
+            matches!(won, Claimed::Won { attempt: 2, ref from, ref replaced }
+                if from.as_deref() == Some("failed") && replaced.as_deref() == Some(sent))
+        );
+        // a new record: no state taken over, no send replaced
+        let new = claim(Value::Array(vec![bulk("claimed"), Value::Int(1)])).unwrap();
+        assert!(matches!(
+            new,
+            Claimed::Won {
+                attempt: 1,
+                from: None,
+                replaced: None
+            }
+        ));
+        let held = claim(Value::Array(vec![bulk("held"), bulk(sent)])).unwrap();
+        assert!(matches!(held, Claimed::Held { trace: Some(ref t) } if t == sent));
+        let held = claim(Value::Array(vec![bulk("held"), Value::Nil])).unwrap();
+        assert!(matches!(held, Claimed::Held { trace: None }));
+        let mut fields = vec![bulk("delivered"), Value::Nil, bulk("d"), bulk("200")];
+        fields.extend([Value::Nil, Value::Nil, Value::Nil, Value::Nil]);
+        fields.push(bulk(sent));
+        let mut answer = vec![bulk("existing")];
+        answer.extend(fields.clone());
+        let Claimed::Existing(rb) = claim(Value::Array(answer)).unwrap() else {
+            panic!("existing");
+        };
+        assert_eq!(rb.send_trace.as_deref(), Some(sent));
+        assert_eq!(
+            readback(Value::Array(fields))
+                .unwrap()
+                .unwrap()
+                .send_trace
+                .as_deref(),
+            Some(sent)
+        );
     }
 }

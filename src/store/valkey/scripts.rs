@@ -55,26 +55,34 @@ end
 /// `HOLD_LOST_ATTEMPT` + `HOLD_EXPIRED`), in one step.
 /// KEYS: record, attempts, by_first_seen, by_expiry, processing, ambiguous.
 /// ARGV: event_id, digest, now, lease_until, expires_at, hold (0/1),
-/// instance, token.
-/// Returns `{'claimed', attempts, claimed_from|nil}`, `{'held'}`, or
-/// `{'existing', state, lease_until, body_sha256, last_status,
-/// replay_status, replay_content_type, replay_body, replay_headers}`.
+/// instance, token, send? (SPEC §19: the claim's send, which a winning
+/// claim keeps as the record's `send_trace`, or removes it when absent; a
+/// field the release before's script neither writes nor reads, so no new
+/// format: a record it reclaims keeps naming the send before).
+/// Returns `{'claimed', attempts, claimed_from|nil, replaced send|nil}`,
+/// `{'held', send_trace|nil}`, or `{'existing', state, lease_until,
+/// body_sha256, last_status, replay_status, replay_content_type,
+/// replay_body, replay_headers, send_trace}` (`decode::READBACK_FIELDS`).
 pub const CLAIM: &str = concat!(
     prelude!(),
     r#"
 local rec, att = KEYS[1], KEYS[2]
 local id, digest, now = ARGV[1], ARGV[2], ARGV[3]
 local r = redis.call('HMGET', rec, 'state', 'lease_until', 'body_sha256', 'attempts', 'updated_at',
-  'claimed_by', 'claim_token', 'last_status', 'replay_status', 'replay_content_type', 'replay_body', 'expires_at', 'replay_headers')
+  'claimed_by', 'claim_token', 'last_status', 'replay_status', 'replay_content_type', 'replay_body', 'expires_at', 'replay_headers',
+  'send_trace')
 local state = r[1]
 local function take(attempts, from)
   redis.call('HSET', rec, 'state', 'processing', 'attempts', attempts, 'lease_until', ARGV[4],
     'updated_at', now, 'expires_at', ARGV[5], 'hold', ARGV[6], 'claimed_by', ARGV[7], 'claim_token', ARGV[8])
   if from then redis.call('HSET', rec, 'claimed_from', from) else redis.call('HDEL', rec, 'claimed_from') end
+  -- the claim's send is the latest now; the one it replaced is answered
+  local send = opt(ARGV[9] or '')
+  if send then redis.call('HSET', rec, 'send_trace', send) else redis.call('HDEL', rec, 'send_trace') end
   expire(rec, att, ARGV[5], now, ARGV[4])
   redis.call('ZADD', KEYS[4], ARGV[5], id)
   redis.call('ZADD', KEYS[5], now, id)
-  return {'claimed', attempts, from}
+  return {'claimed', attempts, from, from and r[14]}
 end
 if not state then
   redis.call('HSET', rec, 'body_sha256', digest, 'first_seen_at', now)
@@ -95,14 +103,14 @@ if r[3] == digest then
       redis.call('ZADD', KEYS[4], expires_at, id)
       redis.call('ZREM', KEYS[5], id)
       redis.call('SADD', KEYS[6], id)
-      return {'held'}
+      return {'held', r[14]}
     end
     lost.result = 'released'
     put_attempt(att, r[4], lost, true)
     return take(tonumber(r[4]) + 1, 'processing')
   end
 end
-return {'existing', state, r[2], r[3], r[8], r[9], r[10], r[11], r[13]}
+return {'existing', state, r[2], r[3], r[8], r[9], r[10], r[11], r[13], r[14]}
 "#
 );
 
