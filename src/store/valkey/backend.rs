@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use redis::cluster_async::ClusterConnection;
+use super::link::Conn;
 use redis::Value;
 
 use super::keys::{self, Bucket};
@@ -399,7 +399,7 @@ impl Backend for ValkeyStore {
 /// One bucket's page of a list ([`scripts::LIST_BUCKET`]): event IDs and
 /// their fields. A read: no durability wait.
 async fn list_bucket(
-    mut conn: ClusterConnection,
+    mut conn: Conn,
     b: Bucket,
     sha: String,
     tail: Vec<Vec<u8>>,

@@ -51,6 +51,7 @@
 //! through `Backend::report`.
 
 mod backend;
+mod connect;
 mod decode;
 mod durable;
 pub mod keys;
@@ -66,12 +67,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Script, Value};
 
 use self::keys::Bucket;
+use self::link::Conn;
 use self::target::ValkeyTarget;
 use super::{Backend, StoreError, StoreUrl};
 
@@ -123,7 +123,7 @@ fn primary(slot: u16) -> SingleNodeRoutingInfo {
 /// A write's connection and its `CLIENT ID`: what the write's durability
 /// wait is sent on and checked against (see [`durable`]).
 struct Wrote {
-    conn: ClusterConnection,
+    conn: Conn,
     client: i64,
 }
 
@@ -149,41 +149,22 @@ impl ValkeyStore {
             .valkey_target()
             .ok_or_else(|| StoreError::UnsupportedUrl(url.redacted()))?
             .clone();
-        let scheme = if target.tls { "rediss" } else { "redis" };
-        let seeds: Vec<String> = target
-            .seeds
-            .iter()
-            .map(|(h, p)| {
-                let host = if h.contains(':') {
-                    format!("[{h}]")
-                } else {
-                    h.clone()
-                };
-                format!("{scheme}://{host}:{p}")
-            })
-            .collect();
-        let mut builder = ClusterClientBuilder::new(seeds)
-            .connection_timeout(Duration::from_secs(2))
-            .response_timeout(Self::OP_TIMEOUT)
-            .retries(3);
-        if let Some(user) = &target.user {
-            builder = builder.username(user);
-        }
-        if let Some(password) = &target.password {
-            builder = builder.password(password);
-        }
-        if target.tls {
-            builder = builder.tls(redis::TlsMode::Secure);
-            if let Some(ca) = &target.ca {
-                let pem = std::fs::read(ca).map_err(|e| StoreError::io(ca.display(), e))?;
-                builder = builder.certs(redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                });
+        let ca = match &target.ca {
+            Some(ca) => Some(std::fs::read(ca).map_err(|e| StoreError::io(ca.display(), e))?),
+            None => None,
+        };
+        let connector = match connect::mode(&target, ca.as_deref()).await? {
+            connect::Mode::Cluster => {
+                link::Connector::Cluster(connect::cluster_client(&target, ca)?)
             }
-        }
-        let client = builder.build().map_err(driver)?;
-        let link = Arc::new(link::Link::open(client).await.map_err(driver)?);
+            connect::Mode::Single(client) => link::Connector::Single {
+                client,
+                config: redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect::CONNECT_WITHIN))
+                    .set_response_timeout(Some(Self::OP_TIMEOUT)),
+            },
+        };
+        let link = Arc::new(link::Link::open(connector).await.map_err(driver)?);
         Ok(ValkeyStore {
             durable: Arc::new(durable::Durable::new(
                 target.durability,
@@ -218,8 +199,8 @@ impl ValkeyStore {
         Ok(())
     }
 
-    /// The cluster connection to send on (see [`link`]).
-    fn conn(&self) -> ClusterConnection {
+    /// The connection to send on (see [`link`]).
+    fn conn(&self) -> Conn {
         self.link.conn()
     }
 
@@ -371,7 +352,7 @@ impl ValkeyStore {
     ) -> Result<Vec<(String, T)>, StoreError>
     where
         T: Send + 'static,
-        F: Fn(ClusterConnection, Bucket) -> Fut,
+        F: Fn(Conn, Bucket) -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         let mut set = tokio::task::JoinSet::new();
