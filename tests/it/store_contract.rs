@@ -70,8 +70,7 @@ async fn valkey_turn() -> Option<(tokio::sync::MutexGuard<'static, ()>, String)>
 /// A server not in cluster mode with one replica (SPEC §18: "used as one
 /// shard"), shared by the `valkey_single` cases as the cluster is above.
 async fn valkey_single_turn() -> Option<(tokio::sync::MutexGuard<'static, ()>, String)> {
-    static SERVER: std::sync::OnceLock<Option<common::valkey::Valkey>> =
-        std::sync::OnceLock::new();
+    static SERVER: std::sync::OnceLock<Option<common::valkey::Valkey>> = std::sync::OnceLock::new();
     static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let turn = TURN.lock().await;
     let url = tokio::task::spawn_blocking(|| {

@@ -53,7 +53,10 @@ fn serve_refused(dir: &TempDir, store: &str) -> (Option<i32>, String) {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    (status.code(), std::fs::read_to_string(&log).unwrap_or_default())
+    (
+        status.code(),
+        std::fs::read_to_string(&log).unwrap_or_default(),
+    )
 }
 
 /// The line of `output` that says why the store was refused.
@@ -150,13 +153,14 @@ fn a_cut_replica_fails_claims_closed_and_readyz_until_it_is_back() {
     let forwarded = wait_until(Duration::from_secs(15), || {
         px.deliver("/hooks/r", Some("during"), b"d").status == 200
     });
-    assert!(forwarded, "the refused event is taken once the replica is back");
+    assert!(
+        forwarded,
+        "the refused event is taken once the replica is back"
+    );
     assert_eq!(up.count("during"), 1);
     let replay = px.deliver("/hooks/r", Some("before"), b"b");
     assert_eq!(replay.header("Idempotent-Replayed"), Some("true"));
-    println!(
-        "replica cut: 503 in {refused_in:?}; after SIGCONT /readyz 200 in {ready_in:?}"
-    );
+    println!("replica cut: 503 in {refused_in:?}; after SIGCONT /readyz 200 in {ready_in:?}");
 }
 
 /// What is refused at start, each with a line naming the server and why:

@@ -23,9 +23,11 @@ impl Backend for ValkeyStore {
     /// Bounds every operation; a durability wait is at most [`WAIT_LIMIT`].
     const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
-    /// Writes the format version (refusing a newer one) and checks that
-    /// every shard can make writes durable.
+    /// Checks that every shard can make writes durable (first: a write
+    /// to a server that cannot take it would say less), then writes the
+    /// format version, refusing a newer one.
     async fn migrate(&self) -> Result<(), StoreError> {
+        self.check_shards().await?;
         let mut conn = self.conn();
         let _: bool = redis::cmd("SET")
             .arg(keys::FORMAT)
@@ -49,7 +51,7 @@ impl Backend for ValkeyStore {
                 .into(),
             ));
         }
-        self.check_shards().await
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

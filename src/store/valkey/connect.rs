@@ -16,7 +16,6 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
 use super::target::ValkeyTarget;
-use super::{driver, Backend, ValkeyStore};
 use crate::store::StoreError;
 
 /// How long a connection may take to be made.
@@ -35,7 +34,8 @@ pub(super) enum Mode {
 /// before this question was asked.
 pub(super) async fn mode(target: &ValkeyTarget, ca: Option<&[u8]>) -> Result<Mode, StoreError> {
     for (host, port) in &target.seeds {
-        let client = single_client(target, host, *port, ca).map_err(driver)?;
+        let client = single_client(target, host, *port, ca)
+            .map_err(|e| StoreError::Unavailable(format!("valkey: {e}")))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(CONNECT_WITHIN))
             .set_response_timeout(Some(CONNECT_WITHIN));
@@ -121,11 +121,12 @@ fn single_client(
 }
 
 /// The cluster client for the seeds, with the URL's user, password and
-/// TLS.
+/// TLS; `respond_within` bounds each request.
 pub(super) fn cluster_client(
     target: &ValkeyTarget,
     ca: Option<Vec<u8>>,
-) -> Result<ClusterClient, StoreError> {
+    respond_within: Duration,
+) -> redis::RedisResult<ClusterClient> {
     let scheme = if target.tls { "rediss" } else { "redis" };
     let seeds: Vec<String> = target
         .seeds
@@ -134,7 +135,7 @@ pub(super) fn cluster_client(
         .collect();
     let mut builder = ClusterClientBuilder::new(seeds)
         .connection_timeout(CONNECT_WITHIN)
-        .response_timeout(ValkeyStore::OP_TIMEOUT)
+        .response_timeout(respond_within)
         .retries(3);
     if let Some(user) = &target.user {
         builder = builder.username(user);
@@ -151,7 +152,7 @@ pub(super) fn cluster_client(
             });
         }
     }
-    builder.build().map_err(driver)
+    builder.build()
 }
 
 #[cfg(test)]

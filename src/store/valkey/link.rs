@@ -94,7 +94,8 @@ impl Conn {
         }
     }
 
-    /// `cmd` on the node(s) `routing` names (on one server: that server).
+    /// `cmd` on the node(s) `routing` names (on one server: that server);
+    /// the server's error as an error, on both.
     pub(super) async fn route_command(
         &mut self,
         cmd: Cmd,
@@ -102,7 +103,10 @@ impl Conn {
     ) -> RedisResult<Value> {
         match self {
             Conn::Cluster(c) => c.route_command(cmd, routing).await,
-            Conn::Single(c) => c.send_packed_command(&cmd).await,
+            Conn::Single(c) => c
+                .send_packed_command(&cmd)
+                .await
+                .and_then(Value::extract_error),
         }
     }
 }
@@ -204,8 +208,7 @@ impl Link {
         self.last_renewal.store(now.max(1), Ordering::Relaxed);
         let link = Arc::clone(self);
         tokio::spawn(async move {
-            let fresh =
-                tokio::time::timeout(RENEW_WITHIN, link.connector.connect()).await;
+            let fresh = tokio::time::timeout(RENEW_WITHIN, link.connector.connect()).await;
             match fresh {
                 Ok(Ok(conn)) => {
                     *link.current.write().unwrap_or_else(|p| p.into_inner()) = conn;

@@ -1,6 +1,7 @@
 //! The sharded store (SPEC §18): records in a Valkey or Redis Cluster
-//! (Valkey 8/9, Redis 7.2+), shared by any number of proxies, every claim
-//! durable on the shard's replicas before its forward.
+//! (Valkey 8/9, Redis 7.2+), or in one server not in cluster mode used as
+//! one shard, shared by any number of proxies, every claim durable on the
+//! shard's replicas before its forward.
 //!
 //! # Key layout
 //! Every key of a record carries the hash tag `{r:<route>:<bucket>}`, with
@@ -44,11 +45,18 @@
 //! At start and in `ping`, [`shards`] checks every shard can give the count.
 //!
 //! # The connection
-//! One cluster connection, shared; [`link`] replaces it with a fresh one
-//! when a request fails in a way a stuck connection or a stale slot map
-//! explains (the redis crate's own repair was seen stuck for 20 s), and
-//! the engine's figures for the metrics (shards, wait times) come out
-//! through `Backend::report`.
+//! [`connect`] asks the seeds at open whether they are a cluster (`INFO
+//! cluster`): a cluster gets one cluster connection, a server not in
+//! cluster mode (the URL's only seed) one multiplexed connection; either
+//! is a [`link::Conn`], shared, so nothing else here tells them apart but
+//! [`shards`] (`CLUSTER SHARDS`, or the one server's `INFO replication`).
+//! The hash-tagged keys and the scripts are the same on one server.
+//! [`link`] replaces the connection with a fresh one when a request fails
+//! in a way a stuck connection or a stale slot map explains (the redis
+//! crate's own repair was seen stuck for 20 s; a multiplexed connection
+//! whose socket broke never recovers by itself), and the engine's figures
+//! for the metrics (shards, wait times) come out through
+//! `Backend::report`.
 
 mod backend;
 mod connect;
@@ -141,9 +149,10 @@ fn opt(v: Option<impl AsRef<[u8]>>) -> Vec<u8> {
 }
 
 impl ValkeyStore {
-    /// Connects to the seeds and reads the cluster's map. Nothing is
-    /// checked here beyond the connection: `migrate` and `ping` check the
-    /// shards.
+    /// Connects to the seeds: to the cluster, or to the one server not in
+    /// cluster mode ([`connect`]). Nothing is checked here beyond the
+    /// connection (and that such a server is the only seed): `migrate`
+    /// and `ping` check the shards.
     pub async fn open(url: &StoreUrl) -> Result<Self, StoreError> {
         let target = url
             .valkey_target()
@@ -154,9 +163,9 @@ impl ValkeyStore {
             None => None,
         };
         let connector = match connect::mode(&target, ca.as_deref()).await? {
-            connect::Mode::Cluster => {
-                link::Connector::Cluster(connect::cluster_client(&target, ca)?)
-            }
+            connect::Mode::Cluster => link::Connector::Cluster(
+                connect::cluster_client(&target, ca, Self::OP_TIMEOUT).map_err(driver)?,
+            ),
             connect::Mode::Single(client) => link::Connector::Single {
                 client,
                 config: redis::AsyncConnectionConfig::new()

@@ -146,7 +146,10 @@ fn parse_replication(info: &str) -> Replication {
             "role" => role_replica = value == "slave" || value == "replica",
             "master_host" => host = value.to_string(),
             "master_port" => port = value.to_string(),
-            k if k.len() > 5 && k.starts_with("slave") && k[5..].bytes().all(|b| b.is_ascii_digit()) => {
+            k if k.len() > 5
+                && k.starts_with("slave")
+                && k[5..].bytes().all(|b| b.is_ascii_digit()) =>
+            {
                 if value.split(',').any(|kv| kv == "state=online") {
                     online += 1;
                 }
