@@ -21,18 +21,15 @@ use crate::store::StoreError;
 /// How long a connection may take to be made.
 pub(super) const CONNECT_WITHIN: Duration = Duration::from_secs(2);
 
-/// What the seeds are.
-pub(super) enum Mode {
-    /// A cluster (or no seed answered: the cluster client says why).
-    Cluster,
-    /// One server not in cluster mode, and the client for it.
-    Single(redis::Client),
-}
-
 /// Asks the seeds, in order, until one answers, whether it is in cluster
-/// mode. A server whose ACL refuses `INFO` is taken for a cluster, as
-/// before this question was asked.
-pub(super) async fn mode(target: &ValkeyTarget, ca: Option<&[u8]>) -> Result<Mode, StoreError> {
+/// mode: the client for the one server that is not, `None` for a cluster
+/// (or when no seed answered: the cluster client then says why). A server
+/// whose ACL refuses `INFO` is taken for a cluster, as before this
+/// question was asked.
+pub(super) async fn single_server(
+    target: &ValkeyTarget,
+    ca: Option<&[u8]>,
+) -> Result<Option<redis::Client>, StoreError> {
     for (host, port) in &target.seeds {
         let client = single_client(target, host, *port, ca)
             .map_err(|e| StoreError::Unavailable(format!("valkey: {e}")))?;
@@ -60,12 +57,12 @@ pub(super) async fn mode(target: &ValkeyTarget, ca: Option<&[u8]>) -> Result<Mod
                         target.seeds.len()
                     )));
                 }
-                return Ok(Mode::Single(client));
+                return Ok(Some(client));
             }
-            _ => return Ok(Mode::Cluster),
+            _ => return Ok(None),
         }
     }
-    Ok(Mode::Cluster)
+    Ok(None)
 }
 
 /// Whether `INFO cluster` says `cluster_enabled:0`.

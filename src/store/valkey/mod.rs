@@ -162,11 +162,11 @@ impl ValkeyStore {
             Some(ca) => Some(std::fs::read(ca).map_err(|e| StoreError::io(ca.display(), e))?),
             None => None,
         };
-        let connector = match connect::mode(&target, ca.as_deref()).await? {
-            connect::Mode::Cluster => link::Connector::Cluster(
+        let connector = match connect::single_server(&target, ca.as_deref()).await? {
+            None => link::Connector::Cluster(
                 connect::cluster_client(&target, ca, Self::OP_TIMEOUT).map_err(driver)?,
             ),
-            connect::Mode::Single(client) => link::Connector::Single {
+            Some(client) => link::Connector::Single {
                 client,
                 config: redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(connect::CONNECT_WITHIN))

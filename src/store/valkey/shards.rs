@@ -148,11 +148,10 @@ fn parse_replication(info: &str) -> Replication {
             "master_port" => port = value.to_string(),
             k if k.len() > 5
                 && k.starts_with("slave")
-                && k[5..].bytes().all(|b| b.is_ascii_digit()) =>
+                && k[5..].bytes().all(|b| b.is_ascii_digit())
+                && value.split(',').any(|kv| kv == "state=online") =>
             {
-                if value.split(',').any(|kv| kv == "state=online") {
-                    online += 1;
-                }
+                online += 1;
             }
             _ => {}
         }
