@@ -86,4 +86,5 @@ mod tls;
 mod upgrade;
 mod upstream_faults;
 mod valkey_faults;
+mod valkey_single;
 mod valkey_store;

@@ -68,6 +68,26 @@ async fn valkey_turn() -> Option<(tokio::sync::MutexGuard<'static, ()>, String)>
     Some((turn, cluster))
 }
 
+/// A server not in cluster mode with one replica (SPEC §18: "used as one
+/// shard"), shared by the `valkey_single` cases as the cluster is above.
+async fn valkey_single_turn() -> Option<(tokio::sync::MutexGuard<'static, ()>, String)> {
+    static SERVER: std::sync::OnceLock<Option<common::valkey::Valkey>> = std::sync::OnceLock::new();
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let turn = TURN.lock().await;
+    let url = tokio::task::spawn_blocking(|| {
+        SERVER
+            .get_or_init(|| common::valkey::Valkey::single("contract-single", 1))
+            .as_ref()
+            .map(|v| {
+                v.flush();
+                v.url("replicas=1")
+            })
+    })
+    .await
+    .unwrap()?;
+    Some((turn, url))
+}
+
 async fn valkey_backend(url: String) -> Backend {
     let store = store::open(&url, 4).await.expect("open valkey");
     store.migrate().await.expect("migrate valkey");
@@ -1994,6 +2014,19 @@ macro_rules! contract {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
                     let Some((_turn, url)) = super::valkey_turn().await else { return };
+                    let b = super::valkey_backend(url).await;
+                    super::cases::$case(&b).await;
+                    b.store.close().await;
+                }
+            )*
+        }
+        /// On one server not in cluster mode, with a replica: the same
+        /// cases, the server used as one shard.
+        mod valkey_single {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let Some((_turn, url)) = super::valkey_single_turn().await else { return };
                     let b = super::valkey_backend(url).await;
                     super::cases::$case(&b).await;
                     b.store.close().await;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use redis::cluster_async::ClusterConnection;
+use super::link::Conn;
 use redis::Value;
 
 use super::keys::{self, Bucket};
@@ -23,9 +23,11 @@ impl Backend for ValkeyStore {
     /// Bounds every operation; a durability wait is at most [`WAIT_LIMIT`].
     const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
-    /// Writes the format version (refusing a newer one) and checks that
-    /// every shard can make writes durable.
+    /// Checks that every shard can make writes durable (first: a write
+    /// to a server that cannot take it would say less), then writes the
+    /// format version, refusing a newer one.
     async fn migrate(&self) -> Result<(), StoreError> {
+        self.check_shards().await?;
         let mut conn = self.conn();
         let _: bool = redis::cmd("SET")
             .arg(keys::FORMAT)
@@ -49,7 +51,7 @@ impl Backend for ValkeyStore {
                 .into(),
             ));
         }
-        self.check_shards().await
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -411,7 +413,7 @@ impl Backend for ValkeyStore {
 /// One bucket's page of a list ([`scripts::LIST_BUCKET`]): event IDs and
 /// their fields. A read: no durability wait.
 async fn list_bucket(
-    mut conn: ClusterConnection,
+    mut conn: Conn,
     b: Bucket,
     sha: String,
     tail: Vec<Vec<u8>>,

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::cluster_async::ClusterConnection;
+use super::link::Conn;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use tokio::sync::oneshot;
 
@@ -80,7 +80,7 @@ impl Durable {
     /// durable as the store requires; `slot` is one it wrote to.
     pub(super) async fn wait(
         self: &Arc<Self>,
-        conn: &ClusterConnection,
+        conn: &Conn,
         slot: u16,
         client: i64,
     ) -> Result<(), StoreError> {
@@ -125,7 +125,7 @@ impl Durable {
 
     /// Sends waits on one connection while writers queue for them; the
     /// queue goes when it is empty.
-    async fn lead(self: Arc<Self>, mut conn: ClusterConnection, client: i64) {
+    async fn lead(self: Arc<Self>, mut conn: Conn, client: i64) {
         loop {
             let (slot, batch) = {
                 let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
@@ -160,7 +160,7 @@ impl Durable {
     }
 
     /// One wait on the connection `client`, routed to `slot`'s primary.
-    async fn once(&self, conn: &mut ClusterConnection, slot: u16, client: i64) -> Answer {
+    async fn once(&self, conn: &mut Conn, slot: u16, client: i64) -> Answer {
         let ms = self.limit.as_millis() as u64;
         let mut pipe = redis::pipe();
         match self.mode {

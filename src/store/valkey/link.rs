@@ -1,25 +1,33 @@
-//! The store's cluster connection, replaced by a fresh one when it goes
-//! stale.
+//! The store's connection, replaced by a fresh one when it goes stale:
+//! a cluster connection, or, for a server not in cluster mode (SPEC §18:
+//! "used as one shard"), one multiplexed connection to it. [`Conn`] is
+//! either, so the rest of the store sends the same way to both.
 //!
-//! Why: the redis crate's cluster connection (1.8) repairs itself in the
-//! background after a node is lost, and its slot map follows `MOVED`. But
-//! measured here (tests/it/valkey_faults.rs), after a primary's SIGKILL or
-//! in the middle of a slot migration, one connection stayed stuck in its
-//! recovery: every request on it timed out for 20 s and more, long after
-//! the cluster had promoted the replica, while another process's
-//! connection to the same cluster carried on. And a pipeline (how every
-//! write here is sent, see `durable`) answers `MOVED` in the command's
-//! place, which the crate does not act on. A new connection reads the
-//! cluster's current map from the seeds. So a request that failed in a way
-//! a stale map or a stuck connection explains asks for a renewal, at most
-//! one at a time and one a second; the requests after it use the new one.
+//! Why the renewal: the redis crate's cluster connection (1.8) repairs
+//! itself in the background after a node is lost, and its slot map
+//! follows `MOVED`. But measured here (tests/it/valkey_faults.rs), after a
+//! primary's SIGKILL or in the middle of a slot migration, one connection
+//! stayed stuck in its recovery: every request on it timed out for 20 s
+//! and more, long after the cluster had promoted the replica, while
+//! another process's connection to the same cluster carried on. And a
+//! pipeline (how every write here is sent, see `durable`) answers `MOVED`
+//! in the command's place, which the crate does not act on. A new
+//! connection reads the cluster's current map from the seeds. So a request
+//! that failed in a way a stale map or a stuck connection explains asks
+//! for a renewal, at most one at a time and one a second; the requests
+//! after it use the new one. A multiplexed connection to one server does
+//! not reconnect by itself at all once its socket broke: the same renewal
+//! makes its next one.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 /// The least time between two renewals.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
@@ -39,9 +47,101 @@ const STALE_MAP_CODES: [&str; 7] = [
     "LOADING",
 ];
 
+/// What a connection is made from.
+pub(super) enum Connector {
+    /// A cluster, from its seeds.
+    Cluster(ClusterClient),
+    /// One server not in cluster mode; `config` bounds each request.
+    Single {
+        client: redis::Client,
+        config: AsyncConnectionConfig,
+    },
+}
+
+impl Connector {
+    async fn connect(&self) -> RedisResult<Conn> {
+        match self {
+            Connector::Cluster(c) => c.get_async_connection().await.map(Conn::Cluster),
+            Connector::Single { client, config } => client
+                .get_multiplexed_async_connection_with_config(config)
+                .await
+                .map(Conn::Single),
+        }
+    }
+}
+
+/// A connection to the store (a handle: clones share it).
+#[derive(Clone)]
+pub(super) enum Conn {
+    Cluster(ClusterConnection),
+    /// To the one server: every route leads there.
+    Single(MultiplexedConnection),
+}
+
+impl Conn {
+    /// `pipeline` on the node `route` names (on one server: that server);
+    /// a command's error comes in its place.
+    pub(super) async fn route_pipeline(
+        &mut self,
+        pipeline: Pipeline,
+        offset: usize,
+        count: usize,
+        route: SingleNodeRoutingInfo,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::Cluster(c) => c.route_pipeline(pipeline, offset, count, route).await,
+            Conn::Single(c) => c.send_packed_commands(&pipeline, offset, count).await,
+        }
+    }
+
+    /// `cmd` on the node(s) `routing` names (on one server: that server);
+    /// the server's error as an error, on both.
+    pub(super) async fn route_command(
+        &mut self,
+        cmd: Cmd,
+        routing: RoutingInfo,
+    ) -> RedisResult<Value> {
+        match self {
+            Conn::Cluster(c) => c.route_command(cmd, routing).await,
+            Conn::Single(c) => c
+                .send_packed_command(&cmd)
+                .await
+                .and_then(Value::extract_error),
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Single(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Single(c) => c.get_db(),
+        }
+    }
+}
+
 pub(super) struct Link {
-    client: ClusterClient,
-    current: RwLock<ClusterConnection>,
+    connector: Connector,
+    current: RwLock<Conn>,
     renewing: AtomicBool,
     /// Milliseconds after `born` of the last renewal's start.
     last_renewal: AtomicU64,
@@ -51,11 +151,11 @@ pub(super) struct Link {
 }
 
 impl Link {
-    /// Connects to the cluster.
-    pub(super) async fn open(client: ClusterClient) -> Result<Link, redis::RedisError> {
-        let conn = client.get_async_connection().await?;
+    /// Connects to the cluster, or to the one server.
+    pub(super) async fn open(connector: Connector) -> Result<Link, redis::RedisError> {
+        let conn = connector.connect().await?;
         Ok(Link {
-            client,
+            connector,
             current: RwLock::new(conn),
             renewing: AtomicBool::new(false),
             last_renewal: AtomicU64::new(0),
@@ -65,7 +165,7 @@ impl Link {
     }
 
     /// The connection to send on (a handle: clones share it).
-    pub(super) fn conn(&self) -> ClusterConnection {
+    pub(super) fn conn(&self) -> Conn {
         self.current
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -108,8 +208,7 @@ impl Link {
         self.last_renewal.store(now.max(1), Ordering::Relaxed);
         let link = Arc::clone(self);
         tokio::spawn(async move {
-            let fresh =
-                tokio::time::timeout(RENEW_WITHIN, link.client.get_async_connection()).await;
+            let fresh = tokio::time::timeout(RENEW_WITHIN, link.connector.connect()).await;
             match fresh {
                 Ok(Ok(conn)) => {
                     *link.current.write().unwrap_or_else(|p| p.into_inner()) = conn;

@@ -1,6 +1,7 @@
 //! The sharded store (SPEC §18): records in a Valkey or Redis Cluster
-//! (Valkey 8/9, Redis 7.2+), shared by any number of proxies, every claim
-//! durable on the shard's replicas before its forward.
+//! (Valkey 8/9, Redis 7.2+), or in one server not in cluster mode used as
+//! one shard, shared by any number of proxies, every claim durable on the
+//! shard's replicas before its forward.
 //!
 //! # Key layout
 //! Every key of a record carries the hash tag `{r:<route>:<bucket>}`, with
@@ -44,13 +45,21 @@
 //! At start and in `ping`, [`shards`] checks every shard can give the count.
 //!
 //! # The connection
-//! One cluster connection, shared; [`link`] replaces it with a fresh one
-//! when a request fails in a way a stuck connection or a stale slot map
-//! explains (the redis crate's own repair was seen stuck for 20 s), and
-//! the engine's figures for the metrics (shards, wait times) come out
-//! through `Backend::report`.
+//! [`connect`] asks the seeds at open whether they are a cluster (`INFO
+//! cluster`): a cluster gets one cluster connection, a server not in
+//! cluster mode (the URL's only seed) one multiplexed connection; either
+//! is a [`link::Conn`], shared, so nothing else here tells them apart but
+//! [`shards`] (`CLUSTER SHARDS`, or the one server's `INFO replication`).
+//! The hash-tagged keys and the scripts are the same on one server.
+//! [`link`] replaces the connection with a fresh one when a request fails
+//! in a way a stuck connection or a stale slot map explains (the redis
+//! crate's own repair was seen stuck for 20 s; a multiplexed connection
+//! whose socket broke never recovers by itself), and the engine's figures
+//! for the metrics (shards, wait times) come out through
+//! `Backend::report`.
 
 mod backend;
+mod connect;
 mod decode;
 mod durable;
 pub mod keys;
@@ -66,12 +75,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Script, Value};
 
 use self::keys::Bucket;
+use self::link::Conn;
 use self::target::ValkeyTarget;
 use super::{Backend, StoreError, StoreUrl};
 
@@ -123,7 +131,7 @@ fn primary(slot: u16) -> SingleNodeRoutingInfo {
 /// A write's connection and its `CLIENT ID`: what the write's durability
 /// wait is sent on and checked against (see [`durable`]).
 struct Wrote {
-    conn: ClusterConnection,
+    conn: Conn,
     client: i64,
 }
 
@@ -141,49 +149,31 @@ fn opt(v: Option<impl AsRef<[u8]>>) -> Vec<u8> {
 }
 
 impl ValkeyStore {
-    /// Connects to the seeds and reads the cluster's map. Nothing is
-    /// checked here beyond the connection: `migrate` and `ping` check the
-    /// shards.
+    /// Connects to the seeds: to the cluster, or to the one server not in
+    /// cluster mode ([`connect`]). Nothing is checked here beyond the
+    /// connection (and that such a server is the only seed): `migrate`
+    /// and `ping` check the shards.
     pub async fn open(url: &StoreUrl) -> Result<Self, StoreError> {
         let target = url
             .valkey_target()
             .ok_or_else(|| StoreError::UnsupportedUrl(url.redacted()))?
             .clone();
-        let scheme = if target.tls { "rediss" } else { "redis" };
-        let seeds: Vec<String> = target
-            .seeds
-            .iter()
-            .map(|(h, p)| {
-                let host = if h.contains(':') {
-                    format!("[{h}]")
-                } else {
-                    h.clone()
-                };
-                format!("{scheme}://{host}:{p}")
-            })
-            .collect();
-        let mut builder = ClusterClientBuilder::new(seeds)
-            .connection_timeout(Duration::from_secs(2))
-            .response_timeout(Self::OP_TIMEOUT)
-            .retries(3);
-        if let Some(user) = &target.user {
-            builder = builder.username(user);
-        }
-        if let Some(password) = &target.password {
-            builder = builder.password(password);
-        }
-        if target.tls {
-            builder = builder.tls(redis::TlsMode::Secure);
-            if let Some(ca) = &target.ca {
-                let pem = std::fs::read(ca).map_err(|e| StoreError::io(ca.display(), e))?;
-                builder = builder.certs(redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                });
-            }
-        }
-        let client = builder.build().map_err(driver)?;
-        let link = Arc::new(link::Link::open(client).await.map_err(driver)?);
+        let ca = match &target.ca {
+            Some(ca) => Some(std::fs::read(ca).map_err(|e| StoreError::io(ca.display(), e))?),
+            None => None,
+        };
+        let connector = match connect::single_server(&target, ca.as_deref()).await? {
+            None => link::Connector::Cluster(
+                connect::cluster_client(&target, ca, Self::OP_TIMEOUT).map_err(driver)?,
+            ),
+            Some(client) => link::Connector::Single {
+                client,
+                config: redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(connect::CONNECT_WITHIN))
+                    .set_response_timeout(Some(Self::OP_TIMEOUT)),
+            },
+        };
+        let link = Arc::new(link::Link::open(connector).await.map_err(driver)?);
         Ok(ValkeyStore {
             durable: Arc::new(durable::Durable::new(
                 target.durability,
@@ -218,8 +208,8 @@ impl ValkeyStore {
         Ok(())
     }
 
-    /// The cluster connection to send on (see [`link`]).
-    fn conn(&self) -> ClusterConnection {
+    /// The connection to send on (see [`link`]).
+    fn conn(&self) -> Conn {
         self.link.conn()
     }
 
@@ -371,7 +361,7 @@ impl ValkeyStore {
     ) -> Result<Vec<(String, T)>, StoreError>
     where
         T: Send + 'static,
-        F: Fn(ClusterConnection, Bucket) -> Fut,
+        F: Fn(Conn, Bucket) -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         let mut set = tokio::task::JoinSet::new();

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use redis::cluster_async::ClusterConnection;
+use super::link::Conn;
 use redis::{Script, Value};
 
 use super::keys::{self, Bucket};
@@ -313,7 +313,7 @@ fn decode_items(v: Value) -> Result<Vec<String>, StoreError> {
 /// Runs a read-only script on its keys' slot (`EVALSHA`, loading it with
 /// `EVAL` where the server does not have it). No durability wait.
 pub(super) async fn eval_read(
-    mut conn: ClusterConnection,
+    mut conn: Conn,
     text: &'static str,
     keys: Vec<String>,
     args: Vec<Vec<u8>>,

@@ -5,17 +5,26 @@
 //! `replicas` (its claims could not be confirmed), or, with `fsynced`,
 //! when its primary has no append-only file or no `WAITAOF` (older than
 //! Redis 7.2).
+//!
+//! A server not in cluster mode is one shard, named by its address: its
+//! replicas are the `slaveN` lines of its `INFO replication` whose
+//! `state` is `online`, and the same checks follow. Such a server that is
+//! itself a replica (`role:slave`) fails the check, naming its primary:
+//! every write would be refused (`READONLY`), and following it to its
+//! primary would make the URL name a server that is not the one written
+//! to, which a later failover would silently change.
 
 use std::collections::HashMap;
 
-use redis::cluster_async::ClusterConnection;
+use super::link::Conn;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Value;
 
 use super::target::{Durability, ValkeyTarget};
 use crate::store::StoreError;
 
-/// One shard as `CLUSTER SHARDS` describes it.
+/// One shard as `CLUSTER SHARDS` describes it (no slots: the one server
+/// not in cluster mode).
 #[derive(Debug, Default)]
 struct Shard {
     slots: Vec<i64>,
@@ -25,6 +34,13 @@ struct Shard {
 
 impl Shard {
     fn name(&self) -> String {
+        if self.slots.is_empty() {
+            let (h, p) = self.primary.clone().unwrap_or_default();
+            return format!(
+                "the server {} (one shard, not in cluster mode)",
+                super::connect::addr(&h, p)
+            );
+        }
         let ranges: Vec<String> = self
             .slots
             .chunks(2)
@@ -109,13 +125,50 @@ fn parse_shards(v: Value) -> Vec<Shard> {
         .collect()
 }
 
+/// What `INFO replication` says of a server not in cluster mode.
+#[derive(Debug, PartialEq)]
+struct Replication {
+    /// `master_host:master_port` when it is a replica.
+    replica_of: Option<String>,
+    /// Its `slaveN` lines with `state=online`.
+    replicas_online: u32,
+}
+
+fn parse_replication(info: &str) -> Replication {
+    let mut role_replica = false;
+    let (mut host, mut port) = (String::new(), String::new());
+    let mut online = 0;
+    for line in info.lines().map(str::trim) {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        match key {
+            "role" => role_replica = value == "slave" || value == "replica",
+            "master_host" => host = value.to_string(),
+            "master_port" => port = value.to_string(),
+            k if k.len() > 5
+                && k.starts_with("slave")
+                && k[5..].bytes().all(|b| b.is_ascii_digit())
+                && value.split(',').any(|kv| kv == "state=online") =>
+            {
+                online += 1;
+            }
+            _ => {}
+        }
+    }
+    Replication {
+        replica_of: role_replica.then(|| super::connect::addr(&host, port.parse().unwrap_or(0))),
+        replicas_online: online,
+    }
+}
+
 /// Checks every shard; the error names the first that fails and why. How
-/// many shards serve slots.
-pub(super) async fn check(
-    conn: &ClusterConnection,
-    target: &ValkeyTarget,
-) -> Result<u64, StoreError> {
+/// many shards serve slots (1 for a server not in cluster mode).
+pub(super) async fn check(conn: &Conn, target: &ValkeyTarget) -> Result<u64, StoreError> {
     let mut conn = conn.clone();
+    if let Conn::Single(_) = conn {
+        return check_single(&mut conn, target).await;
+    }
     let reply = conn
         .route_command(
             redis::cmd("CLUSTER").arg("SHARDS").clone(),
@@ -148,8 +201,34 @@ pub(super) async fn check(
     Ok(shards.len() as u64)
 }
 
+/// The one server not in cluster mode (the URL's only seed), as a shard.
+async fn check_single(conn: &mut Conn, target: &ValkeyTarget) -> Result<u64, StoreError> {
+    let mut shard = Shard {
+        primary: target.seeds.first().cloned(),
+        ..Default::default()
+    };
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(conn)
+        .await
+        .map_err(|e| {
+            StoreError::Unavailable(format!("valkey: {}: INFO replication: {e}", shard.name()))
+        })?;
+    let replication = parse_replication(&info);
+    if let Some(primary) = replication.replica_of {
+        return Err(StoreError::Unavailable(format!(
+            "valkey: {}: it is a replica of {primary}, so every write would be refused; \
+             name its primary in the store URL",
+            shard.name()
+        )));
+    }
+    shard.replicas_online = replication.replicas_online;
+    check_shard(conn, &shard, target).await?;
+    Ok(1)
+}
+
 async fn check_shard(
-    conn: &mut ClusterConnection,
+    conn: &mut Conn,
     shard: &Shard,
     target: &ValkeyTarget,
 ) -> Result<(), StoreError> {
@@ -225,6 +304,39 @@ mod tests {
             bulk("health"),
             bulk(health),
         ])
+    }
+
+    #[test]
+    fn a_single_server_counts_its_online_replicas_and_says_when_it_is_one() {
+        let primary = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\
+            slave0:ip=127.0.0.1,port=7001,state=online,offset=42,lag=0\r\n\
+            slave1:ip=127.0.0.1,port=7002,state=wait_bgsave,offset=0,lag=0\r\n\
+            slave_read_repl_offset:42\r\nmaster_repl_offset:42\r\n";
+        assert_eq!(
+            parse_replication(primary),
+            Replication {
+                replica_of: None,
+                replicas_online: 1
+            }
+        );
+        let replica = "# Replication\r\nrole:slave\r\nmaster_host:10.0.0.5\r\n\
+            master_port:6380\r\nmaster_link_status:up\r\nslave_read_only:1\r\n\
+            connected_slaves:0\r\n";
+        assert_eq!(
+            parse_replication(replica),
+            Replication {
+                replica_of: Some("10.0.0.5:6380".into()),
+                replicas_online: 0
+            }
+        );
+        let shard = Shard {
+            primary: Some(("127.0.0.1".into(), 7000)),
+            ..Default::default()
+        };
+        assert_eq!(
+            shard.name(),
+            "the server 127.0.0.1:7000 (one shard, not in cluster mode)"
+        );
     }
 
     #[test]

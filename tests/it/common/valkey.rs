@@ -3,7 +3,9 @@
 //! loopback ports (never 6379) in a temp dir with append-only files fsynced
 //! at every write, as V4-NOTES lists the flags. [`Valkey::cluster`] forms
 //! three primaries with one replica each (Debian's `redis-cli --cluster
-//! create`). Dropping the handle kills every node and removes
+//! create`); [`Valkey::single`] starts a server not in cluster mode and
+//! replicas of it (`--replicaof`), and [`Valkey::single_of`] the same with
+//! another server binary (Debian's Redis 7.0, [`redis_server`]). Dropping the handle kills every node and removes
 //! the dir, also when the test failed. Without the package or `redis-cli`:
 //! SKIP outside CI, a failure in CI.
 
@@ -19,6 +21,8 @@ pub struct Node {
     pub port: u16,
     /// The cluster bus port (cluster mode), kept for a restart.
     bus: u16,
+    /// Its own flags (a replica's `--replicaof`), kept for a restart.
+    extra: Vec<String>,
     /// `None` while killed.
     child: Option<Child>,
 }
@@ -57,12 +61,32 @@ fn server_binary() -> Result<PathBuf, String> {
     }
 }
 
+/// Debian's `redis-server` (Redis 7.0 on bookworm: no `WAITAOF`), for the
+/// refusal SPEC §18 asks of a server older than Redis 7.2. `None`: SKIP
+/// outside CI, a failure in CI (`.ci/run` installs it).
+pub fn redis_server() -> Option<PathBuf> {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        missing("redis-server is not installed (apt-get install redis-server)");
+        return None;
+    }
+    Some(PathBuf::from("redis-server"))
+}
+
 /// SKIP (or, in CI, a failure) for a missing server or tool.
 fn missing(why: &str) {
     if std::env::var_os("CI").is_some() {
         panic!("Valkey servers are needed in CI: {why}");
     }
     eprintln!("SKIP: no private Valkey servers: {why}");
+}
+
+/// The harness's `valkey-server` (with `redis-cli`), or SKIP (see above).
+pub fn valkey_server() -> Option<PathBuf> {
+    tools()
 }
 
 fn tools() -> Option<PathBuf> {
@@ -114,6 +138,31 @@ impl Valkey {
         Some(v)
     }
 
+    /// One server not in cluster mode (`nodes[0]`, the primary) and
+    /// `replicas` replicas of it, each linked. `None`: skipped (see above).
+    pub fn single(tag: &str, replicas: usize) -> Option<Valkey> {
+        Some(Self::single_of(tools()?, tag, replicas, &[]))
+    }
+
+    /// Like [`Valkey::single`], with the server binary `server`, and
+    /// `primary` flags for the primary alone (e.g. `--appendonly no`).
+    pub fn single_of(server: PathBuf, tag: &str, replicas: usize, primary: &[&str]) -> Valkey {
+        let mut v = Valkey {
+            nodes: Vec::new(),
+            server,
+            cluster: false,
+            dir: TempDir::new(&format!("valkey-{tag}")),
+        };
+        v.spawn(primary);
+        let of = v.nodes[0].port.to_string();
+        for _ in 0..replicas {
+            v.spawn(&["--replicaof", "127.0.0.1", &of]);
+        }
+        v.wait_answering();
+        v.wait_formed(replicas);
+        v
+    }
+
     /// Starts one more node; `extra` flags after the common ones.
     fn spawn(&mut self, extra: &[&str]) {
         let (port, bus) = (free_port(), free_port());
@@ -121,6 +170,7 @@ impl Valkey {
         self.nodes.push(Node {
             port,
             bus,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
             child: Some(child),
         });
     }
@@ -175,7 +225,8 @@ impl Valkey {
             .position(|n| n.port == port)
             .expect("a node");
         assert!(self.nodes[i].child.is_none(), "{port} is running");
-        let child = self.start_node(port, self.nodes[i].bus, &[]);
+        let extra: Vec<&str> = self.nodes[i].extra.iter().map(String::as_str).collect();
+        let child = self.start_node(port, self.nodes[i].bus, &extra);
         self.nodes[i].child = Some(child);
         wait(
             Duration::from_secs(10),
@@ -245,12 +296,13 @@ impl Valkey {
         });
     }
 
-    /// A store URL naming every node as a seed, with `query` (e.g.
-    /// `replicas=1`) appended.
+    /// A store URL naming every node as a seed (not in cluster mode: the
+    /// primary alone), with `query` (e.g. `replicas=1`) appended.
     pub fn url(&self, query: &str) -> String {
         let seeds: Vec<String> = self
             .nodes
             .iter()
+            .take(if self.cluster { self.nodes.len() } else { 1 })
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         let query = if query.is_empty() {
