@@ -14,6 +14,9 @@
 //!   `/replay` and `/conflict`;
 //! - a second idemgate with the PostgreSQL store (a schema of its own, dropped
 //!   at the end) and the route `/unique`, since one config has one store;
+//! - for (o) and (m) only, a live OTLP collector (rotel) and two traced
+//!   SQLite idemgates of their own; for (v) only, a private Valkey cluster
+//!   (`valkey.rs`) and an idemgate on it;
 //!
 //! then drives them with wrk (a generated Lua script: 1 KiB JSON bodies, a
 //! per-request `X-Event-ID`) through these scenarios, alternating them in
@@ -35,10 +38,14 @@
 //! | l | as (b), on a route with `allow_from: file:` of 5,000 ranges (loopback the last) |
 //! | h | as (b), on a route that keeps `replay_headers: [Location, ETag]` |
 //! | x | as (b), on a route with `on_ambiguous: hold` and `reconcile` (nothing ambiguous: what it costs the others) |
+//! | o | as (b), in a process of its own traced to a live collector at `sample: 1.0` |
+//! | m | as (o), at `sample: 0.01` |
+//! | v | as (b), in a process of its own on a private Valkey 9 cluster: 3 primaries, 3 replicas, `appendfsync always`, `durability: fsynced` |
 //!
 //! For every run it prints req/s, p50, p99, the ratio to (a) of the same round
 //! and connection count, CPU µs per request of the process under test, the
-//! upstream, wrk and the rest of the machine (from /proc), and the outcome mix
+//! upstream, wrk, the store's servers (PostgreSQL's or (v)'s valkey-server
+//! processes) and the rest of the machine (from /proc), and the outcome mix
 //! from idemgate's own `/metrics` (so a scenario that did not do what it says
 //! is flagged). At the end: medians per scenario, the issue-7 targets at the
 //! highest connection count, and idemgate's resident memory. The report is
@@ -154,6 +161,7 @@ mod scenarios;
 mod servers;
 mod settings;
 mod storm;
+mod valkey;
 mod world;
 mod wrk;
 
@@ -284,7 +292,7 @@ fn final_report(rep: &mut Report, s: &Settings, runs: &[Run], w: &World, logs: &
         }
         summarise(rep, s, runs, w);
     }
-    for name in ["idemgate-sqlite", "idemgate-postgres"] {
+    for name in ["idemgate-sqlite", "idemgate-postgres", "idemgate-valkey"] {
         if let Ok(m) = std::fs::metadata(logs.join(format!("{name}.log"))) {
             rep.line(format!(
                 "  {name} log: {:.0} MiB written in the run",

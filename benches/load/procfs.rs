@@ -44,6 +44,21 @@ pub(crate) fn tree_ticks(pid: u32) -> u64 {
     total
 }
 
+/// CPU ticks of each of `pids` and its direct children (a valkey-server's
+/// forks), in one pass over `/proc`.
+pub(crate) fn trees_ticks(pids: &[u32]) -> u64 {
+    all_pids()
+        .into_iter()
+        .filter_map(proc_stat_of)
+        .filter(|&(pid, ppid, _)| pids.contains(&pid) || pids.contains(&ppid))
+        .map(|(_, _, t)| t)
+        .sum()
+}
+
+fn proc_stat_of(pid: u32) -> Option<(u32, u32, u64)> {
+    proc_stat(pid).map(|(ppid, t)| (pid, ppid, t))
+}
+
 /// CPU ticks of every `postgres` process on the machine (not only ours).
 pub(crate) fn postgres_ticks() -> u64 {
     all_pids()

@@ -49,7 +49,7 @@ impl Report {
 
 pub(crate) fn run_header() -> String {
     format!(
-        "{:<3} {:>5} {:>5} {:>9} {:>8} {:>8} {:>6} {:>8} {:>7} {:>6} {:>6} {:>7}  {}",
+        "{:<3} {:>5} {:>5} {:>9} {:>8} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>7}  {}",
         "scn",
         "conns",
         "round",
@@ -60,7 +60,7 @@ pub(crate) fn run_header() -> String {
         "srv µs",
         "up µs",
         "wrk µs",
-        "pg µs",
+        "store µs",
         "foreign",
         "outcomes / problems"
     )
@@ -75,7 +75,7 @@ pub(crate) fn run_line(runs: &[Run], r: &Run) -> String {
         write!(notes, "  !! {p}").unwrap();
     }
     format!(
-        "({}) {:>5} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>6} {:>8} {:>7.1} {:>6.1} {:>6} {:>6.0}%  {}",
+        "({}) {:>5} {:>5} {:>9.0} {:>8.2} {:>8.2} {:>6} {:>8} {:>7.1} {:>6.1} {:>8} {:>6.0}%  {}",
         r.key,
         r.conns,
         r.round,
@@ -86,8 +86,8 @@ pub(crate) fn run_line(runs: &[Run], r: &Run) -> String {
         opt(r.cpu_server, 1),
         r.cpu_upstream,
         r.cpu_wrk,
-        if scenario(r.key).target == Target::IdemPg {
-            format!("{:.1}", r.cpu_pg)
+        if matches!(scenario(r.key).target, Target::IdemPg | Target::IdemValkey) {
+            format!("{:.1}", r.cpu_store)
         } else {
             "-".into()
         },

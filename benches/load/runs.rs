@@ -9,7 +9,8 @@ use crate::pg::pg_wal_position;
 use crate::probe::{report_probe, start_probe, stop_probe, Probe};
 use crate::processes::command;
 use crate::procfs::{
-    children_cpu_us, machine_busy_ticks, postgres_ticks, proc_io, tree_ticks, IoPerRequest, ProcIo,
+    children_cpu_us, machine_busy_ticks, postgres_ticks, proc_io, tree_ticks, trees_ticks,
+    IoPerRequest, ProcIo,
 };
 use crate::report::{run_header, run_line, Report};
 use crate::scenarios::scenario;
@@ -54,6 +55,8 @@ pub(crate) struct Snapshot {
     pub(crate) pg_wal: Option<u64>,
     pub(crate) upstream: u64,
     pub(crate) pg: u64,
+    /// (v)'s valkey-server processes (0 without (v)).
+    pub(crate) valkey: u64,
     pub(crate) busy: u64,
     pub(crate) ours: u64,
     pub(crate) wrk_us: f64,
@@ -76,14 +79,16 @@ pub(crate) fn snapshot(s: &Settings, w: &World, sc: &Scenario) -> Snapshot {
         ours += tree_ticks(p.pid);
     }
     let pg = postgres_ticks();
+    let valkey = w.valkey.as_ref().map_or(0, |v| trees_ticks(&v.nodes));
     Snapshot {
         server,
         server_io,
         pg_wal,
         upstream,
         pg,
+        valkey,
         busy: machine_busy_ticks(),
-        ours: ours + pg,
+        ours: ours + pg + valkey,
         wrk_us: children_cpu_us(),
         outcomes: w.admin(sc.target).map(outcomes).unwrap_or_default(),
     }
@@ -233,7 +238,11 @@ pub(crate) fn measure(
             .map(|_| us(after.server - before.server)),
         cpu_upstream: us(after.upstream - before.upstream),
         cpu_wrk: wrk_us / n,
-        cpu_pg: us(after.pg.saturating_sub(before.pg)),
+        cpu_store: if sc.target == Target::IdemValkey {
+            us(after.valkey.saturating_sub(before.valkey))
+        } else {
+            us(after.pg.saturating_sub(before.pg))
+        },
         io_server: before
             .server_io
             .zip(after.server_io)
@@ -385,9 +394,8 @@ pub(crate) fn warm_up(
         }
     }
     rep.line("srv µs: CPU of the process under test per request (idemgate or the nginx proxy);");
-    rep.line(
-        "up µs: the upstream nginx; wrk µs: the client; pg µs: all postgres processes (d only);",
-    );
+    rep.line("up µs: the upstream nginx; wrk µs: the client; store µs: all postgres processes");
+    rep.line("(PostgreSQL scenarios only), or the 6 valkey-server processes of (v)'s cluster;");
     rep.line("foreign: share of the machine busy with processes the harness did not start.");
     println!("{}", run_header());
 }

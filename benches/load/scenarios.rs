@@ -11,6 +11,8 @@ pub(crate) enum Target {
     IdemTraced,
     /// Its own SQLite process, traced at `sample: 0.01`.
     IdemSampled,
+    /// Its own process on a private 3-shard Valkey cluster (fsynced).
+    IdemValkey,
 }
 
 impl Target {
@@ -47,7 +49,7 @@ pub(crate) struct Scenario {
     pub(crate) route: Option<&'static str>,
 }
 
-pub(crate) const SCENARIOS: [Scenario; 16] = [
+pub(crate) const SCENARIOS: [Scenario; 17] = [
     Scenario {
         key: 'u',
         name: "upstream direct (ceiling)",
@@ -169,6 +171,17 @@ pub(crate) const SCENARIOS: [Scenario; 16] = [
         key: 'm',
         name: "unique events, traced (sample 0.01)",
         target: Target::IdemSampled,
+        path: "/unique",
+        ids: Ids::Unique,
+        route: Some("unique"),
+    },
+    // (b) on a private Valkey cluster (3 primaries, 3 replicas, append-only
+    // files fsynced at every write; SPEC §18's default `durability:
+    // fsynced`), in a process of its own, for issue 52.
+    Scenario {
+        key: 'v',
+        name: "unique events, Valkey cluster (3 shards, fsynced)",
+        target: Target::IdemValkey,
         path: "/unique",
         ids: Ids::Unique,
         route: Some("unique"),

@@ -12,8 +12,10 @@ use crate::pg::{pg_exec, pg_run_schema};
 use crate::processes::{command, spawn};
 use crate::procfs::clk_tck;
 use crate::report::Report;
+use crate::scenarios::Target;
 use crate::settings::Settings;
-use crate::world::{Idemgate, Nginx, World};
+use crate::valkey::start_cluster;
+use crate::world::{Idemgate, Nginx, ValkeyStore, World};
 
 /// A tool's path: on PATH, or in the sbin directories (nginx lives in /usr/sbin).
 pub(crate) fn tool(name: &str) -> String {
@@ -230,6 +232,11 @@ pub(crate) fn start_world(
         .iter()
         .any(|&k| crate::scenarios::scenario(k).target.traced())
         .then(|| start_traced(s, &dir, logs, upstream.addr));
+    let valkey = s
+        .scenarios
+        .iter()
+        .any(|&k| crate::scenarios::scenario(k).target == Target::IdemValkey)
+        .then(|| start_valkey(s, &dir, logs, upstream.addr, rep));
     World {
         dir,
         upstream,
@@ -237,6 +244,7 @@ pub(crate) fn start_world(
         sqlite,
         pg,
         traced,
+        valkey,
         tck: clk_tck(),
         ncpu: std::thread::available_parallelism().map_or(1, |n| n.get()),
     }
@@ -289,6 +297,36 @@ fn start_traced(
         traced("idemgate-traced", "1.0"),
         traced("idemgate-sampled", "0.01"),
     )
+}
+
+/// (v): a private Valkey cluster ([`start_cluster`]) and an idemgate on
+/// it with the default durability, `fsynced` (SPEC §18).
+fn start_valkey(
+    s: &Settings,
+    dir: &Path,
+    logs: &Path,
+    upstream: SocketAddr,
+    rep: &mut Report,
+) -> ValkeyStore {
+    let cluster = start_cluster(dir, logs);
+    rep.line(format!(
+        "Valkey: 3 primaries + 3 replicas, appendfsync always, store {}",
+        cluster.url
+    ));
+    let idemgate = start_idemgate(
+        dir,
+        logs,
+        "idemgate-valkey",
+        s,
+        &cluster.url,
+        upstream,
+        &["unique"],
+        &Extra::default(),
+    );
+    ValkeyStore {
+        idemgate,
+        nodes: cluster.pids,
+    }
 }
 
 /// The idemgate on a PostgreSQL schema of this run, if the server is usable.

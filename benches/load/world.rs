@@ -34,8 +34,17 @@ pub(crate) struct World {
     pub(crate) pg: Option<Idemgate>,
     /// (o) and (m)'s processes, traced at 1.0 and 0.01, when a run has them.
     pub(crate) traced: Option<(Idemgate, Idemgate)>,
+    /// (v)'s process and its private Valkey cluster, when a run has (v).
+    pub(crate) valkey: Option<ValkeyStore>,
     pub(crate) tck: f64,
     pub(crate) ncpu: usize,
+}
+
+/// (v)'s idemgate, on a private Valkey cluster of its own.
+pub(crate) struct ValkeyStore {
+    pub(crate) idemgate: Idemgate,
+    /// Every `valkey-server`'s pid (3 primaries, 3 replicas): the store's CPU.
+    pub(crate) nodes: Vec<u32>,
 }
 
 impl World {
@@ -47,6 +56,7 @@ impl World {
             Target::IdemPg => self.pg.as_ref().map(|p| p.addr),
             Target::IdemTraced => self.traced.as_ref().map(|t| t.0.addr),
             Target::IdemSampled => self.traced.as_ref().map(|t| t.1.addr),
+            Target::IdemValkey => self.valkey.as_ref().map(|v| v.idemgate.addr),
         }
     }
     /// The process whose CPU a scenario measures (`None`: the client's ceiling).
@@ -58,6 +68,7 @@ impl World {
             Target::IdemPg => self.pg.as_ref().map(|p| p.pid),
             Target::IdemTraced => self.traced.as_ref().map(|t| t.0.pid),
             Target::IdemSampled => self.traced.as_ref().map(|t| t.1.pid),
+            Target::IdemValkey => self.valkey.as_ref().map(|v| v.idemgate.pid),
         }
     }
     pub(crate) fn admin(&self, t: Target) -> Option<SocketAddr> {
@@ -66,6 +77,7 @@ impl World {
             Target::IdemPg => self.pg.as_ref().map(|p| p.admin),
             Target::IdemTraced => self.traced.as_ref().map(|t| t.0.admin),
             Target::IdemSampled => self.traced.as_ref().map(|t| t.1.admin),
+            Target::IdemValkey => self.valkey.as_ref().map(|v| v.idemgate.admin),
             _ => None,
         }
     }
@@ -73,6 +85,7 @@ impl World {
         std::iter::once(&self.sqlite)
             .chain(self.pg.as_ref())
             .chain(self.traced.iter().flat_map(|(a, b)| [a, b]))
+            .chain(self.valkey.as_ref().map(|v| &v.idemgate))
             .collect()
     }
 }
@@ -84,12 +97,14 @@ pub(crate) struct Run {
     pub(crate) round: usize,
     pub(crate) wrk: WrkResult,
     pub(crate) rps: f64,
-    /// CPU µs per request: the process under test, the upstream, wrk, all
-    /// postgres processes, and the rest of the machine.
+    /// CPU µs per request: the process under test, the upstream, wrk, the
+    /// store's server processes (every postgres process on the machine, or
+    /// for (v) the private cluster's valkey-server processes), and the rest
+    /// of the machine.
     pub(crate) cpu_server: Option<f64>,
     pub(crate) cpu_upstream: f64,
     pub(crate) cpu_wrk: f64,
-    pub(crate) cpu_pg: f64,
+    pub(crate) cpu_store: f64,
     /// What the process under test read and wrote per request.
     pub(crate) io_server: Option<IoPerRequest>,
     /// KiB of WAL the PostgreSQL server wrote per request (PostgreSQL

@@ -157,6 +157,7 @@ pub(super) fn world_with(w: &World, g: Idemgate, store: Store) -> World {
         sqlite: if store == Store::Sqlite { g } else { w.sqlite },
         pg: (store == Store::Postgres).then_some(g),
         traced: None,
+        valkey: None,
         tck: w.tck,
         ncpu: w.ncpu,
     }
