@@ -547,17 +547,26 @@ async fn claim_many(
             None => refused.push(i),
         }
     }
+    decide_refused(conn, items, &refused, results).await
+}
+
+/// Claims the statement refused: decided by the record as it is now; one
+/// that became claimable in between is left to the single statement.
+async fn decide_refused(
+    conn: &mut PgConnection,
+    items: &[OwnedClaim],
+    refused: &[usize],
+    results: &mut [Option<Result<ClaimOutcome, StoreError>>],
+) -> Result<(), StoreError> {
     if refused.is_empty() {
         return Ok(());
     }
-    // Refused: decided by the record as it is now; one that became
-    // claimable in between is left to the single statement.
     let keys: Vec<(&str, &str)> = refused
         .iter()
         .map(|&i| (items[i].route.as_str(), items[i].event_id.as_str()))
         .collect();
     let mut found = read_many(conn, &keys).await?;
-    for &i in &refused {
+    for &i in refused {
         let c = &items[i];
         if let Some(record) = found.remove(&(c.route.clone(), c.event_id.clone())) {
             if let Found::Answer(outcome) = record.outcome(&c.digest, c.now, c.hold) {

@@ -9,7 +9,8 @@
 //! its attempts and the index entries that find it live in one slot, on
 //! one shard, and each transition is one Lua script there ([`scripts`]):
 //! - `{r:R:B}:e:<event id>`: the record, a hash of SPEC §3's fields (and
-//!   the claim's `hold`, `claimed_by`, `claim_token`, `claimed_from`);
+//!   the claim's `hold`, `claimed_by`, `claim_token`, `claimed_from`, and
+//!   `send_trace`, the latest send's trace and span ID, SPEC §19);
 //! - `{r:R:B}:a:<event id>`: its attempts (SPEC §13), a hash of attempt
 //!   number to a JSON row, the newest 20 kept;
 //! - `{r:R:B}:q:<event id>`: the questions asked about it (SPEC §21), a
