@@ -57,10 +57,10 @@ fn dashboard_and_alerts_reference_only_exported_metrics() {
         .filter(|n| n.starts_with("idemgate_"))
         .count();
     assert_eq!(
-        own, 19,
+        own, 20,
         "SPEC §5's idemgate_ metrics: v2's thirteen, §12's and §14's two gauges, \
-         headers_dropped (issue 44), §16's settles_pending and §15's two upstream gauges: \
-         {exported:?}"
+         headers_dropped (issue 44), §16's settles_pending, §15's two upstream gauges and \
+         §19's spans_dropped: {exported:?}"
     );
     for process in [
         "process_cpu_seconds_total",

@@ -1022,7 +1022,7 @@ fn shipped_configs_pass_check() {
         // Every `env:NAME` and `${NAME}` the file mentions.
         let mut vars = Vec::new();
         for (open, close) in [
-            ("env:", &[',', ']', ' ', '\n', '"'][..]),
+            ("env:", &[',', ']', '}', ' ', '\n', '"'][..]),
             ("${", &['}'][..]),
         ] {
             for (i, _) in text.match_indices(open) {
