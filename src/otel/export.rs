@@ -22,7 +22,7 @@ use prometheus::IntCounter;
 use tokio::sync::{mpsc, Notify};
 
 /// Spans waiting to be exported, at most (SPEC §19).
-pub const QUEUE: usize = 2048;
+const QUEUE: usize = 2048;
 /// Spans per export, at most.
 const BATCH: usize = 512;
 /// How long a batch waits to fill after its first span.

@@ -35,7 +35,6 @@ use prometheus::IntCounter;
 
 use crate::config::Otlp;
 use crate::store::TraceRef;
-pub use export::QUEUE;
 
 /// How long a stop waits for the spans still queued to be sent.
 const STOP_WITHIN: Duration = Duration::from_secs(3);
@@ -265,7 +264,7 @@ impl RequestTrace {
         planned: Option<TraceRef>,
         method: &http::Method,
         mut attributes: Vec<KeyValue>,
-    ) -> Send {
+    ) -> SendSpan {
         if let Some(p) = planned {
             NEXT_SPAN_ID.with(|c| c.set(Some(SpanId::from_bytes(p.span_id))));
         }
@@ -278,7 +277,7 @@ impl RequestTrace {
             .with_attributes(attributes)
             .start_with_context(&self.tracer, &self.cx);
         NEXT_SPAN_ID.with(|c| c.set(None));
-        Send { span, done: false }
+        SendSpan { span, done: false }
     }
 
     /// A link from the SERVER span to the send a record remembers, with
@@ -328,12 +327,12 @@ impl Drop for RequestTrace {
 
 /// One send's CLIENT span; one dropped before its end (the upstream's
 /// time ran out, or the sender went away) ends as a `timeout`.
-pub struct Send {
+pub struct SendSpan {
     span: Span,
     done: bool,
 }
 
-impl Drop for Send {
+impl Drop for SendSpan {
     fn drop(&mut self) {
         use opentelemetry::trace::Span as _;
         if !self.done {
@@ -344,7 +343,7 @@ impl Drop for Send {
     }
 }
 
-impl Send {
+impl SendSpan {
     /// The headers the upstream gets: `traceparent`, and `tracestate` when
     /// the trace carries one (a trusted sender's).
     pub fn headers(&self) -> (String, Option<String>) {

@@ -6,6 +6,8 @@
 use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 use std::str::FromStr;
 
+use crate::store::TraceRef;
+
 /// A sender's `traceparent`, if it is valid: version 00 exactly, or a
 /// later version read by its first four fields (as the specification asks);
 /// never version `ff`, an all-zero ID, or uppercase hex. Several
@@ -97,19 +99,11 @@ pub fn parse_traceparent(v: &[u8]) -> Option<([u8; 16], [u8; 8], u8)> {
         (_, _) if v[55] == b'-' => {}
         _ => return None,
     }
-    let mut trace_id = [0u8; 16];
-    for (i, b) in trace_id.iter_mut().enumerate() {
-        *b = hex_byte(&v[3 + 2 * i..5 + 2 * i])?;
-    }
-    let mut span_id = [0u8; 8];
-    for (i, b) in span_id.iter_mut().enumerate() {
-        *b = hex_byte(&v[36 + 2 * i..38 + 2 * i])?;
-    }
+    // the IDs' rules (lowercase hex, neither all zero) are a stored
+    // TraceRef's: `traceid-spanid` sits at 3..52
+    let ids = TraceRef::from_stored(std::str::from_utf8(&v[3..52]).ok()?)?;
     let flags = hex_byte(&v[53..55])?;
-    if trace_id == [0; 16] || span_id == [0; 8] {
-        return None;
-    }
-    Some((trace_id, span_id, flags))
+    Some((ids.trace_id, ids.span_id, flags))
 }
 
 /// Two lowercase hex digits.

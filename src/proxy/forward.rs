@@ -21,7 +21,7 @@ use super::idle::IdleConnections;
 use super::respond::IDEMPOTENCY_STATUS;
 use super::routes::RouteRt;
 use super::shared::Shared;
-use crate::otel::{RequestTrace, Send};
+use crate::otel::{RequestTrace, SendSpan};
 use crate::problem::ProblemKind;
 use crate::store::TraceRef;
 
@@ -294,7 +294,7 @@ impl<'a> Upstream<'a> {
 
     /// A traced send's CLIENT span, its `traceparent` put on `req` (any the
     /// sender sent is replaced); the first send takes the planned span ID.
-    fn send_span(&self, req: &mut RequestHeader, resent: bool) -> Option<Send> {
+    fn send_span(&self, req: &mut RequestHeader, resent: bool) -> Option<SendSpan> {
         let trace = self.trace?;
         let planned = if resent { None } else { self.planned };
         let send = trace.send(planned, &req.method, send_attributes(self.route, resent));
@@ -329,7 +329,7 @@ impl<'a> Upstream<'a> {
 
 /// A send's end on its CLIENT span: the status, or the failure's class.
 fn sent<T>(
-    send: Option<Send>,
+    send: Option<SendSpan>,
     result: Result<(T, ResponseHeader), UpstreamFailure>,
 ) -> Result<(T, ResponseHeader), UpstreamFailure> {
     if let Some(send) = send {
@@ -358,7 +358,7 @@ pub fn send_attributes(route: &RouteRt, resent: bool) -> Vec<opentelemetry::KeyV
 
 /// The send's `traceparent` (and `tracestate`, or none) on the request the
 /// upstream gets, replacing the sender's.
-pub fn put_trace_headers(req: &mut RequestHeader, send: &Send) -> pingora::Result<()> {
+pub fn put_trace_headers(req: &mut RequestHeader, send: &SendSpan) -> pingora::Result<()> {
     let (parent, state) = send.headers();
     req.insert_header("traceparent", parent)?;
     match state {

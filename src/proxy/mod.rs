@@ -73,7 +73,7 @@ pub struct RequestCtx {
     /// `logging`. `None` without tracing.
     trace: Option<crate::otel::RequestTrace>,
     /// pingora's path: the send's CLIENT span.
-    send: Option<crate::otel::Send>,
+    send: Option<crate::otel::SendSpan>,
 }
 
 impl RequestCtx {
