@@ -1,14 +1,13 @@
-//! The OTLP exporter's HTTP client: a small [`HttpClient`] over pingora's
+//! The OTLP/HTTP client: one `POST` of a protobuf body over pingora's
 //! connector, which the tree has already (the consumer's questions use it
 //! too), instead of a second HTTP stack (reqwest or hyper). It runs on the
-//! exporter's own thread ([`super::export`]), one request at a time, and
-//! keeps its connection to the collector between batches.
+//! export thread ([`super::export`]), one request at a time, and keeps its
+//! connection to the collector between batches.
 
 use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use opentelemetry_http::{HttpClient, HttpError, Request, Response};
 use pingora::connectors::http::Connector;
 use pingora::http::RequestHeader;
 use pingora::upstreams::peer::HttpPeer;
@@ -45,10 +44,11 @@ impl Collector {
         }
     }
 
-    async fn peer(&self) -> Result<HttpPeer, HttpError> {
+    async fn peer(&self) -> Result<HttpPeer, String> {
         let t = &self.target;
         let addr = tokio::net::lookup_host((t.host.as_str(), t.port))
-            .await?
+            .await
+            .map_err(|e| format!("the collector's host name did not resolve: {e}"))?
             .next()
             .ok_or("the collector's host name did not resolve")?;
         let mut peer = HttpPeer::new(addr, t.tls, t.host.clone());
@@ -60,45 +60,58 @@ impl Collector {
         o.idle_timeout = Some(Duration::from_secs(30));
         Ok(peer)
     }
-}
 
-#[async_trait::async_trait]
-impl HttpClient for Collector {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+    /// `POST`s `body` (an OTLP protobuf export request) to `path` with
+    /// `headers`; `Ok` once the collector answered 2xx.
+    pub async fn post(
+        &self,
+        path: &str,
+        headers: &[(http::HeaderName, http::HeaderValue)],
+        body: Vec<u8>,
+    ) -> Result<(), String> {
         let peer = self.peer().await?;
-        let (parts, body) = request.into_parts();
-        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut req = RequestHeader::build(parts.method, path.as_bytes(), None)?;
-        req.insert_header(http::header::HOST, self.target.host_header.clone())?;
-        for (name, value) in &parts.headers {
-            req.append_header(name.clone(), value.clone())?;
+        let e = |e: Box<pingora::Error>| e.to_string();
+        let mut req = RequestHeader::build(http::Method::POST, path.as_bytes(), None).map_err(e)?;
+        req.insert_header(http::header::HOST, self.target.host_header.clone())
+            .map_err(e)?;
+        req.insert_header(http::header::CONTENT_TYPE, "application/x-protobuf")
+            .map_err(e)?;
+        for (name, value) in headers {
+            req.append_header(name.clone(), value.clone()).map_err(e)?;
         }
-        req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
-        let (mut session, _reused) = self.connector.get_http_session(&peer).await?;
-        session.write_request_header(Box::new(req)).await?;
-        session.write_request_body(body, true).await?;
-        session.finish_request_body().await?;
-        session.read_response_header().await?;
-        let header = session
+        req.insert_header(http::header::CONTENT_LENGTH, body.len())
+            .map_err(e)?;
+        let (mut session, _reused) = self.connector.get_http_session(&peer).await.map_err(e)?;
+        session
+            .write_request_header(Box::new(req))
+            .await
+            .map_err(e)?;
+        session
+            .write_request_body(Bytes::from(body), true)
+            .await
+            .map_err(e)?;
+        session.finish_request_body().await.map_err(e)?;
+        session.read_response_header().await.map_err(e)?;
+        let status = session
             .response_header()
             .ok_or("the collector sent no response header")?
-            .clone();
-        let mut answer = Vec::new();
-        while let Some(chunk) = session.read_response_body().await? {
-            if answer.len() + chunk.len() > MAX_ANSWER {
+            .status;
+        let mut read = 0;
+        while let Some(chunk) = session.read_response_body().await.map_err(e)? {
+            read += chunk.len();
+            if read > MAX_ANSWER {
                 session.shutdown().await;
                 return Err("the collector's answer is over 64 KiB".into());
             }
-            answer.extend_from_slice(&chunk);
         }
         // read to its end: kept for the next batch if the collector lets it
         self.connector
             .release_http_session(session, &peer, peer.options.idle_timeout)
             .await;
-        let mut response = Response::builder().status(header.status);
-        for (name, value) in header.headers.iter() {
-            response = response.header(name, value);
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("the collector answered {status}"))
         }
-        Ok(response.body(Bytes::from(answer))?)
     }
 }

@@ -1,6 +1,6 @@
-//! Spans leave the request path here: [`Queue`] is the SDK's span
-//! processor, which puts each finished span on a bounded queue (at most
-//! [`QUEUE`] waiting) and never waits; [`Exporter`] is a thread of its own
+//! Spans leave the request path here: [`Queue`] takes each finished
+//! request's spans ([`TraceRecord`]) onto a queue that holds at most
+//! [`QUEUE`] spans and never waits; [`Exporter`] is a thread of its own
 //! with a small runtime that takes them off in batches and sends each batch
 //! to the collector (OTLP/HTTP, protobuf) within [`EXPORT_WITHIN`].
 //!
@@ -10,72 +10,85 @@
 //! request that made it never knows. No retry: a batch retried is a
 //! queue that fills behind it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use opentelemetry::Context;
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
-use opentelemetry_sdk::Resource;
 use prometheus::IntCounter;
 use tokio::sync::{mpsc, Notify};
 
+use super::client::Collector;
+use super::record::{encode, TraceRecord};
+
 /// Spans waiting to be exported, at most (SPEC §19).
 const QUEUE: usize = 2048;
-/// Spans per export, at most.
+/// Spans per export, at most (a request's spans are not split).
 const BATCH: usize = 512;
 /// How long a batch waits to fill after its first span.
 const GATHER: Duration = Duration::from_secs(1);
 /// A batch the collector did not take within this is dropped.
 pub const EXPORT_WITHIN: Duration = Duration::from_secs(5);
 
-/// The SDK's span processor: finished, sampled spans onto the queue.
-#[derive(Debug)]
+/// Where finished requests' spans go; clones share the queue.
+#[derive(Clone)]
 pub struct Queue {
-    tx: mpsc::Sender<SpanData>,
+    tx: mpsc::UnboundedSender<TraceRecord>,
+    /// Spans on the queue now: the bound is in spans, a request's spans
+    /// travel together.
+    queued: Arc<AtomicUsize>,
     dropped: IntCounter,
-    /// Told at the provider's shutdown: send what is queued, then stop.
-    stop: Arc<Notify>,
 }
 
-impl SpanProcessor for Queue {
-    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        if span.span_context.is_sampled() && self.tx.try_send(span).is_err() {
-            self.dropped.inc();
+impl Queue {
+    /// Queues a request's spans, or drops and counts them if they would
+    /// take the queue over [`QUEUE`] spans (or the thread is gone).
+    pub fn push(&self, trace: TraceRecord) {
+        let n = trace.spans.len();
+        if self.queued.fetch_add(n, Ordering::Relaxed) + n > QUEUE {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            self.dropped.inc_by(n as u64);
+            return;
+        }
+        if self.tx.send(trace).is_err() {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            self.dropped.inc_by(n as u64);
         }
     }
+}
 
-    fn force_flush(&self) -> OTelSdkResult {
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        self.stop.notify_one();
-        Ok(())
-    }
+/// What an export is sent with.
+pub struct Target {
+    pub collector: Collector,
+    /// The path and the configured headers.
+    pub path: String,
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The resource's attributes (`service.name`, `service.instance.id`).
+    pub resource: Vec<opentelemetry::KeyValue>,
 }
 
 /// The export thread; stopped (what is queued sent, within
-/// [`EXPORT_WITHIN`]) once every [`Queue`] is gone and [`Exporter::stop`]
-/// is called.
+/// [`EXPORT_WITHIN`]) by [`Exporter::stop`].
 pub struct Exporter {
     thread: Mutex<Option<JoinHandle<()>>>,
+    stop: Arc<Notify>,
 }
 
 impl Exporter {
-    /// The queue and the thread that empties it into `exporter`, which is
-    /// made on that thread's runtime (the HTTP client's connections live
-    /// there).
-    pub fn start<E, F>(make: F, resource: Resource, dropped: IntCounter) -> (Queue, Exporter)
+    /// The queue and the thread that empties it to the collector `make`
+    /// names; the collector's client is made on that thread's runtime (its
+    /// connections live there).
+    pub fn start<F>(make: F, dropped: IntCounter) -> (Queue, Exporter)
     where
-        E: SpanExporter + 'static,
-        F: FnOnce() -> Option<E> + Send + 'static,
+        F: FnOnce() -> Target + Send + 'static,
     {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let counter = dropped.clone();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let queue = Queue {
+            tx,
+            queued: queued.clone(),
+            dropped: dropped.clone(),
+        };
         let stop = Arc::new(Notify::new());
         let told = stop.clone();
         let thread = std::thread::Builder::new()
@@ -92,25 +105,24 @@ impl Exporter {
                     }
                 };
                 rt.block_on(async move {
-                    let exporter = make().map(|mut e| {
-                        e.set_resource(&resource);
-                        e
-                    });
-                    run(rx, exporter, counter, told).await
+                    let taken = Taken { rx, queued };
+                    run(taken, make(), dropped, told).await
                 });
             })
             .ok();
         (
-            Queue { tx, dropped, stop },
+            queue,
             Exporter {
                 thread: Mutex::new(thread),
+                stop,
             },
         )
     }
 
-    /// Waits for the thread to send what is queued (call after the
-    /// provider, and so every [`Queue`], is dropped), at most `within`.
+    /// Tells the thread to send what is queued and stop, and waits for it
+    /// at most `within`.
     pub fn stop(&self, within: Duration) {
+        self.stop.notify_one();
         let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) else {
             return;
         };
@@ -124,61 +136,79 @@ impl Exporter {
     }
 }
 
-/// Batches off the queue until the provider stops: a batch is sent when
-/// it has [`BATCH`] spans, or [`GATHER`] after its first; at the stop, what
-/// is queued is sent at once. Without an exporter every span is dropped.
-async fn run<E: SpanExporter>(
-    mut rx: mpsc::Receiver<SpanData>,
-    exporter: Option<E>,
-    dropped: IntCounter,
-    stop: Arc<Notify>,
-) {
+/// The queue's receiving end, which gives the spans' places back.
+struct Taken {
+    rx: mpsc::UnboundedReceiver<TraceRecord>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Taken {
+    fn took(&self, t: Option<TraceRecord>) -> Option<TraceRecord> {
+        if let Some(t) = &t {
+            self.queued.fetch_sub(t.spans.len(), Ordering::Relaxed);
+        }
+        t
+    }
+
+    async fn next(&mut self) -> Option<TraceRecord> {
+        let t = self.rx.recv().await;
+        self.took(t)
+    }
+
+    fn now(&mut self) -> Option<TraceRecord> {
+        let t = self.rx.try_recv().ok();
+        self.took(t)
+    }
+}
+
+/// Batches off the queue until the stop: a batch is sent when it has
+/// [`BATCH`] spans, or [`GATHER`] after its first; at the stop, what is
+/// queued is sent at once.
+async fn run(mut queue: Taken, target: Target, dropped: IntCounter, stop: Arc<Notify>) {
     let mut failing = FailureLog::default();
     let mut stopping = false;
     loop {
         let first = if stopping {
-            rx.try_recv().ok()
+            queue.now()
         } else {
             tokio::select! {
-                span = rx.recv() => span,
+                t = queue.next() => t,
                 _ = stop.notified() => {
                     stopping = true;
-                    rx.try_recv().ok()
+                    queue.now()
                 }
             }
         };
         let Some(first) = first else {
             return;
         };
-        let mut batch = Vec::with_capacity(BATCH);
-        batch.push(first);
+        let mut spans = first.spans.len();
+        let mut batch = vec![first];
         let until = tokio::time::Instant::now() + GATHER;
-        while batch.len() < BATCH {
-            if stopping {
-                match rx.try_recv() {
-                    Ok(span) => batch.push(span),
-                    Err(_) => break,
+        while spans < BATCH {
+            let next = if stopping {
+                queue.now()
+            } else {
+                tokio::select! {
+                    t = tokio::time::timeout_at(until, queue.next()) => t.ok().flatten(),
+                    _ = stop.notified() => {
+                        stopping = true;
+                        continue;
+                    }
                 }
-                continue;
-            }
-            tokio::select! {
-                span = tokio::time::timeout_at(until, rx.recv()) => match span {
-                    Ok(Some(span)) => batch.push(span),
-                    Ok(None) | Err(_) => break,
-                },
-                _ = stop.notified() => stopping = true,
-            }
+            };
+            let Some(t) = next else { break };
+            spans += t.spans.len();
+            batch.push(t);
         }
-        let n = batch.len() as u64;
-        let Some(exporter) = &exporter else {
-            dropped.inc_by(n);
-            continue;
-        };
-        match tokio::time::timeout(EXPORT_WITHIN, exporter.export(batch)).await {
+        let n = spans as u64;
+        let body = encode(batch, &target.resource);
+        let sent = target.collector.post(&target.path, &target.headers, body);
+        match tokio::time::timeout(EXPORT_WITHIN, sent).await {
             Ok(Ok(())) => failing.recovered(),
             Ok(Err(e)) => {
                 dropped.inc_by(n);
-                failing.failed(n, &e.to_string());
+                failing.failed(n, &e);
             }
             Err(_) => {
                 dropped.inc_by(n);
