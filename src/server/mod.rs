@@ -35,6 +35,7 @@ use crate::store::ClaimStore;
 use crate::sweeper::Sweeper;
 use stopping::UntilExit;
 use upgrade::{KeepFds, SharedFds, SignalError, Signals};
+use wrap::Wrapped;
 
 /// Why the server could not start. `Display` is the line the CLI prints.
 #[derive(Debug, thiserror::Error)]
@@ -265,7 +266,10 @@ fn add_services(
         ListenerConfig::tcp(config.listen.to_string())
             .l4_buffer(L4BufferSettings::default().read(listener::L4_READ_BUFFER)),
     );
-    server.add_service(KeepFds { inner: proxy, fds });
+    server.add_service(Wrapped {
+        inner: proxy,
+        at_start: KeepFds { fds },
+    });
     server.add_service(background_service("client connections", reaper));
 
     let mut admin = Service::new(
@@ -289,10 +293,12 @@ fn add_services(
         },
     );
     admin.add_tcp(&config.admin_listen.to_string());
-    server.add_service(UntilExit {
+    server.add_service(Wrapped {
         inner: admin,
-        stopping,
-        in_flight: in_flight.clone(),
+        at_start: UntilExit {
+            stopping,
+            in_flight: in_flight.clone(),
+        },
     });
 
     let route_state = RouteState {

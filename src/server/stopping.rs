@@ -9,32 +9,22 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use pingora::server::{ListenFds, ShutdownWatch};
-use pingora::services::{ServiceReadyNotifier, ServiceWithDependents};
 
-use super::wrap::delegate_to_inner;
+use super::wrap::AtStart;
 use crate::proxy::InFlightRequests;
 
-/// The admin service, given a shutdown signal of its own: it is told to stop
-/// only after a hand-over; otherwise it serves until the process exits.
-/// `stopping` is set as soon as pingora's stop begins (the admin's
+/// For the admin service, a shutdown signal of its own: it is told to
+/// stop only after a hand-over; otherwise it serves until the process
+/// exits. `stopping` is set as soon as pingora's stop begins (the admin's
 /// `/readyz` reads it).
-pub struct UntilExit<S> {
-    pub inner: S,
+pub struct UntilExit {
     pub stopping: Arc<AtomicBool>,
     pub in_flight: Arc<InFlightRequests>,
 }
 
-#[async_trait]
-impl<S: ServiceWithDependents> ServiceWithDependents for UntilExit<S> {
-    async fn start_service(
-        &mut self,
-        fds: Option<ListenFds>,
-        shutdown: ShutdownWatch,
-        listeners_per_fd: usize,
-        ready_notifier: ServiceReadyNotifier,
-    ) {
+impl AtStart for UntilExit {
+    fn starting(&self, _: Option<&ListenFds>, shutdown: ShutdownWatch) -> ShutdownWatch {
         let (own, own_watch) = tokio::sync::watch::channel(false);
         let (stopping, in_flight) = (self.stopping.clone(), self.in_flight.clone());
         tokio::spawn(async move {
@@ -51,10 +41,6 @@ impl<S: ServiceWithDependents> ServiceWithDependents for UntilExit<S> {
             std::future::pending::<()>().await;
             drop(own);
         });
-        self.inner
-            .start_service(fds, own_watch, listeners_per_fd, ready_notifier)
-            .await
+        own_watch
     }
-
-    delegate_to_inner!();
 }

@@ -11,10 +11,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pingora::server::{ListenFds, ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
-use pingora::services::{ServiceReadyNotifier, ServiceWithDependents};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::wrap::delegate_to_inner;
+use super::wrap::AtStart;
 use crate::proxy::InFlightRequests;
 
 /// How long SIGQUIT waits for a new `serve --upgrade` to appear on
@@ -199,31 +198,19 @@ fn is_socket(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
 }
 
-/// The proxy service, keeping hold of pingora's table of listening sockets
-/// (shared by every service) for the hand-over on SIGQUIT.
-pub struct KeepFds<S> {
-    pub inner: S,
+/// For the proxy service: keeps hold of pingora's table of listening
+/// sockets (shared by every service) for the hand-over on SIGQUIT.
+pub struct KeepFds {
     pub fds: SharedFds,
 }
 
-#[async_trait]
-impl<S: ServiceWithDependents> ServiceWithDependents for KeepFds<S> {
-    async fn start_service(
-        &mut self,
-        fds: Option<ListenFds>,
-        shutdown: ShutdownWatch,
-        listeners_per_fd: usize,
-        ready_notifier: ServiceReadyNotifier,
-    ) {
-        if let Some(f) = &fds {
+impl AtStart for KeepFds {
+    fn starting(&self, fds: Option<&ListenFds>, shutdown: ShutdownWatch) -> ShutdownWatch {
+        if let Some(f) = fds {
             let _ = self.fds.set(f.clone());
         }
-        self.inner
-            .start_service(fds, shutdown, listeners_per_fd, ready_notifier)
-            .await
+        shutdown
     }
-
-    delegate_to_inner!();
 }
 
 /// Under systemd (`Type=notify`, `NotifyAccess=all`, `NOTIFY_SOCKET` set):

@@ -493,15 +493,7 @@ impl Backend for MemoryStore {
             return Ok(ResolveOutcome::NotAmbiguous(e.record.state));
         }
         match req.how {
-            Resolution::Delivered { status } => {
-                let r = &mut e.record;
-                r.state = State::Delivered;
-                r.last_status = Some(i64::from(status));
-                r.last_error = None;
-                r.lease_until = None;
-                r.delivered_at = Some(req.now);
-                e.touch(req.now);
-            }
+            Resolution::Delivered { status } => delivered_by_word(e, status, req.now),
             Resolution::Failed => {
                 release_to_failed(e, "resolved by an operator as not done", req.now)
             }
@@ -634,15 +626,7 @@ impl Backend for MemoryStore {
         let extra = e.questions.len().saturating_sub(kept);
         e.questions.drain(..extra);
         match req.learned {
-            Learned::Done { status } => {
-                let r = &mut e.record;
-                r.state = State::Delivered;
-                r.last_status = Some(i64::from(status));
-                r.last_error = None;
-                r.lease_until = None;
-                r.delivered_at = Some(req.now);
-                e.touch(req.now);
-            }
+            Learned::Done { status } => delivered_by_word(e, status, req.now),
             Learned::NotDone => release_to_failed(
                 e,
                 "the consumer said it never acted on it (reconciled)",
@@ -675,6 +659,19 @@ impl Backend for MemoryStore {
     }
 
     async fn close(&self) {}
+}
+
+/// A record found delivered with `status` (an operator's resolve, the
+/// consumer's answer to a question), its lease gone, its retention span
+/// kept from `now` on.
+fn delivered_by_word(e: &mut Entry, status: u16, now: Millis) {
+    let r = &mut e.record;
+    r.state = State::Delivered;
+    r.last_status = Some(i64::from(status));
+    r.last_error = None;
+    r.lease_until = None;
+    r.delivered_at = Some(now);
+    e.touch(now);
 }
 
 /// A record released by hand to `failed`, its lease gone, its retention

@@ -781,8 +781,7 @@ fn an_ambiguous_event_is_reconciled_from_the_console() {
     let Some(b) = Browser::start() else {
         return;
     };
-    let up = crate::reconcile::consumer();
-    let (ts, px) = crate::reconcile::start("console-reconcile", &up, "1h");
+    let (_up, ts, px) = crate::reconcile::start("console-reconcile", "1h");
     let id = eid("slow");
     crate::reconcile::make_ambiguous(&px, &ts.url, &id);
     b.goto(&format!("http://{}/#/event/r/{}", px.admin, enc(&id)));

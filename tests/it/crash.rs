@@ -32,6 +32,43 @@ enum Crash {
     RandomKill(u64),
 }
 
+impl Crash {
+    /// The armed binary's `IDEMGATE_FAILPOINT` that makes it.
+    fn failpoint(self) -> &'static str {
+        match self {
+            Crash::BeforeClaim => "before_claim",
+            Crash::AfterClaim => "after_claim",
+            Crash::AfterUpstream => "after_upstream",
+            Crash::RandomKill(_) => "",
+        }
+    }
+}
+
+/// Delivers `id` through an armed process that dies as `crash` says: the
+/// sender's answer, if any (the process reaped either way).
+fn deliver_and_crash(
+    dir: &TempDir,
+    store: &str,
+    routes: &str,
+    id: &str,
+    crash: Crash,
+) -> std::io::Result<Response> {
+    let env = [("IDEMGATE_FAILPOINT", crash.failpoint())];
+    let mut doomed = Proxy::start_bin(armed(), dir, store, routes, &env);
+    let addr = doomed.addr;
+    let sender = {
+        let id = id.to_owned();
+        std::thread::spawn(move || kit::deliver(addr, "/hooks/c", Some(&id), b"{\"crash\":true}"))
+    };
+    if let Crash::RandomKill(ms) = crash {
+        std::thread::sleep(Duration::from_millis(ms));
+        doomed.kill();
+    }
+    let answer = sender.join().unwrap();
+    doomed.kill(); // reaps an aborted process; no-op otherwise
+    answer
+}
+
 const LEASE: Duration = Duration::from_millis(1500);
 
 fn routes(up: &Consumer, on_ambiguous: &str) -> String {
@@ -104,27 +141,7 @@ fn crash_suite(on_ambiguous: &str) -> Tally {
         };
         let id = eid("crash");
         up.hold(&id, 200, Duration::from_millis(150));
-        let failpoint = match crash {
-            Crash::BeforeClaim => "before_claim",
-            Crash::AfterClaim => "after_claim",
-            Crash::AfterUpstream => "after_upstream",
-            Crash::RandomKill(_) => "",
-        };
-        let env = [("IDEMGATE_FAILPOINT", failpoint)];
-        let mut doomed = Proxy::start_bin(armed(), &dir, &store, &routes, &env);
-        let addr = doomed.addr;
-        let sender = {
-            let id = id.clone();
-            std::thread::spawn(move || {
-                kit::deliver(addr, "/hooks/c", Some(&id), b"{\"crash\":true}")
-            })
-        };
-        if let Crash::RandomKill(ms) = crash {
-            std::thread::sleep(Duration::from_millis(ms));
-            doomed.kill();
-        }
-        let first = sender.join().unwrap();
-        doomed.kill(); // reaps an aborted process; no-op otherwise
+        let first = deliver_and_crash(&dir, &store, &routes, &id, crash);
         tally.sent += 1;
         let ended = if first.as_ref().is_ok_and(|r| r.status == 200) {
             Ended::Delivered(0)
@@ -417,27 +434,8 @@ fn crash_runs(
             1 => Crash::AfterUpstream,
             _ => Crash::RandomKill(rng.next() % 300),
         };
-        let failpoint = match crash {
-            Crash::AfterClaim => "after_claim",
-            Crash::AfterUpstream => "after_upstream",
-            _ => "",
-        };
         let id = eid("rec-crash");
-        let env = [("IDEMGATE_FAILPOINT", failpoint)];
-        let mut doomed = Proxy::start_bin(armed(), dir, store, routes, &env);
-        let addr = doomed.addr;
-        let sender = {
-            let id = id.clone();
-            std::thread::spawn(move || {
-                kit::deliver(addr, "/hooks/c", Some(&id), b"{\"crash\":true}")
-            })
-        };
-        if let Crash::RandomKill(ms) = crash {
-            std::thread::sleep(Duration::from_millis(ms));
-            doomed.kill();
-        }
-        let _ = sender.join().unwrap();
-        doomed.kill();
+        let _ = deliver_and_crash(dir, store, routes, &id, crash);
         crashed.push((id, crash, Instant::now()));
     }
     crashed

@@ -17,7 +17,7 @@ use crate::raw_upstream::{response, upstream, Behavior, Server};
 const ASK_TOKEN: &str = "Bearer reconcile-secret";
 
 /// The consumer: see the module doc.
-pub(crate) fn consumer() -> Server {
+fn consumer() -> Server {
     let posts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     upstream(move |req, _| {
         if req.method == "GET" {
@@ -69,11 +69,12 @@ fn start_on(ts: &TestStore, up: &Server, every: &str) -> Proxy {
     Proxy::start_with_env(&ts.dir, &ts.url, &routes, &env)
 }
 
-/// [`start_on`] a fresh SQLite store.
-pub(crate) fn start(tag: &str, up: &Server, every: &str) -> (TestStore, Proxy) {
+/// The [`consumer`], and a proxy [`start_on`] a fresh SQLite store.
+pub(crate) fn start(tag: &str, every: &str) -> (Server, TestStore, Proxy) {
+    let up = consumer();
     let ts = TestStore::sqlite(tag);
-    let px = start_on(&ts, up, every);
-    (ts, px)
+    let px = start_on(&ts, &up, every);
+    (up, ts, px)
 }
 
 /// Delivers `id` once, past the timeout: the record is ambiguous.
@@ -90,6 +91,13 @@ fn questions(up: &Server, id: &str) -> Vec<testkit::Request> {
         .collect()
 }
 
+/// `idemgate_reconciliations_total` of route `r` with `result`.
+fn reconciliations(px: &Proxy, result: &str) -> f64 {
+    px.metric(&format!(
+        "idemgate_reconciliations_total{{result=\"{result}\",route=\"r\"}}"
+    ))
+}
+
 fn history(store: &str, id: &str) -> Vec<serde_json::Value> {
     show(store, "r", id)["history"]
         .as_array()
@@ -101,8 +109,7 @@ fn history(store: &str, id: &str) -> Vec<serde_json::Value> {
 /// is delivered with `delivered_status`, the question is in its history.
 #[test]
 fn found_done_the_retry_is_replayed() {
-    let up = consumer();
-    let (ts, px) = start("rec-done", &up, "1h");
+    let (up, ts, px) = start("rec-done", "1h");
     let store = ts.url.clone();
     let zero = "idemgate_reconciliations_total{result=\"unknown\",route=\"r\"} 0";
     assert!(px.metrics().contains(zero), "at zero from the start");
@@ -136,17 +143,13 @@ fn found_done_the_retry_is_replayed() {
     let asked = questions(&up, &id);
     assert_eq!(asked.len(), 1);
     assert_eq!(asked[0].header("authorization"), Some(ASK_TOKEN));
-    assert_eq!(
-        px.metric("idemgate_reconciliations_total{result=\"delivered\",route=\"r\"}"),
-        1.0
-    );
+    assert_eq!(reconciliations(&px, "delivered"), 1.0);
 }
 
 /// Found not done: the retry is forwarded as attempt 2 with the same key.
 #[test]
 fn found_not_done_the_retry_is_forwarded_as_attempt_2() {
-    let up = consumer();
-    let (ts, px) = start("rec-undone", &up, "1h");
+    let (up, ts, px) = start("rec-undone", "1h");
     let store = ts.url.clone();
     let id = eid("slow-said-undone");
     make_ambiguous(&px, &store, &id);
@@ -165,10 +168,7 @@ fn found_not_done_the_retry_is_forwarded_as_attempt_2() {
         "{h:?}"
     );
     assert_eq!(up.count(&id), 2, "forwarded again");
-    assert_eq!(
-        px.metric("idemgate_reconciliations_total{result=\"failed\",route=\"r\"}"),
-        1.0
-    );
+    assert_eq!(reconciliations(&px, "failed"), 1.0);
 }
 
 /// Another status, no answer within `timeout`, a refused connection: the
@@ -176,8 +176,7 @@ fn found_not_done_the_retry_is_forwarded_as_attempt_2() {
 /// `timeout` and a little), each question recorded as reconcile_unknown.
 #[test]
 fn unknown_answers_leave_it_ambiguous() {
-    let up = consumer();
-    let (ts, px) = start("rec-unknown", &up, "1h");
+    let (up, ts, px) = start("rec-unknown", "1h");
     let store = ts.url.clone();
     for (tag, said) in [
         ("slow-said-err", "unknown: the consumer answered 500"),
@@ -197,10 +196,7 @@ fn unknown_answers_leave_it_ambiguous() {
         assert_eq!(h.last().unwrap()["result"], "reconcile_unknown", "{h:?}");
         assert_eq!(h.last().unwrap()["error"], said, "{h:?}");
     }
-    assert_eq!(
-        px.metric("idemgate_reconciliations_total{result=\"unknown\",route=\"r\"}"),
-        2.0
-    );
+    assert_eq!(reconciliations(&px, "unknown"), 2.0);
     drop(px);
 
     // a consumer that does not listen
@@ -232,8 +228,7 @@ fn unknown_answers_leave_it_ambiguous() {
 /// The background asks without any delivery, every `every`.
 #[test]
 fn the_background_resolves_without_a_delivery() {
-    let up = consumer();
-    let (ts, px) = start("rec-background", &up, "1s");
+    let (up, ts, px) = start("rec-background", "1s");
     let store = ts.url.clone();
     let (done, undone, unknown) = (eid("slow"), eid("slow-said-undone"), eid("slow-said-err"));
     for id in [&done, &undone, &unknown] {
@@ -296,8 +291,7 @@ on_both_stores!(two_processes("rec-two"): two_processes_ask_at_most_once_per_eve
 /// `events reconcile` and the API ask now and say what they learned.
 #[test]
 fn the_cli_and_the_api() {
-    let up = consumer();
-    let (ts, px) = start("rec-cli", &up, "1h");
+    let (_up, ts, px) = start("rec-cli", "1h");
     let store = ts.url.clone();
     let (a, b, c) = (eid("slow"), eid("slow-said-undone"), eid("slow-said-err"));
     for id in [&a, &b, &c] {
@@ -305,37 +299,27 @@ fn the_cli_and_the_api() {
     }
     let config = px.config_path.display().to_string();
     let env = [("ASK_TOKEN", ASK_TOKEN), ("IDEMGATE_ADMIN_TOKEN", TOKEN)];
-    let (code, out, err) = cli_env(
-        &[
+    // `events reconcile` on route r, and `more`
+    let reconcile = |more: &[&str]| {
+        let mut args = vec![
             "events",
             "reconcile",
             "--store",
-            &store,
+            store.as_str(),
             "--config",
-            &config,
+            config.as_str(),
             "--route",
             "r",
-            &a,
-        ],
-        &env,
-    );
+        ];
+        args.extend(more);
+        cli_env(&args, &env)
+    };
+    let (code, out, err) = reconcile(&[&a]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&format!("{a}: delivered")), "{out}");
     assert_state(&store, "r", &a, "delivered", 1);
     // every ambiguous record of the route
-    let (code, out, err) = cli_env(
-        &[
-            "events",
-            "reconcile",
-            "--store",
-            &store,
-            "--config",
-            &config,
-            "--route",
-            "r",
-        ],
-        &env,
-    );
+    let (code, out, err) = reconcile(&[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&format!("{b}: failed")), "{out}");
     assert!(
@@ -401,8 +385,7 @@ fn check_refuses_reconcile_without_hold() {
 /// change neither the path nor the host the question goes to.
 #[test]
 fn the_event_id_cannot_steer_the_question() {
-    let up = consumer();
-    let (ts, px) = start("rec-encode", &up, "1h");
+    let (up, ts, px) = start("rec-encode", "1h");
     let store = ts.url.clone();
     let id = format!("{}/../../admin?x=1#f@evil.example:80%41", eid("slow"));
     make_ambiguous(&px, &store, &id);

@@ -46,26 +46,35 @@ async fn sqlite_backend() -> Backend {
     }
 }
 
-/// The 3-shard cluster every valkey case shares (started once; its nodes
-/// die with the test process), and the turn that keeps the cases apart:
-/// each flushes it first.
+/// A server that every case of one valkey module shares (`start`ed once
+/// into `server`; its nodes die with the test process), and the `turn`
+/// that keeps the cases apart: each flushes it first. Its URL.
+async fn valkey_turn_on(
+    server: &'static std::sync::OnceLock<Option<common::valkey::Valkey>>,
+    turn: &'static tokio::sync::Mutex<()>,
+    start: fn() -> Option<common::valkey::Valkey>,
+) -> Option<(tokio::sync::MutexGuard<'static, ()>, String)> {
+    let turn = turn.lock().await;
+    let url = tokio::task::spawn_blocking(move || {
+        server.get_or_init(start).as_ref().map(|v| {
+            v.flush();
+            v.url("replicas=1")
+        })
+    })
+    .await
+    .unwrap()?;
+    Some((turn, url))
+}
+
+/// The 3-shard cluster every valkey case shares.
 async fn valkey_turn() -> Option<(tokio::sync::MutexGuard<'static, ()>, String)> {
     static CLUSTER: std::sync::OnceLock<Option<common::valkey::Valkey>> =
         std::sync::OnceLock::new();
     static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let turn = TURN.lock().await;
-    let cluster = tokio::task::spawn_blocking(|| {
-        CLUSTER
-            .get_or_init(|| common::valkey::Valkey::cluster("contract"))
-            .as_ref()
-            .map(|v| {
-                v.flush();
-                v.url("replicas=1")
-            })
+    valkey_turn_on(&CLUSTER, &TURN, || {
+        common::valkey::Valkey::cluster("contract")
     })
     .await
-    .unwrap()?;
-    Some((turn, cluster))
 }
 
 /// A server not in cluster mode with one replica (SPEC §18: "used as one
@@ -73,19 +82,10 @@ async fn valkey_turn() -> Option<(tokio::sync::MutexGuard<'static, ()>, String)>
 async fn valkey_single_turn() -> Option<(tokio::sync::MutexGuard<'static, ()>, String)> {
     static SERVER: std::sync::OnceLock<Option<common::valkey::Valkey>> = std::sync::OnceLock::new();
     static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let turn = TURN.lock().await;
-    let url = tokio::task::spawn_blocking(|| {
-        SERVER
-            .get_or_init(|| common::valkey::Valkey::single("contract-single", 1))
-            .as_ref()
-            .map(|v| {
-                v.flush();
-                v.url("replicas=1")
-            })
+    valkey_turn_on(&SERVER, &TURN, || {
+        common::valkey::Valkey::single("contract-single", 1)
     })
     .await
-    .unwrap()?;
-    Some((turn, url))
 }
 
 async fn valkey_backend(url: String) -> Backend {
@@ -1957,81 +1957,49 @@ async fn memory_backend() -> Backend {
     }
 }
 
+/// One test per case on the backend `$open` gives: `Some` of what holds
+/// the backend's turn (if anything) and the backend, `None` to skip.
+macro_rules! cases_on {
+    ($open:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let Some((_turn, b)) = $open else { return };
+                super::cases::$case(&b).await;
+                b.store.close().await;
+            }
+        )*
+    };
+}
+
+/// A Valkey backend on `turn`'s server, the turn kept with it.
+async fn on_valkey<T>(turn: Option<(T, String)>) -> Option<(T, Backend)> {
+    let (turn, url) = turn?;
+    Some((turn, valkey_backend(url).await))
+}
+
 /// Runs every case once per backend, each on a fresh database; the cases
 /// after `sql only:` need a database a second connection can open.
 macro_rules! contract {
     ($($case:ident),* $(,)?; sql only: $($sql_case:ident),* $(,)?) => {
         mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    let b = super::sqlite_backend().await;
-                    super::cases::$case(&b).await;
-                    b.store.close().await;
-                }
-            )*
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $sql_case() {
-                    let b = super::sqlite_backend().await;
-                    super::cases::$sql_case(&b).await;
-                    b.store.close().await;
-                }
-            )*
+            cases_on!(Some(((), super::sqlite_backend().await)); $($case,)* $($sql_case),*);
         }
         mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    let Some(b) = super::postgres_backend().await else { return };
-                    super::cases::$case(&b).await;
-                    b.store.close().await;
-                }
-            )*
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $sql_case() {
-                    let Some(b) = super::postgres_backend().await else { return };
-                    super::cases::$sql_case(&b).await;
-                    b.store.close().await;
-                }
-            )*
+            cases_on!(super::postgres_backend().await.map(|b| ((), b)); $($case,)* $($sql_case),*);
         }
         mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    let b = super::memory_backend().await;
-                    super::cases::$case(&b).await;
-                    b.store.close().await;
-                }
-            )*
+            cases_on!(Some(((), super::memory_backend().await)); $($case),*);
         }
         /// On a 3-shard Valkey cluster (three primaries, a replica each):
         /// the cases the model runs (no second connection to a database).
         mod valkey {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    let Some((_turn, url)) = super::valkey_turn().await else { return };
-                    let b = super::valkey_backend(url).await;
-                    super::cases::$case(&b).await;
-                    b.store.close().await;
-                }
-            )*
+            cases_on!(super::on_valkey(super::valkey_turn().await).await; $($case),*);
         }
         /// On one server not in cluster mode, with a replica: the same
         /// cases, the server used as one shard.
         mod valkey_single {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    let Some((_turn, url)) = super::valkey_single_turn().await else { return };
-                    let b = super::valkey_backend(url).await;
-                    super::cases::$case(&b).await;
-                    b.store.close().await;
-                }
-            )*
+            cases_on!(super::on_valkey(super::valkey_single_turn().await).await; $($case),*);
         }
     };
 }

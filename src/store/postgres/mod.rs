@@ -40,13 +40,23 @@ const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 /// retrying a refused connection until this runs out, so it is also how long
 /// a request waits before its 503 while the database is down.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a connection handed back to a pool may take to answer
-/// the ping that shows it in order. One whose query was cut off at a
-/// timeout may be waiting for an answer that never comes (a path that lost
-/// it); sqlx's own ping on release would wait for it forever and keep its
-/// place in the pool, and a pool of one or two places would then be gone
-/// for good (`/readyz` 503 long after the database is back).
-const RELEASE_PING_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a pooled connection may take to answer the ping that shows it
+/// in order: when it is handed back, and (on the cold pool) before it is
+/// taken out again. One whose query was cut off at a timeout may be
+/// waiting for an answer that never comes (a path that lost it); sqlx's
+/// own ping on release would wait for it forever and keep its place in the
+/// pool, and a pool of one or two places would then be gone for good
+/// (`/readyz` 503 long after the database is back). Before use, sqlx's
+/// test would wait out the whole [`ACQUIRE_TIMEOUT`] and then fail the
+/// acquire; this one closes the connection and lets the acquire open
+/// another.
+const CONN_PING_TIMEOUT: Duration = Duration::from_secs(1);
+/// The readiness ping's statements, on the connection it took: `/readyz`
+/// answers within 500 ms (SPEC §5), so a ping slower than that is useful
+/// only to the probes that join it (`admin::ready`), while a ping whose
+/// answer was lost would hold the next ones off for the whole
+/// `OP_TIMEOUT`. Past this the connection is closed, not handed back.
+const READY_PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `migrations/postgres`, in order: version, description, SQL.
 const MIGRATIONS: [(i64, &str, &str); 8] = [
@@ -117,6 +127,16 @@ fn split_connections(max: u32) -> (u32, u32) {
     (max.saturating_sub(cold).max(1), cold)
 }
 
+/// A pooled connection's ping, within [`CONN_PING_TIMEOUT`]: `Ok(true)`
+/// keeps it; an error (one came, or none in time) makes sqlx close it
+/// hard, without a goodbye.
+async fn in_order(conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
+    match tokio::time::timeout(CONN_PING_TIMEOUT, conn.ping()).await {
+        Ok(pinged) => pinged.map(|()| true),
+        Err(_) => Err(sqlx::Error::PoolTimedOut),
+    }
+}
+
 /// What every connection sets up, whichever host it reaches.
 fn session(opts: PgConnectOptions) -> PgConnectOptions {
     opts.options([
@@ -166,25 +186,22 @@ impl PostgresStore {
         let (hot_max, cold_max) = split_connections(max_connections);
         let pool = |max: u32, test_before_acquire: bool| {
             let (arrivals, first) = (Arc::clone(&hosts), hosts.current().clone());
-            PgPoolOptions::new()
+            let options = PgPoolOptions::new()
                 .max_connections(max)
                 .min_connections(0)
                 .acquire_timeout(ACQUIRE_TIMEOUT)
-                .test_before_acquire(test_before_acquire)
-                .after_release(|conn, _| {
-                    Box::pin(async move {
-                        match tokio::time::timeout(RELEASE_PING_TIMEOUT, conn.ping()).await {
-                            Ok(pinged) => pinged.map(|()| true),
-                            // an error closes it hard, without a goodbye
-                            Err(_) => Err(sqlx::Error::PoolTimedOut),
-                        }
-                    })
-                })
+                .test_before_acquire(false)
+                .after_release(|conn, _| Box::pin(in_order(conn)))
                 .after_connect(move |conn, _| {
                     let hosts = Arc::clone(&arrivals);
                     Box::pin(async move { hosts.check_arrival(conn).await })
-                })
-                .connect_lazy_with(first)
+                });
+            let options = if test_before_acquire {
+                options.before_acquire(|conn, _| Box::pin(in_order(conn)))
+            } else {
+                options
+            };
+            options.connect_lazy_with(first)
         };
         // The hot path takes a dead connection's error (a 503 the sender
         // retries) over a ping before each batch; its dispatchers keep their
@@ -192,7 +209,7 @@ impl PostgresStore {
         // rare, and `/readyz` must not report the database down for a
         // connection that died while it was away: there a connection is
         // pinged before use. In both, a connection handed back is pinged
-        // within RELEASE_PING_TIMEOUT or closed.
+        // within CONN_PING_TIMEOUT or closed.
         let (hot, cold) = (pool(hot_max, false), pool(cold_max, true));
         hosts.follow([cold.clone(), hot.clone()]);
         Ok(PostgresStore {
@@ -421,7 +438,15 @@ impl Backend for PostgresStore {
                 .await?;
             hosts::writable(&mut conn).await
         };
-        match writable.await {
+        let Ok(writable) = tokio::time::timeout(READY_PING_TIMEOUT, writable).await else {
+            // its answer may come late or never: closed, so that it
+            // neither waits in the pool nor holds a place there
+            drop(conn.detach());
+            return Err(StoreError::Unavailable(format!(
+                "no answer to the readiness ping within {READY_PING_TIMEOUT:?}"
+            )));
+        };
+        match writable {
             Ok(true) => Ok(()),
             Ok(false) => {
                 self.hosts.trouble();
