@@ -202,7 +202,7 @@ async fn run(mut queue: Taken, target: Target, dropped: IntCounter, stop: Arc<No
             batch.push(t);
         }
         let n = spans as u64;
-        let body = encode(batch, &target.resource);
+        let body = encode(&batch, &target.resource);
         let sent = target.collector.post(&target.path, &target.headers, body);
         match tokio::time::timeout(EXPORT_WITHIN, sent).await {
             Ok(Ok(())) => failing.recovered(),

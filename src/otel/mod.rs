@@ -113,7 +113,12 @@ impl Tracing {
                     trace_id,
                     state: state.clone(),
                     remote_parent: remote,
-                    spans: vec![span],
+                    // the SERVER span, verify, claim, settle, a send
+                    spans: {
+                        let mut spans = Vec::with_capacity(6);
+                        spans.push(span);
+                        spans
+                    },
                 }),
             })
         });

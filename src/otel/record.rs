@@ -1,5 +1,6 @@
 //! What a request's spans are while it runs, and the OTLP protobuf they
-//! become on the export thread.
+//! become on the export thread (`ExportTraceServiceRequest`, written field
+//! by field: [`encode`]).
 //!
 //! Why not the SDK's spans: measured in the load harness (issue 53), the
 //! SDK's span objects (a builder, a sampler and `Context` lookups, a
@@ -14,14 +15,6 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry::KeyValue;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::InstrumentationScope;
-use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{
-    span, status, ResourceSpans, ScopeSpans, Span, Status,
-};
-use opentelemetry_proto::transform::common::tonic::Attributes;
-use prost::Message;
 
 use crate::store::TraceRef;
 
@@ -115,90 +108,206 @@ fn now_nanos() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// The OTLP span of `span` in `trace`.
-fn span(trace: &TraceRecord, span: SpanRecord) -> Span {
-    let remote = span.kind == Kind::Server && trace.remote_parent;
-    let root = span.parent == [0; 8];
-    Span {
-        trace_id: trace.trace_id.to_vec(),
-        span_id: span.span_id.to_vec(),
-        trace_state: trace.state.clone(),
-        parent_span_id: if root {
-            Vec::new()
-        } else {
-            span.parent.to_vec()
-        },
-        flags: flags(remote),
-        name: span.name.into_owned(),
-        kind: match span.kind {
-            Kind::Server => span::SpanKind::Server,
-            Kind::Internal => span::SpanKind::Internal,
-            Kind::Client => span::SpanKind::Client,
-        } as i32,
-        start_time_unix_nano: span.start,
-        end_time_unix_nano: span.end.max(span.start),
-        attributes: Attributes::from(span.attributes).0,
-        links: span
-            .links
-            .into_iter()
-            .map(|l| span::Link {
-                trace_id: l.to.trace_id.to_vec(),
-                span_id: l.to.span_id.to_vec(),
-                attributes: Attributes::from([KeyValue::new("idemgate.link", l.why)]).0,
-                // the linked send was recorded, in another request
-                flags: flags(true),
-                ..Default::default()
-            })
-            .collect(),
-        status: Some(match span.error {
-            Some(message) => Status {
-                code: status::StatusCode::Error as i32,
-                message: message.to_owned(),
-            },
-            None => Status::default(),
-        }),
-        ..Default::default()
+/// Protobuf's wire format, as much of it as OTLP's trace messages need.
+mod wire {
+    /// Wire types.
+    pub const VARINT: u32 = 0;
+    pub const FIXED64: u32 = 1;
+    pub const LEN: u32 = 2;
+    pub const FIXED32: u32 = 5;
+
+    pub fn varint(buf: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            buf.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        buf.push(v as u8);
     }
+
+    pub fn key(buf: &mut Vec<u8>, field: u32, wire: u32) {
+        varint(buf, u64::from(field << 3 | wire));
+    }
+
+    pub fn bytes(buf: &mut Vec<u8>, field: u32, b: &[u8]) {
+        key(buf, field, LEN);
+        varint(buf, b.len() as u64);
+        buf.extend_from_slice(b);
+    }
+
+    /// A string or bytes field, left out when empty (proto3's default).
+    pub fn bytes_unless_empty(buf: &mut Vec<u8>, field: u32, b: &[u8]) {
+        if !b.is_empty() {
+            bytes(buf, field, b);
+        }
+    }
+
+    pub fn fixed64(buf: &mut Vec<u8>, field: u32, v: u64) {
+        key(buf, field, FIXED64);
+        buf.extend_from_slice(&v.to_le_bytes());
+    }
+
+    pub fn fixed32(buf: &mut Vec<u8>, field: u32, v: u32) {
+        key(buf, field, FIXED32);
+        buf.extend_from_slice(&v.to_le_bytes());
+    }
+
+    pub fn uint(buf: &mut Vec<u8>, field: u32, v: u64) {
+        key(buf, field, VARINT);
+        varint(buf, v);
+    }
+
+    /// A message field: `body` writes the message, its length goes in
+    /// front (one byte guessed, the body moved when it needs more).
+    pub fn message(buf: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
+        key(buf, field, LEN);
+        let at = buf.len();
+        buf.push(0);
+        body(buf);
+        let len = buf.len() - at - 1;
+        if len < 0x80 {
+            buf[at] = len as u8;
+        } else {
+            let mut prefix = Vec::with_capacity(10);
+            varint(&mut prefix, len as u64);
+            buf.splice(at..=at, prefix);
+        }
+    }
+}
+
+/// OTLP's field numbers (opentelemetry/proto/{collector/trace,trace,
+/// common,resource}/v1).
+mod field {
+    pub const REQUEST_RESOURCE_SPANS: u32 = 1;
+    pub const RESOURCE_SPANS_RESOURCE: u32 = 1;
+    pub const RESOURCE_SPANS_SCOPE_SPANS: u32 = 2;
+    pub const RESOURCE_ATTRIBUTES: u32 = 1;
+    pub const SCOPE_SPANS_SCOPE: u32 = 1;
+    pub const SCOPE_SPANS_SPANS: u32 = 2;
+    pub const SCOPE_NAME: u32 = 1;
+    pub const SCOPE_VERSION: u32 = 2;
+    pub const SPAN_TRACE_ID: u32 = 1;
+    pub const SPAN_SPAN_ID: u32 = 2;
+    pub const SPAN_TRACE_STATE: u32 = 3;
+    pub const SPAN_PARENT_SPAN_ID: u32 = 4;
+    pub const SPAN_NAME: u32 = 5;
+    pub const SPAN_KIND: u32 = 6;
+    pub const SPAN_START: u32 = 7;
+    pub const SPAN_END: u32 = 8;
+    pub const SPAN_ATTRIBUTES: u32 = 9;
+    pub const SPAN_LINKS: u32 = 13;
+    pub const SPAN_STATUS: u32 = 15;
+    pub const SPAN_FLAGS: u32 = 16;
+    pub const LINK_TRACE_ID: u32 = 1;
+    pub const LINK_SPAN_ID: u32 = 2;
+    pub const LINK_ATTRIBUTES: u32 = 4;
+    pub const LINK_FLAGS: u32 = 6;
+    pub const STATUS_MESSAGE: u32 = 2;
+    pub const STATUS_CODE: u32 = 3;
+    pub const KEY_VALUE_KEY: u32 = 1;
+    pub const KEY_VALUE_VALUE: u32 = 2;
+    pub const ANY_STRING: u32 = 1;
+    pub const ANY_BOOL: u32 = 2;
+    pub const ANY_INT: u32 = 3;
+    pub const ANY_DOUBLE: u32 = 4;
+}
+
+/// `SpanKind`'s and `StatusCode`'s numbers.
+const KIND_INTERNAL: u64 = 1;
+const KIND_SERVER: u64 = 2;
+const KIND_CLIENT: u64 = 3;
+const STATUS_ERROR: u64 = 2;
+
+fn attribute(buf: &mut Vec<u8>, field: u32, kv: &KeyValue) {
+    use opentelemetry::Value;
+    wire::message(buf, field, |buf| {
+        wire::bytes(buf, field::KEY_VALUE_KEY, kv.key.as_str().as_bytes());
+        wire::message(buf, field::KEY_VALUE_VALUE, |buf| match &kv.value {
+            Value::String(s) => wire::bytes(buf, field::ANY_STRING, s.as_str().as_bytes()),
+            Value::I64(i) => wire::uint(buf, field::ANY_INT, *i as u64),
+            Value::Bool(b) => wire::uint(buf, field::ANY_BOOL, u64::from(*b)),
+            Value::F64(f) => wire::fixed64(buf, field::ANY_DOUBLE, f.to_bits()),
+            // idemgate sets no arrays; one would go as its text
+            other => wire::bytes(buf, field::ANY_STRING, other.to_string().as_bytes()),
+        });
+    });
+}
+
+/// The OTLP span of `span` in `trace`.
+fn span(buf: &mut Vec<u8>, trace: &TraceRecord, span: &SpanRecord) {
+    use field::*;
+    let remote = span.kind == Kind::Server && trace.remote_parent;
+    wire::message(buf, SCOPE_SPANS_SPANS, |buf| {
+        wire::bytes(buf, SPAN_TRACE_ID, &trace.trace_id);
+        wire::bytes(buf, SPAN_SPAN_ID, &span.span_id);
+        wire::bytes_unless_empty(buf, SPAN_TRACE_STATE, trace.state.as_bytes());
+        if span.parent != [0; 8] {
+            wire::bytes(buf, SPAN_PARENT_SPAN_ID, &span.parent);
+        }
+        wire::bytes(buf, SPAN_NAME, span.name.as_bytes());
+        let kind = match span.kind {
+            Kind::Server => KIND_SERVER,
+            Kind::Internal => KIND_INTERNAL,
+            Kind::Client => KIND_CLIENT,
+        };
+        wire::uint(buf, SPAN_KIND, kind);
+        wire::fixed64(buf, SPAN_START, span.start);
+        wire::fixed64(buf, SPAN_END, span.end.max(span.start));
+        for kv in &span.attributes {
+            attribute(buf, SPAN_ATTRIBUTES, kv);
+        }
+        for l in &span.links {
+            wire::message(buf, SPAN_LINKS, |buf| {
+                wire::bytes(buf, LINK_TRACE_ID, &l.to.trace_id);
+                wire::bytes(buf, LINK_SPAN_ID, &l.to.span_id);
+                attribute(buf, LINK_ATTRIBUTES, &KeyValue::new("idemgate.link", l.why));
+                // the linked send was recorded, in another request
+                wire::fixed32(buf, LINK_FLAGS, flags(true));
+            });
+        }
+        wire::message(buf, SPAN_STATUS, |buf| {
+            if let Some(message) = span.error {
+                wire::bytes_unless_empty(buf, STATUS_MESSAGE, message.as_bytes());
+                wire::uint(buf, STATUS_CODE, STATUS_ERROR);
+            }
+        });
+        wire::fixed32(buf, SPAN_FLAGS, flags(remote));
+    });
 }
 
 /// The export request's body for `traces`: one resource (`resource`'s
 /// attributes), one instrumentation scope (`idemgate`), protobuf-encoded.
-pub fn encode(traces: Vec<TraceRecord>, resource: &[KeyValue]) -> Vec<u8> {
-    let spans = traces
-        .into_iter()
-        .flat_map(|mut t| {
-            let records = std::mem::take(&mut t.spans);
-            records
-                .into_iter()
-                .map(move |s| span(&t, s))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(Resource {
-                attributes: Attributes::from(resource.iter().cloned()).0,
-                ..Default::default()
-            }),
-            scope_spans: vec![ScopeSpans {
-                scope: Some(InstrumentationScope {
-                    name: "idemgate".into(),
-                    version: env!("CARGO_PKG_VERSION").into(),
-                    ..Default::default()
-                }),
-                spans,
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    }
-    .encode_to_vec()
+pub fn encode(traces: &[TraceRecord], resource: &[KeyValue]) -> Vec<u8> {
+    use field::*;
+    let spans: usize = traces.iter().map(|t| t.spans.len()).sum();
+    let mut buf = Vec::with_capacity(128 + spans * 320);
+    wire::message(&mut buf, REQUEST_RESOURCE_SPANS, |buf| {
+        wire::message(buf, RESOURCE_SPANS_RESOURCE, |buf| {
+            for kv in resource {
+                attribute(buf, RESOURCE_ATTRIBUTES, kv);
+            }
+        });
+        wire::message(buf, RESOURCE_SPANS_SCOPE_SPANS, |buf| {
+            wire::message(buf, SCOPE_SPANS_SCOPE, |buf| {
+                wire::bytes(buf, SCOPE_NAME, b"idemgate");
+                wire::bytes(buf, SCOPE_VERSION, env!("CARGO_PKG_VERSION").as_bytes());
+            });
+            for t in traces {
+                for s in &t.spans {
+                    span(buf, t, s);
+                }
+            }
+        });
+    });
+    buf
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Span};
+    use prost::Message;
 
     fn record(span_id: u8, parent: u8, kind: Kind) -> SpanRecord {
         let mut s = SpanRecord::start(
@@ -213,7 +322,7 @@ mod tests {
     }
 
     fn decode(traces: Vec<TraceRecord>) -> Vec<Span> {
-        let body = encode(traces, &[KeyValue::new("service.name", "svc")]);
+        let body = encode(&traces, &[KeyValue::new("service.name", "svc")]);
         let req = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
         let [rs] = <[ResourceSpans; 1]>::try_from(req.resource_spans).unwrap();
         let attrs = rs.resource.unwrap().attributes;
@@ -292,5 +401,42 @@ mod tests {
         };
         let spans = decode(vec![trace]);
         assert_eq!(spans[0].end_time_unix_nano, spans[0].start_time_unix_nano);
+    }
+
+    #[test]
+    fn every_value_type_and_a_large_batch_decode_as_written() {
+        let long = "p".repeat(20_000);
+        let traces: Vec<TraceRecord> = (0..600u32)
+            .map(|i| {
+                let mut s = record(1, 0, Kind::Server);
+                s.attributes = vec![
+                    KeyValue::new("s", long.clone()),
+                    KeyValue::new("i", -5_i64),
+                    KeyValue::new("b", true),
+                    KeyValue::new("f", 1.5_f64),
+                    KeyValue::new("n", i64::from(i)),
+                ];
+                TraceRecord {
+                    trace_id: [7; 16],
+                    state: String::new(),
+                    remote_parent: false,
+                    spans: vec![s],
+                }
+            })
+            .collect();
+        let spans = decode(traces);
+        assert_eq!(spans.len(), 600);
+        for (i, s) in spans.iter().enumerate() {
+            let v: Vec<Value> = s
+                .attributes
+                .iter()
+                .map(|a| a.value.clone().unwrap().value.unwrap())
+                .collect();
+            assert_eq!(v[0], Value::StringValue(long.clone()));
+            assert_eq!(v[1], Value::IntValue(-5));
+            assert_eq!(v[2], Value::BoolValue(true));
+            assert_eq!(v[3], Value::DoubleValue(1.5));
+            assert_eq!(v[4], Value::IntValue(i as i64), "in order");
+        }
     }
 }
