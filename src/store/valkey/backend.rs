@@ -76,6 +76,8 @@ impl Backend for ValkeyStore {
         Ok(())
     }
 
+    // long: the script's keys and arguments, one a line, then its three
+    // answers
     async fn claim(
         &self,
         req: &ClaimRequest<'_>,

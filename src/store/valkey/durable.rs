@@ -62,13 +62,16 @@ use crate::store::StoreError;
 
 /// How many connections the store writes on (its lanes), each a cluster
 /// connection (one multiplexed connection per node) or, for a server not
-/// in cluster mode, one multiplexed connection. A lane is either writing
-/// or waiting; two keep a node's writes flowing while the other lane
+/// in cluster mode, one multiplexed connection. On one node a lane is
+/// either writing or waiting: two keep the node's writes flowing while one
 /// waits, and more let more waits overlap, which is what releases a wait
-/// the replica answered too early (see the module's comment). Four: on the
-/// load harness's (v) (16 connections, 3 shards) [`LANES`] = 4 and 8 gave
-/// about the same throughput and 2 less; it costs 4 connections per node
-/// per proxy, against Valkey's default `maxclients` of 10,000.
+/// the replica answered too early (each blocked wait asks the replicas
+/// again; see the module's comment: with 2 connections writing and waiting
+/// in turn the waits kept falling to the 1 s case, with 5 and more they
+/// mostly did not). Four, not more: a round covers the writes that came
+/// while the lane's previous one ran, and fewer lanes make larger rounds;
+/// it costs 4 connections per node per proxy (plus one for reads), against
+/// Valkey's default `maxclients` of 10,000.
 pub(super) const LANES: usize = 4;
 
 type Answer = Result<(), String>;

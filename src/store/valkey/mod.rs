@@ -186,13 +186,7 @@ impl ValkeyStore {
                 .await
                 .map_err(driver)?,
         );
-        let mut lanes = Vec::with_capacity(durable::LANES);
-        for _ in 0..durable::LANES {
-            let lane = link::Link::open(Arc::clone(&connector))
-                .await
-                .map_err(driver)?;
-            lanes.push(Arc::new(lane));
-        }
+        let lanes = Self::lanes(&connector).await?;
         Ok(ValkeyStore {
             durable: Arc::new(durable::Durable::new(
                 target.durability,
@@ -218,6 +212,18 @@ impl ValkeyStore {
             routes_known: Mutex::new(HashSet::new()),
             shards_seen: AtomicU64::new(0),
         })
+    }
+
+    /// The connections writes go on ([`durable::LANES`]).
+    async fn lanes(connector: &Arc<link::Connector>) -> Result<Vec<Arc<link::Link>>, StoreError> {
+        let mut lanes = Vec::with_capacity(durable::LANES);
+        for _ in 0..durable::LANES {
+            let lane = link::Link::open(Arc::clone(connector))
+                .await
+                .map_err(driver)?;
+            lanes.push(Arc::new(lane));
+        }
+        Ok(lanes)
     }
 
     /// Checks every shard ([`shards::check`]) and keeps their count.
