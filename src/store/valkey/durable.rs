@@ -27,9 +27,8 @@
 //!   a node on one multiplexed connection, the writes sent while a wait
 //!   was blocked reached the server right in front of the next wait, so
 //!   under load nearly every wait was the 1 s case (scenario (v) of the
-//!   load harness: 12 req/s, p50 1.0 s at 16 connections; the wait
-//!   durations `idemgate_store_duration_seconds{operation="wait"}` at
-//!   about 1 s each).
+//!   load harness: 12 req/s, p50 1.0 s at 16 connections; about 510 req/s,
+//!   p50 14 ms with the lanes below, docs/performance.md).
 //!
 //! So the store writes on [`LANES`] connections (each a [`Link`]), and
 //! [`lanes`](super::lanes) keeps a lane's writes and its waits apart: a
@@ -66,12 +65,12 @@ use crate::store::StoreError;
 /// either writing or waiting: two keep the node's writes flowing while one
 /// waits, and more let more waits overlap, which is what releases a wait
 /// the replica answered too early (each blocked wait asks the replicas
-/// again; see the module's comment: with 2 connections writing and waiting
-/// in turn the waits kept falling to the 1 s case, with 5 and more they
-/// mostly did not). Four, not more: a round covers the writes that came
-/// while the lane's previous one ran, and fewer lanes make larger rounds;
-/// it costs 4 connections per node per proxy (plus one for reads), against
-/// Valkey's default `maxclients` of 10,000.
+/// again: a Python client on loopback, a write and its wait pipelined on
+/// each connection, saw every wait take 1 s with 2 connections, and 12 ms
+/// at p50 with 5). Four, a guess not yet measured against other counts:
+/// fewer lanes make larger rounds (more writes per wait), more make more
+/// waits overlap; it costs 4 connections per node per proxy (plus one for
+/// reads), against Valkey's default `maxclients` of 10,000.
 pub(super) const LANES: usize = 4;
 
 type Answer = Result<(), String>;
