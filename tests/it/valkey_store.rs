@@ -182,6 +182,81 @@ async fn a_claim_the_replica_cannot_confirm_is_an_error() {
     assert!(matches!(won, Ok(ClaimOutcome::Claimed { .. })), "{won:?}");
 }
 
+/// A write to a shard is not held behind a wait on that shard: with its
+/// replica cut, so that a wait blocks for its whole limit (2 s) and falls
+/// short, a second claim on the shard is on the primary while the first
+/// claim's `WAITAOF` still blocks. On the one multiplexed connection per
+/// node of before, the second write queued on the server behind that wait
+/// (under load: issue 52's waits of about 1 s each). Then many concurrent
+/// claims over the three shards are each confirmed, one recorded wait for
+/// each `WAITAOF` the primaries counted, fewer than the claims.
+// long: two steps on one cluster (a cut replica, then load), each checked
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_does_not_queue_behind_a_blocked_wait() {
+    let Some(v) = tokio::task::spawn_blocking(|| Valkey::cluster("lanes"))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let s = open(&v.url("replicas=1")).await;
+    let ids = ids_in_one_bucket(3);
+    assert!(s.claim(&req(&ids[0])).await.is_ok());
+    let b = Bucket::of("r", &ids[0]);
+    let primary = v.primary_of(b.slot);
+    let replica = v.pid(v.replica_of(primary));
+    let written = |id: &str| v.cli(primary, &["exists", &b.record(id)]).trim() == "1";
+    unsafe { libc::kill(replica, libc::SIGSTOP) };
+    v.cli(primary, &["client", "kill", "type", "replica"]);
+    let claim = |id: &String| {
+        let (s, id) = (s.clone(), id.clone());
+        tokio::spawn(async move { s.claim(&req(&id)).await })
+    };
+    let first = claim(&ids[1]);
+    let first_written = wait_until(Duration::from_secs(2), || written(&ids[1]));
+    let second = claim(&ids[2]);
+    let second_written = wait_until(Duration::from_secs(1), || written(&ids[2]));
+    let first_blocked = !first.is_finished();
+    // the replica runs again only once both waits have fallen short (it
+    // would confirm a wait still blocked)
+    let outcomes = [first.await.unwrap(), second.await.unwrap()];
+    unsafe { libc::kill(replica, libc::SIGCONT) };
+    assert!(first_written, "the first claim's write");
+    assert!(
+        second_written && first_blocked,
+        "the second write is on the primary while the first wait blocks \
+         (written: {second_written}, first still waiting: {first_blocked})"
+    );
+    for out in outcomes {
+        let e = out.expect_err("no replica confirmed it");
+        assert!(e.may_have_committed(), "{e}");
+    }
+
+    // the replica back: every claim of many concurrent ones is confirmed
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            v.cli(primary, &["info", "replication"])
+                .contains("connected_slaves:1")
+        }),
+        "the replica is back"
+    );
+    let _ = s.report();
+    for p in v.primaries() {
+        v.cli(p, &["config", "resetstat"]);
+    }
+    let many: Vec<String> = (0..300).map(|i| format!("many-{i}")).collect();
+    let claims: Vec<_> = many.iter().map(claim).collect();
+    for c in claims {
+        let out = c.await.unwrap().expect("a durable claim");
+        assert!(matches!(out, ClaimOutcome::Claimed { .. }), "{out:?}");
+    }
+    let sent: u64 = v.primaries().iter().map(|&p| calls(&v, p, "waitaof")).sum();
+    let recorded = s.report().waits.len() as u64;
+    println!("300 concurrent claims over 3 shards: {sent} WAITAOF");
+    assert_eq!(recorded, sent, "one recorded wait per WAITAOF");
+    assert!((3..300).contains(&sent), "{sent} waits for 300 claims");
+}
+
 /// The cluster stops answering (every node stopped): the real binary
 /// fails closed (503, nothing forwarded) and `/readyz` says 503 within its
 /// budget; once the nodes run again it is ready and the refused event is

@@ -76,6 +76,8 @@ impl Backend for ValkeyStore {
         Ok(())
     }
 
+    // long: the script's keys and arguments, one a line, then its three
+    // answers
     async fn claim(
         &self,
         req: &ClaimRequest<'_>,
@@ -103,14 +105,17 @@ impl Backend for ValkeyStore {
             req.token.to_string().into(),
             opt(req.trace.map(|t| t.stored())),
         ];
-        let (value, wrote) = self.eval(b.slot, &self.scripts.claim, &keys, &args).await?;
+        let lease = self.durable.lease(b.slot).await;
+        let (value, wrote) = self
+            .eval(&lease, b.slot, &self.scripts.claim, &keys, &args)
+            .await?;
         match decode::claim(value)? {
             decode::Claimed::Won {
                 attempt,
                 from,
                 replaced,
             } => {
-                self.durable.wait(&wrote.conn, b.slot, wrote.client).await?;
+                lease.wait(b.slot, wrote).await?;
                 Ok(sql::claimed(
                     attempt,
                     from.as_deref(),
@@ -119,12 +124,14 @@ impl Backend for ValkeyStore {
                 ))
             }
             decode::Claimed::Held { trace } => {
-                self.durable.wait(&wrote.conn, b.slot, wrote.client).await?;
+                lease.wait(b.slot, wrote).await?;
                 Ok(crate::store::outcome_unknown(TraceRef::from_column(
                     trace.as_deref(),
                 )))
             }
             decode::Claimed::Existing(found) => {
+                // nothing written: the lane's round need not wait for it
+                drop(lease);
                 match found.outcome(req.digest, req.now, req.hold) {
                     Found::Answer(outcome) => Ok(outcome),
                     Found::Claim | Found::Hold => Err(StoreError::Corrupt(
@@ -327,7 +334,11 @@ impl Backend for ValkeyStore {
                 keys.push(b.questions(id));
                 args.push(id.as_bytes().to_vec());
             }
-            let (value, _) = self.eval(b.slot, &self.scripts.sweep, &keys, &args).await?;
+            let lease = self.durable.lease(b.slot).await;
+            let (value, _) = self
+                .eval(&lease, b.slot, &self.scripts.sweep, &keys, &args)
+                .await?;
+            drop(lease);
             let n: i64 = redis::from_redis_value(value)
                 .map_err(|e| StoreError::Corrupt(format!("sweep: {e}")))?;
             deleted += n as u64;

@@ -1,44 +1,141 @@
 //! The durability wait of SPEC §18, shared as group commit shares an
 //! fsync: a write's answer counts only once `WAITAOF 1 N` (or `WAIT N`)
-//! confirmed it, sent *after* the write's reply, on the *same* connection.
+//! confirmed it, sent *after* the write's reply, on the *same* connection,
+//! with no other write of that connection in flight.
 //!
 //! Why this shape (measured on Valkey 9.1.2, V4-NOTES):
 //! - `WAITAOF` counts only the calling connection's writes; sent on
 //!   another connection it answered "1 replica" while the replica was
 //!   stopped. So each wait is routed to the slot's primary explicitly
 //!   (never with the command's own `ALL_SHARDS` policy, which a cluster
-//!   client fans out), and `CLIENT ID` is asked in the same pipeline as
-//!   the write and as the wait: if the client reconnected in between, the
-//!   IDs differ and the write's durability is unknown (an error, never a
-//!   confirmation that covers nothing).
+//!   client fans out), and who answers is asked in the same pipeline as
+//!   the write and as the wait ([`ask_who`]: `CLUSTER MYID` and `CLIENT
+//!   ID`): if the client reconnected in between, or the slot's primary is
+//!   now another node, the answers differ and the write's durability is
+//!   unknown (an error, never a confirmation that covers nothing). The
+//!   node is part of it because client IDs are a count per server: two
+//!   nodes hand out the same IDs.
 //! - A write and its `WAITAOF` pipelined together answered after about
-//!   1 s (the replica reports its fsync once a second unless asked); sent
-//!   after the write's reply, in about 1 ms. So the wait follows the reply.
-//! - A `WAITAOF` covers every earlier write of its connection. Writes to
-//!   one node share its multiplexed connection, so concurrent writes share
-//!   one wait: the first writer whose reply came sends it, the writers
-//!   whose replies come meanwhile wait for the next one, which is sent as
-//!   soon as the first answers (one wait in flight per connection).
+//!   1 s: the wait asks the replica for its fsync offset (`GETACK`), the
+//!   replica answers before it has fsynced a write that reached it in the
+//!   same read, and otherwise reports only once a second. Sent after the
+//!   write's reply, the wait answered in a few ms, though still after 1 s
+//!   for about one wait in ten when nothing else was waiting; a wait
+//!   blocked so is released by the next wait of another connection (each
+//!   asks the replicas again).
+//! - A `WAITAOF` blocks its connection on the server: with every write to
+//!   a node on one multiplexed connection, the writes sent while a wait
+//!   was blocked reached the server right in front of the next wait, so
+//!   under load nearly every wait was the 1 s case (scenario (v) of the
+//!   load harness: 12 req/s, p50 1.0 s at 16 connections; about 510 req/s,
+//!   p50 14 ms with the lanes below, docs/performance.md).
+//!
+//! So the store writes on [`LANES`] connections (each a [`Link`]), and
+//! [`lanes`](super::lanes) keeps a lane's writes and its waits apart: a
+//! write takes an open lane ([`Durable::lease`]), and once its reply came
+//! it joins the lane's next round of waits ([`Lease::wait`]); the lane
+//! takes no new write until that round is done, and the round starts when
+//! the lane's last write in flight answered. A round sends one wait per
+//! node the lane wrote to (the writes of one connection to one node share
+//! it: group commit per connection), concurrently. Writes that find every
+//! lane busy queue and all take the next lane that opens. The phases are
+//! kept per node, as a lane is one connection per node: its connection to
+//! a shard whose replica is slow may wait while its connections to the
+//! other shards write, so one shard's trouble does not hold the others'
+//! writes (SPEC §18: "the other shards keep working"). A write learns its
+//! node from its slot, by the node that slot was last written on.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::link::Conn;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Pipeline, Value};
 use tokio::sync::oneshot;
 
-use super::link::Link;
+use super::lanes::Lanes;
+use super::link::{Conn, Link};
 use super::target::Durability;
 use crate::store::StoreError;
 
+/// How many connections the store writes on (its lanes), each a cluster
+/// connection (one multiplexed connection per node) or, for a server not
+/// in cluster mode, one multiplexed connection. On one node a lane is
+/// either writing or waiting: two keep the node's writes flowing while one
+/// waits, and more let more waits overlap, which is what releases a wait
+/// the replica answered too early (each blocked wait asks the replicas
+/// again: a Python client on loopback, a write and its wait pipelined on
+/// each connection, saw every wait take 1 s with 2 connections, and 12 ms
+/// at p50 with 5). Four, a guess: fewer lanes make larger rounds (more
+/// writes per wait), more make more waits overlap; one smoke run of (v)
+/// with 8 had a p99 of 64 ms against about 950 with 4 (not yet an A/B,
+/// docs/performance.md); it costs 4 connections per node per proxy (plus one for
+/// reads), against Valkey's default `maxclients` of 10,000.
+pub(super) const LANES: usize = 4;
+
 type Answer = Result<(), String>;
 
-/// The writers waiting on one connection (by its `CLIENT ID`).
-struct Queue {
-    /// A slot on the connection's node: where the wait is routed.
+/// Who ran a pipeline: the node (its cluster node ID; empty for a server
+/// not in cluster mode, the only node) and the connection's `CLIENT ID`
+/// there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Wrote {
+    node: String,
+    client: i64,
+}
+
+/// Adds to `pipe` the questions that say who runs it on `conn` (see
+/// [`Wrote`]); how many they are. [`who`] reads their answers.
+pub(super) fn ask_who(pipe: &mut Pipeline, conn: &Conn) -> usize {
+    match conn {
+        Conn::Cluster(_) => {
+            pipe.cmd("CLUSTER").arg("MYID");
+            pipe.cmd("CLIENT").arg("ID");
+            2
+        }
+        Conn::Single(_) => {
+            pipe.cmd("CLIENT").arg("ID");
+            1
+        }
+    }
+}
+
+/// Who ran a pipeline, from the answers to [`ask_who`]'s questions.
+pub(super) fn who(answers: Vec<Value>) -> Result<Wrote, String> {
+    let text = |e: redis::ParsingError| e.to_string();
+    match <[Value; 2]>::try_from(answers) {
+        Ok([node, id]) => Ok(Wrote {
+            node: redis::from_redis_value(node).map_err(text)?,
+            client: redis::from_redis_value(id).map_err(text)?,
+        }),
+        Err(answers) => match <[Value; 1]>::try_from(answers) {
+            Ok([id]) => Ok(Wrote {
+                node: String::new(),
+                client: redis::from_redis_value(id).map_err(text)?,
+            }),
+            Err(v) => Err(format!("{} answers to who wrote", v.len())),
+        },
+    }
+}
+
+/// A writer waiting for its lane's next round.
+struct Waiter {
+    wrote: Wrote,
+    /// A slot it wrote to: where the wait is routed.
     slot: u16,
-    waiters: Vec<oneshot::Sender<Answer>>,
+    /// The connection that wrote (a handle).
+    conn: Conn,
+    tx: oneshot::Sender<Answer>,
+}
+
+/// The writers of one round that share a wait: same node, same
+/// connection.
+struct Group {
+    wrote: Wrote,
+    slot: u16,
+    conn: Conn,
+    txs: Vec<oneshot::Sender<Answer>>,
 }
 
 pub(super) struct Durable {
@@ -46,10 +143,23 @@ pub(super) struct Durable {
     replicas: u32,
     /// The server-side timeout of one wait.
     limit: Duration,
-    queues: Mutex<HashMap<i64, Queue>>,
+    /// The lanes' connections, each renewed on its own failures.
+    links: Vec<Arc<Link>>,
+    /// The lanes' phases on each node (by [`Wrote::node`]): a lane's
+    /// connection to one node waits while its connections to the others
+    /// write.
+    lanes: Mutex<HashMap<String, Lanes<Waiter, oneshot::Sender<Lease>>>>,
+    /// The node each slot was last written on, so that a write takes a
+    /// lane open on the node it goes to (a guess: a slot that moved costs
+    /// speed until its next write tells, never a false confirmation, which
+    /// each wait's own check rules out).
+    slots: Mutex<HashMap<u16, String>>,
+    /// Whether the links are to a server not in cluster mode (the only
+    /// node, named "").
+    single: bool,
+    /// The next lane for `durability: none` (no waits, no phases).
+    next: AtomicUsize,
     rt: tokio::runtime::Handle,
-    /// Told of a wait that got no answer (the connection may be stuck).
-    link: Arc<Link>,
     /// How long each wait took since the metrics last took them, at most
     /// [`WAITS_KEPT`] (the metrics read them every second).
     waits: Mutex<Vec<f64>>,
@@ -58,92 +168,161 @@ pub(super) struct Durable {
 /// The most wait durations kept between two reads of the metrics.
 const WAITS_KEPT: usize = 4096;
 
+/// A write's hold on a lane, from before it is sent until its reply came
+/// ([`Lease::wait`]) or it is dropped (no wait wanted).
+pub(super) struct Lease {
+    durable: Arc<Durable>,
+    /// The node whose lanes it counts in (where the slot was guessed to
+    /// be).
+    node: String,
+    lane: usize,
+    conn: Conn,
+    /// Whether the lane counts this write (not for `durability: none`,
+    /// nor once it joined the round).
+    held: bool,
+}
+
 impl Durable {
+    /// One lane per link in `links` (at least one).
     pub(super) fn new(
         mode: Durability,
         replicas: u32,
         limit: Duration,
-        link: Arc<Link>,
+        links: Vec<Arc<Link>>,
     ) -> Durable {
+        assert!(!links.is_empty(), "the store writes on at least one lane");
         Durable {
             mode,
             replicas,
             limit,
-            queues: Mutex::new(HashMap::new()),
+            lanes: Mutex::new(HashMap::new()),
+            slots: Mutex::new(HashMap::new()),
+            single: matches!(links[0].conn(), Conn::Single(_)),
+            links,
+            next: AtomicUsize::new(0),
             rt: tokio::runtime::Handle::current(),
-            link,
             waits: Mutex::new(Vec::new()),
         }
     }
 
-    /// Waits until the writes of connection `client` made so far are as
-    /// durable as the store requires; `slot` is one it wrote to.
-    pub(super) async fn wait(
-        self: &Arc<Self>,
-        conn: &Conn,
-        slot: u16,
-        client: i64,
-    ) -> Result<(), StoreError> {
+    /// The lanes of `node`, for `f`.
+    fn on_node<T>(
+        &self,
+        node: &str,
+        f: impl FnOnce(&mut Lanes<Waiter, oneshot::Sender<Lease>>) -> T,
+    ) -> T {
+        let mut all = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(lanes) = all.get_mut(node) {
+            return f(lanes);
+        }
+        f(all
+            .entry(node.to_string())
+            .or_insert_with(|| Lanes::new(self.links.len())))
+    }
+
+    /// The node `slot` was last written on; "?" when none is known yet.
+    fn node_of(&self, slot: u16) -> String {
+        if self.single {
+            return String::new();
+        }
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.get(&slot).cloned().unwrap_or_else(|| "?".into())
+    }
+
+    /// A lane to write to `slot` on: one open on the slot's node, or, when
+    /// none is, the next that opens there.
+    pub(super) async fn lease(self: &Arc<Self>, slot: u16) -> Lease {
         if self.mode == Durability::None {
-            return Ok(());
+            let lane = self.next.fetch_add(1, Ordering::Relaxed) % self.links.len();
+            return self.lease_on(String::new(), lane, false);
         }
-        let (tx, rx) = oneshot::channel();
-        let lead = {
-            let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-            match queues.get_mut(&client) {
-                Some(q) => {
-                    q.waiters.push(tx);
-                    false
-                }
+        let node = self.node_of(slot);
+        loop {
+            let (tx, rx) = oneshot::channel();
+            let taken = self.on_node(&node, |l| l.take(|| tx));
+            match taken {
+                Some(lane) => return self.lease_on(node, lane, true),
+                // the lane that opens hands over a lease that holds it
                 None => {
-                    queues.insert(
-                        client,
-                        Queue {
-                            slot,
-                            waiters: vec![tx],
-                        },
-                    );
-                    true
+                    if let Ok(lease) = rx.await {
+                        return lease;
+                    }
                 }
-            }
-        };
-        if lead {
-            self.rt.spawn(Arc::clone(self).lead(conn.clone(), client));
-        }
-        let unknown = |why: String| {
-            StoreError::OutcomeUnknown(format!("the write was not confirmed durable: {why}"))
-        };
-        match tokio::time::timeout(self.limit + Duration::from_secs(1), rx).await {
-            Ok(Ok(answer)) => answer.map_err(unknown),
-            Ok(Err(_)) => Err(unknown("the wait stopped".into())),
-            Err(_) => {
-                self.link.renew();
-                Err(unknown("no answer to the wait in time".into()))
             }
         }
     }
 
-    /// Sends waits on one connection while writers queue for them; the
-    /// queue goes when it is empty.
-    async fn lead(self: Arc<Self>, mut conn: Conn, client: i64) {
-        loop {
-            let (slot, batch) = {
-                let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(q) = queues.get_mut(&client) else {
-                    return;
-                };
-                if q.waiters.is_empty() {
-                    queues.remove(&client);
-                    return;
-                }
-                (q.slot, std::mem::take(&mut q.waiters))
-            };
-            let started = std::time::Instant::now();
-            let answer = self.once(&mut conn, slot, client).await;
-            self.took(started.elapsed());
-            for w in batch {
-                let _ = w.send(answer.clone());
+    fn lease_on(self: &Arc<Self>, node: String, lane: usize, held: bool) -> Lease {
+        Lease {
+            durable: Arc::clone(self),
+            node,
+            lane,
+            conn: self.links[lane].conn(),
+            held,
+        }
+    }
+
+    /// Starts the round of `lane` on `node` with `batch`, when there is
+    /// one.
+    fn start(self: &Arc<Self>, node: &str, lane: usize, batch: Option<Vec<Waiter>>) {
+        if let Some(batch) = batch {
+            self.rt
+                .spawn(Arc::clone(self).round(node.to_string(), lane, batch));
+        }
+    }
+
+    /// One round of waits on `lane`: one per node and connection that
+    /// wrote, concurrently; then the lane opens to the writes queued.
+    async fn round(self: Arc<Self>, node: String, lane: usize, batch: Vec<Waiter>) {
+        let mut groups: Vec<Group> = Vec::new();
+        for w in batch {
+            match groups.iter_mut().find(|g| g.wrote == w.wrote) {
+                Some(g) => g.txs.push(w.tx),
+                None => groups.push(Group {
+                    wrote: w.wrote,
+                    slot: w.slot,
+                    conn: w.conn,
+                    txs: vec![w.tx],
+                }),
             }
+        }
+        if groups.len() == 1 {
+            if let Some(g) = groups.pop() {
+                self.group(lane, g).await;
+            }
+        } else {
+            let mut set = tokio::task::JoinSet::new();
+            for g in groups {
+                set.spawn(Arc::clone(&self).group_owned(lane, g));
+            }
+            while set.join_next().await.is_some() {}
+        }
+        let queued = self.on_node(&node, |l| l.done(lane));
+        for tx in queued {
+            // a writer gone meanwhile drops its lease, which lets go of
+            // the lane
+            let _ = tx.send(self.lease_on(node.clone(), lane, true));
+        }
+    }
+
+    async fn group_owned(self: Arc<Self>, lane: usize, g: Group) {
+        self.group(lane, g).await
+    }
+
+    /// The wait of one group, its answer to each of its writers.
+    async fn group(&self, lane: usize, mut g: Group) {
+        let started = Instant::now();
+        let bound = self.limit + Duration::from_secs(1);
+        let answer = match tokio::time::timeout(bound, self.once(lane, &mut g)).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.links[lane].renew();
+                Err("no answer to the wait in time".into())
+            }
+        };
+        self.took(started.elapsed());
+        for tx in g.txs {
+            let _ = tx.send(answer.clone());
         }
     }
 
@@ -159,26 +338,33 @@ impl Durable {
         }
     }
 
-    /// One wait on the connection `client`, routed to `slot`'s primary.
-    async fn once(&self, conn: &mut Conn, slot: u16, client: i64) -> Answer {
+    /// One wait on the group's connection, routed to its slot's primary,
+    /// checked to have run where the writes did.
+    async fn once(&self, lane: usize, g: &mut Group) -> Answer {
         let ms = self.limit.as_millis() as u64;
         let mut pipe = redis::pipe();
         match self.mode {
             Durability::Fsynced => pipe.cmd("WAITAOF").arg(1).arg(self.replicas).arg(ms),
             _ => pipe.cmd("WAIT").arg(self.replicas).arg(ms),
         };
-        pipe.cmd("CLIENT").arg("ID");
-        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
-        let values = conn.route_pipeline(pipe, 0, 2, route).await.map_err(|e| {
-            self.link.after_error(&e);
-            e.to_string()
-        })?;
-        let [counts, id] = <[redis::Value; 2]>::try_from(values)
-            .map_err(|v| format!("{} answers to a wait", v.len()))?;
-        let id: i64 = redis::from_redis_value(id).map_err(|e| e.to_string())?;
-        if id != client {
+        let asked = ask_who(&mut pipe, &g.conn);
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(g.slot, SlotAddr::Master));
+        let mut values = g
+            .conn
+            .route_pipeline(pipe, 0, 1 + asked, route)
+            .await
+            .map_err(|e| {
+                self.links[lane].after_error(&e);
+                e.to_string()
+            })?;
+        if values.len() != 1 + asked {
+            return Err(format!("{} answers to a wait", values.len()));
+        }
+        let answers = values.split_off(1);
+        if who(answers)? != g.wrote {
             return Err("the connection that wrote was replaced before its wait".into());
         }
+        let counts = values.pop().unwrap_or(Value::Nil);
         let (local, replicas) = match self.mode {
             Durability::Fsynced => {
                 let (l, r): (i64, i64) =
@@ -198,5 +384,87 @@ impl Durable {
                 self.replicas, ms
             ))
         }
+    }
+}
+
+impl Lease {
+    /// The lane's connection (a handle).
+    pub(super) fn conn(&self) -> Conn {
+        self.conn.clone()
+    }
+
+    /// The lane's link: renewed on this write's failures.
+    pub(super) fn link(&self) -> &Arc<Link> {
+        &self.durable.links[self.lane]
+    }
+
+    /// Waits until this lane's writes made so far (among them this one,
+    /// `wrote`, to `slot`) are as durable as the store requires.
+    pub(super) async fn wait(mut self, slot: u16, wrote: Wrote) -> Result<(), StoreError> {
+        if !self.held {
+            return Ok(());
+        }
+        self.held = false;
+        let durable = Arc::clone(&self.durable);
+        if !durable.single {
+            let mut slots = durable.slots.lock().unwrap_or_else(|p| p.into_inner());
+            if slots.get(&slot) != Some(&wrote.node) {
+                slots.insert(slot, wrote.node.clone());
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        let waiter = Waiter {
+            wrote,
+            slot,
+            conn: self.conn.clone(),
+            tx,
+        };
+        let batch = durable.on_node(&self.node, |l| l.join(self.lane, waiter));
+        durable.start(&self.node, self.lane, batch);
+        let unknown = |why: String| {
+            StoreError::OutcomeUnknown(format!("the write was not confirmed durable: {why}"))
+        };
+        match tokio::time::timeout(durable.limit + Duration::from_secs(2), rx).await {
+            Ok(Ok(answer)) => answer.map_err(unknown),
+            Ok(Err(_)) => Err(unknown("the wait stopped".into())),
+            Err(_) => {
+                self.link().renew();
+                Err(unknown("no answer to the wait in time".into()))
+            }
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.held {
+            let batch = self.durable.on_node(&self.node, |l| l.leave(self.lane));
+            self.durable.start(&self.node, self.lane, batch);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn who_wrote_is_the_node_and_the_client_id() {
+        let cluster = who(vec![Value::BulkString(b"abc".to_vec()), Value::Int(7)]).unwrap();
+        assert_eq!(
+            cluster,
+            Wrote {
+                node: "abc".into(),
+                client: 7
+            }
+        );
+        // the same client ID on another node is someone else
+        let other = who(vec![Value::BulkString(b"def".to_vec()), Value::Int(7)]).unwrap();
+        assert_ne!(cluster, other);
+        let single = who(vec![Value::Int(7)]).unwrap();
+        assert_eq!(single.node, "");
+        assert!(who(vec![]).is_err());
+        assert!(who(vec![Value::Int(1), Value::Int(2), Value::Int(3)]).is_err());
+        assert!(who(vec![Value::Nil]).is_err());
     }
 }

@@ -1,7 +1,9 @@
-//! The store's connection, replaced by a fresh one when it goes stale:
-//! a cluster connection, or, for a server not in cluster mode (SPEC §18:
-//! "used as one shard"), one multiplexed connection to it. [`Conn`] is
-//! either, so the rest of the store sends the same way to both.
+//! One of the store's connections, replaced by a fresh one when it goes
+//! stale: a cluster connection, or, for a server not in cluster mode (SPEC
+//! §18: "used as one shard"), one multiplexed connection to it. [`Conn`]
+//! is either, so the rest of the store sends the same way to both. The
+//! store keeps one [`Link`] for reads and one per write lane (`durable`);
+//! each renews itself on its own failures, from the one [`Connector`].
 //!
 //! Why the renewal: the redis crate's cluster connection (1.8) repairs
 //! itself in the background after a node is lost, and its slot map
@@ -14,8 +16,11 @@
 //! in the command's place, which the crate does not act on. A new
 //! connection reads the cluster's current map from the seeds. So a request
 //! that failed in a way a stale map or a stuck connection explains asks
-//! for a renewal, at most one at a time and one a second; the requests
-//! after it use the new one. A multiplexed connection to one server does
+//! its link for a renewal, at most one at a time and one a second; the
+//! requests after it on that link use the new one (a lane's next write
+//! takes the new connection when it takes the lane; a write made on the
+//! old one is waited for on the old one, and found out if that one was
+//! replaced underneath). A multiplexed connection to one server does
 //! not reconnect by itself at all once its socket broke: the same renewal
 //! makes its next one.
 
@@ -140,7 +145,8 @@ impl ConnectionLike for Conn {
 }
 
 pub(super) struct Link {
-    connector: Connector,
+    /// Shared by the store's links (one for reads, one per lane).
+    connector: Arc<Connector>,
     current: RwLock<Conn>,
     renewing: AtomicBool,
     /// Milliseconds after `born` of the last renewal's start.
@@ -152,7 +158,7 @@ pub(super) struct Link {
 
 impl Link {
     /// Connects to the cluster, or to the one server.
-    pub(super) async fn open(connector: Connector) -> Result<Link, redis::RedisError> {
+    pub(super) async fn open(connector: Arc<Connector>) -> Result<Link, redis::RedisError> {
         let conn = connector.connect().await?;
         Ok(Link {
             connector,

@@ -39,24 +39,28 @@
 //!
 //! # Durability
 //! See [`durable`]: the write's reply, then `WAITAOF 1 N` on the same
-//! connection, shared by the writes that came meanwhile. A claim is
-//! answered won only after its wait; a wait that falls short is an error
-//! whose write may stand (`OutcomeUnknown`), so the proxy forwards nothing
-//! and releases the claim by its token once the store answers again.
-//! At start and in `ping`, [`shards`] checks every shard can give the count.
+//! connection, shared by the writes made on it meanwhile. Writes go on
+//! [`durable::LANES`] connections ([`lanes`]), so that a connection in its
+//! wait carries no new write. A claim is answered won only after its wait;
+//! a wait that falls short is an error whose write may stand
+//! (`OutcomeUnknown`), so the proxy forwards nothing and releases the
+//! claim by its token once the store answers again. At start and in
+//! `ping`, [`shards`] checks every shard can give the count.
 //!
 //! # The connection
 //! [`connect`] asks the seeds at open whether they are a cluster (`INFO
-//! cluster`): a cluster gets one cluster connection, a server not in
-//! cluster mode (the URL's only seed) one multiplexed connection; either
-//! is a [`link::Conn`], shared, so nothing else here tells them apart but
-//! [`shards`] (`CLUSTER SHARDS`, or the one server's `INFO replication`).
-//! The hash-tagged keys and the scripts are the same on one server.
-//! [`link`] replaces the connection with a fresh one when a request fails
-//! in a way a stuck connection or a stale slot map explains (the redis
-//! crate's own repair was seen stuck for 20 s; a multiplexed connection
-//! whose socket broke never recovers by itself), and the engine's figures
-//! for the metrics (shards, wait times) come out through
+//! cluster`): a cluster gets cluster connections, a server not in cluster
+//! mode (the URL's only seed) multiplexed connections: one for reads and
+//! the operator's checks, and one per lane for writes and their waits;
+//! each is a [`link::Conn`], so nothing else here tells them apart but
+//! [`shards`] (`CLUSTER SHARDS`, or the one server's `INFO replication`)
+//! and the question of who ran a write ([`durable::ask_who`]). The
+//! hash-tagged keys and the scripts are the same on one server. Each
+//! [`link`] replaces its connection with a fresh one when a request on it
+//! fails in a way a stuck connection or a stale slot map explains (the
+//! redis crate's own repair was seen stuck for 20 s; a multiplexed
+//! connection whose socket broke never recovers by itself), and the
+//! engine's figures for the metrics (shards, wait times) come out through
 //! `Backend::report`.
 
 mod backend;
@@ -64,6 +68,7 @@ mod connect;
 mod decode;
 mod durable;
 pub mod keys;
+mod lanes;
 mod link;
 mod operator;
 mod questions;
@@ -79,6 +84,7 @@ use std::time::Duration;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Script, Value};
 
+use self::durable::{Lease, Wrote};
 use self::keys::Bucket;
 use self::link::Conn;
 use self::target::ValkeyTarget;
@@ -124,16 +130,16 @@ fn driver(e: redis::RedisError) -> StoreError {
     }
 }
 
+/// A write's driver error as a store error, the lane of `lease` renewed
+/// where the error says it may be stuck or its map stale.
+fn failed_on(lease: &Lease, e: redis::RedisError) -> StoreError {
+    lease.link().after_error(&e);
+    driver(e)
+}
+
 /// The primary of `slot`.
 fn primary(slot: u16) -> SingleNodeRoutingInfo {
     SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
-}
-
-/// A write's connection and its `CLIENT ID`: what the write's durability
-/// wait is sent on and checked against (see [`durable`]).
-struct Wrote {
-    conn: Conn,
-    client: i64,
 }
 
 /// An optional value as the scripts take it (see [`scripts`]).
@@ -174,13 +180,19 @@ impl ValkeyStore {
                     .set_response_timeout(Some(Self::OP_TIMEOUT)),
             },
         };
-        let link = Arc::new(link::Link::open(connector).await.map_err(driver)?);
+        let connector = Arc::new(connector);
+        let link = Arc::new(
+            link::Link::open(Arc::clone(&connector))
+                .await
+                .map_err(driver)?,
+        );
+        let lanes = Self::lanes(&connector).await?;
         Ok(ValkeyStore {
             durable: Arc::new(durable::Durable::new(
                 target.durability,
                 target.replicas,
                 WAIT_LIMIT,
-                Arc::clone(&link),
+                lanes,
             )),
             link,
             target,
@@ -202,6 +214,18 @@ impl ValkeyStore {
         })
     }
 
+    /// The connections writes go on ([`durable::LANES`]).
+    async fn lanes(connector: &Arc<link::Connector>) -> Result<Vec<Arc<link::Link>>, StoreError> {
+        let mut lanes = Vec::with_capacity(durable::LANES);
+        for _ in 0..durable::LANES {
+            let lane = link::Link::open(Arc::clone(connector))
+                .await
+                .map_err(driver)?;
+            lanes.push(Arc::new(lane));
+        }
+        Ok(lanes)
+    }
+
     /// Checks every shard ([`shards::check`]) and keeps their count.
     async fn check_shards(&self) -> Result<(), StoreError> {
         let seen = shards::check(&self.conn(), &self.target).await?;
@@ -221,17 +245,18 @@ impl ValkeyStore {
         driver(e)
     }
 
-    /// Runs `script` on `slot`'s primary, with `CLIENT ID` in the same
-    /// pipeline (the connection that wrote, for [`durable`]); loads the
-    /// script there first if the server does not have it.
+    /// Runs `script` on `slot`'s primary on the lane `lease` holds, with
+    /// the questions of who ran it in the same pipeline (for [`durable`]);
+    /// loads the script there first if the server does not have it.
     async fn eval(
         &self,
+        lease: &Lease,
         slot: u16,
         script: &Script,
         keys: &[String],
         args: &[Vec<u8>],
     ) -> Result<(Value, Wrote), StoreError> {
-        let mut conn = self.conn();
+        let mut conn = lease.conn();
         for _ in 0..3 {
             let mut pipe = redis::pipe();
             pipe.cmd("EVALSHA")
@@ -239,13 +264,7 @@ impl ValkeyStore {
                 .arg(keys.len())
                 .arg(keys)
                 .arg(args);
-            pipe.cmd("CLIENT").arg("ID");
-            let values = conn
-                .route_pipeline(pipe, 0, 2, primary(slot))
-                .await
-                .map_err(|e| self.failed(e))?;
-            let [value, id] = <[Value; 2]>::try_from(values)
-                .map_err(|v| StoreError::Corrupt(format!("{} answers to a script", v.len())))?;
+            let (value, wrote) = self.run_on(lease, &mut conn, slot, pipe).await?;
             match &value {
                 // a pipeline answers a command's error in its place
                 Value::ServerError(e) if e.code() == "NOSCRIPT" => {
@@ -254,21 +273,10 @@ impl ValkeyStore {
                     let node = redis::cluster_routing::RoutingInfo::SingleNode(primary(slot));
                     conn.route_command(load, node)
                         .await
-                        .map_err(|e| self.failed(e))?;
+                        .map_err(|e| failed_on(lease, e))?;
                 }
-                Value::ServerError(e) => {
-                    self.link.after_server_error(e.code());
-                    return Err(StoreError::Unavailable(format!(
-                        "valkey: {} {}",
-                        e.code(),
-                        e.details().unwrap_or_default()
-                    )));
-                }
-                _ => {
-                    let client = redis::from_redis_value(id)
-                        .map_err(|e| StoreError::Corrupt(format!("CLIENT ID: {e}")))?;
-                    return Ok((value, Wrote { conn, client }));
-                }
+                Value::ServerError(e) => return Err(self.refused(lease, e)),
+                _ => return Ok((value, wrote?)),
             }
         }
         Err(StoreError::Unavailable(
@@ -276,7 +284,46 @@ impl ValkeyStore {
         ))
     }
 
-    /// [`eval`](Self::eval), then the durability wait for its write.
+    /// Runs `pipe` (one command) on `slot`'s primary over `conn`, the
+    /// lane of `lease`, with the questions of who ran it: the command's
+    /// answer (an error in its place) and who ran it.
+    async fn run_on(
+        &self,
+        lease: &Lease,
+        conn: &mut Conn,
+        slot: u16,
+        mut pipe: redis::Pipeline,
+    ) -> Result<(Value, Result<Wrote, StoreError>), StoreError> {
+        let asked = durable::ask_who(&mut pipe, conn);
+        let mut values = conn
+            .route_pipeline(pipe, 0, 1 + asked, primary(slot))
+            .await
+            .map_err(|e| failed_on(lease, e))?;
+        if values.len() != 1 + asked {
+            return Err(StoreError::Corrupt(format!(
+                "{} answers to a command",
+                values.len()
+            )));
+        }
+        let answers = values.split_off(1);
+        let value = values.pop().unwrap_or(Value::Nil);
+        let wrote = durable::who(answers).map_err(|e| StoreError::Corrupt(format!("who: {e}")));
+        Ok((value, wrote))
+    }
+
+    /// A command's server error as a store error, the lane renewed when
+    /// the code says its map is stale.
+    fn refused(&self, lease: &Lease, e: &redis::ServerError) -> StoreError {
+        lease.link().after_server_error(e.code());
+        StoreError::Unavailable(format!(
+            "valkey: {} {}",
+            e.code(),
+            e.details().unwrap_or_default()
+        ))
+    }
+
+    /// [`eval`](Self::eval) on a lane, then the durability wait for its
+    /// write.
     async fn write(
         &self,
         slot: u16,
@@ -284,8 +331,9 @@ impl ValkeyStore {
         keys: &[String],
         args: &[Vec<u8>],
     ) -> Result<Value, StoreError> {
-        let (value, wrote) = self.eval(slot, script, keys, args).await?;
-        self.durable.wait(&wrote.conn, slot, wrote.client).await?;
+        let lease = self.durable.lease(slot).await;
+        let (value, wrote) = self.eval(&lease, slot, script, keys, args).await?;
+        lease.wait(slot, wrote).await?;
         Ok(value)
     }
 
@@ -311,30 +359,18 @@ impl ValkeyStore {
         Ok(())
     }
 
-    /// Runs one command on `slot`'s primary with `CLIENT ID` in the same
-    /// pipeline, then the durability wait for its write; its answer.
+    /// Runs one command on `slot`'s primary on a lane, then the
+    /// durability wait for its write; its answer.
     async fn command_durably(&self, slot: u16, cmd: redis::Cmd) -> Result<Value, StoreError> {
         let mut pipe = redis::pipe();
         pipe.add_command(cmd);
-        pipe.cmd("CLIENT").arg("ID");
-        let mut conn = self.conn();
-        let values = conn
-            .route_pipeline(pipe, 0, 2, primary(slot))
-            .await
-            .map_err(|e| self.failed(e))?;
-        let [value, id] = <[Value; 2]>::try_from(values)
-            .map_err(|v| StoreError::Corrupt(format!("{} answers to a command", v.len())))?;
+        let lease = self.durable.lease(slot).await;
+        let mut conn = lease.conn();
+        let (value, wrote) = self.run_on(&lease, &mut conn, slot, pipe).await?;
         if let Value::ServerError(e) = &value {
-            self.link.after_server_error(e.code());
-            return Err(StoreError::Unavailable(format!(
-                "valkey: {} {}",
-                e.code(),
-                e.details().unwrap_or_default()
-            )));
+            return Err(self.refused(&lease, e));
         }
-        let id: i64 = redis::from_redis_value(id)
-            .map_err(|e| StoreError::Corrupt(format!("CLIENT ID: {e}")))?;
-        self.durable.wait(&conn, slot, id).await?;
+        lease.wait(slot, wrote?).await?;
         Ok(value)
     }
 
