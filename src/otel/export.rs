@@ -2,7 +2,8 @@
 //! request's spans ([`TraceRecord`]) onto a queue that holds at most
 //! [`QUEUE`] spans and never waits; [`Exporter`] is a thread of its own
 //! with a small runtime that takes them off in batches and sends each batch
-//! to the collector (OTLP/HTTP, protobuf) within [`EXPORT_WITHIN`].
+//! to the collector (OTLP/HTTP, protobuf) within [`EXPORT_WITHIN`]. At the
+//! stop, what is queued is sent at once, in one last export.
 //!
 //! A span that finds the queue full, and every span of a batch the
 //! collector did not take in time (slow, stopped, gone, or answering an
@@ -10,13 +11,12 @@
 //! request that made it never knows. No retry: a batch retried is a
 //! queue that fills behind it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use prometheus::IntCounter;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
 use super::client::Collector;
 use super::record::{encode, TraceRecord};
@@ -25,35 +25,86 @@ use super::record::{encode, TraceRecord};
 const QUEUE: usize = 2048;
 /// Spans per export, at most (a request's spans are not split).
 const BATCH: usize = 512;
-/// How long a batch waits to fill after its first span.
+/// How long spans wait for a batch to fill: at most about this after the
+/// first of them.
 const GATHER: Duration = Duration::from_secs(1);
 /// A batch the collector did not take within this is dropped.
 pub const EXPORT_WITHIN: Duration = Duration::from_secs(5);
 
 /// Where finished requests' spans go; clones share the queue.
+///
+/// A list under a lock, not a channel: the export thread is woken only
+/// when a batch is full (or its time is up), not for every request, whose
+/// wake-up and the thread's switches cost more CPU than the spans' own
+/// encoding (measured: about 3 µs per request in the kernel's wake-up
+/// paths).
 #[derive(Clone)]
-pub struct Queue {
-    tx: mpsc::UnboundedSender<TraceRecord>,
-    /// Spans on the queue now: the bound is in spans, a request's spans
-    /// travel together.
-    queued: Arc<AtomicUsize>,
+pub struct Queue(Arc<Shared>);
+
+struct Shared {
+    pending: Mutex<Pending>,
+    /// A batch is full.
+    full: Notify,
+    /// Send what is queued and stop.
+    stop: Notify,
     dropped: IntCounter,
+}
+
+#[derive(Default)]
+struct Pending {
+    traces: Vec<TraceRecord>,
+    /// Their spans: the bound is in spans, a request's spans travel
+    /// together.
+    spans: usize,
 }
 
 impl Queue {
     /// Queues a request's spans, or drops and counts them if they would
-    /// take the queue over [`QUEUE`] spans (or the thread is gone).
+    /// take the queue over [`QUEUE`] spans.
     pub fn push(&self, trace: TraceRecord) {
         let n = trace.spans.len();
-        if self.queued.fetch_add(n, Ordering::Relaxed) + n > QUEUE {
-            self.queued.fetch_sub(n, Ordering::Relaxed);
-            self.dropped.inc_by(n as u64);
+        let mut p = self.0.lock();
+        if p.spans + n > QUEUE {
+            drop(p);
+            self.0.dropped.inc_by(n as u64);
             return;
         }
-        if self.tx.send(trace).is_err() {
-            self.queued.fetch_sub(n, Ordering::Relaxed);
-            self.dropped.inc_by(n as u64);
+        let was = p.spans;
+        p.spans += n;
+        p.traces.push(trace);
+        drop(p);
+        if was < BATCH && was + n >= BATCH {
+            self.0.full.notify_one();
         }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The oldest traces, [`BATCH`] spans or a little over (a request's
+    /// spans are not split), or all of them when `all`; with how many
+    /// spans they hold.
+    fn take(&self, all: bool) -> (Vec<TraceRecord>, usize) {
+        let mut p = self.lock();
+        if all || p.spans <= BATCH {
+            let spans = std::mem::take(&mut p.spans);
+            return (std::mem::take(&mut p.traces), spans);
+        }
+        let mut spans = 0;
+        let cut = p
+            .traces
+            .iter()
+            .position(|t| {
+                spans += t.spans.len();
+                spans >= BATCH
+            })
+            .map_or(p.traces.len(), |i| i + 1);
+        p.spans -= spans;
+        let rest = p.traces.split_off(cut);
+        (std::mem::replace(&mut p.traces, rest), spans)
     }
 }
 
@@ -71,7 +122,7 @@ pub struct Target {
 /// [`EXPORT_WITHIN`]) by [`Exporter::stop`].
 pub struct Exporter {
     thread: Mutex<Option<JoinHandle<()>>>,
-    stop: Arc<Notify>,
+    queue: Queue,
 }
 
 impl Exporter {
@@ -82,15 +133,13 @@ impl Exporter {
     where
         F: FnOnce() -> Target + Send + 'static,
     {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let queue = Queue {
-            tx,
-            queued: queued.clone(),
-            dropped: dropped.clone(),
-        };
-        let stop = Arc::new(Notify::new());
-        let told = stop.clone();
+        let queue = Queue(Arc::new(Shared {
+            pending: Mutex::new(Pending::default()),
+            full: Notify::new(),
+            stop: Notify::new(),
+            dropped,
+        }));
+        let shared = Arc::clone(&queue.0);
         let thread = std::thread::Builder::new()
             .name("idemgate-otlp".into())
             .spawn(move || {
@@ -104,17 +153,14 @@ impl Exporter {
                         return;
                     }
                 };
-                rt.block_on(async move {
-                    let taken = Taken { rx, queued };
-                    run(taken, make(), dropped, told).await
-                });
+                rt.block_on(async move { run(&shared, make()).await });
             })
             .ok();
         (
-            queue,
+            queue.clone(),
             Exporter {
                 thread: Mutex::new(thread),
-                stop,
+                queue,
             },
         )
     }
@@ -122,7 +168,7 @@ impl Exporter {
     /// Tells the thread to send what is queued and stop, and waits for it
     /// at most `within`.
     pub fn stop(&self, within: Duration) {
-        self.stop.notify_one();
+        self.queue.0.stop.notify_one();
         let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) else {
             return;
         };
@@ -136,84 +182,56 @@ impl Exporter {
     }
 }
 
-/// The queue's receiving end, which gives the spans' places back.
-struct Taken {
-    rx: mpsc::UnboundedReceiver<TraceRecord>,
-    queued: Arc<AtomicUsize>,
-}
-
-impl Taken {
-    fn took(&self, t: Option<TraceRecord>) -> Option<TraceRecord> {
-        if let Some(t) = &t {
-            self.queued.fetch_sub(t.spans.len(), Ordering::Relaxed);
-        }
-        t
-    }
-
-    async fn next(&mut self) -> Option<TraceRecord> {
-        let t = self.rx.recv().await;
-        self.took(t)
-    }
-
-    fn now(&mut self) -> Option<TraceRecord> {
-        let t = self.rx.try_recv().ok();
-        self.took(t)
-    }
-}
-
-/// Batches off the queue until the stop: a batch is sent when it has
-/// [`BATCH`] spans, or [`GATHER`] after its first; at the stop, what is
-/// queued is sent at once.
-async fn run(mut queue: Taken, target: Target, dropped: IntCounter, stop: Arc<Notify>) {
+/// Sends batches until the stop: when a batch is full, and every
+/// [`GATHER`] what has come meanwhile; at the stop, what is queued.
+async fn run(queue: &Shared, target: Target) {
     let mut failing = FailureLog::default();
     let mut stopping = false;
-    loop {
-        let first = if stopping {
-            queue.now()
-        } else {
-            tokio::select! {
-                t = queue.next() => t,
-                _ = stop.notified() => {
-                    stopping = true;
-                    queue.now()
-                }
-            }
-        };
-        let Some(first) = first else {
-            return;
-        };
-        let mut spans = first.spans.len();
-        let mut batch = vec![first];
-        let until = tokio::time::Instant::now() + GATHER;
-        while spans < BATCH {
-            let next = if stopping {
-                queue.now()
-            } else {
-                tokio::select! {
-                    t = tokio::time::timeout_at(until, queue.next()) => t.ok().flatten(),
-                    _ = stop.notified() => {
-                        stopping = true;
-                        continue;
-                    }
-                }
-            };
-            let Some(t) = next else { break };
-            spans += t.spans.len();
-            batch.push(t);
+    while !stopping {
+        tokio::select! {
+            _ = queue.full.notified() => {}
+            _ = tokio::time::sleep(GATHER) => {}
+            _ = queue.stop.notified() => stopping = true,
         }
-        let n = spans as u64;
-        let body = encode(&batch, &target.resource);
-        let sent = target.collector.post(&target.path, &target.headers, body);
-        match tokio::time::timeout(EXPORT_WITHIN, sent).await {
-            Ok(Ok(())) => failing.recovered(),
-            Ok(Err(e)) => {
-                dropped.inc_by(n);
-                failing.failed(n, &e);
+        loop {
+            let (batch, spans) = queue.take(false);
+            if batch.is_empty() {
+                break;
             }
-            Err(_) => {
-                dropped.inc_by(n);
-                failing.failed(n, "no answer in time");
+            export(&target, &batch, spans, &queue.dropped, &mut failing).await;
+            if !stopping && queue.lock().spans < BATCH {
+                // the rest waits to fill, or for its time
+                break;
             }
+        }
+    }
+    let (rest, spans) = queue.take(true);
+    if !rest.is_empty() {
+        export(&target, &rest, spans, &queue.dropped, &mut failing).await;
+    }
+}
+
+/// One export of `batch` (`spans` spans), within [`EXPORT_WITHIN`]; a
+/// failed or late one drops and counts them.
+async fn export(
+    target: &Target,
+    batch: &[TraceRecord],
+    spans: usize,
+    dropped: &IntCounter,
+    failing: &mut FailureLog,
+) {
+    let n = spans as u64;
+    let body = encode(batch, &target.resource);
+    let sent = target.collector.post(&target.path, &target.headers, body);
+    match tokio::time::timeout(EXPORT_WITHIN, sent).await {
+        Ok(Ok(())) => failing.recovered(),
+        Ok(Err(e)) => {
+            dropped.inc_by(n);
+            failing.failed(n, &e);
+        }
+        Err(_) => {
+            dropped.inc_by(n);
+            failing.failed(n, "no answer in time");
         }
     }
 }
@@ -256,5 +274,64 @@ impl FailureLog {
             self.dropped = 0;
             self.last_line = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::otel::record::{Kind, SpanRecord};
+
+    fn trace(spans: usize) -> TraceRecord {
+        TraceRecord {
+            trace_id: [1; 16],
+            state: String::new(),
+            remote_parent: false,
+            spans: (0..spans)
+                .map(|_| SpanRecord::start([2; 8], [0; 8], "s", Kind::Internal, Vec::new()))
+                .collect(),
+        }
+    }
+
+    fn queue() -> Queue {
+        Queue(Arc::new(Shared {
+            pending: Mutex::new(Pending::default()),
+            full: Notify::new(),
+            stop: Notify::new(),
+            dropped: IntCounter::new("d", "d").unwrap(),
+        }))
+    }
+
+    #[test]
+    fn the_bound_is_in_spans_and_a_request_is_dropped_whole() {
+        let q = queue();
+        for _ in 0..409 {
+            q.push(trace(5));
+        }
+        assert_eq!(q.0.lock().spans, 2045);
+        q.push(trace(5));
+        assert_eq!(
+            q.0.dropped.get(),
+            5,
+            "2050 would be over 2048: all five dropped"
+        );
+        q.push(trace(3));
+        assert_eq!(q.0.lock().spans, 2048);
+        assert_eq!(q.0.dropped.get(), 5);
+    }
+
+    #[test]
+    fn batches_are_taken_oldest_first_and_never_split_a_request() {
+        let q = queue();
+        for _ in 0..300 {
+            q.push(trace(5));
+        }
+        let (batch, spans) = q.0.take(false);
+        assert_eq!((batch.len(), spans), (103, 515), "the first past 512");
+        assert_eq!(q.0.lock().spans, 1500 - 515);
+        let (rest, spans) = q.0.take(true);
+        assert_eq!((rest.len(), spans), (197, 985));
+        assert_eq!(q.0.lock().spans, 0);
+        assert_eq!(q.0.take(false).0.len(), 0);
     }
 }
