@@ -235,6 +235,37 @@ pub fn run(
     Ok(())
 }
 
+/// The admin listener's service (`/readyz`, `/metrics`, the API, the
+/// console).
+fn admin_service(
+    config: &Config,
+    store: &Arc<dyn ClaimStore>,
+    metrics: &Metrics,
+    reconciler: &crate::reconcile::Reconciler,
+    stopping: Arc<AtomicBool>,
+) -> Service<Admin> {
+    Service::new(
+        "idemgate admin".to_string(),
+        Admin {
+            store: store.clone(),
+            metrics: metrics.clone(),
+            proxy_listen: config.listen,
+            proxy_up: Default::default(),
+            stopping,
+            store_ping: Default::default(),
+            not_ready_log: Default::default(),
+            api: crate::admin::api::Api::new(
+                config,
+                store.clone(),
+                metrics.clone(),
+                reconciler.clone(),
+            ),
+            loopback_only: config.admin_listen.ip().is_loopback(),
+            trusted_proxies: config.trusted_proxies.clone(),
+        },
+    )
+}
+
 /// Adds the proxy, admin and background services; returns the proxy
 /// listener's connection table (for the drain).
 fn add_services(
@@ -272,26 +303,7 @@ fn add_services(
     });
     server.add_service(background_service("client connections", reaper));
 
-    let mut admin = Service::new(
-        "idemgate admin".to_string(),
-        Admin {
-            store: store.clone(),
-            metrics: metrics.clone(),
-            proxy_listen: config.listen,
-            proxy_up: Default::default(),
-            stopping: stopping.clone(),
-            store_ping: Default::default(),
-            not_ready_log: Default::default(),
-            api: crate::admin::api::Api::new(
-                config,
-                store.clone(),
-                metrics.clone(),
-                reconciler.clone(),
-            ),
-            loopback_only: config.admin_listen.ip().is_loopback(),
-            trusted_proxies: config.trusted_proxies.clone(),
-        },
-    );
+    let mut admin = admin_service(config, &store, &metrics, &reconciler, stopping.clone());
     admin.add_tcp(&config.admin_listen.to_string());
     server.add_service(Wrapped {
         inner: admin,
