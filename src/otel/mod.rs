@@ -88,11 +88,17 @@ impl Tracing {
         let (trace_id, parent, sampled, state, remote) = match server.inbound {
             Some(p) => (p.trace_id, p.span_id, p.sampled, p.state, true),
             None => {
-                let id = trace_id();
-                (id, [0; 8], sampled(self.sample, &id), String::new(), false)
+                let id = new_trace_id();
+                (
+                    id,
+                    [0; 8],
+                    ratio_keeps(self.sample, &id),
+                    String::new(),
+                    false,
+                )
             }
         };
-        let span_id = span_id();
+        let span_id = new_span_id();
         let recorder = sampled.then(|| {
             let mut attributes = Vec::with_capacity(10);
             attributes.extend([
@@ -139,7 +145,7 @@ impl Tracing {
 
 /// The ratio sampler of a new root, as the SDK's `TraceIdRatioBased`
 /// decides: the trace ID's lower 63 bits under `sample` × 2⁶³.
-fn sampled(sample: f64, trace_id: &[u8; 16]) -> bool {
+fn ratio_keeps(sample: f64, trace_id: &[u8; 16]) -> bool {
     if sample >= 1.0 {
         return true;
     }
@@ -149,7 +155,7 @@ fn sampled(sample: f64, trace_id: &[u8; 16]) -> bool {
 }
 
 /// A random trace ID, never all zero.
-fn trace_id() -> [u8; 16] {
+fn new_trace_id() -> [u8; 16] {
     loop {
         let id = fastrand::u128(..).to_be_bytes();
         if id != [0; 16] {
@@ -159,7 +165,7 @@ fn trace_id() -> [u8; 16] {
 }
 
 /// A random span ID, never all zero.
-fn span_id() -> [u8; 8] {
+fn new_span_id() -> [u8; 8] {
     loop {
         let id = fastrand::u64(..).to_be_bytes();
         if id != [0; 8] {
@@ -214,13 +220,7 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         let trace = self.trace.get_mut().unwrap_or_else(|p| p.into_inner());
-        let trace = TraceRecord {
-            trace_id: trace.trace_id,
-            state: std::mem::take(&mut trace.state),
-            remote_parent: trace.remote_parent,
-            spans: std::mem::take(&mut trace.spans),
-        };
-        self.queue.push(trace);
+        self.queue.push(std::mem::take(trace));
     }
 }
 
@@ -293,7 +293,7 @@ impl RequestTrace {
 
     /// A child of the SERVER span (INTERNAL): ends when dropped.
     pub fn child(&self, name: &'static str, attributes: Vec<KeyValue>) -> Span {
-        self.span(span_id(), name, Kind::Internal, attributes)
+        self.span(new_span_id(), name, Kind::Internal, attributes)
     }
 
     fn span(
@@ -317,7 +317,7 @@ impl RequestTrace {
     pub fn plan_send(&self) -> Option<TraceRef> {
         self.sampled().then(|| TraceRef {
             trace_id: self.trace_id,
-            span_id: span_id(),
+            span_id: new_span_id(),
         })
     }
 
@@ -330,7 +330,7 @@ impl RequestTrace {
         method: &http::Method,
         mut attributes: Vec<KeyValue>,
     ) -> SendSpan {
-        let id = planned.map_or_else(span_id, |p| p.span_id);
+        let id = planned.map_or_else(new_span_id, |p| p.span_id);
         let name = self::method(method);
         if self.sampled() {
             attributes.push(KeyValue::new("http.request.method", name.clone()));

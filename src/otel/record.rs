@@ -85,7 +85,7 @@ impl SpanRecord {
 }
 
 /// A request's recorded spans, in one trace: what the queue carries.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct TraceRecord {
     pub trace_id: [u8; 16],
     /// The W3C `tracestate` every span of the trace carries ("" for none).
