@@ -6,8 +6,8 @@
 //! - a delivery that meets an `ambiguous` record asks at once, before its
 //!   answer ([`Reconciler::ask`]): found done it is replayed, not done it
 //!   is forwarded as the next attempt, unknown it gets the 409;
-//! - the background ([`Background`]) asks, every route's `every`, about
-//!   the route's ambiguous records whose mark passed, taking each mark in
+//! - the background ([`Background`]) asks, a few times per route's
+//!   `every`, about the route's ambiguous records whose mark passed, taking each mark in
 //!   the store first ([`ClaimStore::take_questions`]), so that every
 //!   process sharing the store asks at most once per record per `every`;
 //! - the operator: `events reconcile` and the admin API's action.
@@ -226,12 +226,26 @@ impl Reconciler {
     }
 }
 
+/// How often the background looks for due records: a fifth of `every`,
+/// from 200 ms to 5 s. Each record's mark in the store keeps its questions
+/// at most one per `every`; looking more often makes a record asked soon
+/// after its mark passed, not up to `every` later. That matters when the
+/// process that took a mark died before it asked: the record then waits
+/// for the mark to pass, and with a look only every `every` it could wait
+/// 2 × `every` after its mark was taken (issue 55's promise is 2 × `every`
+/// from the crash, the lease and the sweep included). Each look is one
+/// read of the route's ambiguous records.
+fn round_every(every: Duration) -> Duration {
+    (every / 5).clamp(Duration::from_millis(200), Duration::from_secs(5))
+}
+
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
 /// The background's questions (SPEC §21): each route with `reconcile`,
-/// every `every`.
+/// its due records (each asked at most once per `every`), looked for
+/// every [`round_every`].
 pub struct Background(pub Reconciler);
 
 #[async_trait]
@@ -241,7 +255,7 @@ impl BackgroundService for Background {
         for (route, every) in self.0.schedule() {
             let me = self.0.clone();
             set.spawn(async move {
-                let mut tick = tokio::time::interval(every);
+                let mut tick = tokio::time::interval(round_every(every));
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
@@ -253,5 +267,22 @@ impl BackgroundService for Background {
         }
         let _ = shutdown.changed().await;
         set.abort_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_background_looks_five_times_per_every_within_its_bounds() {
+        let s = Duration::from_secs;
+        assert_eq!(round_every(s(5)), s(1));
+        assert_eq!(round_every(s(30)), s(5));
+        assert_eq!(round_every(s(3600)), s(5));
+        assert_eq!(
+            round_every(Duration::from_millis(500)),
+            Duration::from_millis(200)
+        );
     }
 }

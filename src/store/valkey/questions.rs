@@ -3,11 +3,12 @@
 //! a question's answer recorded and acted on (one script on the record's
 //! slot, made durable as a claim is), the questions read back for the
 //! history, and the background's take of a route's due records: each
-//! bucket's ambiguous set read (routes × 256 small reads, concurrently),
-//! then each record's mark taken by a script of its own on its slot.
+//! bucket's due ambiguous records read (routes × 256 small reads,
+//! concurrently), then each one's mark taken by a script of its own on its
+//! slot.
 
 use super::keys::Bucket;
-use super::{driver, ValkeyStore};
+use super::{driver, scripts, ValkeyStore};
 use crate::claim::Millis;
 use crate::store::{
     state_of, Attempt, Learned, QuestionBatch, Reconciliation, ResolveOutcome, StoreError,
@@ -121,16 +122,24 @@ pub(super) async fn of(
 }
 
 /// The route's due ambiguous records, each taken by its own
-/// compare-and-set; at most `batch.limit` are asked to be taken.
+/// compare-and-set; at most `batch.limit` are asked to be taken. Each
+/// bucket answers with its due records only ([`scripts::DUE_QUESTIONS`], a
+/// read), so that a look finding nothing due writes nothing: the
+/// background looks a few times per `every`.
 pub(super) async fn take(
     store: &ValkeyStore,
     batch: &QuestionBatch<'_>,
 ) -> Result<Vec<String>, StoreError> {
     let routes = [batch.route.to_owned()];
+    let now = batch.now;
     let found = store
         .every_bucket(&routes, |mut conn, b| async move {
-            let ids: Vec<String> = redis::cmd("SMEMBERS")
+            let ids: Vec<String> = redis::cmd("EVAL")
+                .arg(scripts::DUE_QUESTIONS)
+                .arg(1)
                 .arg(b.ambiguous())
+                .arg(b.record_prefix())
+                .arg(now)
                 .query_async(&mut conn)
                 .await
                 .map_err(driver)?;

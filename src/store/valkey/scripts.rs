@@ -510,6 +510,18 @@ return {'resolved'}
 "#
 );
 
+/// A bucket's ambiguous records whose mark passed (`sql_operator`'s
+/// `QUESTIONS_DUE`), a read. KEYS: the bucket's ambiguous set. ARGV: the
+/// record key prefix, now. The records share the set's slot (one bucket).
+pub const DUE_QUESTIONS: &str = r#"
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local after = redis.call('HGET', ARGV[1] .. id, 'reconcile_after')
+  if not after or tonumber(after) <= tonumber(ARGV[2]) then out[#out + 1] = id end
+end
+return out
+"#;
+
 /// The background's mark of one record (`sql_operator`'s `TAKE_QUESTION`),
 /// a compare-and-set. KEYS: record. ARGV: now, next_at.
 /// Returns 1 when it took the record, else 0.
