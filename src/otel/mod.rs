@@ -9,9 +9,9 @@
 //! holds `None` where a trace would be: no span, no allocation.
 //!
 //! The spans are plain records (`record.rs`, which says why not the SDK's
-//! spans), exported as OTLP/HTTP protobuf with the OTLP crate's generated
-//! messages. The files: `propagation.rs` (W3C Trace Context in and out,
-//! pure), `record.rs` (a span's record, and the OTLP message it becomes),
+//! spans), exported as OTLP/HTTP protobuf written by `record.rs` itself.
+//! The files: `propagation.rs` (W3C Trace Context in and out, pure),
+//! `record.rs` (a span's record, and the OTLP protobuf it is written as),
 //! `export.rs` (the bounded queue and the export thread), `client.rs` (the
 //! OTLP/HTTP client over pingora's connector).
 
