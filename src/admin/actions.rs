@@ -10,8 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::web::{json, query_pairs, shown, ApiRequest};
-use crate::claim::State;
-use crate::claim::{now_ms, Millis};
+use crate::claim::{now_ms, Millis, State};
 use crate::problem::AdminKind;
 use crate::problem::Problem;
 use crate::store::json::{parse_time, record_json, timestamp};
@@ -159,7 +158,7 @@ fn resolution(b: ResolveBody) -> Result<Resolution, Problem> {
         (ResolveAs::Failed, None) => Ok(Resolution::Failed),
         (ResolveAs::Failed, Some(_)) => Err(Problem::bad_body(
             "status goes with \"as\": \"delivered\" only: a record resolved as failed \
-                 is forwarded again, not replayed",
+             is forwarded again, not replayed",
         )),
     }
 }
@@ -232,7 +231,7 @@ fn bulk_state(state: &str) -> Result<State, Problem> {
     match State::parse(state) {
         Some(State::Delivered) => Err(Problem::bad_body(
             "state delivered: a delivered record is never released in bulk \
-                 (release it alone, with ?force=true)",
+             (release it alone, with ?force=true)",
         )),
         Some(s) => Ok(s),
         None => Err(Problem::bad_body(format!(
