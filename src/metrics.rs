@@ -286,6 +286,7 @@ const DURATION_BUCKETS: &[f64] = &[
 ];
 
 impl Metrics {
+    // long: the metric set, each metric's name, help and labels written once, beside its field
     pub fn new() -> Metrics {
         let registry = Registry::new();
         let r = Registrar(&registry);

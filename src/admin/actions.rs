@@ -10,8 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::web::{json, query_pairs, shown, ApiRequest};
-use crate::claim::now_ms;
-use crate::claim::State;
+use crate::claim::{now_ms, Millis, State};
 use crate::problem::AdminKind;
 use crate::problem::Problem;
 use crate::store::json::{parse_time, record_json, timestamp};
@@ -107,24 +106,7 @@ pub async fn resolve(
     let peer = req.peer.as_str();
     no_params(req.query)?;
     let b: ResolveBody = json_body(req.body, RESOLVE_BODY)?;
-    let how = match (b.how, b.status) {
-        (ResolveAs::Delivered, None) => Resolution::Delivered { status: 200 },
-        (ResolveAs::Delivered, Some(status)) if (100..=599).contains(&status) => {
-            Resolution::Delivered { status }
-        }
-        (ResolveAs::Delivered, Some(status)) => {
-            return Err(Problem::bad_body(format!(
-                "status {status}: the status replayed to later deliveries is from 100 to 599"
-            )))
-        }
-        (ResolveAs::Failed, None) => Resolution::Failed,
-        (ResolveAs::Failed, Some(_)) => {
-            return Err(Problem::bad_body(
-                "status goes with \"as\": \"delivered\" only: a record resolved as failed \
-                 is forwarded again, not replayed",
-            ))
-        }
-    };
+    let how = resolution(b)?;
     let outcome = store
         .resolve(&ResolveRequest {
             route,
@@ -162,6 +144,25 @@ pub async fn resolve(
     }
 }
 
+/// The resolution the body asks for: delivered with its status (200 if
+/// absent), or failed (with none).
+fn resolution(b: ResolveBody) -> Result<Resolution, Problem> {
+    match (b.how, b.status) {
+        (ResolveAs::Delivered, None) => Ok(Resolution::Delivered { status: 200 }),
+        (ResolveAs::Delivered, Some(status)) if (100..=599).contains(&status) => {
+            Ok(Resolution::Delivered { status })
+        }
+        (ResolveAs::Delivered, Some(status)) => Err(Problem::bad_body(format!(
+            "status {status}: the status replayed to later deliveries is from 100 to 599"
+        ))),
+        (ResolveAs::Failed, None) => Ok(Resolution::Failed),
+        (ResolveAs::Failed, Some(_)) => Err(Problem::bad_body(
+            "status goes with \"as\": \"delivered\" only: a record resolved as failed \
+             is forwarded again, not replayed",
+        )),
+    }
+}
+
 /// The body of `POST /api/events/release` (SPEC §14).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -191,31 +192,9 @@ pub async fn release_bulk(
 ) -> Answer {
     no_params(query)?;
     let b: BulkBody = json_body(body, BULK_BODY)?;
-    let state = match State::parse(&b.state) {
-        Some(State::Delivered) => {
-            return Err(Problem::bad_body(
-                "state delivered: a delivered record is never released in bulk \
-                 (release it alone, with ?force=true)",
-            ))
-        }
-        Some(s) => s,
-        None => {
-            return Err(Problem::bad_body(format!(
-                "state `{}`: expected failed, ambiguous or processing",
-                shown(&b.state)
-            )))
-        }
-    };
-    let time = |name: &str, v: &Option<String>| {
-        v.as_deref().map(parse_time).transpose().map_err(|_| {
-            Problem::bad_body(format!(
-                "{name} `{}`: expected an RFC 3339 time in UTC, such as 2026-12-06T10:00:00Z",
-                shown(v.as_deref().unwrap_or_default())
-            ))
-        })
-    };
-    let updated_after = time("updated_after", &b.updated_after)?;
-    let updated_before = time("updated_before", &b.updated_before)?;
+    let state = bulk_state(&b.state)?;
+    let updated_after = bulk_time("updated_after", &b.updated_after)?;
+    let updated_before = bulk_time("updated_before", &b.updated_before)?;
     if !configured(&b.route) {
         return Err(unknown_route(&b.route));
     }
@@ -244,6 +223,32 @@ pub async fn release_bulk(
         json!({"released": n})
     };
     Ok(json(StatusCode::OK, &doc))
+}
+
+/// The state to release in bulk: failed, ambiguous or processing, never
+/// delivered.
+fn bulk_state(state: &str) -> Result<State, Problem> {
+    match State::parse(state) {
+        Some(State::Delivered) => Err(Problem::bad_body(
+            "state delivered: a delivered record is never released in bulk \
+             (release it alone, with ?force=true)",
+        )),
+        Some(s) => Ok(s),
+        None => Err(Problem::bad_body(format!(
+            "state `{}`: expected failed, ambiguous or processing",
+            shown(state)
+        ))),
+    }
+}
+
+/// `updated_after` or `updated_before`, when given: an RFC 3339 time in UTC.
+fn bulk_time(name: &str, v: &Option<String>) -> Result<Option<Millis>, Problem> {
+    v.as_deref().map(parse_time).transpose().map_err(|_| {
+        Problem::bad_body(format!(
+            "{name} `{}`: expected an RFC 3339 time in UTC, such as 2026-12-06T10:00:00Z",
+            shown(v.as_deref().unwrap_or_default())
+        ))
+    })
 }
 
 /// `POST /api/routes/{name}/pause` and `…/resume` (SPEC §14): the route's

@@ -219,60 +219,7 @@ impl Api {
     }
 
     async fn list(&self, query: Option<&str>) -> Result<Response<Vec<u8>>, Problem> {
-        let mut filter = ListFilter {
-            limit: DEFAULT_LIMIT,
-            ..Default::default()
-        };
-        let mut stuck = false;
-        for (k, v) in query_pairs(query)? {
-            match k.as_str() {
-                "route" => filter.route = Some(route_param(&v)?),
-                "state" => {
-                    filter.state = Some(State::parse(&v).ok_or_else(|| {
-                        Problem::bad_query(format!(
-                            "state `{}`: expected processing, delivered, failed or ambiguous",
-                            shown(&v)
-                        ))
-                    })?)
-                }
-                "prefix" if v.is_empty() => {}
-                "prefix" if v.len() > crate::claim::event_id::MAX_EVENT_ID_LEN => {
-                    return Err(Problem::bad_query(
-                        "prefix is longer than any event ID can be",
-                    ))
-                }
-                "prefix" => filter.id_prefix = Some(v),
-                "stuck" => stuck = bool_param("stuck", &v)?,
-                "limit" => {
-                    filter.limit = v
-                        .parse::<i64>()
-                        .ok()
-                        .filter(|n| (1..=MAX_LIMIT).contains(n))
-                        .ok_or_else(|| {
-                            Problem::bad_query(format!(
-                                "limit `{}`: expected a whole number from 1 to {MAX_LIMIT}",
-                                shown(&v)
-                            ))
-                        })?
-                }
-                "before" => filter.after = Some(decode_cursor(&v)?),
-                other => {
-                    return Err(Problem::bad_query(format!(
-                        "unknown parameter `{}`: this endpoint takes route, state, prefix, \
-                         stuck, limit and before",
-                        shown(other)
-                    )))
-                }
-            }
-        }
-        if stuck {
-            if filter.state.is_some_and(|s| s != State::Processing) {
-                return Err(Problem::bad_query(
-                    "stuck=true lists processing records; it cannot be combined with another state",
-                ));
-            }
-            filter.lease_ended_by = Some(now_ms());
-        }
+        let mut filter = list_filter(query)?;
         let limit = filter.limit;
         // one more than asked, to know whether a next page exists
         filter.limit += 1;
@@ -311,6 +258,68 @@ const ENDPOINTS: &str = "the admin API has GET /api/routes, GET /api/events, \
     POST /api/events/release, \
     POST /api/routes/{name}/pause and POST /api/routes/{name}/resume \
     (write a `/` inside an event ID as %2F)";
+
+/// `GET /api/events`'s query as a filter; `stuck=true` lists the
+/// processing records whose lease has ended.
+fn list_filter(query: Option<&str>) -> Result<ListFilter, Problem> {
+    let mut filter = ListFilter {
+        limit: DEFAULT_LIMIT,
+        ..Default::default()
+    };
+    let mut stuck = false;
+    for (k, v) in query_pairs(query)? {
+        match k.as_str() {
+            "route" => filter.route = Some(route_param(&v)?),
+            "state" => {
+                filter.state = Some(State::parse(&v).ok_or_else(|| {
+                    Problem::bad_query(format!(
+                        "state `{}`: expected processing, delivered, failed or ambiguous",
+                        shown(&v)
+                    ))
+                })?)
+            }
+            "prefix" if v.is_empty() => {}
+            "prefix" if v.len() > crate::claim::event_id::MAX_EVENT_ID_LEN => {
+                return Err(Problem::bad_query(
+                    "prefix is longer than any event ID can be",
+                ))
+            }
+            "prefix" => filter.id_prefix = Some(v),
+            "stuck" => stuck = bool_param("stuck", &v)?,
+            "limit" => filter.limit = limit_param(&v)?,
+            "before" => filter.after = Some(decode_cursor(&v)?),
+            other => {
+                return Err(Problem::bad_query(format!(
+                    "unknown parameter `{}`: this endpoint takes route, state, prefix, \
+                     stuck, limit and before",
+                    shown(other)
+                )))
+            }
+        }
+    }
+    if stuck {
+        if filter.state.is_some_and(|s| s != State::Processing) {
+            return Err(Problem::bad_query(
+                "stuck=true lists processing records; it cannot be combined with another state",
+            ));
+        }
+        filter.lease_ended_by = Some(now_ms());
+    }
+    Ok(filter)
+}
+
+/// `limit`: a whole number from 1 to MAX_LIMIT.
+fn limit_param(v: &str) -> Result<i64, Problem> {
+    v.parse::<i64>()
+        .ok()
+        .filter(|n| (1..=MAX_LIMIT).contains(n))
+        .ok_or_else(|| {
+            Problem::bad_query(format!(
+                "limit `{}`: expected a whole number from 1 to {MAX_LIMIT}",
+                shown(v)
+            ))
+        })
+}
 
 /// A route name has the config's grammar, `[a-z0-9_-]{1,64}`; a route that
 /// is no longer configured may still have records.

@@ -9,7 +9,7 @@ use serde_json::json;
 use super::actions::no_params;
 use super::web::{json, ApiRequest};
 use crate::problem::{AdminKind, Problem};
-use crate::reconcile::{Asked, Reconciler};
+use crate::reconcile::{Answer, Asked, Reconciler};
 use crate::store::json::record_json;
 use crate::store::ClaimStore;
 
@@ -25,30 +25,7 @@ pub async fn reconcile(
 ) -> Result<Response<Vec<u8>>, Problem> {
     no_params(req.query)?;
     let asked = reconciler.ask(route, id).await.map_err(Problem::store)?;
-    let (answer, recorded) = match asked {
-        Asked::Learned { answer, recorded } => (answer, recorded),
-        Asked::NotFound => return Err(Problem::not_found(route, id)),
-        Asked::NotConfigured => {
-            return Err(Problem::admin(
-                AdminKind::NoEndpoint,
-                format!("route {route} has no `reconcile`: it does not ask its consumer"),
-            ))
-        }
-        Asked::NotAmbiguous(state) => {
-            return Err(Problem::admin(
-                AdminKind::NotAmbiguous,
-                format!("the record is {state}: only an ambiguous record is asked about"),
-            )
-            .with_event_id(Some(id)))
-        }
-        Asked::Busy => {
-            return Err(Problem::admin(
-                AdminKind::NotAmbiguous,
-                "a question about this record is in flight: try again in a moment",
-            )
-            .with_event_id(Some(id)))
-        }
-    };
+    let (answer, recorded) = learned(asked, route, id)?;
     tracing::info!(
         route,
         event_id = id,
@@ -67,4 +44,27 @@ pub async fn reconcile(
         "recorded": recorded,
     });
     Ok(json(StatusCode::OK, &doc))
+}
+
+/// What was learned, and whether it was recorded; the problem when nothing
+/// was asked.
+fn learned(asked: Asked, route: &str, id: &str) -> Result<(Answer, bool), Problem> {
+    match asked {
+        Asked::Learned { answer, recorded } => Ok((answer, recorded)),
+        Asked::NotFound => Err(Problem::not_found(route, id)),
+        Asked::NotConfigured => Err(Problem::admin(
+            AdminKind::NoEndpoint,
+            format!("route {route} has no `reconcile`: it does not ask its consumer"),
+        )),
+        Asked::NotAmbiguous(state) => Err(Problem::admin(
+            AdminKind::NotAmbiguous,
+            format!("the record is {state}: only an ambiguous record is asked about"),
+        )
+        .with_event_id(Some(id))),
+        Asked::Busy => Err(Problem::admin(
+            AdminKind::NotAmbiguous,
+            "a question about this record is in flight: try again in a moment",
+        )
+        .with_event_id(Some(id))),
+    }
 }

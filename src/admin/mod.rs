@@ -78,6 +78,9 @@ impl Admin {
     }
 }
 
+/// The type of the plain-text answers.
+const PLAIN: &str = "text/plain; charset=utf-8";
+
 fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     Response::builder()
         .status(status)
@@ -90,7 +93,6 @@ fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
-        let plain = "text/plain; charset=utf-8";
         if !is_api(session.req_header().uri.path()) && declares_body(session) {
             // only an action reads a body: any other is left unread, and the
             // connection closed after the answer rather than drained
@@ -100,57 +102,8 @@ impl ServeHttp for Admin {
             return resp;
         }
         match session.req_header().uri.path() {
-            "/healthz" => text(StatusCode::OK, plain, b"ok\n".to_vec()),
-            "/readyz" => {
-                if self.stopping.load(Ordering::Acquire) {
-                    return text(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        plain,
-                        b"stopping: draining before exit\n".to_vec(),
-                    );
-                }
-                let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-                if !self.proxy_accepts().await {
-                    return text(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        plain,
-                        b"proxy listener: not accepting yet\n".to_vec(),
-                    );
-                }
-                let t = std::time::Instant::now();
-                let ping = self.store_ping.answer(&self.store, deadline).await;
-                self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
-                // the body says only that: the store's error text (paths,
-                // hosts, driver messages) goes to the log
-                let unavailable = || {
-                    text(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        plain,
-                        b"store: not answering\n".to_vec(),
-                    )
-                };
-                match ping {
-                    Some(Ok(())) => {
-                        self.not_ready_log.ready();
-                        text(StatusCode::OK, plain, b"ready\n".to_vec())
-                    }
-                    Some(Err(e)) => {
-                        self.not_ready_log.not_ready(
-                            || tracing::warn!(error = %e, "/readyz: the store does not answer"),
-                        );
-                        unavailable()
-                    }
-                    None => {
-                        self.not_ready_log.not_ready(|| {
-                            tracing::warn!(
-                                "/readyz: the store gave no answer within {}",
-                                humantime::format_duration(READY_TIMEOUT)
-                            )
-                        });
-                        unavailable()
-                    }
-                }
-            }
+            "/healthz" => text(StatusCode::OK, PLAIN, b"ok\n".to_vec()),
+            "/readyz" => self.readyz().await,
             "/metrics" => text(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -158,7 +111,7 @@ impl ServeHttp for Admin {
             ),
             _ => text(
                 StatusCode::NOT_FOUND,
-                plain,
+                PLAIN,
                 b"not found: try /, /api/routes, /healthz, /readyz or /metrics\n".to_vec(),
             ),
         }
@@ -194,19 +147,7 @@ impl Admin {
             .iter()
             .map(|v| v.as_bytes().to_vec())
             .collect();
-        // the client behind a trusted proxy, as the proxy's log shows it (SPEC §22)
-        let peer = match session.client_addr().and_then(|a| a.as_inet()) {
-            Some(a) => {
-                let xff = req.headers.get_all("x-forwarded-for");
-                let xff = xff.iter().map(|v| v.as_bytes());
-                crate::source::Shown(crate::source::client(a.ip(), &self.trusted_proxies, xff))
-                    .to_string()
-            }
-            None => session
-                .client_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default(),
-        };
+        let peer = self.peer(session);
         let body = match read_body(session).await {
             Ok(body) => body,
             Err(problem) => return Some(problem.into_response()),
@@ -220,6 +161,62 @@ impl Admin {
             body: &body,
         };
         Some(self.api.respond(&request).await)
+    }
+
+    /// `/readyz`: ready when not stopping, the proxy listener accepts, and
+    /// the store answers within READY_TIMEOUT.
+    async fn readyz(&self) -> Response<Vec<u8>> {
+        let unavailable =
+            |why: &'static [u8]| text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, why.to_vec());
+        if self.stopping.load(Ordering::Acquire) {
+            return unavailable(b"stopping: draining before exit\n");
+        }
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        if !self.proxy_accepts().await {
+            return unavailable(b"proxy listener: not accepting yet\n");
+        }
+        let t = std::time::Instant::now();
+        let ping = self.store_ping.answer(&self.store, deadline).await;
+        self.metrics.store_time("lookup", t.elapsed().as_secs_f64());
+        // the body says only that: the store's error text (paths,
+        // hosts, driver messages) goes to the log
+        match ping {
+            Some(Ok(())) => {
+                self.not_ready_log.ready();
+                text(StatusCode::OK, PLAIN, b"ready\n".to_vec())
+            }
+            Some(Err(e)) => {
+                self.not_ready_log
+                    .not_ready(|| tracing::warn!(error = %e, "/readyz: the store does not answer"));
+                unavailable(b"store: not answering\n")
+            }
+            None => {
+                self.not_ready_log.not_ready(|| {
+                    tracing::warn!(
+                        "/readyz: the store gave no answer within {}",
+                        humantime::format_duration(READY_TIMEOUT)
+                    )
+                });
+                unavailable(b"store: not answering\n")
+            }
+        }
+    }
+
+    /// The client, as the proxy's log shows it: behind a trusted proxy, the
+    /// one it names (SPEC §22).
+    fn peer(&self, session: &ServerSession) -> String {
+        match session.client_addr().and_then(|a| a.as_inet()) {
+            Some(a) => {
+                let xff = session.req_header().headers.get_all("x-forwarded-for");
+                let xff = xff.iter().map(|v| v.as_bytes());
+                crate::source::Shown(crate::source::client(a.ip(), &self.trusted_proxies, xff))
+                    .to_string()
+            }
+            None => session
+                .client_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+        }
     }
 }
 

@@ -195,40 +195,9 @@ pub fn upstream(text: &str) -> Result<UpstreamUrl, String> {
     if authority.is_empty() {
         return bad("the host is missing");
     }
-    // IPv6 literals lose their brackets here: callers resolve `(host, port)`.
-    let (host, port, ipv6) = if let Some(v6) = authority.strip_prefix('[') {
-        let Some((addr, after)) = v6.split_once(']') else {
-            return bad("unterminated IPv6 address");
-        };
-        if addr.parse::<std::net::Ipv6Addr>().is_err() {
-            return bad("invalid IPv6 address");
-        }
-        let port = match after.strip_prefix(':') {
-            Some(p) => Some(p.to_string()),
-            None if after.is_empty() => None,
-            None => return bad("only `:port` may follow an IPv6 address"),
-        };
-        (addr.to_string(), port, true)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h.to_string(), Some(p.to_string()), false),
-            None => (authority.to_string(), None, false),
-        }
-    };
-    let host_ok = ipv6
-        || !host.is_empty()
-            && host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_');
-    if !host_ok {
-        return bad("invalid or missing host");
-    }
-    let port = match port {
-        None => default_port(tls),
-        Some(p) => match p.parse::<u16>() {
-            Ok(n) if n > 0 => n,
-            _ => return bad("the port must be a number from 1 to 65535"),
-        },
+    let (host, port) = match host_and_port(authority, tls) {
+        Ok(hp) => hp,
+        Err(why) => return bad(why),
     };
     if path.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return bad("the path may not contain whitespace");
@@ -246,6 +215,47 @@ pub fn upstream(text: &str) -> Result<UpstreamUrl, String> {
         original,
         host_header,
     })
+}
+
+/// The host and port of an upstream URL's authority (the port the scheme's
+/// default when absent); the error says what is wrong with it.
+fn host_and_port(authority: &str, tls: bool) -> Result<(String, u16), &'static str> {
+    // IPv6 literals lose their brackets here: callers resolve `(host, port)`.
+    let (host, port, ipv6) = if let Some(v6) = authority.strip_prefix('[') {
+        let Some((addr, after)) = v6.split_once(']') else {
+            return Err("unterminated IPv6 address");
+        };
+        if addr.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err("invalid IPv6 address");
+        }
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p.to_string()),
+            None if after.is_empty() => None,
+            None => return Err("only `:port` may follow an IPv6 address"),
+        };
+        (addr.to_string(), port, true)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p.to_string()), false),
+            None => (authority.to_string(), None, false),
+        }
+    };
+    let host_ok = ipv6
+        || !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_');
+    if !host_ok {
+        return Err("invalid or missing host");
+    }
+    let port = match port {
+        None => default_port(tls),
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err("the port must be a number from 1 to 65535"),
+        },
+    };
+    Ok((host, port))
 }
 
 /// The upstream's `Host`: brackets around an IPv6 literal, the port unless

@@ -27,26 +27,9 @@ pub fn rule(ctx: &mut Ctx, path: &str, raw: &RawVerify) -> Option<Rule> {
         &Encoding::ALL,
     )
     .map(|e| e.unwrap_or(Encoding::Hex));
-    let prefix = match raw.prefix.as_deref() {
-        Some("") => {
-            ctx.at_value(&at("prefix"), "prefix is empty (leave it out instead)");
-            None
-        }
-        p => Some(p.map(|p| Prefix {
-            text: Cow::Owned(p.to_owned()),
-            optional: false,
-        })),
-    };
-    let signature_param = match raw.signature_param.as_deref() {
-        Some(p) if p.is_empty() || p.contains([',', ';', '=', ' ']) => {
-            ctx.at_value(
-                &at("signature_param"),
-                "signature_param must be a key of the header's k=v list (no `,`, `;`, `=` or space)",
-            );
-            None
-        }
-        p => Some(p.map(|p| Cow::Owned(p.to_owned()))),
-    };
+    let prefix = prefix(ctx, &at("prefix"), raw.prefix.as_deref());
+    let signature_param =
+        signature_param(ctx, &at("signature_param"), raw.signature_param.as_deref());
     let timestamp = timestamp(ctx, &at("timestamp"), raw.timestamp.as_ref());
     let message = match parse_message(raw.message.as_deref().unwrap_or("{body}")) {
         Ok(m) => Some(m),
@@ -76,6 +59,38 @@ pub fn rule(ctx: &mut Ctx, path: &str, raw: &RawVerify) -> Option<Rule> {
         return None;
     }
     Some(rule)
+}
+
+/// `prefix`, the text before the signature: absent, or not empty.
+fn prefix(ctx: &mut Ctx, path: &str, raw: Option<&str>) -> Option<Option<Prefix>> {
+    match raw {
+        Some("") => {
+            ctx.at_value(path, "prefix is empty (leave it out instead)");
+            None
+        }
+        p => Some(p.map(|p| Prefix {
+            text: Cow::Owned(p.to_owned()),
+            optional: false,
+        })),
+    }
+}
+
+/// `signature_param`, the signature's key when the header is a `k=v` list.
+fn signature_param(
+    ctx: &mut Ctx,
+    path: &str,
+    raw: Option<&str>,
+) -> Option<Option<Cow<'static, str>>> {
+    match raw {
+        Some(p) if p.is_empty() || p.contains([',', ';', '=', ' ']) => {
+            ctx.at_value(
+                path,
+                "signature_param must be a key of the header's k=v list (no `,`, `;`, `=` or space)",
+            );
+            None
+        }
+        p => Some(p.map(|p| Cow::Owned(p.to_owned()))),
+    }
 }
 
 /// The hmac-only keys set on another scheme are an error, one per key.

@@ -507,59 +507,75 @@ impl Route {
     }
 }
 
+impl Route {
+    /// The route's line, its name padded to `width`: the keys every route
+    /// has, then those set (provider, limits, verification).
+    fn check_line(&self, width: usize) -> String {
+        let event_id = if self.guard_methods.is_empty() {
+            "none (pass-through)".to_string()
+        } else {
+            self.event_id_source_text()
+        };
+        let mut line = format!(
+            "{:width$}  {}{} -> {}  event_id={event_id}  digest={} lease={} retention={} max_body={}",
+            self.name,
+            self.host.as_deref().unwrap_or(""),
+            self.path_prefix,
+            self.upstream.original,
+            match self.digest {
+                DigestMode::Raw => "raw",
+                DigestMode::Json => "json",
+            },
+            format_duration(self.lease),
+            format_duration(self.retention),
+            format_size(self.max_body),
+        );
+        self.push_set_keys(&mut line);
+        line
+    }
+
+    /// The keys a route may leave unset, each only when set.
+    fn push_set_keys(&self, line: &mut String) {
+        if let Some(p) = self.provider {
+            line.push_str(&format!("  provider={}", p.as_str()));
+        }
+        if let Some(n) = self.upstream_concurrency {
+            line.push_str(&format!("  upstream_concurrency={n}"));
+        }
+        if let Some(rate) = self.upstream_rate {
+            line.push_str(&format!("  upstream_rate={rate}"));
+        }
+        if let Some(w) = self.upstream_wait {
+            line.push_str(&format!("  upstream_wait={}", format_duration(w)));
+        }
+        if let Some(b) = self.upstream_breaker {
+            let open = format_duration(b.open);
+            line.push_str(&format!("  upstream_breaker={}/{open}", b.failures));
+        }
+        if let Some(v) = &self.verify {
+            line.push_str(&format!(
+                "  verify={} ({} secret(s))",
+                v.scheme.as_str(),
+                v.secrets.len()
+            ));
+            if !self.unverified_methods.is_empty() {
+                let m: Vec<&str> = self
+                    .unverified_methods
+                    .iter()
+                    .map(http::Method::as_str)
+                    .collect();
+                line.push_str(&format!("  unverified_methods=[{}]", m.join(",")));
+            }
+        }
+    }
+}
+
 impl Config {
     /// One line per route for `idemgate check`: name, match, upstream,
     /// event-id source and the main limits. Never includes secrets.
     pub fn describe_routes(&self) -> Vec<String> {
         let width = self.routes.iter().map(|r| r.name.len()).max().unwrap_or(0);
-        self.routes
-            .iter()
-            .map(|r| {
-                let event_id = if r.guard_methods.is_empty() {
-                    "none (pass-through)".to_string()
-                } else {
-                    r.event_id_source_text()
-                };
-                let mut line = format!(
-                    "{:width$}  {}{} -> {}  event_id={event_id}  digest={} lease={} retention={} max_body={}",
-                    r.name,
-                    r.host.as_deref().unwrap_or(""),
-                    r.path_prefix,
-                    r.upstream.original,
-                    match r.digest {
-                        DigestMode::Raw => "raw",
-                        DigestMode::Json => "json",
-                    },
-                    format_duration(r.lease),
-                    format_duration(r.retention),
-                    format_size(r.max_body),
-                );
-                if let Some(p) = r.provider {
-                    line.push_str(&format!("  provider={}", p.as_str()));
-                }
-                if let Some(n) = r.upstream_concurrency {
-                    line.push_str(&format!("  upstream_concurrency={n}"));
-                }
-                if let Some(rate) = r.upstream_rate {
-                    line.push_str(&format!("  upstream_rate={rate}"));
-                }
-                if let Some(w) = r.upstream_wait {
-                    line.push_str(&format!("  upstream_wait={}", format_duration(w)));
-                }
-                if let Some(b) = r.upstream_breaker {
-                    let open = format_duration(b.open);
-                    line.push_str(&format!("  upstream_breaker={}/{open}", b.failures));
-                }
-                if let Some(v) = &r.verify {
-                    line.push_str(&format!("  verify={} ({} secret(s))", v.scheme.as_str(), v.secrets.len()));
-                    if !r.unverified_methods.is_empty() {
-                        let m: Vec<&str> = r.unverified_methods.iter().map(http::Method::as_str).collect();
-                        line.push_str(&format!("  unverified_methods=[{}]", m.join(",")));
-                    }
-                }
-                line
-            })
-            .collect()
+        self.routes.iter().map(|r| r.check_line(width)).collect()
     }
 }
 

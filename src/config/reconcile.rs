@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::ctx::Ctx;
 use super::fields;
 use super::model::{Ask, AskUrl, OnAmbiguous, Reconcile};
-use super::raw::{RawReconcile, RawReconcileSql};
+use super::raw::{RawReconcile, RawReconcileSql, Text};
 use super::verify::resolve_secret;
 
 /// The placeholder of the event ID in `reconcile.url`.
@@ -37,26 +37,7 @@ pub fn reconcile(
         );
     }
     let at = |key: &str| format!("{path}.{key}");
-    let ask = match (raw.url, raw.sql) {
-        (Some(url), None) => ask_url(ctx, path, &url, raw.headers),
-        (None, Some(sql)) => {
-            if raw.headers.is_some() {
-                ctx.at_key(&at("headers"), "headers go with `url`, not with `sql`");
-            }
-            ask_sql(ctx, &at("sql"), sql)
-        }
-        (Some(_), Some(_)) => {
-            ctx.at_key(path, "reconcile takes `url` or `sql`, not both");
-            None
-        }
-        (None, None) => {
-            ctx.at_key(
-                path,
-                "reconcile needs `url` (a GET to the consumer) or `sql` (a query on its database)",
-            );
-            None
-        }
-    };
+    let ask = ask(ctx, path, raw.url, raw.sql, raw.headers);
     let done_empty = raw.done.as_ref().is_some_and(Vec::is_empty);
     let done = status_list(ctx, &at("done"), raw.done, vec![200]);
     let not_done = status_list(ctx, &at("not_done"), raw.not_done, vec![404]);
@@ -70,8 +51,64 @@ pub fn reconcile(
         None => 200,
         Some(s) => status(ctx, &at("delivered_status"), s).unwrap_or(200),
     };
-    let timeout = ctx.duration(&at("timeout"), raw.timeout.as_ref());
-    let every = ctx.duration(&at("every"), raw.every.as_ref());
+    let (timeout, every) = timing(ctx, path, raw.timeout.as_ref(), raw.every.as_ref());
+    if ctx.error_count() != errors_before {
+        return None;
+    }
+    Some(Reconcile {
+        ask: ask?,
+        done,
+        not_done,
+        delivered_status,
+        timeout,
+        every,
+    })
+}
+
+/// The question: `url` or `sql`, exactly one; `headers` only beside `url`.
+fn ask(
+    ctx: &mut Ctx,
+    path: &str,
+    url: Option<String>,
+    sql: Option<RawReconcileSql>,
+    headers: Option<BTreeMap<String, String>>,
+) -> Option<Ask> {
+    match (url, sql) {
+        (Some(url), None) => ask_url(ctx, path, &url, headers),
+        (None, Some(sql)) => {
+            if headers.is_some() {
+                ctx.at_key(
+                    &format!("{path}.headers"),
+                    "headers go with `url`, not with `sql`",
+                );
+            }
+            ask_sql(ctx, &format!("{path}.sql"), sql)
+        }
+        (Some(_), Some(_)) => {
+            ctx.at_key(path, "reconcile takes `url` or `sql`, not both");
+            None
+        }
+        (None, None) => {
+            ctx.at_key(
+                path,
+                "reconcile needs `url` (a GET to the consumer) or `sql` (a query on its database)",
+            );
+            None
+        }
+    }
+}
+
+/// `timeout` and `every`, defaults filled in: each longer than 0, and a
+/// warning when a question may still be waiting as the next one is due.
+fn timing(
+    ctx: &mut Ctx,
+    path: &str,
+    timeout: Option<&Text>,
+    every: Option<&Text>,
+) -> (Duration, Duration) {
+    let at = |key: &str| format!("{path}.{key}");
+    let timeout = ctx.duration(&at("timeout"), timeout);
+    let every = ctx.duration(&at("every"), every);
     let (timeout, every) = (
         timeout.unwrap_or(DEFAULT_TIMEOUT),
         every.unwrap_or(DEFAULT_EVERY),
@@ -88,17 +125,7 @@ pub fn reconcile(
              next one is due",
         );
     }
-    if ctx.error_count() != errors_before {
-        return None;
-    }
-    Some(Reconcile {
-        ask: ask?,
-        done,
-        not_done,
-        delivered_status,
-        timeout,
-        every,
-    })
+    (timeout, every)
 }
 
 fn status(ctx: &mut Ctx, path: &str, n: u64) -> Option<u16> {

@@ -118,7 +118,35 @@ fn identity(
             None
         }
     };
-    let (host, path_prefix) = match match_ {
+    let (host, path_prefix) = route_match(ctx, path, match_);
+    let upstream = match upstream {
+        Some(u) => fields::upstream(&u)
+            .map_err(|e| ctx.at_value(&at("upstream"), e))
+            .ok(),
+        None => {
+            ctx.at_value(
+                path,
+                "required field `upstream` is missing (e.g. \"http://127.0.0.1:3000\")",
+            );
+            None
+        }
+    };
+    Identity {
+        name,
+        host,
+        path_prefix,
+        upstream,
+    }
+}
+
+/// `match`: its host (none is any host) and its `path_prefix`, which it must have.
+fn route_match(
+    ctx: &mut Ctx,
+    path: &str,
+    match_: Option<RawMatch>,
+) -> (Option<String>, Option<String>) {
+    let at = |key: &str| format!("{path}.{key}");
+    match match_ {
         None => {
             ctx.at_value(
                 path,
@@ -143,24 +171,6 @@ fn identity(
             };
             (host, prefix)
         }
-    };
-    let upstream = match upstream {
-        Some(u) => fields::upstream(&u)
-            .map_err(|e| ctx.at_value(&at("upstream"), e))
-            .ok(),
-        None => {
-            ctx.at_value(
-                path,
-                "required field `upstream` is missing (e.g. \"http://127.0.0.1:3000\")",
-            );
-            None
-        }
-    };
-    Identity {
-        name,
-        host,
-        path_prefix,
-        upstream,
     }
 }
 

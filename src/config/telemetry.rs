@@ -5,7 +5,7 @@
 
 use super::ctx::Ctx;
 use super::fields;
-use super::model::{Otlp, Telemetry};
+use super::model::{Otlp, Telemetry, UpstreamUrl};
 use super::raw::{RawOtlp, RawTelemetry};
 use super::reconcile::ask_headers;
 
@@ -44,22 +44,7 @@ fn telemetry(ctx: &mut Ctx, raw: RawTelemetry) -> Option<Telemetry> {
 fn otlp(ctx: &mut Ctx, raw: RawOtlp) -> Option<Otlp> {
     let at = |key: &str| format!("telemetry.otlp.{key}");
     let errors_before = ctx.error_count();
-    let endpoint = match raw.endpoint {
-        None => {
-            ctx.at_key(
-                "telemetry.otlp",
-                "otlp needs `endpoint`, the collector's OTLP/HTTP address, e.g. http://127.0.0.1:4318",
-            );
-            None
-        }
-        Some(url) => match fields::upstream(&url) {
-            Ok(target) => Some(target),
-            Err(e) => {
-                ctx.at_value(&at("endpoint"), e.replace("upstream", "endpoint"));
-                None
-            }
-        },
-    };
+    let endpoint = endpoint(ctx, raw.endpoint);
     let headers = ask_headers(ctx, &at("headers"), raw.headers.unwrap_or_default());
     let sample = match raw.sample {
         None => 1.0,
@@ -92,4 +77,24 @@ fn otlp(ctx: &mut Ctx, raw: RawOtlp) -> Option<Otlp> {
         sample,
         service_name,
     })
+}
+
+/// `otlp.endpoint`, the collector's address, read as an upstream URL is.
+fn endpoint(ctx: &mut Ctx, raw: Option<String>) -> Option<UpstreamUrl> {
+    match raw {
+        None => {
+            ctx.at_key(
+                "telemetry.otlp",
+                "otlp needs `endpoint`, the collector's OTLP/HTTP address, e.g. http://127.0.0.1:4318",
+            );
+            None
+        }
+        Some(url) => match fields::upstream(&url) {
+            Ok(target) => Some(target),
+            Err(e) => {
+                ctx.at_value("telemetry.otlp.endpoint", e.replace("upstream", "endpoint"));
+                None
+            }
+        },
+    }
 }

@@ -17,6 +17,7 @@ use crate::source::{Range, Ranges};
 use crate::store::{Durability, StoreUrl};
 
 /// Validates the whole file. `None` means at least one error was recorded.
+// long: the one place RawConfig is taken apart and Config filled in (habit 12), a line a key
 pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
     let RawConfig {
         listen,
@@ -36,21 +37,7 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
         telemetry,
     } = raw;
 
-    let listen = socket_addr(ctx, "listen", listen.as_ref());
-    let admin_listen = socket_addr(ctx, "admin_listen", admin_listen.as_ref());
-    if let (Some(proxy), Some(admin)) = (listen, admin_listen) {
-        if listeners_overlap(proxy, admin) {
-            // pingora binds with SO_REUSEPORT: both would bind, and the
-            // kernel would split connections between proxy and admin
-            ctx.at_value(
-                "admin_listen",
-                format!(
-                    "admin_listen `{admin}` overlaps listen `{proxy}`: \
-                     the admin endpoints need a port of their own"
-                ),
-            );
-        }
-    }
+    let (listen, admin_listen) = listeners(ctx, listen.as_ref(), admin_listen.as_ref());
     let store = match store {
         Some(s) => store_config(ctx, s),
         None => {
@@ -98,6 +85,30 @@ pub fn validate(raw: RawConfig, ctx: &mut Ctx) -> Option<Config> {
     })
 }
 
+/// `listen` and `admin_listen`, which must not take each other's connections.
+fn listeners(
+    ctx: &mut Ctx,
+    listen: Option<&Text>,
+    admin_listen: Option<&Text>,
+) -> (Option<SocketAddr>, Option<SocketAddr>) {
+    let listen = socket_addr(ctx, "listen", listen);
+    let admin_listen = socket_addr(ctx, "admin_listen", admin_listen);
+    if let (Some(proxy), Some(admin)) = (listen, admin_listen) {
+        if listeners_overlap(proxy, admin) {
+            // pingora binds with SO_REUSEPORT: both would bind, and the
+            // kernel would split connections between proxy and admin
+            ctx.at_value(
+                "admin_listen",
+                format!(
+                    "admin_listen `{admin}` overlaps listen `{proxy}`: \
+                     the admin endpoints need a port of their own"
+                ),
+            );
+        }
+    }
+    (listen, admin_listen)
+}
+
 /// `trusted_proxies`: address ranges (SPEC §22); none by default.
 fn trusted_proxies_config(ctx: &mut Ctx, raw: Option<Vec<String>>) -> Option<Arc<Ranges>> {
     let items = raw.unwrap_or_default();
@@ -122,57 +133,84 @@ fn parse_routes(ctx: &mut Ctx, routes: Option<Vec<RawRoute>>, defaults: &Layer) 
         ),
         Some(r) if r.is_empty() => ctx.at_value("routes", "at least one route is required"),
         Some(routes) => {
-            // name → path of its `name` key; (host, prefix) → the route that has it.
-            let mut names: HashMap<String, String> = HashMap::new();
-            let mut matches: HashMap<(Option<String>, String), String> = HashMap::new();
+            let mut seen = SeenRoutes::default();
             for (i, raw_route) in routes.into_iter().enumerate() {
                 let path = format!("routes[{i}]");
                 let name = raw_route.name.clone();
                 let label = name
                     .as_ref()
                     .map_or_else(|| path.clone(), |n| format!("`{n}`"));
-                // The match key is checked even when the route has other
-                // errors; a malformed host or prefix is reported by parse_route.
-                let match_key = raw_route.match_.as_ref().and_then(|m| {
-                    let host = match &m.host {
-                        Some(h) => Some(fields::match_host(h).ok()?),
-                        None => None,
-                    };
-                    Some((host, fields::path_prefix(m.path_prefix.as_deref()?).ok()?))
-                });
+                let match_key = match_key(&raw_route);
                 if let Some(route) = parse_route(ctx, &path, raw_route, defaults) {
                     out_routes.push(route);
                 }
                 if let Some(name) = name {
-                    let name_path = format!("{path}.name");
-                    if let Some(first) = names.get(&name) {
-                        let first_line = ctx.line_of(first);
-                        ctx.at_key(
-                            &name_path,
-                            format!("duplicate route name `{name}` (first defined at line {first_line})"),
-                        );
-                    } else {
-                        names.insert(name, name_path);
-                    }
+                    seen.name(ctx, &path, name);
                 }
                 if let Some(key) = match_key {
-                    if let Some(other) = matches.get(&key) {
-                        ctx.at_key(
-                            &format!("{path}.match"),
-                            format!(
-                                "duplicate match (host {}, path_prefix {}): route {other} already matches it",
-                                key.0.as_deref().unwrap_or("*"),
-                                key.1
-                            ),
-                        );
-                    } else {
-                        matches.insert(key, label);
-                    }
+                    seen.match_key(ctx, &path, key, label);
                 }
             }
         }
     }
     out_routes
+}
+
+/// A route's `(host, path_prefix)`.
+type MatchKey = (Option<String>, String);
+
+/// The match key, read even when the route has other errors; `None` when
+/// the host or prefix is missing or malformed (parse_route reports that).
+fn match_key(raw_route: &RawRoute) -> Option<MatchKey> {
+    let m = raw_route.match_.as_ref()?;
+    let host = match &m.host {
+        Some(h) => Some(fields::match_host(h).ok()?),
+        None => None,
+    };
+    Some((host, fields::path_prefix(m.path_prefix.as_deref()?).ok()?))
+}
+
+/// The names and matches of the routes so far, so that a second route with
+/// either is reported where it stands.
+#[derive(Default)]
+struct SeenRoutes {
+    /// name → path of its `name` key, for the first one's line.
+    names: HashMap<String, String>,
+    /// (host, prefix) → the route that has it.
+    matches: HashMap<MatchKey, String>,
+}
+
+impl SeenRoutes {
+    /// The name of the route at `path`: kept, or reported as a duplicate.
+    fn name(&mut self, ctx: &mut Ctx, path: &str, name: String) {
+        let name_path = format!("{path}.name");
+        if let Some(first) = self.names.get(&name) {
+            let first_line = ctx.line_of(first);
+            ctx.at_key(
+                &name_path,
+                format!("duplicate route name `{name}` (first defined at line {first_line})"),
+            );
+        } else {
+            self.names.insert(name, name_path);
+        }
+    }
+
+    /// The match of the route at `path` (shown as `label`): kept, or
+    /// reported as a duplicate.
+    fn match_key(&mut self, ctx: &mut Ctx, path: &str, key: MatchKey, label: String) {
+        if let Some(other) = self.matches.get(&key) {
+            ctx.at_key(
+                &format!("{path}.match"),
+                format!(
+                    "duplicate match (host {}, path_prefix {}): route {other} already matches it",
+                    key.0.as_deref().unwrap_or("*"),
+                    key.1
+                ),
+            );
+        } else {
+            self.matches.insert(key, label);
+        }
+    }
 }
 
 /// `threads`: `Some(None)` when unset (the runtime decides).
@@ -261,26 +299,7 @@ fn downstream_config(ctx: &mut Ctx, raw: Option<RawDownstream>) -> Option<Downst
     let keepalive_timeout =
         ctx.duration("downstream.keepalive_timeout", keepalive_timeout.as_ref());
     let write_timeout = ctx.duration("downstream.write_timeout", write_timeout.as_ref());
-    let max = match max_connections {
-        None => d.max_connections,
-        Some(0) => {
-            ctx.at_value(
-                "downstream.max_connections",
-                "max_connections must be at least 1",
-            );
-            0
-        }
-        Some(n) => match usize::try_from(n) {
-            Ok(n) if n <= MAX_DOWNSTREAM_CONNECTIONS => n,
-            _ => {
-                ctx.at_value(
-                    "downstream.max_connections",
-                    format!("max_connections is too large (at most {MAX_DOWNSTREAM_CONNECTIONS})"),
-                );
-                0
-            }
-        },
-    };
+    let max = max_connections_of(ctx, max_connections, d.max_connections);
     let at = if max_connections.is_some() {
         ctx.position("downstream.max_connections", true)
     } else if present {
@@ -299,6 +318,30 @@ fn downstream_config(ctx: &mut Ctx, raw: Option<RawDownstream>) -> Option<Downst
         max_connections: max,
         max_connections_at: at,
     })
+}
+
+/// `downstream.max_connections`: `default` when unset, 0 when wrong (recorded).
+fn max_connections_of(ctx: &mut Ctx, raw: Option<u64>, default: usize) -> usize {
+    match raw {
+        None => default,
+        Some(0) => {
+            ctx.at_value(
+                "downstream.max_connections",
+                "max_connections must be at least 1",
+            );
+            0
+        }
+        Some(n) => match usize::try_from(n) {
+            Ok(n) if n <= MAX_DOWNSTREAM_CONNECTIONS => n,
+            _ => {
+                ctx.at_value(
+                    "downstream.max_connections",
+                    format!("max_connections is too large (at most {MAX_DOWNSTREAM_CONNECTIONS})"),
+                );
+                0
+            }
+        },
+    }
 }
 
 /// More client connections than this is a typo: each costs a file descriptor.

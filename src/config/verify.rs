@@ -128,17 +128,7 @@ pub fn verify(
     provider: Option<Provider>,
 ) -> Option<Verifier> {
     let at = |key: &str| format!("{path}.{key}");
-    let scheme = match (raw.scheme, provider) {
-        (Some(s), _) => Some(s),
-        (None, Some(p)) => Some(preset_scheme(p)),
-        (None, None) => {
-            ctx.at_key(
-                path,
-                "verify needs a `scheme` (or a `provider` on the route)",
-            );
-            None
-        }
-    };
+    let scheme = scheme_of(ctx, path, raw.scheme, provider);
     let tolerance = ctx.duration(&at("tolerance"), raw.tolerance.as_ref());
     let resolved = resolve_all(ctx, path, raw.secrets.as_deref());
     // gitlab: a `whsec_` signing token is GitLab 19's standard-webhooks signature
@@ -158,6 +148,45 @@ pub fn verify(
             None
         }
     };
+    let (keys, public_keys) = keys_of(ctx, path, scheme, resolved);
+    Some(Verifier {
+        scheme: scheme?,
+        secrets: keys.into(),
+        tolerance: tolerance.unwrap_or(DEFAULT_TOLERANCE),
+        header,
+        rule: rule.map(Box::new),
+        public_keys,
+    })
+}
+
+/// The block's `scheme`, else the provider's.
+fn scheme_of(
+    ctx: &mut Ctx,
+    path: &str,
+    scheme: Option<Scheme>,
+    provider: Option<Provider>,
+) -> Option<Scheme> {
+    match (scheme, provider) {
+        (Some(s), _) => Some(s),
+        (None, Some(p)) => Some(preset_scheme(p)),
+        (None, None) => {
+            ctx.at_key(
+                path,
+                "verify needs a `scheme` (or a `provider` on the route)",
+            );
+            None
+        }
+    }
+}
+
+/// The secrets as the scheme takes them: HMAC keys (or tokens), and for
+/// standard-webhooks also Ed25519 public keys; a wrong one is recorded.
+fn keys_of(
+    ctx: &mut Ctx,
+    path: &str,
+    scheme: Option<Scheme>,
+    resolved: Vec<(usize, Vec<u8>)>,
+) -> (Vec<Vec<u8>>, Vec<[u8; 32]>) {
     let mut keys = Vec::new();
     let mut public_keys = Vec::new();
     for (i, raw_key) in resolved {
@@ -168,14 +197,7 @@ pub fn verify(
             Err(e) => ctx.at_value(&spath, e),
         }
     }
-    Some(Verifier {
-        scheme: scheme?,
-        secrets: keys.into(),
-        tolerance: tolerance.unwrap_or(DEFAULT_TOLERANCE),
-        header,
-        rule: rule.map(Box::new),
-        public_keys,
-    })
+    (keys, public_keys)
 }
 
 /// Every secret of the block, read (errors recorded), with its index.

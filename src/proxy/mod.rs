@@ -474,6 +474,20 @@ impl Gate {
         if let Some(refused) = source_refusal(&route, client) {
             return Some(exit::refuse(shared, session, Some(&route), refused).await);
         }
+        self.answer_routed(session, ctx, route, client).await
+    }
+
+    /// The routed request's path, once its source is allowed: guarded,
+    /// refused while the route is paused, verified and forwarded, read whole
+    /// and forwarded, or (`None`) streamed by pingora.
+    async fn answer_routed(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        route: Arc<RouteRt>,
+        client: Option<std::net::IpAddr>,
+    ) -> Option<Exit> {
+        let shared = &self.shared;
         let req = session.req_header();
         let method = &req.method;
         let (guarded, verified) = (route.guards(method), route.verifies(method));

@@ -561,6 +561,7 @@ impl<'a> SettleStatement<'a> {
 }
 
 /// The statement that settles `req`, with its values.
+// long: the statement's 15 parameters listed once, in the SQL's $n order, after the outcome's values
 pub(crate) fn settle_statement<'a>(req: &SettleRequest<'a>) -> SettleStatement<'a> {
     use Param::*;
     let (mut status, mut error) = (None, None);

@@ -266,16 +266,7 @@ impl Rule {
             };
             check_ts(parse_timestamp(ts_name, raw)?)?;
         }
-        let mut parts: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
-        for (slot, piece) in parts.iter_mut().zip(self.message.iter()) {
-            *slot = match piece {
-                Piece::Text(t) => t.as_bytes(),
-                Piece::Body => body,
-                Piece::Timestamp => ts_raw.unwrap_or_default().as_bytes(),
-                Piece::Id => id.ok_or(VerifyError::MissingEventId)?.as_bytes(),
-                Piece::Header(h) => required(headers, h.as_str())?.as_bytes(),
-            };
-        }
+        let parts = self.message_parts(headers, body, ts_raw, id)?;
         let parts = &parts[..self.message.len()];
         let mut matched = Choice::from(0u8);
         keys.for_each_tag(self.algorithm, parts, |tag| {
@@ -288,6 +279,28 @@ impl Rule {
         } else {
             Err(VerifyError::Mismatch)
         }
+    }
+
+    /// The signed message's pieces, in order, each borrowed where it lies
+    /// (the MAC reads them one after another: the body is never copied).
+    fn message_parts<'a>(
+        &'a self,
+        headers: &'a HeaderMap,
+        body: &'a [u8],
+        ts_raw: Option<&'a str>,
+        id: Option<&'a str>,
+    ) -> Result<[&'a [u8]; MAX_PIECES], VerifyError> {
+        let mut parts: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
+        for (slot, piece) in parts.iter_mut().zip(self.message.iter()) {
+            *slot = match piece {
+                Piece::Text(t) => t.as_bytes(),
+                Piece::Body => body,
+                Piece::Timestamp => ts_raw.unwrap_or_default().as_bytes(),
+                Piece::Id => id.ok_or(VerifyError::MissingEventId)?.as_bytes(),
+                Piece::Header(h) => required(headers, h.as_str())?.as_bytes(),
+            };
+        }
+        Ok(parts)
     }
 
     /// Reads a `k=v` list: the signatures under `param` into `found`, and

@@ -439,23 +439,27 @@ impl Verifier {
         self.check_timestamp(ts, now)?;
         let parts: [&[u8]; 5] = [id.as_bytes(), b".", ts_value.as_bytes(), b".", body];
         let hmac_ok = self.check(&parts, &list.v1).is_ok();
-        let ed_ok = !list.v1a.is_empty() && {
-            // Ed25519 signs the message whole: one copy, only for a v1a entry.
-            let message = parts.concat();
-            let mut ok = false;
-            for key in &self.public_keys {
-                let key = UnparsedPublicKey::new(&ED25519, key);
-                for sig in &list.v1a {
-                    ok |= key.verify(&message, sig).is_ok();
-                }
-            }
-            ok
-        };
+        let ed_ok = !list.v1a.is_empty() && self.ed25519_matches(&parts, &list.v1a);
         if hmac_ok || ed_ok {
             Ok(())
         } else {
             Err(VerifyError::Mismatch)
         }
+    }
+
+    /// Whether any `v1a` signature is one of the public keys' over the
+    /// message; Ed25519 signs the message whole, so it is copied once, and
+    /// only when a v1a entry is there to check.
+    fn ed25519_matches(&self, parts: &[&[u8]], signatures: &[[u8; 64]]) -> bool {
+        let message = parts.concat();
+        let mut ok = false;
+        for key in &self.public_keys {
+            let key = UnparsedPublicKey::new(&ED25519, key);
+            for sig in signatures {
+                ok |= key.verify(&message, sig).is_ok();
+            }
+        }
+        ok
     }
 
     /// `|now - ts| <= tolerance` passes (compared at millisecond precision).

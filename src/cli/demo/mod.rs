@@ -105,6 +105,9 @@ pub fn demo() -> i32 {
     }
 }
 
+/// Runs the script against a sample consumer and a proxy of its own;
+/// `Ok(false)` when a step did not come to what it should.
+// long: the demo's script, each delivery and what it should come to written once, in order
 fn run_demo() -> Result<bool, String> {
     let consumer =
         Consumer::start().map_err(|e| format!("cannot start the sample consumer: {e}"))?;

@@ -11,7 +11,7 @@ use crate::metrics::Outcome;
 use crate::proxy::exit::{Ending, Refused, Relay, Stop, Verdict};
 use crate::proxy::forward::{self, Answered, Upstream, UpstreamFailure};
 use crate::proxy::pass_through;
-use crate::store::{ReplayHeaders, SettleOutcome};
+use crate::store::{ReplayHeaders, SettleOutcome, StoreError};
 
 use super::claim::{ClaimStop, Claimed};
 use super::settle::store_unavailable;
@@ -35,50 +35,54 @@ impl Delivery<'_> {
         if let (Some(t), Some(attempt)) = (self.trace, self.attempt) {
             t.set(opentelemetry::KeyValue::new("idemgate.attempt", attempt));
         }
-        let (route, event_id) = (self.route, self.event_id.as_str());
         match claimed {
             Ok(Claimed::Own) => Box::pin(self.forward(session, body)).await,
             Ok(Claimed::Answer(recorded)) => Ok(Verdict::Replay(recorded)),
             Err(ClaimStop::Refused(p)) => Err(Refused::new(p).into()),
-            Err(ClaimStop::Store(e)) => {
-                let name = route.name();
-                // counted, and summarised once a second (`telemetry::outage`)
-                tracing::debug!(route = name, event_id, error = %e, "claim failed: store unavailable");
-                crate::telemetry::outage::store_error(e.to_string());
-                if policy::without_store(route.cfg.on_store_error, StoreStep::Claim)
-                    == policy::WithoutStore::Refuse
-                {
-                    let detail = "the claim store did not answer; retry later";
-                    return Err(Refused::new(store_unavailable(event_id, detail)).into());
-                }
-                tracing::debug!(
-                    route = name,
-                    event_id,
-                    "store unavailable: forwarding unguarded"
-                );
-                crate::telemetry::outage::note("forwarded_unguarded");
-                if self.permit.is_some() {
-                    // within the slot this delivery holds already
-                    let trace = self.trace;
-                    return Box::pin(pass_through::forward(
-                        self.shared,
-                        session,
-                        route,
-                        body,
-                        trace,
-                    ))
-                    .await;
-                }
-                Box::pin(pass_through::forward_admitted(
-                    self.shared,
-                    session,
-                    route,
-                    body,
-                    self.trace,
-                ))
-                .await
-            }
+            Err(ClaimStop::Store(e)) => self.without_store(session, body, e).await,
         }
+    }
+
+    /// The claim store did not answer: refused, or forwarded unguarded, as
+    /// the route's `on_store_error` says.
+    async fn without_store(&self, session: &mut Session, body: Bytes, e: StoreError) -> Ending {
+        let (route, event_id) = (self.route, self.event_id.as_str());
+        let name = route.name();
+        // counted, and summarised once a second (`telemetry::outage`)
+        tracing::debug!(route = name, event_id, error = %e, "claim failed: store unavailable");
+        crate::telemetry::outage::store_error(e.to_string());
+        if policy::without_store(route.cfg.on_store_error, StoreStep::Claim)
+            == policy::WithoutStore::Refuse
+        {
+            let detail = "the claim store did not answer; retry later";
+            return Err(Refused::new(store_unavailable(event_id, detail)).into());
+        }
+        tracing::debug!(
+            route = name,
+            event_id,
+            "store unavailable: forwarding unguarded"
+        );
+        crate::telemetry::outage::note("forwarded_unguarded");
+        if self.permit.is_some() {
+            // within the slot this delivery holds already
+            let trace = self.trace;
+            return Box::pin(pass_through::forward(
+                self.shared,
+                session,
+                route,
+                body,
+                trace,
+            ))
+            .await;
+        }
+        Box::pin(pass_through::forward_admitted(
+            self.shared,
+            session,
+            route,
+            body,
+            self.trace,
+        ))
+        .await
     }
 
     /// Forwards the claimed delivery, settles the claim from the upstream's

@@ -105,6 +105,25 @@ struct Scripts {
     take_question: Script,
 }
 
+impl Scripts {
+    /// Each script with its SHA1, computed once per store.
+    fn new() -> Scripts {
+        Scripts {
+            claim: Script::new(scripts::CLAIM),
+            settle: Script::new(scripts::SETTLE),
+            release: Script::new(scripts::RELEASE),
+            list: Script::new(scripts::LIST_BUCKET),
+            sweep: Script::new(scripts::SWEEP_BUCKET),
+            resolve: Script::new(scripts::RESOLVE),
+            release_unacknowledged: Script::new(scripts::RELEASE_UNACKNOWLEDGED),
+            bulk_release: Script::new(scripts::BULK_RELEASE),
+            hold_ended: Script::new(scripts::HOLD_ENDED),
+            reconciled: Script::new(scripts::RECONCILED),
+            take_question: Script::new(scripts::TAKE_QUESTION),
+        }
+    }
+}
+
 pub struct ValkeyStore {
     link: Arc<link::Link>,
     target: ValkeyTarget,
@@ -196,19 +215,7 @@ impl ValkeyStore {
             )),
             link,
             target,
-            scripts: Scripts {
-                claim: Script::new(scripts::CLAIM),
-                settle: Script::new(scripts::SETTLE),
-                release: Script::new(scripts::RELEASE),
-                list: Script::new(scripts::LIST_BUCKET),
-                sweep: Script::new(scripts::SWEEP_BUCKET),
-                resolve: Script::new(scripts::RESOLVE),
-                release_unacknowledged: Script::new(scripts::RELEASE_UNACKNOWLEDGED),
-                bulk_release: Script::new(scripts::BULK_RELEASE),
-                hold_ended: Script::new(scripts::HOLD_ENDED),
-                reconciled: Script::new(scripts::RECONCILED),
-                take_question: Script::new(scripts::TAKE_QUESTION),
-            },
+            scripts: Scripts::new(),
             routes_known: Mutex::new(HashSet::new()),
             shards_seen: AtomicU64::new(0),
         })

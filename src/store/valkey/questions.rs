@@ -32,6 +32,23 @@ struct Row {
     instance: Option<String>,
 }
 
+impl Row {
+    /// The row of the question `req` records: asked from `started_at`,
+    /// answered `now`.
+    fn of(req: &Reconciliation<'_>) -> Row {
+        Row {
+            attempt: req.attempts.to_string(),
+            started_at: req.started_at.to_string(),
+            ended_at: Some(req.now.to_string()),
+            status: req.status.map(|s| s.to_string()),
+            result: req.learned.result().into(),
+            error: Some(req.detail.into()),
+            duration_ms: Some((req.now - req.started_at).to_string()),
+            instance: Some(req.instance.into()),
+        }
+    }
+}
+
 pub(super) async fn reconciled(
     store: &ValkeyStore,
     req: &Reconciliation<'_>,
@@ -50,17 +67,7 @@ pub(super) async fn reconciled(
         Learned::NotDone => ("failed", String::new()),
         Learned::Unknown => ("unknown", String::new()),
     };
-    let row = Row {
-        attempt: req.attempts.to_string(),
-        started_at: req.started_at.to_string(),
-        ended_at: Some(req.now.to_string()),
-        status: req.status.map(|s| s.to_string()),
-        result: req.learned.result().into(),
-        error: Some(req.detail.into()),
-        duration_ms: Some((req.now - req.started_at).to_string()),
-        instance: Some(req.instance.into()),
-    };
-    let row = serde_json::to_vec(&row).map_err(|e| corrupt("a question's row", e))?;
+    let row = serde_json::to_vec(&Row::of(req)).map_err(|e| corrupt("a question's row", e))?;
     let args: Vec<Vec<u8>> = vec![
         req.event_id.into(),
         req.attempts.to_string().into(),
