@@ -188,8 +188,8 @@ async fn a_claim_the_replica_cannot_confirm_is_an_error() {
 /// claim's `WAITAOF` still blocks. On the one multiplexed connection per
 /// node of before, the second write queued on the server behind that wait
 /// (under load: issue 52's waits of about 1 s each). Then many concurrent
-/// claims over the three shards are each confirmed, one recorded wait for
-/// each `WAITAOF` the primaries counted, fewer than the claims.
+/// claims over the three shards are each confirmed, by fewer waits than
+/// claims, each wait one or more `WAITAOF` as the primaries counted them.
 // long: two steps on one cluster (a cut replica, then load), each checked
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_does_not_queue_behind_a_blocked_wait() {
@@ -252,9 +252,16 @@ async fn a_write_does_not_queue_behind_a_blocked_wait() {
     }
     let sent: u64 = v.primaries().iter().map(|&p| calls(&v, p, "waitaof")).sum();
     let recorded = s.report().waits.len() as u64;
-    println!("300 concurrent claims over 3 shards: {sent} WAITAOF");
-    assert_eq!(recorded, sent, "one recorded wait per WAITAOF");
-    assert!((3..300).contains(&sent), "{sent} waits for 300 claims");
+    println!("300 concurrent claims over 3 shards: {recorded} waits, {sent} WAITAOF");
+    // a wait is sent again while the replica has not confirmed it yet
+    assert!(
+        (1..=sent).contains(&recorded),
+        "{recorded} recorded waits, {sent} WAITAOF"
+    );
+    assert!(
+        (3..300).contains(&recorded),
+        "{recorded} waits for 300 claims"
+    );
 }
 
 /// The cluster stops answering (every node stopped): the real binary
