@@ -254,8 +254,11 @@ fn postgres(s: &crate::settings::Settings, n: u64, rep: &mut Report) -> Result<S
     let loaded_at = match known {
         Some(at) => {
             let t = std::time::Instant::now();
+            // on the schema's own search path: the delete's triggers (the
+            // attempts and questions go with their record) name their
+            // tables unqualified
             let gone = pg_exec(
-                &s.pg_url,
+                &url,
                 &format!(
                     "WITH d AS (DELETE FROM {table} WHERE first_seen_at >= {at} RETURNING 1) \
                      SELECT count(*)::text FROM d"
