@@ -236,13 +236,8 @@ impl Backend for ValkeyStore {
             opt(filter.lease_ended_by.map(|t| t.to_string())),
             filter.limit.to_string().into(),
         ];
-        let sha = self.scripts.list.get_hash().to_string();
         let pages = self
-            .every_bucket(&routes, |conn, b| {
-                let args = args_tail.clone();
-                let sha = sha.clone();
-                async move { list_bucket(conn, b, sha, args).await }
-            })
+            .every_bucket(&routes, |conn, b| list_bucket(conn, b, args_tail.clone()))
             .await?;
         let mut all = Vec::new();
         for (route, page) in pages {
@@ -424,33 +419,15 @@ impl Backend for ValkeyStore {
 /// One bucket's page of a list ([`scripts::LIST_BUCKET`]): event IDs and
 /// their fields. A read: no durability wait.
 async fn list_bucket(
-    mut conn: Conn,
+    conn: Conn,
     b: Bucket,
-    sha: String,
     tail: Vec<Vec<u8>>,
 ) -> Result<Vec<(String, Value)>, StoreError> {
-    let run = |sha: &str| {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(sha)
-            .arg(1)
-            .arg(b.by_first_seen())
-            .arg(b.record_prefix())
-            .arg(&tail);
-        cmd
-    };
-    let value: Value = match run(&sha).query_async(&mut conn).await {
-        Err(e) if e.code() == Some("NOSCRIPT") => {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(scripts::LIST_BUCKET)
-                .arg(1)
-                .arg(b.by_first_seen())
-                .arg(b.record_prefix())
-                .arg(&tail);
-            cmd.query_async(&mut conn).await.map_err(driver)?
-        }
-        res => res.map_err(driver)?,
-    };
-    decode::list_page(value)
+    let mut args = vec![b.record_prefix().into_bytes()];
+    args.extend(tail);
+    let page =
+        operator::eval_read(conn, scripts::LIST_BUCKET, vec![b.by_first_seen()], args).await?;
+    decode::list_page(page)
 }
 
 /// The delivered settle's replayed headers, as kept (SPEC §22).

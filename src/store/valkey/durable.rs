@@ -83,7 +83,7 @@ type Answer = Result<(), String>;
 /// that one asking came before the replica's fsync of the write, the wait
 /// would block until the next second. Sent again, it asks again: on
 /// Valkey 9.1.2 here, scenario (v)'s p99 went from 686–798 ms to 81–87 ms
-/// and its req/s up 15 % (3 interleaved rounds, docs/performance.md). In
+/// and its req/s up 17 % (3 interleaved rounds, docs/performance.md). In
 /// the common case the first asking is answered within a few ms and no
 /// more waits are sent (300 concurrent claims: 25 waits, 26 `WAITAOF`).
 const ASK_AGAIN: Duration = Duration::from_millis(5);

@@ -90,12 +90,12 @@ use self::link::Conn;
 use self::target::ValkeyTarget;
 use super::{Backend, StoreError, StoreUrl};
 
-/// The scripts, each with its SHA1 for `EVALSHA`.
+/// The scripts that write, each with its SHA1 for `EVALSHA` (the reads
+/// run through `operator::eval_read`).
 struct Scripts {
     claim: Script,
     settle: Script,
     release: Script,
-    list: Script,
     sweep: Script,
     resolve: Script,
     release_unacknowledged: Script,
@@ -112,7 +112,6 @@ impl Scripts {
             claim: Script::new(scripts::CLAIM),
             settle: Script::new(scripts::SETTLE),
             release: Script::new(scripts::RELEASE),
-            list: Script::new(scripts::LIST_BUCKET),
             sweep: Script::new(scripts::SWEEP_BUCKET),
             resolve: Script::new(scripts::RESOLVE),
             release_unacknowledged: Script::new(scripts::RELEASE_UNACKNOWLEDGED),
@@ -432,7 +431,6 @@ fn script_text(script: &Script, all: &Scripts) -> &'static str {
         (&all.claim, scripts::CLAIM),
         (&all.settle, scripts::SETTLE),
         (&all.release, scripts::RELEASE),
-        (&all.list, scripts::LIST_BUCKET),
         (&all.sweep, scripts::SWEEP_BUCKET),
         (&all.resolve, scripts::RESOLVE),
         (&all.release_unacknowledged, scripts::RELEASE_UNACKNOWLEDGED),

@@ -8,6 +8,7 @@
 //! slot.
 
 use super::keys::Bucket;
+use super::operator::eval_read;
 use super::{driver, scripts, ValkeyStore};
 use crate::claim::Millis;
 use crate::store::{
@@ -140,17 +141,10 @@ pub(super) async fn take(
     let routes = [batch.route.to_owned()];
     let now = batch.now;
     let found = store
-        .every_bucket(&routes, |mut conn, b| async move {
-            let ids: Vec<String> = redis::cmd("EVAL")
-                .arg(scripts::DUE_QUESTIONS)
-                .arg(1)
-                .arg(b.ambiguous())
-                .arg(b.record_prefix())
-                .arg(now)
-                .query_async(&mut conn)
-                .await
-                .map_err(driver)?;
-            Ok(ids)
+        .every_bucket(&routes, |conn, b| async move {
+            let args = vec![b.record_prefix().into(), now.to_string().into()];
+            let due = eval_read(conn, scripts::DUE_QUESTIONS, vec![b.ambiguous()], args).await?;
+            redis::from_redis_value::<Vec<String>>(due).map_err(|e| corrupt("due questions", e))
         })
         .await?;
     let limit = usize::try_from(batch.limit.max(0)).unwrap_or(usize::MAX);
