@@ -59,6 +59,16 @@ struct Pending {
 }
 
 impl Queue {
+    /// An empty queue whose drops count in `dropped`.
+    fn new(dropped: IntCounter) -> Queue {
+        Queue(Arc::new(Shared {
+            pending: Mutex::new(Pending::default()),
+            full: Notify::new(),
+            stop: Notify::new(),
+            dropped,
+        }))
+    }
+
     /// Queues a request's spans, or drops and counts them if they would
     /// take the queue over [`QUEUE`] spans.
     pub fn push(&self, trace: TraceRecord) {
@@ -133,12 +143,7 @@ impl Exporter {
     where
         F: FnOnce() -> Target + Send + 'static,
     {
-        let queue = Queue(Arc::new(Shared {
-            pending: Mutex::new(Pending::default()),
-            full: Notify::new(),
-            stop: Notify::new(),
-            dropped,
-        }));
+        let queue = Queue::new(dropped);
         let shared = Arc::clone(&queue.0);
         let thread = std::thread::Builder::new()
             .name("idemgate-otlp".into())
@@ -294,12 +299,7 @@ mod tests {
     }
 
     fn queue() -> Queue {
-        Queue(Arc::new(Shared {
-            pending: Mutex::new(Pending::default()),
-            full: Notify::new(),
-            stop: Notify::new(),
-            dropped: IntCounter::new("d", "d").unwrap(),
-        }))
+        Queue::new(IntCounter::new("d", "d").unwrap())
     }
 
     #[test]

@@ -6,10 +6,11 @@
 //! - a delivery that meets an `ambiguous` record asks at once, before its
 //!   answer ([`Reconciler::ask`]): found done it is replayed, not done it
 //!   is forwarded as the next attempt, unknown it gets the 409;
-//! - the background ([`Background`]) asks, a few times per route's
-//!   `every`, about the route's ambiguous records whose mark passed, taking each mark in
-//!   the store first ([`ClaimStore::take_questions`]), so that every
-//!   process sharing the store asks at most once per record per `every`;
+//! - the background ([`Background`]) looks five times per route's `every`
+//!   ([`round_every`]) for the route's ambiguous records whose mark
+//!   passed, and asks about them, taking each mark in the store first
+//!   ([`ClaimStore::take_questions`]), so that every process sharing the
+//!   store asks at most once per record per `every`;
 //! - the operator: `events reconcile` and the admin API's action.
 //!
 //! One question per record is in flight in a process at a time: another
