@@ -14,9 +14,9 @@
 //!   `/replay` and `/conflict`;
 //! - a second idemgate with the PostgreSQL store (a schema of its own, dropped
 //!   at the end) and the route `/unique`, since one config has one store;
-//! - for (o) and (m) only, a live OTLP collector (rotel) and two traced
-//!   SQLite idemgates of their own; for (v) only, a private Valkey cluster
-//!   (`valkey.rs`) and an idemgate on it;
+//! - for (o), (m) and (w) only, a live OTLP collector (rotel) and three
+//!   SQLite idemgates of their own, alike but for their `telemetry`; for
+//!   (v) only, a private Valkey cluster (`valkey.rs`) and an idemgate on it;
 //!
 //! then drives them with wrk (a generated Lua script: 1 KiB JSON bodies, a
 //! per-request `X-Event-ID`) through these scenarios, alternating them in
@@ -40,6 +40,7 @@
 //! | x | as (b), on a route with `on_ambiguous: hold` and `reconcile` (nothing ambiguous: what it costs the others) |
 //! | o | as (b), in a process of its own traced to a live collector at `sample: 1.0` |
 //! | m | as (o), at `sample: 0.01` |
+//! | w | as (o), without a `telemetry` block: (o) and (m)'s baseline |
 //! | v | as (b), in a process of its own on a private Valkey 9 cluster: 3 primaries, 3 replicas, `appendfsync always`, `durability: fsynced` |
 //!
 //! For every run it prints req/s, p50, p99, the ratio to (a) of the same round

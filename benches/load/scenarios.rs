@@ -11,14 +11,22 @@ pub(crate) enum Target {
     IdemTraced,
     /// Its own SQLite process, traced at `sample: 0.01`.
     IdemSampled,
+    /// Its own SQLite process, started as the traced two but without a
+    /// `telemetry` block: their baseline, so that a ratio measures tracing
+    /// and nothing else (not a second process, a fresh store file).
+    IdemUntraced,
     /// Its own process on a private 3-shard Valkey cluster (fsynced).
     IdemValkey,
 }
 
 impl Target {
-    /// A process of its own with a `telemetry` block (SPEC §19).
+    /// One of the three processes of the tracing A/B (SPEC §19): traced
+    /// at 1.0, at 0.01, or not at all.
     pub(crate) fn traced(self) -> bool {
-        matches!(self, Target::IdemTraced | Target::IdemSampled)
+        matches!(
+            self,
+            Target::IdemTraced | Target::IdemSampled | Target::IdemUntraced
+        )
     }
 }
 
@@ -49,7 +57,7 @@ pub(crate) struct Scenario {
     pub(crate) route: Option<&'static str>,
 }
 
-pub(crate) const SCENARIOS: [Scenario; 17] = [
+pub(crate) const SCENARIOS: [Scenario; 18] = [
     Scenario {
         key: 'u',
         name: "upstream direct (ceiling)",
@@ -163,6 +171,14 @@ pub(crate) const SCENARIOS: [Scenario; 17] = [
         key: 'o',
         name: "unique events, traced (sample 1.0)",
         target: Target::IdemTraced,
+        path: "/unique",
+        ids: Ids::Unique,
+        route: Some("unique"),
+    },
+    Scenario {
+        key: 'w',
+        name: "unique events, untraced twin of (o)",
+        target: Target::IdemUntraced,
         path: "/unique",
         ids: Ids::Unique,
         route: Some("unique"),

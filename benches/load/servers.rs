@@ -15,7 +15,7 @@ use crate::report::Report;
 use crate::scenarios::Target;
 use crate::settings::Settings;
 use crate::valkey::start_cluster;
-use crate::world::{Idemgate, Nginx, ValkeyStore, World};
+use crate::world::{Idemgate, Nginx, TracedSet, ValkeyStore, World};
 
 /// A tool's path: on PATH, or in the sbin directories (nginx lives in /usr/sbin).
 pub(crate) fn tool(name: &str) -> String {
@@ -251,14 +251,10 @@ pub(crate) fn start_world(
 }
 
 /// A live OTLP collector (rotel, from PyPI, as the tests use; nothing
-/// printed, spans taken and dropped) and the two traced SQLite processes
-/// of (o) and (m), each on its own store file.
-fn start_traced(
-    s: &Settings,
-    dir: &Path,
-    logs: &Path,
-    upstream: SocketAddr,
-) -> (Idemgate, Idemgate) {
+/// printed, spans taken and dropped) and the three SQLite processes of
+/// (o), (m) and (w), each on its own store file: traced at 1.0, at 0.01,
+/// and not at all.
+fn start_traced(s: &Settings, dir: &Path, logs: &Path, upstream: SocketAddr) -> TracedSet {
     let pkg = crate::processes::sh(
         "python3",
         &[
@@ -283,20 +279,21 @@ fn start_traced(
     wait_until("rotel", Duration::from_secs(10), || {
         std::net::TcpStream::connect(loopback(http)).is_ok()
     });
-    let traced = |name: &'static str, sample: &str| {
+    let start = |name: &'static str, sample: Option<&str>| {
         let extra = Extra {
-            top: format!(
+            top: sample.map_or(String::new(), |sample| format!(
                 "telemetry:\n  otlp:\n    endpoint: \"http://127.0.0.1:{http}\"\n    sample: {sample}\n"
-            ),
+            )),
             defaults: String::new(),
         };
         let store = format!("sqlite://{}", dir.join(format!("{name}.db")).display());
         start_idemgate(dir, logs, name, s, &store, upstream, &["unique"], &extra)
     };
-    (
-        traced("idemgate-traced", "1.0"),
-        traced("idemgate-sampled", "0.01"),
-    )
+    TracedSet {
+        full: start("idemgate-traced", Some("1.0")),
+        sampled: start("idemgate-sampled", Some("0.01")),
+        off: start("idemgate-untraced", None),
+    }
 }
 
 /// (v): a private Valkey cluster ([`start_cluster`]) and an idemgate on

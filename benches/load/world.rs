@@ -32,12 +32,33 @@ pub(crate) struct World {
     pub(crate) proxy: Option<Nginx>,
     pub(crate) sqlite: Idemgate,
     pub(crate) pg: Option<Idemgate>,
-    /// (o) and (m)'s processes, traced at 1.0 and 0.01, when a run has them.
-    pub(crate) traced: Option<(Idemgate, Idemgate)>,
+    /// (o), (m) and (w)'s processes, when a run has one of them.
+    pub(crate) traced: Option<TracedSet>,
     /// (v)'s process and its private Valkey cluster, when a run has (v).
     pub(crate) valkey: Option<ValkeyStore>,
     pub(crate) tck: f64,
     pub(crate) ncpu: usize,
+}
+
+/// The tracing A/B's three processes, alike but for their `telemetry`.
+pub(crate) struct TracedSet {
+    /// (o): `sample: 1.0`.
+    pub(crate) full: Idemgate,
+    /// (m): `sample: 0.01`.
+    pub(crate) sampled: Idemgate,
+    /// (w): no `telemetry` block.
+    pub(crate) off: Idemgate,
+}
+
+impl TracedSet {
+    fn of(&self, t: Target) -> Option<&Idemgate> {
+        match t {
+            Target::IdemTraced => Some(&self.full),
+            Target::IdemSampled => Some(&self.sampled),
+            Target::IdemUntraced => Some(&self.off),
+            _ => None,
+        }
+    }
 }
 
 /// (v)'s idemgate, on a private Valkey cluster of its own.
@@ -54,8 +75,9 @@ impl World {
             Target::NginxProxy => self.proxy.as_ref().map(|n| n.addr),
             Target::IdemSqlite => Some(self.sqlite.addr),
             Target::IdemPg => self.pg.as_ref().map(|p| p.addr),
-            Target::IdemTraced => self.traced.as_ref().map(|t| t.0.addr),
-            Target::IdemSampled => self.traced.as_ref().map(|t| t.1.addr),
+            Target::IdemTraced | Target::IdemSampled | Target::IdemUntraced => {
+                self.traced.as_ref().and_then(|s| s.of(t)).map(|i| i.addr)
+            }
             Target::IdemValkey => self.valkey.as_ref().map(|v| v.idemgate.addr),
         }
     }
@@ -66,8 +88,9 @@ impl World {
             Target::NginxProxy => self.proxy.as_ref().map(|n| n.pid),
             Target::IdemSqlite => Some(self.sqlite.pid),
             Target::IdemPg => self.pg.as_ref().map(|p| p.pid),
-            Target::IdemTraced => self.traced.as_ref().map(|t| t.0.pid),
-            Target::IdemSampled => self.traced.as_ref().map(|t| t.1.pid),
+            Target::IdemTraced | Target::IdemSampled | Target::IdemUntraced => {
+                self.traced.as_ref().and_then(|s| s.of(t)).map(|i| i.pid)
+            }
             Target::IdemValkey => self.valkey.as_ref().map(|v| v.idemgate.pid),
         }
     }
@@ -75,8 +98,9 @@ impl World {
         match t {
             Target::IdemSqlite => Some(self.sqlite.admin),
             Target::IdemPg => self.pg.as_ref().map(|p| p.admin),
-            Target::IdemTraced => self.traced.as_ref().map(|t| t.0.admin),
-            Target::IdemSampled => self.traced.as_ref().map(|t| t.1.admin),
+            Target::IdemTraced | Target::IdemSampled | Target::IdemUntraced => {
+                self.traced.as_ref().and_then(|s| s.of(t)).map(|i| i.admin)
+            }
             Target::IdemValkey => self.valkey.as_ref().map(|v| v.idemgate.admin),
             _ => None,
         }
@@ -84,7 +108,11 @@ impl World {
     pub(crate) fn idemgates(&self) -> Vec<&Idemgate> {
         std::iter::once(&self.sqlite)
             .chain(self.pg.as_ref())
-            .chain(self.traced.iter().flat_map(|(a, b)| [a, b]))
+            .chain(
+                self.traced
+                    .iter()
+                    .flat_map(|s| [&s.full, &s.sampled, &s.off]),
+            )
             .chain(self.valkey.as_ref().map(|v| &v.idemgate))
             .collect()
     }
