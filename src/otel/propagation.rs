@@ -138,8 +138,11 @@ pub fn traceparent(trace_id: &[u8; 16], span_id: &[u8; 8], sampled: bool) -> Str
         trace_id: *trace_id,
         span_id: *span_id,
     };
-    // TraceRef's text is `traceid-spanid`, lowercase hex
-    format!("00-{ids}-{}", if sampled { "01" } else { "00" })
+    let mut header = String::with_capacity(55);
+    header.push_str("00-");
+    ids.push_to(&mut header);
+    header.push_str(if sampled { "-01" } else { "-00" });
+    header
 }
 
 #[cfg(test)]

@@ -374,9 +374,6 @@ fn streamed_failure(e: &Error, stalled: bool) -> Option<ProblemKind> {
     }
 }
 
-/// SPEC §22: a client outside the route's `allow_from` (an unknown one
-/// too) is refused on its head: nothing read, nothing claimed, no store
-/// operation, the connection closed.
 /// The request's SERVER span: a child of the sender's `traceparent` on a
 /// route that trusts it, else a new root.
 fn start_trace(
@@ -401,6 +398,9 @@ fn start_trace(
     })
 }
 
+/// SPEC §22: a client outside the route's `allow_from` (an unknown one
+/// too) is refused on its head: nothing read, nothing claimed, no store
+/// operation, the connection closed.
 fn source_refusal(route: &RouteRt, client: Option<std::net::IpAddr>) -> Option<Refused> {
     let allowed = route.cfg.allow_from.as_ref()?;
     if client.is_some_and(|c| allowed.contains(c)) {
