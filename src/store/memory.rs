@@ -150,39 +150,18 @@ fn key(route: &str, event_id: &str) -> Key {
 }
 
 fn new_entry(req: &ClaimRequest<'_>) -> Entry {
-    let mut e = Entry {
-        record: Record {
-            route: req.route.to_owned(),
-            event_id: req.event_id.to_owned(),
-            body_sha256: req.digest.to_owned(),
-            state: State::Processing,
-            attempts: 1,
-            lease_until: Some(req.now + req.lease_ms),
-            last_status: None,
-            last_error: None,
-            first_seen_at: req.now,
-            updated_at: req.now,
-            delivered_at: None,
-            expires_at: req.now + req.retention_ms,
-            replay_status: None,
-            replay_content_type: None,
-            replay_body_bytes: None,
-            trace_id: None,
-            span_id: None,
-            history: None,
-        },
+    Entry {
+        record: Record::claimed(req),
         replay_body: None,
         replay_headers: None,
-        send: None,
+        send: req.trace,
         hold: req.hold,
         claimed_by: Some(req.instance.to_owned()),
         claim_token: req.token,
         attempts: BTreeMap::new(),
         reconcile_after: None,
         questions: Vec::new(),
-    };
-    e.set_send(req.trace);
-    e
+    }
 }
 
 /// What the record decides for a claim, as the SQL stores decide it.
