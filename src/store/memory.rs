@@ -366,10 +366,6 @@ impl Backend for MemoryStore {
         Ok(())
     }
 
-    async fn write_probe(&self, _limit: Duration) -> Result<(), StoreError> {
-        Ok(())
-    }
-
     async fn claim(
         &self,
         req: &ClaimRequest<'_>,

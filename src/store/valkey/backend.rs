@@ -71,11 +71,6 @@ impl Backend for ValkeyStore {
         }
     }
 
-    /// `ping` checked the shards; a write's own wait says the rest.
-    async fn write_probe(&self, _limit: Duration) -> Result<(), StoreError> {
-        Ok(())
-    }
-
     // long: the script's keys and arguments, one a line, then its three
     // answers
     async fn claim(
