@@ -67,10 +67,7 @@ pub trait Backend: Send + Sync {
     /// for a backend with nothing to add to `ping`: PostgreSQL (every write
     /// goes to the server `ping` reached), Valkey (`ping` checked the
     /// shards; a write's own wait says the rest), the memory model.
-    fn write_probe(
-        &self,
-        _limit: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn write_probe(&self, _limit: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Ok(()))
     }
 

@@ -46,7 +46,11 @@ const MIGRATIONS: [Migration; 8] = [
     migration!(1, "records", "0001_records.sql"),
     migration!(2, "failed index", "0002_failed_index.sql"),
     migration!(3, "rowid records", "0003_rowid_records.sql"),
-    migration!(4, "ambiguous attempts pauses", "0004_ambiguous_attempts_pauses.sql"),
+    migration!(
+        4,
+        "ambiguous attempts pauses",
+        "0004_ambiguous_attempts_pauses.sql"
+    ),
     migration!(5, "claim token", "0005_claim_token.sql"),
     migration!(6, "replay headers", "0006_replay_headers.sql"),
     migration!(7, "reconcile", "0007_reconcile.sql"),
