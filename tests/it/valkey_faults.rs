@@ -308,9 +308,7 @@ fn the_control_a_stale_replica_promoted() {
         .unwrap();
     let (unsafe_id, safe_id) = (first, other);
     let replica = v.replica_of(primary);
-    let replica_pid = v.pid(replica);
-    unsafe { libc::kill(replica_pid, libc::SIGSTOP) };
-    v.cli(primary, &["client", "kill", "type", "replica"]);
+    let replica_pid = v.cut_replica(primary, replica);
     let unsafe_first = none.deliver(PATH, Some(&unsafe_id), b"{}").status;
     let safe_first = durable.deliver(PATH, Some(&safe_id), b"{}").status;
     v.kill(primary);
