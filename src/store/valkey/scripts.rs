@@ -180,6 +180,33 @@ return changed
 "#
 );
 
+/// The start of an operator's change of one record (release, resolve):
+/// KEYS record, attempts; ARGV event_id, now; the record's state and
+/// retention span (`r`: state, expires_at, updated_at) read, and
+/// `{'not_found'}` without it.
+macro_rules! one_record_head {
+    () => {
+        r#"
+local rec, att, id, now = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local r = redis.call('HMGET', rec, 'state', 'expires_at', 'updated_at')
+if not r[1] then return {'not_found'} end
+"#
+    };
+}
+
+/// The end of that change, the record out of `processing` and `ambiguous`
+/// for good: its keys' expiry and the bucket's index of expiry follow its
+/// new `expires_at`. KEYS[3..5]: by_expiry, processing, ambiguous.
+macro_rules! one_record_indexes {
+    () => {
+        r#"expire(rec, att, expires_at, now)
+redis.call('ZADD', KEYS[3], expires_at, id)
+redis.call('ZREM', KEYS[4], id)
+redis.call('SREM', KEYS[5], id)
+"#
+    };
+}
+
 /// Operator release (`sql::RELEASE` with `MATERIALISE_FIRST`: a first
 /// attempt that delivered, kept as the record's own fields, gets its row
 /// first): to `failed` with no lease, keeping the record's retention span
@@ -189,11 +216,8 @@ return changed
 /// Returns `{'released', previous}`, `{'not_found'}` or `{'refused'}`.
 pub const RELEASE: &str = concat!(
     prelude!(),
-    r#"
-local rec, att, id, now = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-local r = redis.call('HMGET', rec, 'state', 'expires_at', 'updated_at')
-if not r[1] then return {'not_found'} end
-if r[1] == 'delivered' and ARGV[3] ~= '1' then return {'refused'} end
+    one_record_head!(),
+    r#"if r[1] == 'delivered' and ARGV[3] ~= '1' then return {'refused'} end
 local f = redis.call('HMGET', rec, 'attempts', 'first_seen_at', 'delivered_at', 'last_status', 'claimed_by')
 if r[1] == 'delivered' and f[1] == '1' then
   put_attempt(att, '1', {started_at = f[2], ended_at = f[3] or nil, status = f[4] or nil,
@@ -204,11 +228,9 @@ local expires_at = num(tonumber(now) + tonumber(r[2]) - tonumber(r[3]))
 redis.call('HSET', rec, 'state', 'failed', 'last_error', 'released by operator', 'updated_at', now,
   'expires_at', expires_at)
 redis.call('HDEL', rec, 'lease_until')
-expire(rec, att, expires_at, now)
-redis.call('ZADD', KEYS[3], expires_at, id)
-redis.call('ZREM', KEYS[4], id)
-redis.call('SREM', KEYS[5], id)
-return {'released', r[1]}
+"#,
+    one_record_indexes!(),
+    r#"return {'released', r[1]}
 "#
 );
 
@@ -295,11 +317,8 @@ return deleted
 /// Returns `{'resolved'}`, `{'not_found'}` or `{'not_ambiguous', state}`.
 pub const RESOLVE: &str = concat!(
     prelude!(),
-    r#"
-local rec, att, id, now = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-local r = redis.call('HMGET', rec, 'state', 'expires_at', 'updated_at')
-if not r[1] then return {'not_found'} end
-if r[1] ~= 'ambiguous' then return {'not_ambiguous', r[1]} end
+    one_record_head!(),
+    r#"if r[1] ~= 'ambiguous' then return {'not_ambiguous', r[1]} end
 local expires_at = num(tonumber(now) + tonumber(r[2]) - tonumber(r[3]))
 if ARGV[3] == 'delivered' then
   redis.call('HSET', rec, 'state', 'delivered', 'last_status', ARGV[4], 'delivered_at', now,
@@ -310,11 +329,9 @@ else
     'updated_at', now, 'expires_at', expires_at)
   redis.call('HDEL', rec, 'lease_until')
 end
-expire(rec, att, expires_at, now)
-redis.call('ZADD', KEYS[3], expires_at, id)
-redis.call('ZREM', KEYS[4], id)
-redis.call('SREM', KEYS[5], id)
-return {'resolved'}
+"#,
+    one_record_indexes!(),
+    r#"return {'resolved'}
 "#
 );
 
