@@ -689,13 +689,16 @@ mod tests {
         }
     }
 
-    fn settle_req<'a>(
-        event_id: &'a str,
+    /// Settles attempt `attempt` of the record `event_id` (route `r`),
+    /// which began `now`, as of `now`.
+    async fn settle(
+        s: &Bounded<MemoryStore>,
+        event_id: &str,
         attempt: i64,
         now: Millis,
         outcome: SettleOutcome<'static>,
-    ) -> SettleRequest<'a> {
-        SettleRequest {
+    ) -> SettleResult {
+        let req = SettleRequest {
             route: "r",
             event_id,
             attempt,
@@ -705,7 +708,8 @@ mod tests {
             now,
             retention_ms: 10 * LEASE,
             outcome,
-        }
+        };
+        s.settle(&req).await.unwrap()
     }
 
     const DELIVERED: SettleOutcome<'static> = SettleOutcome::Delivered {
@@ -732,7 +736,7 @@ mod tests {
             State::Failed => FAILED,
             State::Ambiguous => AMBIGUOUS,
         };
-        s.settle(&settle_req("e", 1, T0, end)).await.unwrap();
+        settle(&s, "e", 1, T0, end).await;
         s
     }
 
@@ -814,10 +818,7 @@ mod tests {
                         attempt,
                         end,
                     );
-                    let got = s
-                        .settle(&settle_req("e", attempt, T0 + 5, outcome))
-                        .await
-                        .unwrap();
+                    let got = settle(&s, "e", attempt, T0 + 5, outcome).await;
                     let case = format!("{state:?} attempt {attempt} {end:?}");
                     assert_eq!(got, want, "{case}");
                     let after = s.get("r", "e").await.unwrap().unwrap();
@@ -830,10 +831,7 @@ mod tests {
             }
         }
         let s = with_record(None, false).await;
-        assert_eq!(
-            s.settle(&settle_req("e", 1, T0, DELIVERED)).await.unwrap(),
-            SettleResult::Stale
-        );
+        assert_eq!(settle(&s, "e", 1, T0, DELIVERED).await, SettleResult::Stale);
     }
 
     /// Resolve takes only an ambiguous record; the token-fenced release
@@ -887,7 +885,7 @@ mod tests {
         let s = Bounded::new(MemoryStore::new());
         for (id, at) in [("a", T0), ("b", T0 + 100), ("c", T0 + 200)] {
             s.claim(&claim_req(id, D1, at, false)).await.unwrap();
-            s.settle(&settle_req(id, 1, at, FAILED)).await.unwrap();
+            settle(&s, id, 1, at, FAILED).await;
         }
         let bulk = |dry_run, updated_before| BulkRelease {
             route: "r",
