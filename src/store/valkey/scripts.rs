@@ -370,6 +370,33 @@ end
     };
 }
 
+/// Ends a record's lease for good, for the scripts that do it to many
+/// records of one bucket (bulk release, held leases' end). KEYS[1..3]:
+/// by_expiry, processing, ambiguous.
+macro_rules! end_lease {
+    () => {
+        r#"
+-- the record `id` (`rec`, `att`) leaves its lease as of `now`: `state`
+-- with `err`, its retention span (`updated_at` to `expires_at` before)
+-- kept from now; its keys' expiry and the bucket's indexes follow
+local function end_lease(rec, att, id, now, state, err, expires_at, updated_at)
+  local until_ = num(tonumber(now) + tonumber(expires_at) - tonumber(updated_at))
+  redis.call('HSET', rec, 'state', state, 'last_error', err, 'updated_at', now,
+    'expires_at', until_)
+  redis.call('HDEL', rec, 'lease_until')
+  expire(rec, att, until_, now)
+  redis.call('ZADD', KEYS[1], until_, id)
+  redis.call('ZREM', KEYS[2], id)
+  if state == 'ambiguous' then
+    redis.call('SADD', KEYS[3], id)
+  else
+    redis.call('SREM', KEYS[3], id)
+  end
+end
+"#
+    };
+}
+
 /// One bucket's share of a bulk release, read only: how many records it
 /// selects (`limit` 0), or up to `limit` of their IDs.
 /// KEYS: by_first_seen. ARGV: record key prefix, state, now, after?,
@@ -407,6 +434,7 @@ return out
 pub const BULK_RELEASE: &str = concat!(
     prelude!(),
     bulk_selects!(),
+    end_lease!(),
     r#"
 local state, now = ARGV[1], ARGV[2]
 local after, before = opt(ARGV[3]), opt(ARGV[4])
@@ -415,14 +443,7 @@ for i = 5, #ARGV do
   local id, rec, att = ARGV[i], KEYS[2 * i - 6], KEYS[2 * i - 5]
   local h = redis.call('HMGET', rec, 'state', 'updated_at', 'lease_until', 'expires_at')
   if h[1] and selects(h, state, tonumber(now), after, before) then
-    local expires_at = num(tonumber(now) + tonumber(h[4]) - tonumber(h[2]))
-    redis.call('HSET', rec, 'state', 'failed', 'last_error', 'released by operator',
-      'updated_at', now, 'expires_at', expires_at)
-    redis.call('HDEL', rec, 'lease_until')
-    expire(rec, att, expires_at, now)
-    redis.call('ZADD', KEYS[1], expires_at, id)
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('SREM', KEYS[3], id)
+    end_lease(rec, att, id, now, 'failed', 'released by operator', h[4], h[2])
     released = released + 1
   end
 end
@@ -461,6 +482,7 @@ return out
 /// Returns how many turned.
 pub const HOLD_ENDED: &str = concat!(
     prelude!(),
+    end_lease!(),
     r#"
 local now = ARGV[1]
 local turned = 0
@@ -471,14 +493,7 @@ for i = 2, #ARGV do
   if r[1] == 'processing' and r[2] == '1' and (not r[3] or tonumber(r[3]) <= tonumber(now)) then
     put_attempt(att, r[4], {started_at = r[5], ended_at = r[3] or nil, error = LOST,
       instance = r[6] or nil, result = 'ambiguous'}, true)
-    local expires_at = num(tonumber(now) + tonumber(r[7]) - tonumber(r[5]))
-    redis.call('HSET', rec, 'state', 'ambiguous', 'last_error', LOST, 'updated_at', now,
-      'expires_at', expires_at)
-    redis.call('HDEL', rec, 'lease_until')
-    expire(rec, att, expires_at, now)
-    redis.call('ZADD', KEYS[1], expires_at, id)
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('SADD', KEYS[3], id)
+    end_lease(rec, att, id, now, 'ambiguous', LOST, r[7], r[5])
     turned = turned + 1
   end
 end
