@@ -424,11 +424,14 @@ impl ValkeyStore {
     }
 }
 
-/// The oldest `limit` of what each bucket found (its event IDs with their
-/// times, as [`ValkeyStore::every_bucket`] answers), ties by event ID,
-/// grouped again by slot: each group one script's work on its slot.
+/// What one bucket found: event IDs, each with its time.
+type BucketFound = (Bucket, Vec<(String, f64)>);
+
+/// The oldest `limit` of what each bucket found (per route, as
+/// [`ValkeyStore::every_bucket`] answers), ties by event ID, grouped again
+/// by slot: each group one script's work on its slot.
 fn oldest_by_slot(
-    found: &[(String, (Bucket, Vec<(String, f64)>))],
+    found: &[(String, BucketFound)],
     limit: i64,
 ) -> BTreeMap<u16, (&Bucket, Vec<&str>)> {
     let mut all: Vec<(f64, &Bucket, &str)> = found
