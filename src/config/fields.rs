@@ -3,6 +3,7 @@
 
 use super::model::UpstreamUrl;
 use crate::claim::json_pointer::{JsonPointer, PointerError};
+use crate::strict::fields::{is_framing, is_hop_by_hop};
 
 /// `[a-z0-9_-]{1,64}`.
 pub fn route_name(name: &str) -> Result<(), String> {
@@ -103,19 +104,8 @@ pub fn header_name(name: &str) -> Result<http::HeaderName, String> {
 pub fn idempotency_key_header(name: &str) -> Result<http::HeaderName, String> {
     let h = header_name(name)?;
     let s = h.as_str();
-    let reserved = matches!(
-        s,
-        "content-length"
-            | "transfer-encoding"
-            | "connection"
-            | "keep-alive"
-            | "te"
-            | "trailer"
-            | "upgrade"
-            | "host"
-            | "expect"
-            | "http2-settings"
-    ) || s.starts_with("proxy-");
+    let reserved =
+        is_framing(s) || is_hop_by_hop(s) || matches!(s, "host" | "expect" | "http2-settings");
     if reserved {
         return Err(format!(
             "`{name}` cannot carry the idempotency key: idemgate sets the framing, hop-by-hop and Host headers of the forwarded request itself (use e.g. Idempotency-Key)"
@@ -134,11 +124,8 @@ pub fn replay_header(name: &str) -> Result<http::HeaderName, String> {
     let s = h.as_str();
     let why = match s {
         "set-cookie" => "a replay must not hand out the first delivery's cookie again",
-        "connection" | "keep-alive" | "te" | "trailer" | "upgrade" => {
-            "a hop-by-hop header belongs to one connection"
-        }
-        _ if s.starts_with("proxy-") => "a hop-by-hop header belongs to one connection",
-        "content-length" | "transfer-encoding" => "a framing header belongs to one message",
+        _ if is_hop_by_hop(s) => "a hop-by-hop header belongs to one connection",
+        _ if is_framing(s) => "a framing header belongs to one message",
         "content-type" | "idempotent-replayed" | "idempotency-status" => {
             "idemgate writes it on a replay itself (Content-Type with replay_body)"
         }

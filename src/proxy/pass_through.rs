@@ -52,7 +52,7 @@ async fn verified(
     // as on the guarded path: 408 for a body late past body_timeout
     let body = steps::read_body(session, route).await?;
     steps::check_signature(session, route, &body, None, trace)?;
-    Box::pin(forward_admitted(shared, session, route, body, trace)).await
+    Box::pin(forward(shared, session, route, body, trace, false)).await
 }
 
 /// An unguarded request whose body is read before it is forwarded
@@ -69,7 +69,7 @@ pub async fn pass_buffered(
         // boxed: inline, the exchange (~12 KiB) made the request
         // filter's future that large for every request, guarded
         // ones waiting for their body included
-        Ok(body) => Box::pin(forward_admitted(shared, session, route, body, trace)).await,
+        Ok(body) => Box::pin(forward(shared, session, route, body, trace, false)).await,
         Err(e) => {
             let p = Problem::new(e.invalid_kind(), e.invalid_detail());
             Err(Refused::new(p).unguarded().closing(true).into())
@@ -90,28 +90,24 @@ pub async fn within_limits(route: &RouteRt) -> Result<Option<Permit>, Refused> {
         .map_err(|r| Refused::new(upstream_refusal(r, None)))
 }
 
-/// [`forward`] within the route's limits.
-pub async fn forward_admitted(
-    shared: &Shared,
-    session: &mut Session,
-    route: &RouteRt,
-    body: Bytes,
-    trace: Option<&RequestTrace>,
-) -> Ending {
-    let _permit = within_limits(route).await?;
-    forward(shared, session, route, body, trace).await
-}
-
 /// Forwards a request whose body was read, without a claim (unguarded
 /// requests read whole, `on_missing_id: forward`, `on_store_error:
-/// forward`).
+/// forward`), within the route's limits ([`within_limits`]) unless the
+/// caller holds a permit already (`permit_held`: a delivery whose store
+/// failed after its claim was admitted).
 pub async fn forward(
     shared: &Shared,
     session: &mut Session,
     route: &RouteRt,
     body: Bytes,
     trace: Option<&RequestTrace>,
+    permit_held: bool,
 ) -> Ending {
+    let _permit = if permit_held {
+        None
+    } else {
+        within_limits(route).await?
+    };
     let upstream = Upstream::of(shared, route).traced(trace, None);
     let req = upstream.request(session, body.len(), None)?;
     match upstream.exchange(req, body, false).await {

@@ -9,6 +9,7 @@ use pingora::Result;
 
 use crate::problem::{Problem, CONTENT_TYPE};
 use crate::store::{Recorded, ReplayHeaders};
+use crate::strict::fields::{is_framing, is_hop_by_hop};
 
 pub const IDEMPOTENCY_STATUS: &str = "Idempotency-Status";
 pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
@@ -63,18 +64,9 @@ pub fn problem_closing_wire(p: &Problem, status_header: &str) -> Vec<u8> {
 /// edited by hand, is not believed).
 fn replay_headers(resp: &mut ResponseHeader, kept: &ReplayHeaders) -> Result<()> {
     for (name, value) in kept.iter() {
-        let refused = matches!(
-            name,
-            "content-length"
-                | "content-type"
-                | "transfer-encoding"
-                | "connection"
-                | "keep-alive"
-                | "te"
-                | "trailer"
-                | "upgrade"
-                | "set-cookie"
-        ) || name.starts_with("proxy-")
+        let refused = is_framing(name)
+            || is_hop_by_hop(name)
+            || matches!(name, "content-type" | "set-cookie")
             || name.starts_with("idempoten");
         let (Ok(name), Ok(value)) = (
             http::HeaderName::from_bytes(name.as_bytes()),

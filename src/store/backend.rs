@@ -63,8 +63,13 @@ pub trait Backend: Send + Sync {
     /// After [`ping`](Backend::ping): `Ok` only if a write could commit now.
     /// A backend whose writes may fail where reads succeed (a full disk)
     /// answers an error after a failed write until one commits again, and
-    /// waits at most `limit` for its probe write.
-    fn write_probe(&self, limit: Duration) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// waits at most `limit` for its probe write. The default, `Ok`, is
+    /// for a backend with nothing to add to `ping`: PostgreSQL (every write
+    /// goes to the server `ping` reached), Valkey (`ping` checked the
+    /// shards; a write's own wait says the rest), the memory model.
+    fn write_probe(&self, _limit: Duration) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
 
     /// Claims the event in one atomic statement (`claim::decide`'s rules in
     /// SQL), and reads a refused claim's record back to say why. `limit` is

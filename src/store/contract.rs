@@ -322,6 +322,33 @@ pub struct ListKey {
 }
 
 impl Record {
+    /// The record a new claim writes: `processing`, its first attempt
+    /// leased, retained from `req.now`, nothing answered yet, its send the
+    /// claim's own (the one shape every engine's fresh record reads back as).
+    pub fn claimed(req: &ClaimRequest<'_>) -> Record {
+        let (trace_id, span_id) = TraceRef::record_ids(req.trace);
+        Record {
+            route: req.route.to_owned(),
+            event_id: req.event_id.to_owned(),
+            body_sha256: req.digest.to_owned(),
+            state: State::Processing,
+            attempts: 1,
+            lease_until: Some(req.now + req.lease_ms),
+            last_status: None,
+            last_error: None,
+            first_seen_at: req.now,
+            updated_at: req.now,
+            delivered_at: None,
+            expires_at: req.now + req.retention_ms,
+            replay_status: None,
+            replay_content_type: None,
+            replay_body_bytes: None,
+            trace_id,
+            span_id,
+            history: None,
+        }
+    }
+
     /// This record's place in the list's order.
     pub fn list_key(&self) -> ListKey {
         ListKey {

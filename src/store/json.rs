@@ -83,31 +83,24 @@ pub fn attempt_json(a: &Attempt) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::ClaimRequest;
 
     /// SPEC §19: the latest send's IDs are always printed, `null` when the
     /// send was not traced.
     #[test]
     fn the_latest_sends_ids_are_printed_or_null() {
-        let mut r = Record {
-            route: "r".into(),
-            event_id: "e".into(),
-            body_sha256: "d".into(),
-            state: crate::claim::State::Delivered,
-            attempts: 1,
-            lease_until: None,
-            last_status: Some(200),
-            last_error: None,
-            first_seen_at: 1,
-            updated_at: 2,
-            delivered_at: Some(2),
-            expires_at: 3,
-            replay_status: None,
-            replay_content_type: None,
-            replay_body_bytes: None,
-            trace_id: None,
-            span_id: None,
-            history: None,
-        };
+        let mut r = Record::claimed(&ClaimRequest {
+            route: "r",
+            event_id: "e",
+            digest: "d",
+            now: 1,
+            lease_ms: 1,
+            retention_ms: 2,
+            hold: false,
+            instance: "test",
+            token: 0,
+            trace: None,
+        });
         let doc = record_json(&r);
         assert_eq!(doc["trace_id"], Value::Null, "{doc}");
         assert_eq!(doc["span_id"], Value::Null, "{doc}");

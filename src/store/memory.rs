@@ -150,39 +150,18 @@ fn key(route: &str, event_id: &str) -> Key {
 }
 
 fn new_entry(req: &ClaimRequest<'_>) -> Entry {
-    let mut e = Entry {
-        record: Record {
-            route: req.route.to_owned(),
-            event_id: req.event_id.to_owned(),
-            body_sha256: req.digest.to_owned(),
-            state: State::Processing,
-            attempts: 1,
-            lease_until: Some(req.now + req.lease_ms),
-            last_status: None,
-            last_error: None,
-            first_seen_at: req.now,
-            updated_at: req.now,
-            delivered_at: None,
-            expires_at: req.now + req.retention_ms,
-            replay_status: None,
-            replay_content_type: None,
-            replay_body_bytes: None,
-            trace_id: None,
-            span_id: None,
-            history: None,
-        },
+    Entry {
+        record: Record::claimed(req),
         replay_body: None,
         replay_headers: None,
-        send: None,
+        send: req.trace,
         hold: req.hold,
         claimed_by: Some(req.instance.to_owned()),
         claim_token: req.token,
         attempts: BTreeMap::new(),
         reconcile_after: None,
         questions: Vec::new(),
-    };
-    e.set_send(req.trace);
-    e
+    }
 }
 
 /// What the record decides for a claim, as the SQL stores decide it.
@@ -384,10 +363,6 @@ impl Backend for MemoryStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn write_probe(&self, _limit: Duration) -> Result<(), StoreError> {
         Ok(())
     }
 
@@ -714,13 +689,16 @@ mod tests {
         }
     }
 
-    fn settle_req<'a>(
-        event_id: &'a str,
+    /// Settles attempt `attempt` of the record `event_id` (route `r`),
+    /// which began `now`, as of `now`.
+    async fn settle(
+        s: &Bounded<MemoryStore>,
+        event_id: &str,
         attempt: i64,
         now: Millis,
         outcome: SettleOutcome<'static>,
-    ) -> SettleRequest<'a> {
-        SettleRequest {
+    ) -> SettleResult {
+        let req = SettleRequest {
             route: "r",
             event_id,
             attempt,
@@ -730,7 +708,8 @@ mod tests {
             now,
             retention_ms: 10 * LEASE,
             outcome,
-        }
+        };
+        s.settle(&req).await.unwrap()
     }
 
     const DELIVERED: SettleOutcome<'static> = SettleOutcome::Delivered {
@@ -757,7 +736,7 @@ mod tests {
             State::Failed => FAILED,
             State::Ambiguous => AMBIGUOUS,
         };
-        s.settle(&settle_req("e", 1, T0, end)).await.unwrap();
+        settle(&s, "e", 1, T0, end).await;
         s
     }
 
@@ -839,10 +818,7 @@ mod tests {
                         attempt,
                         end,
                     );
-                    let got = s
-                        .settle(&settle_req("e", attempt, T0 + 5, outcome))
-                        .await
-                        .unwrap();
+                    let got = settle(&s, "e", attempt, T0 + 5, outcome).await;
                     let case = format!("{state:?} attempt {attempt} {end:?}");
                     assert_eq!(got, want, "{case}");
                     let after = s.get("r", "e").await.unwrap().unwrap();
@@ -855,10 +831,7 @@ mod tests {
             }
         }
         let s = with_record(None, false).await;
-        assert_eq!(
-            s.settle(&settle_req("e", 1, T0, DELIVERED)).await.unwrap(),
-            SettleResult::Stale
-        );
+        assert_eq!(settle(&s, "e", 1, T0, DELIVERED).await, SettleResult::Stale);
     }
 
     /// Resolve takes only an ambiguous record; the token-fenced release
@@ -912,7 +885,7 @@ mod tests {
         let s = Bounded::new(MemoryStore::new());
         for (id, at) in [("a", T0), ("b", T0 + 100), ("c", T0 + 200)] {
             s.claim(&claim_req(id, D1, at, false)).await.unwrap();
-            s.settle(&settle_req(id, 1, at, FAILED)).await.unwrap();
+            settle(&s, id, 1, at, FAILED).await;
         }
         let bulk = |dry_run, updated_before| BulkRelease {
             route: "r",

@@ -4,6 +4,8 @@
 //! but for one exempt field, the route's own event-ID header, whose
 //! invalid values are the route's `invalid-event-id` (SPEC §4's table);
 //! and the section's size. The caller knows the route; the rules are here.
+//! Also the two classes of fields that no route setting may name and no
+//! replay repeats, each written once: hop-by-hop and framing fields.
 
 use http::HeaderName;
 use pingora::http::RequestHeader;
@@ -65,6 +67,21 @@ pub fn drop_underscored(req: &mut RequestHeader) -> u64 {
     dropped
 }
 
+/// A hop-by-hop field of either direction (RFC 9110 §7.6.1), by its
+/// lowercase name: it describes one connection. `HTTP2-Settings` is not
+/// here: only a request carries it (h2c's upgrade).
+pub fn is_hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection" | "keep-alive" | "te" | "trailer" | "upgrade"
+    ) || name.starts_with("proxy-")
+}
+
+/// A framing field, by its lowercase name: it describes one message.
+pub fn is_framing(name: &str) -> bool {
+    matches!(name, "content-length" | "transfer-encoding")
+}
+
 /// Whether a field other than `exempt` has a byte outside ASCII in its value.
 pub fn has_obs_text(req: &RequestHeader, exempt: Option<&HeaderName>) -> bool {
     req.headers
@@ -74,6 +91,26 @@ pub fn has_obs_text(req: &RequestHeader, exempt: Option<&HeaderName>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hop_by_hop_and_framing_fields_are_told_apart() {
+        for name in [
+            "connection",
+            "keep-alive",
+            "te",
+            "trailer",
+            "upgrade",
+            "proxy-authorization",
+        ] {
+            assert!(is_hop_by_hop(name) && !is_framing(name), "{name}");
+        }
+        for name in ["content-length", "transfer-encoding"] {
+            assert!(is_framing(name) && !is_hop_by_hop(name), "{name}");
+        }
+        for name in ["host", "content-type", "http2-settings", "set-cookie"] {
+            assert!(!is_hop_by_hop(name) && !is_framing(name), "{name}");
+        }
+    }
 
     #[test]
     fn underscored_fields_are_dropped_and_counted() {

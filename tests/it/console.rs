@@ -37,37 +37,34 @@ fn screenshots() -> Option<PathBuf> {
     std::env::var_os("IDEMGATE_SCREENSHOTS").map(PathBuf::from)
 }
 
-/// The browser, taken in turn (`ONE_BROWSER`), and a setup on `tag`; `None`
-/// where no browser is installed. The caller binds the guard to a name
-/// (`_one`, not `_`), so that it is held until the test ends.
-fn browser_and_setup(tag: &str) -> Option<(MutexGuard<'static, ()>, Browser, Setup)> {
+/// The browser, taken in turn (`ONE_BROWSER`), and a console made by
+/// `start` on `tag` ([`Setup::start`], [`Held::start`]); `None` where no
+/// browser is installed. The caller binds the guard to a name (`_one`, not
+/// `_`), so that it is held until the test ends.
+fn browser_and<S>(
+    tag: &str,
+    start: fn(&str) -> S,
+) -> Option<(MutexGuard<'static, ()>, Browser, S)> {
     let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     let b = Browser::start()?;
-    Some((one, b, Setup::start(tag)))
+    Some((one, b, start(tag)))
 }
 
-/// A proxy with two guarded routes and the admin token, and its consumer.
-struct Setup {
-    up: Consumer,
+/// A proxy with the admin token on a SQLite store of its own, and `up`, the
+/// consumer its routes go to.
+struct Console<U> {
+    up: U,
     px: Proxy,
     store: String,
     _dir: TempDir,
 }
 
-impl Setup {
-    fn start(tag: &str) -> Setup {
+impl<U> Console<U> {
+    fn serve(tag: &str, up: U, routes: &str) -> Console<U> {
         let dir = TempDir::new(tag);
-        let up = Consumer::start().unwrap();
         let store = dir.sqlite_url("console.db");
-        let orders = "    lease: 30s\n    upstream_concurrency: 4\n";
-        let routes = route("orders", "/hooks/orders", &up.url(), orders)
-            + &format!(
-                "  - name: billing\n    match:\n      path_prefix: /hooks/billing\n    \
-                 upstream: \"{}\"\n    event_id:\n      json_pointer: /id\n    digest: json\n",
-                up.url()
-            );
-        let px = start_with_token(&dir, &store, &routes);
-        Setup {
+        let px = start_with_token(&dir, &store, routes);
+        Console {
             up,
             px,
             store,
@@ -77,6 +74,23 @@ impl Setup {
 
     fn url(&self, fragment: &str) -> String {
         format!("http://{}/{fragment}", self.px.admin)
+    }
+}
+
+/// Two guarded routes (`orders`, `billing`) to a scripted consumer.
+type Setup = Console<Consumer>;
+
+impl Setup {
+    fn start(tag: &str) -> Setup {
+        let up = Consumer::start().unwrap();
+        let orders = "    lease: 30s\n    upstream_concurrency: 4\n";
+        let routes = route("orders", "/hooks/orders", &up.url(), orders)
+            + &format!(
+                "  - name: billing\n    match:\n      path_prefix: /hooks/billing\n    \
+                 upstream: \"{}\"\n    event_id:\n      json_pointer: /id\n    digest: json\n",
+                up.url()
+            );
+        Console::serve(tag, up, &routes)
     }
 
     fn billing(&self, id: &str) -> Response {
@@ -130,7 +144,7 @@ fn expected_counters(metrics: &str) -> BTreeMap<(String, String, String), String
 
 #[test]
 fn the_overview_lists_the_routes_with_counters_that_match_metrics() {
-    let Some((_one, b, s)) = browser_and_setup("console-overview") else {
+    let Some((_one, b, s)) = browser_and("console-overview", Setup::start) else {
         return;
     };
     let tag = eid("ov");
@@ -274,7 +288,7 @@ fn as_shown(v: &Value) -> String {
 
 #[test]
 fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
-    let Some((_one, b, s)) = browser_and_setup("console-search") else {
+    let Some((_one, b, s)) = browser_and("console-search", Setup::start) else {
         return;
     };
     let tag = eid("se");
@@ -377,7 +391,7 @@ fn a_search_finds_a_delivered_event_and_its_detail_shows_every_field() {
 
 #[test]
 fn a_forced_release_with_the_token_makes_the_next_delivery_forwarded() {
-    let Some((_one, b, s)) = browser_and_setup("console-release") else {
+    let Some((_one, b, s)) = browser_and("console-release", Setup::start) else {
         return;
     };
     let id = format!("{}/redeliver-me", eid("rel"));
@@ -460,7 +474,7 @@ fn a_forced_release_with_the_token_makes_the_next_delivery_forwarded() {
 
 #[test]
 fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
-    let Some((_one, b, s)) = browser_and_setup("console-xss") else {
+    let Some((_one, b, s)) = browser_and("console-xss", Setup::start) else {
         return;
     };
     let tag = eid("x");
@@ -551,23 +565,11 @@ fn event_ids_carrying_html_render_as_text_and_no_script_runs() {
     assert_eq!(b.alert_text(), None);
 }
 
-/// Two routes under `on_ambiguous: hold`, the admin token, and a consumer
-/// that acts on each request: an event whose ID holds `slow` is answered
-/// after 2 s the first time (past the 1 s `upstream_timeout`); one whose
-/// ID holds `flaky` gets 503 twice, then that late answer.
-struct Held {
-    up: Server,
-    px: Proxy,
-    store: String,
-    _dir: TempDir,
-}
-
-/// [`browser_and_setup`] with a [`Held`] setup.
-fn browser_and_held(tag: &str) -> Option<(MutexGuard<'static, ()>, Browser, Held)> {
-    let one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
-    let b = Browser::start()?;
-    Some((one, b, Held::start(tag)))
-}
+/// Two routes under `on_ambiguous: hold` to a consumer that acts on each
+/// request: an event whose ID holds `slow` is answered after 2 s the first
+/// time (past the 1 s `upstream_timeout`); one whose ID holds `flaky` gets
+/// 503 twice, then that late answer.
+type Held = Console<Server>;
 
 impl Held {
     /// `id` on the `orders` route, left `ambiguous` ([`make_ambiguous`]).
@@ -578,7 +580,6 @@ impl Held {
 
     fn start(tag: &str) -> Held {
         use crate::raw_upstream::{response, upstream, Behavior};
-        let dir = TempDir::new(tag);
         let seen = Mutex::new(BTreeMap::<String, usize>::new());
         let up = upstream(move |req, _| {
             let key = req.key().unwrap_or_default().to_string();
@@ -599,18 +600,7 @@ impl Held {
         let upstream = format!("http://{}", up.addr);
         let routes = held_route("orders", "/hooks/orders", &upstream)
             + &held_route("billing", "/hooks/billing", &upstream);
-        let store = dir.sqlite_url("console.db");
-        let px = start_with_token(&dir, &store, &routes);
-        Held {
-            up,
-            px,
-            store,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self, fragment: &str) -> String {
-        format!("http://{}/{fragment}", self.px.admin)
+        Console::serve(tag, up, &routes)
     }
 }
 
@@ -679,7 +669,7 @@ fn shows_three_attempts(b: &Browser, store: &str, id: &str) {
 
 #[test]
 fn ambiguous_events_are_resolved_both_ways_from_the_console() {
-    let Some((_one, b, s)) = browser_and_held("console-ambiguous") else {
+    let Some((_one, b, s)) = browser_and("console-ambiguous", Held::start) else {
         return;
     };
     let tag = eid("amb");
@@ -803,7 +793,7 @@ fn an_ambiguous_event_is_reconciled_from_the_console() {
 
 #[test]
 fn a_route_is_paused_and_resumed_from_the_console() {
-    let Some((_one, b, s)) = browser_and_held("console-pause") else {
+    let Some((_one, b, s)) = browser_and("console-pause", Held::start) else {
         return;
     };
     let tag = eid("pause");
@@ -897,7 +887,7 @@ fn shown_limit(b: &Browser, what: &str, route: &str) -> Option<String> {
 
 #[test]
 fn the_overview_shows_each_routes_limits_in_flight_and_breaker() {
-    let Some((_one, b, s)) = browser_and_setup("console-limits") else {
+    let Some((_one, b, s)) = browser_and("console-limits", Setup::start) else {
         return;
     };
     let id = eid("held");

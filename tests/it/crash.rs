@@ -8,6 +8,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::reconcile::asking_route;
 use common::binaries::armed;
 use common::*;
 
@@ -304,16 +305,13 @@ fn crashes_under_hold_are_resolved_by_asking_the_consumer() {
     let count = |id: &str| applied.lock().unwrap().get(id).copied().unwrap_or(0);
     let dir = TempDir::new("crash-reconcile");
     let store = dir.sqlite_url("crash.db");
-    let routes = route(
-        "c",
-        "/hooks/c",
-        &format!("http://{}", up.addr),
-        &format!(
-            "    lease: 1500ms\n    upstream_timeout: 1s\n    on_ambiguous: hold\n    reconcile:\n      \
-             url: \"http://{}/check/{{id}}\"\n      timeout: 1s\n      every: 5s\n",
-            up.addr
-        ),
-    ) + "sweeper:\n  interval: 1s\n";
+    let ask = format!(
+        "      url: \"http://{}/check/{{id}}\"\n      timeout: 1s\n      every: 5s\n",
+        up.addr
+    );
+    let upstream = format!("http://{}", up.addr);
+    let routes =
+        asking_route("c", "/hooks/c", &upstream, "1500ms", &ask) + "sweeper:\n  interval: 1s\n";
     let healthy = Proxy::start(&dir, &store, &routes);
     let state = |id: &str| {
         let (code, out, _) = cli(&[

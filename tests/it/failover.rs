@@ -18,11 +18,11 @@
 //! binary (a release before, to show what it did).
 
 use crate::common;
-use crate::store_faults::{senders, ReadyLog, Seen, SetOnDrop, PATH};
+use crate::store_faults::{Load, ReadyLog, Seen, SetOnDrop, PATH};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::pg_cluster::{PgCluster, REPLICATION};
@@ -208,9 +208,8 @@ fn under_load(label: &str, rounds: usize, db: &mut dyn Failovers, strict: bool) 
     ];
     let pids: Vec<Option<u32>> = replicas.iter().map(Proxy::pid).collect();
     let addrs = [replicas[0].addr, replicas[1].addr];
-    let seen = Seen::default();
-    let (stop, watching) = (AtomicBool::new(false), AtomicBool::new(false));
-    let storms = AtomicUsize::new(0);
+    let load = Load::default();
+    let watching = AtomicBool::new(false);
 
     let (log, ready, pending_max) = std::thread::scope(|s| {
         let _stop_watchers = SetOnDrop(&watching);
@@ -223,8 +222,7 @@ fn under_load(label: &str, rounds: usize, db: &mut dyn Failovers, strict: bool) 
             })
             .collect();
         let log = std::thread::scope(|s| {
-            let _stop_senders = SetOnDrop(&stop);
-            senders(s, &seen, &stop, &storms, &addrs, 5, Duration::from_secs(60));
+            let _stop_senders = load.start(s, &addrs, 5, Duration::from_secs(60));
             let mut log = Vec::new();
             for _ in 0..rounds {
                 std::thread::sleep(Duration::from_secs(2));
@@ -241,8 +239,8 @@ fn under_load(label: &str, rounds: usize, db: &mut dyn Failovers, strict: bool) 
             .fold(0.0, f64::max);
         (log, ready, most)
     });
-    let mut figures = tally(&*db, &up, &seen, &log, &ready, strict);
-    figures.storms = storms.load(Ordering::Relaxed);
+    let mut figures = tally(&*db, &up, &load.seen, &log, &ready, strict);
+    figures.storms = load.storms.load(Ordering::Relaxed);
     figures.pending_max = pending_max;
     for (i, (p, pid)) in replicas.iter().zip(&pids).enumerate() {
         if p.pid() != *pid || !pid.is_some_and(alive) {

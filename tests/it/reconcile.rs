@@ -44,18 +44,29 @@ fn consumer() -> Server {
     })
 }
 
+/// The route `name` on `path` to `upstream`, under `on_ambiguous: hold`
+/// with `lease` (and a 1 s `upstream_timeout`, so that a late answer turns
+/// it ambiguous), whose `reconcile` block is `ask` (its lines, indented).
+pub(crate) fn asking_route(
+    name: &str,
+    path: &str,
+    upstream: &str,
+    lease: &str,
+    ask: &str,
+) -> String {
+    let held = format!(
+        "    upstream_timeout: 1s\n    lease: {lease}\n    on_ambiguous: hold\n    reconcile:\n{ask}"
+    );
+    route(name, path, upstream, &held)
+}
+
 /// The route `r` on `/r`, held, asking `ask_url` every `every`.
 fn held_route(upstream: &str, ask_url: &str, every: &str) -> String {
-    route(
-        "r",
-        "/r",
-        upstream,
-        &format!(
-            "    upstream_timeout: 1s\n    lease: 4s\n    on_ambiguous: hold\n    reconcile:\n      \
-             url: \"{ask_url}\"\n      headers: {{authorization: env:ASK_TOKEN}}\n      \
-             timeout: 1s\n      every: {every}\n"
-        ),
-    )
+    let ask = format!(
+        "      url: \"{ask_url}\"\n      headers: {{authorization: env:ASK_TOKEN}}\n      \
+         timeout: 1s\n      every: {every}\n"
+    );
+    asking_route("r", "/r", upstream, "4s", &ask)
 }
 
 /// A proxy (with the admin token) on `ts`.
@@ -423,16 +434,11 @@ fn the_sql_form_asks_the_consumers_table() {
         &url,
         &format!("INSERT INTO processed_webhook_events VALUES ('{done}')"),
     );
-    let routes = route(
-        "r",
-        "/r",
-        &format!("http://{}", up.addr),
-        &format!(
-            "    upstream_timeout: 1s\n    lease: 4s\n    on_ambiguous: hold\n    reconcile:\n      \
-             sql: {{url: \"{url}\", query: \"select 1 from processed_webhook_events where event_id = $1\"}}\n      \
-             timeout: 2s\n      every: 1h\n"
-        ),
+    let ask = format!(
+        "      sql: {{url: \"{url}\", query: \"select 1 from processed_webhook_events where event_id = $1\"}}\n      \
+         timeout: 2s\n      every: 1h\n"
     );
+    let routes = asking_route("r", "/r", &format!("http://{}", up.addr), "4s", &ask);
     let px = Proxy::start(&ts.dir, &ts.url, &routes);
     for id in [&done, &undone] {
         make_ambiguous(&px, &ts.url, id);

@@ -493,26 +493,7 @@ mod cases {
             }
         );
         let rec = get(s, "e1").await;
-        let want = Record {
-            route: R.into(),
-            event_id: "e1".into(),
-            body_sha256: D1.into(),
-            state: State::Processing,
-            attempts: 1,
-            lease_until: Some(T0 + LEASE),
-            last_status: None,
-            last_error: None,
-            first_seen_at: T0,
-            updated_at: T0,
-            delivered_at: None,
-            expires_at: T0 + RETENTION,
-            replay_status: None,
-            replay_content_type: None,
-            replay_body_bytes: None,
-            trace_id: None,
-            span_id: None,
-            history: None,
-        };
+        let want = Record::claimed(&claim_req("e1", D1, T0));
         assert_eq!(rec, want);
         assert_eq!(rec.state, State::Processing);
         assert_eq!(s.get(R, "absent").await.unwrap(), None);

@@ -183,10 +183,43 @@ impl Drop for SetOnDrop<'_> {
     }
 }
 
+/// One run's senders' shared state: what they saw, the flag that stops
+/// them, and how many storms they sent.
+#[derive(Default)]
+pub(crate) struct Load {
+    pub(crate) seen: Seen,
+    stop: AtomicBool,
+    pub(crate) storms: AtomicUsize,
+}
+
+impl Load {
+    /// Starts [`senders`] in `s` across `addrs`: they stop when the guard
+    /// this answers drops (every exit of the scope, a panic included).
+    pub(crate) fn start<'s>(
+        &'s self,
+        s: &'s std::thread::Scope<'s, '_>,
+        addrs: &'s [SocketAddr],
+        storm: usize,
+        patience: Duration,
+    ) -> SetOnDrop<'s> {
+        let stop_senders = SetOnDrop(&self.stop);
+        senders(
+            s,
+            &self.seen,
+            &self.stop,
+            &self.storms,
+            addrs,
+            storm,
+            patience,
+        );
+        stop_senders
+    }
+}
+
 /// Six senders of unique events (every fourth a duplicate of one already
 /// delivered) and a thread of `storm`-way storms of one event, across
 /// `addrs`, each retrying until a 2xx or `patience` runs out; until `stop`.
-pub(crate) fn senders<'s>(
+fn senders<'s>(
     s: &'s std::thread::Scope<'s, '_>,
     seen: &'s Seen,
     stop: &'s AtomicBool,
@@ -261,28 +294,17 @@ fn postgres_crashes(crashes: usize) {
         Proxy::start(&dir, &pg.url(), &routes(&up)),
     ];
     let addrs = [replicas[0].addr, replicas[1].addr];
-    let seen = Seen::default();
-    let stop = AtomicBool::new(false);
+    let load = Load::default();
     let watching = AtomicBool::new(false);
-    let storms = AtomicUsize::new(0);
     let started = Instant::now();
 
     let (crash_log, ready_logs) = std::thread::scope(|s| {
         let _stop_watchers = SetOnDrop(&watching);
         let ready = ReadyLog::watch_each(s, &replicas, &watching);
         let log = std::thread::scope(|s| {
-            let _stop_senders = SetOnDrop(&stop);
             // Senders: unique deliveries, duplicates of delivered events,
             // 20-way storms of one event.
-            senders(
-                s,
-                &seen,
-                &stop,
-                &storms,
-                &addrs,
-                20,
-                Duration::from_secs(40),
-            );
+            let _stop_senders = load.start(s, &addrs, 20, Duration::from_secs(40));
             // The crashes.
             let mut log = Vec::new();
             for c in 0..crashes {
@@ -317,29 +339,19 @@ fn postgres_crashes(crashes: usize) {
         (log, ready_logs)
     });
     let took = started.elapsed();
-    report_and_check(
-        &pg,
-        &up,
-        &replicas,
-        &seen,
-        &crash_log,
-        &ready_logs,
-        took,
-        &storms,
-    );
+    report_and_check(&pg, &up, &replicas, &load, &crash_log, &ready_logs, took);
 }
 
-#[allow(clippy::too_many_arguments)]
 fn report_and_check(
     pg: &PgCluster,
     up: &Consumer,
     replicas: &[Proxy; 2],
-    seen: &Seen,
+    load: &Load,
     crashes: &[Crash],
     ready: &[ReadyLog],
     took: Duration,
-    storms: &AtomicUsize,
 ) {
+    let Load { seen, storms, .. } = load;
     let mut problems: Vec<String> = seen.wrong.lock().unwrap().clone();
     // Every record, after recovery.
     let rows = pg.psql("SELECT event_id, state, attempts FROM records WHERE route = 'r'");

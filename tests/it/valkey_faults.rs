@@ -11,12 +11,12 @@
 //! Each prints the figures docs/valkey.md quotes.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::valkey::Valkey;
 use crate::common::*;
-use crate::store_faults::{send_until_ok, senders, Seen, SetOnDrop, PATH};
+use crate::store_faults::{send_until_ok, Load, Seen, PATH};
 use idemgate::claim::State;
 use idemgate::store::valkey::keys::Bucket;
 
@@ -40,6 +40,17 @@ fn two_processes(v: &Valkey, dir: &TempDir, up: &Consumer) -> [Proxy; 2] {
         Proxy::start(dir, &url, &routes(up)),
         Proxy::start(dir, &url, &routes(up)),
     ]
+}
+
+/// A cluster, a consumer and [`two_processes`] on it, for one test;
+/// `None`: skipped (see [`Valkey::cluster`]). Bound in this order, they
+/// drop in reverse: the processes first, the cluster last.
+fn cluster_with_two_processes(tag: &str) -> Option<(Valkey, TempDir, Consumer, [Proxy; 2])> {
+    let v = Valkey::cluster(tag)?;
+    let dir = TempDir::new(&format!("valkey-{tag}-proxies"));
+    let up = Consumer::start().unwrap();
+    let pxs = two_processes(&v, &dir, &up);
+    Some((v, dir, up, pxs))
 }
 
 /// What a run under load left behind.
@@ -87,16 +98,29 @@ fn audit(v: &Valkey, up: &Consumer, seen: &Seen) -> Audit {
     }
 }
 
+/// The figures every run under `load` prints: what the senders sent and
+/// saw, and the side effects at the consumer.
+fn load_figures(load: &Load, effects: &BTreeMap<String, usize>, delivered_ok: &[String]) -> String {
+    format!(
+        "requests {}, events answered 2xx {}, storms {}; 503s {}, 409s {}; consumer: {} events, \
+         duplicate side effects {}",
+        load.seen.sent.load(Ordering::Relaxed),
+        delivered_ok.len(),
+        load.storms.load(Ordering::Relaxed),
+        load.seen.unavailable.load(Ordering::Relaxed),
+        load.seen.in_flight.load(Ordering::Relaxed),
+        effects.len(),
+        effects.values().filter(|&&n| n > 1).count(),
+    )
+}
+
 /// 200 senders deliver one event at once, 100 through each process: the
 /// consumer sees it once, and every sender ends with a 2xx.
 #[test]
 fn a_200_way_storm_of_one_event_over_two_processes_forwards_once() {
-    let Some(v) = Valkey::cluster("storm") else {
+    let Some((_v, _dir, up, pxs)) = cluster_with_two_processes("storm") else {
         return;
     };
-    let dir = TempDir::new("valkey-storm");
-    let up = Consumer::start().unwrap();
-    let pxs = two_processes(&v, &dir, &up);
     let addrs = [pxs[0].addr, pxs[1].addr];
     let seen = Seen::default();
     let id = eid("storm");
@@ -178,29 +202,15 @@ fn both_ready(pxs: &[Proxy]) -> Duration {
 /// 200 within 10 s of the shard having its replica again, and no idemgate
 /// restarted.
 fn primaries_killed_under_load(kills: usize) {
-    let Some(mut v) = Valkey::cluster(&format!("kill{kills}")) else {
+    let Some((mut v, _dir, up, pxs)) = cluster_with_two_processes(&format!("kill{kills}")) else {
         return;
     };
-    let dir = TempDir::new("valkey-kills");
-    let up = Consumer::start().unwrap();
-    let pxs = two_processes(&v, &dir, &up);
     let pids: Vec<Option<u32>> = pxs.iter().map(|p| p.pid()).collect();
     let addrs = [pxs[0].addr, pxs[1].addr];
-    let seen = Seen::default();
-    let stop = AtomicBool::new(false);
-    let storms = AtomicUsize::new(0);
+    let load = Load::default();
     let started = Instant::now();
     let kill_log = std::thread::scope(|s| {
-        let _stop_senders = SetOnDrop(&stop);
-        senders(
-            s,
-            &seen,
-            &stop,
-            &storms,
-            &addrs,
-            20,
-            Duration::from_secs(60),
-        );
+        let _stop_senders = load.start(s, &addrs, 20, Duration::from_secs(60));
         let mut log = Vec::new();
         for k in 0..kills {
             std::thread::sleep(Duration::from_millis(1500));
@@ -232,7 +242,7 @@ fn primaries_killed_under_load(kills: usize) {
         mut problems,
         effects,
         delivered_ok,
-    } = audit(&v, &up, &seen);
+    } = audit(&v, &up, &load.seen);
     for (i, p) in pxs.iter().enumerate() {
         if p.pid() != pids[i] {
             problems.push(format!("process {i} was restarted"));
@@ -241,17 +251,10 @@ fn primaries_killed_under_load(kills: usize) {
     let max = |f: fn(&Kill) -> Duration| kill_log.iter().map(f).max().unwrap_or_default();
     let ready_back = max(|k| k.ready);
     eprintln!(
-        "valkey kills: {kills} SIGKILLs of a primary in {took:?}, 2 processes; requests {}, \
-         events answered 2xx {}, storms {}; 503s {}, 409s {}; consumer: {} events, \
-         duplicate side effects {}; longest kill to promotion {:?}, to the restarted node \
-         linked {:?}; replica back to both /readyz 200: max {ready_back:?}; problems {}",
-        seen.sent.load(Ordering::Relaxed),
-        delivered_ok.len(),
-        storms.load(Ordering::Relaxed),
-        seen.unavailable.load(Ordering::Relaxed),
-        seen.in_flight.load(Ordering::Relaxed),
-        effects.len(),
-        effects.values().filter(|&&n| n > 1).count(),
+        "valkey kills: {kills} SIGKILLs of a primary in {took:?}, 2 processes; {}; \
+         longest kill to promotion {:?}, to the restarted node linked {:?}; replica back to \
+         both /readyz 200: max {ready_back:?}; problems {}",
+        load_figures(&load, &effects, &delivered_ok),
         max(|k| k.promoted),
         max(|k| k.relinked),
         problems.len()
@@ -305,9 +308,7 @@ fn the_control_a_stale_replica_promoted() {
         .unwrap();
     let (unsafe_id, safe_id) = (first, other);
     let replica = v.replica_of(primary);
-    let replica_pid = v.pid(replica);
-    unsafe { libc::kill(replica_pid, libc::SIGSTOP) };
-    v.cli(primary, &["client", "kill", "type", "replica"]);
+    let replica_pid = v.cut_replica(primary, replica);
     let unsafe_first = none.deliver(PATH, Some(&unsafe_id), b"{}").status;
     let safe_first = durable.deliver(PATH, Some(&safe_id), b"{}").status;
     v.kill(primary);
@@ -349,29 +350,15 @@ fn the_control_a_stale_replica_promoted() {
 /// event a sender saw 2xx is `delivered`.
 #[test]
 fn a_slot_migration_mid_load_doubles_nothing() {
-    let Some(v) = Valkey::cluster("reshard") else {
+    let Some((v, _dir, up, pxs)) = cluster_with_two_processes("reshard") else {
         return;
     };
-    let dir = TempDir::new("valkey-reshard");
-    let up = Consumer::start().unwrap();
-    let pxs = two_processes(&v, &dir, &up);
     let addrs = [pxs[0].addr, pxs[1].addr];
-    let seen = Seen::default();
-    let stop = AtomicBool::new(false);
-    let storms = AtomicUsize::new(0);
+    let load = Load::default();
     let primaries = v.primaries();
     let (from, to) = (v.node_id(primaries[0]), v.node_id(primaries[1]));
     let (took, moved) = std::thread::scope(|s| {
-        let _stop_senders = SetOnDrop(&stop);
-        senders(
-            s,
-            &seen,
-            &stop,
-            &storms,
-            &addrs,
-            20,
-            Duration::from_secs(60),
-        );
+        let _stop_senders = load.start(s, &addrs, 20, Duration::from_secs(60));
         std::thread::sleep(Duration::from_secs(2));
         let t = Instant::now();
         let out = std::process::Command::new("redis-cli")
@@ -403,18 +390,11 @@ fn a_slot_migration_mid_load_doubles_nothing() {
         mut problems,
         effects,
         delivered_ok,
-    } = audit(&v, &up, &seen);
+    } = audit(&v, &up, &load.seen);
     eprintln!(
         "valkey reshard: 2000 slots moved in {took:?} ({migrated} 'Moving slot' lines) under load; \
-         requests {}, events answered 2xx {}, storms {}; 503s {}, 409s {}; consumer: {} events, \
-         duplicate side effects {}; problems {}",
-        seen.sent.load(Ordering::Relaxed),
-        delivered_ok.len(),
-        storms.load(Ordering::Relaxed),
-        seen.unavailable.load(Ordering::Relaxed),
-        seen.in_flight.load(Ordering::Relaxed),
-        effects.len(),
-        effects.values().filter(|&&n| n > 1).count(),
+         {}; problems {}",
+        load_figures(&load, &effects, &delivered_ok),
         problems.len()
     );
     if !problems.is_empty() {

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::valkey::{redis_server, valkey_server, Valkey};
-use crate::common::{bin, eid, free_port, kit, route, wait_until, Consumer, Proxy, TempDir};
+use crate::common::{bin, eid, free_port, kit, route, wait_until, Consumer, TempDir};
 use idemgate::store;
 
 /// `serve` with `store` (the lines under `store:`): its exit code and its
@@ -78,11 +78,7 @@ fn serve_on_one_server_claims_forwards_once_and_replays() {
     let dir = TempDir::new("valkey-single-serve");
     let up = Consumer::start().unwrap();
     let started = Instant::now();
-    let px = Proxy::start(
-        &dir,
-        &v.url("replicas=1"),
-        &route("r", "/hooks/r", &up.url(), "    verify: none\n"),
-    );
+    let px = v.proxy(&dir, "replicas=1", &up);
     let ready_in = started.elapsed();
     let id = eid("single");
     let first = px.deliver("/hooks/r", Some(&id), b"one");
@@ -124,17 +120,10 @@ fn a_cut_replica_fails_claims_closed_and_readyz_until_it_is_back() {
     };
     let dir = TempDir::new("valkey-single-cut");
     let up = Consumer::start().unwrap();
-    let px = Proxy::start(
-        &dir,
-        &v.url("replicas=1"),
-        &route("r", "/hooks/r", &up.url(), "    verify: none\n"),
-    );
+    let px = v.proxy(&dir, "replicas=1", &up);
     assert_eq!(px.deliver("/hooks/r", Some("before"), b"b").status, 200);
     let (primary, replica) = (v.nodes[0].port, v.nodes[1].port);
-    let pid = v.pid(replica);
-    // SIGSTOP alone does not cut the link (the kernel buffers the bytes)
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    v.cli(primary, &["client", "kill", "type", "replica"]);
+    let pid = v.cut_replica(primary, replica);
     let t = Instant::now();
     let refused = px.deliver("/hooks/r", Some("during"), b"d");
     let refused_in = t.elapsed();
@@ -254,11 +243,7 @@ fn redis_7_0_is_refused_for_fsynced_and_serves_replica_received() {
     println!("Redis {version}, fsynced: exit {code:?}: {line}");
 
     let up = Consumer::start().unwrap();
-    let px = Proxy::start(
-        &dir,
-        &v.url("replicas=1&durability=replica_received"),
-        &route("r", "/hooks/r", &up.url(), "    verify: none\n"),
-    );
+    let px = v.proxy(&dir, "replicas=1&durability=replica_received", &up);
     let id = eid("redis70");
     assert_eq!(px.deliver("/hooks/r", Some(&id), b"x").status, 200);
     let replay = px.deliver("/hooks/r", Some(&id), b"x");

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::common::valkey::Valkey;
-use crate::common::{kit, route, wait_until, Consumer, Proxy, TempDir};
+use crate::common::{kit, wait_until, Consumer, TempDir};
 use idemgate::claim::{ClaimKind, Millis};
 use idemgate::store::valkey::keys::{self, Bucket};
 use idemgate::store::{self, ClaimOutcome, ClaimRequest, ClaimStore};
@@ -54,16 +54,20 @@ async fn open(url: &str) -> std::sync::Arc<dyn ClaimStore> {
     s
 }
 
+/// Why the store's start (`migrate`, where it checks the shards) refuses
+/// `url`.
+async fn refused_at_start(url: &str) -> String {
+    let s = store::open(url, 2).await.expect("open valkey");
+    s.migrate().await.unwrap_err().to_string()
+}
+
 /// The wait goes to the slot's primary only, never fanned out over the
 /// shards, and concurrent claims share waits. Then the start checks: a
 /// shard without an append-only file, or with fewer replicas than asked,
 /// is refused by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_wait_goes_to_the_writing_shard_and_the_start_checks_each() {
-    let Some(v) = tokio::task::spawn_blocking(|| Valkey::cluster("wait"))
-        .await
-        .unwrap()
-    else {
+    let Some(v) = Valkey::cluster_from_async("wait").await else {
         return;
     };
     let s = open(&v.url("replicas=1")).await;
@@ -74,9 +78,7 @@ async fn the_wait_goes_to_the_writing_shard_and_the_start_checks_each() {
         s.claim(&req(&ids[0])).await,
         Ok(ClaimOutcome::Claimed { .. })
     ));
-    for p in v.primaries() {
-        v.cli(p, &["config", "resetstat"]);
-    }
+    v.reset_stats();
     let claims = ids[1..].iter().map(|id| {
         let s = s.clone();
         let id = id.clone();
@@ -111,13 +113,7 @@ async fn the_wait_goes_to_the_writing_shard_and_the_start_checks_each() {
     println!("39 concurrent claims on one shard shared {waits} WAITAOF");
 
     // more replicas than any shard has
-    let e = store::open(&v.url("replicas=2"), 2)
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = refused_at_start(&v.url("replicas=2")).await;
     assert!(
         e.contains("the shard of slots") && e.contains("replicas=2"),
         "{e}"
@@ -125,13 +121,7 @@ async fn the_wait_goes_to_the_writing_shard_and_the_start_checks_each() {
     // a primary without an append-only file
     let p = v.primaries()[1];
     v.cli(p, &["config", "set", "appendonly", "no"]);
-    let e = store::open(&v.url("replicas=1"), 2)
-        .await
-        .unwrap()
-        .migrate()
-        .await
-        .unwrap_err()
-        .to_string();
+    let e = refused_at_start(&v.url("replicas=1")).await;
     assert!(
         e.contains(&format!(":{p})")) && e.contains("appendonly no"),
         "{e}"
@@ -152,10 +142,7 @@ async fn the_wait_goes_to_the_writing_shard_and_the_start_checks_each() {
 /// that a failover then forgets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_the_replica_cannot_confirm_is_an_error() {
-    let Some(v) = tokio::task::spawn_blocking(|| Valkey::cluster("cut"))
-        .await
-        .unwrap()
-    else {
+    let Some(v) = Valkey::cluster_from_async("cut").await else {
         return;
     };
     let durable = open(&v.url("replicas=1")).await;
@@ -163,10 +150,7 @@ async fn a_claim_the_replica_cannot_confirm_is_an_error() {
     let ids = ids_in_one_bucket(3);
     assert!(durable.claim(&req(&ids[0])).await.is_ok());
     let primary = v.primary_of(Bucket::of("r", &ids[0]).slot);
-    let replica = v.pid(v.replica_of(primary));
-    // SIGSTOP alone does not cut the link (the kernel buffers the bytes)
-    unsafe { libc::kill(replica, libc::SIGSTOP) };
-    v.cli(primary, &["client", "kill", "type", "replica"]);
+    let replica = v.cut_replica(primary, v.replica_of(primary));
     let started = std::time::Instant::now();
     let refused = durable.claim(&req(&ids[1])).await;
     let took = started.elapsed();
@@ -193,10 +177,7 @@ async fn a_claim_the_replica_cannot_confirm_is_an_error() {
 // long: two steps on one cluster (a cut replica, then load), each checked
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_write_does_not_queue_behind_a_blocked_wait() {
-    let Some(v) = tokio::task::spawn_blocking(|| Valkey::cluster("lanes"))
-        .await
-        .unwrap()
-    else {
+    let Some(v) = Valkey::cluster_from_async("lanes").await else {
         return;
     };
     let s = open(&v.url("replicas=1")).await;
@@ -204,10 +185,8 @@ async fn a_write_does_not_queue_behind_a_blocked_wait() {
     assert!(s.claim(&req(&ids[0])).await.is_ok());
     let b = Bucket::of("r", &ids[0]);
     let primary = v.primary_of(b.slot);
-    let replica = v.pid(v.replica_of(primary));
     let written = |id: &str| v.cli(primary, &["exists", &b.record(id)]).trim() == "1";
-    unsafe { libc::kill(replica, libc::SIGSTOP) };
-    v.cli(primary, &["client", "kill", "type", "replica"]);
+    let replica = v.cut_replica(primary, v.replica_of(primary));
     let claim = |id: &String| {
         let (s, id) = (s.clone(), id.clone());
         tokio::spawn(async move { s.claim(&req(&id)).await })
@@ -241,9 +220,7 @@ async fn a_write_does_not_queue_behind_a_blocked_wait() {
         "the replica is back"
     );
     let _ = s.report();
-    for p in v.primaries() {
-        v.cli(p, &["config", "resetstat"]);
-    }
+    v.reset_stats();
     let many: Vec<String> = (0..300).map(|i| format!("many-{i}")).collect();
     let claims: Vec<_> = many.iter().map(claim).collect();
     for c in claims {
@@ -276,11 +253,7 @@ fn a_cluster_that_stops_answering_fails_closed_and_comes_back() {
     };
     let dir = TempDir::new("valkey-stopped");
     let up = Consumer::start().unwrap();
-    let px = Proxy::start(
-        &dir,
-        &v.url("replicas=1"),
-        &route("r", "/hooks/r", &up.url(), "    verify: none\n"),
-    );
+    let px = v.proxy(&dir, "replicas=1", &up);
     assert_eq!(px.deliver("/hooks/r", Some("before"), b"b").status, 200);
     let pids: Vec<i32> = v.nodes.iter().map(|n| v.pid(n.port)).collect();
     for &pid in &pids {

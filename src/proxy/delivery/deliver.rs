@@ -63,24 +63,14 @@ impl Delivery<'_> {
             "store unavailable: forwarding unguarded"
         );
         crate::telemetry::outage::note("forwarded_unguarded");
-        if self.permit.is_some() {
-            // within the slot this delivery holds already
-            let trace = self.trace;
-            return Box::pin(pass_through::forward(
-                self.shared,
-                session,
-                route,
-                body,
-                trace,
-            ))
-            .await;
-        }
-        Box::pin(pass_through::forward_admitted(
+        // within the slot this delivery holds already, if it holds one
+        Box::pin(pass_through::forward(
             self.shared,
             session,
             route,
             body,
             self.trace,
+            self.permit.is_some(),
         ))
         .await
     }

@@ -58,7 +58,7 @@ pub async fn run(
             (delivery.deliver(session, body).await, Some(delivery))
         }
         Ok(Intake::Unguarded(body)) => {
-            let forwarded = pass_through::forward_admitted(shared, session, route, body, trace);
+            let forwarded = pass_through::forward(shared, session, route, body, trace, false);
             (Box::pin(forwarded).await, None)
         }
         Err(stop) => (Err(stop), None),

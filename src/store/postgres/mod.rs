@@ -342,11 +342,6 @@ impl Backend for PostgresStore {
         }
     }
 
-    /// Nothing to add: every PostgreSQL write goes to the server `ping` reached.
-    async fn write_probe(&self, _limit: Duration) -> Result<(), StoreError> {
-        Ok(())
-    }
-
     async fn peek(&self, req: &ClaimRequest<'_>) -> Result<Option<ClaimOutcome>, StoreError> {
         let lookup = batch::Lookup {
             route: req.route.to_owned(),

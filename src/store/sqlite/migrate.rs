@@ -28,49 +28,33 @@ impl Migration {
     }
 }
 
+/// A [`Migration`] of the file `migrations/sqlite/$file`, its text
+/// included in the binary.
+macro_rules! migration {
+    ($version:literal, $description:literal, $file:literal) => {
+        Migration {
+            version: $version,
+            description: $description,
+            sql: include_str!(concat!("../../../migrations/sqlite/", $file)),
+        }
+    };
+}
+
 /// In order; a new file gets the next version, and a file once released
 /// never changes (its checksum is on record in every store).
 const MIGRATIONS: [Migration; 8] = [
-    Migration {
-        version: 1,
-        description: "records",
-        sql: include_str!("../../../migrations/sqlite/0001_records.sql"),
-    },
-    Migration {
-        version: 2,
-        description: "failed index",
-        sql: include_str!("../../../migrations/sqlite/0002_failed_index.sql"),
-    },
-    Migration {
-        version: 3,
-        description: "rowid records",
-        sql: include_str!("../../../migrations/sqlite/0003_rowid_records.sql"),
-    },
-    Migration {
-        version: 4,
-        description: "ambiguous attempts pauses",
-        sql: include_str!("../../../migrations/sqlite/0004_ambiguous_attempts_pauses.sql"),
-    },
-    Migration {
-        version: 5,
-        description: "claim token",
-        sql: include_str!("../../../migrations/sqlite/0005_claim_token.sql"),
-    },
-    Migration {
-        version: 6,
-        description: "replay headers",
-        sql: include_str!("../../../migrations/sqlite/0006_replay_headers.sql"),
-    },
-    Migration {
-        version: 7,
-        description: "reconcile",
-        sql: include_str!("../../../migrations/sqlite/0007_reconcile.sql"),
-    },
-    Migration {
-        version: 8,
-        description: "send trace",
-        sql: include_str!("../../../migrations/sqlite/0008_send_trace.sql"),
-    },
+    migration!(1, "records", "0001_records.sql"),
+    migration!(2, "failed index", "0002_failed_index.sql"),
+    migration!(3, "rowid records", "0003_rowid_records.sql"),
+    migration!(
+        4,
+        "ambiguous attempts pauses",
+        "0004_ambiguous_attempts_pauses.sql"
+    ),
+    migration!(5, "claim token", "0005_claim_token.sql"),
+    migration!(6, "replay headers", "0006_replay_headers.sql"),
+    migration!(7, "reconcile", "0007_reconcile.sql"),
+    migration!(8, "send trace", "0008_send_trace.sql"),
 ];
 
 /// sqlx's table, as sqlx (0.8) creates it.

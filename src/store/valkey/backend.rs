@@ -10,7 +10,7 @@ use super::link::Conn;
 use redis::Value;
 
 use super::keys::{self, Bucket};
-use super::{decode, driver, operator, opt, questions, scripts, ValkeyStore};
+use super::{decode, driver, oldest_by_slot, operator, opt, questions, scripts, ValkeyStore};
 use crate::claim::{Millis, SettleResult};
 use crate::store::sql;
 use crate::store::{
@@ -69,11 +69,6 @@ impl Backend for ValkeyStore {
             shards: Some(self.shards_seen.load(Ordering::Relaxed)).filter(|&n| n > 0),
             waits: self.durable.take_waits(),
         }
-    }
-
-    /// `ping` checked the shards; a write's own wait says the rest.
-    async fn write_probe(&self, _limit: Duration) -> Result<(), StoreError> {
-        Ok(())
     }
 
     // long: the script's keys and arguments, one a line, then its three
@@ -300,22 +295,8 @@ impl Backend for ValkeyStore {
                 Ok((b, found))
             })
             .await?;
-        let mut all: Vec<(f64, &Bucket, &str)> = candidates
-            .iter()
-            .flat_map(|(_, (b, found))| found.iter().map(move |(id, at)| (*at, b, id.as_str())))
-            .collect();
-        all.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.cmp(b.2)));
-        all.truncate(usize::try_from(limit).unwrap_or(0));
-        let mut by_bucket: BTreeMap<u16, (&Bucket, Vec<&str>)> = BTreeMap::new();
-        for (_, b, id) in all {
-            by_bucket
-                .entry(b.slot)
-                .or_insert((b, Vec::new()))
-                .1
-                .push(id);
-        }
         let mut deleted = 0u64;
-        for (b, ids) in by_bucket.values() {
+        for (b, ids) in oldest_by_slot(&candidates, limit).values() {
             let mut keys = vec![
                 b.by_first_seen(),
                 b.by_expiry(),

@@ -166,16 +166,36 @@ pub(super) fn record(route: &str, event_id: &str, v: Value) -> Result<Option<Rec
     }))
 }
 
-/// One attempt's row as the scripts write it (JSON, numbers as text).
-#[derive(serde::Deserialize)]
-struct Row {
-    started_at: String,
-    ended_at: Option<String>,
-    status: Option<String>,
-    result: String,
-    error: Option<String>,
-    duration_ms: Option<String>,
-    instance: Option<String>,
+/// One attempt's row as the scripts write it (JSON, numbers as text): the
+/// attempts hash's values, and the questions' rows (`questions.rs`, which
+/// add the attempt's number).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct AttemptRow {
+    pub(super) started_at: String,
+    pub(super) ended_at: Option<String>,
+    pub(super) status: Option<String>,
+    pub(super) result: String,
+    pub(super) error: Option<String>,
+    pub(super) duration_ms: Option<String>,
+    pub(super) instance: Option<String>,
+}
+
+impl AttemptRow {
+    /// The attempt this row records, numbered `number` (its text).
+    pub(super) fn into_attempt(self, number: &str) -> Result<Attempt, StoreError> {
+        Ok(Attempt {
+            attempt: number
+                .parse()
+                .map_err(|e| corrupt(format!("attempt {number:?}: {e}")))?,
+            started_at: millis(Some(&self.started_at))?.unwrap_or_default(),
+            ended_at: millis(self.ended_at.as_deref())?,
+            status: millis(self.status.as_deref())?,
+            result: self.result,
+            error: self.error,
+            duration_ms: millis(self.duration_ms.as_deref())?,
+            instance: self.instance,
+        })
+    }
 }
 
 fn millis(t: Option<&str>) -> Result<Option<Millis>, StoreError> {
@@ -188,19 +208,8 @@ pub(super) fn attempts(v: Value) -> Result<Vec<Attempt>, StoreError> {
     let rows: HashMap<String, String> = redis::from_redis_value(v).map_err(corrupt)?;
     let mut out = Vec::with_capacity(rows.len());
     for (n, json) in rows {
-        let row: Row = serde_json::from_str(&json).map_err(corrupt)?;
-        out.push(Attempt {
-            attempt: n
-                .parse()
-                .map_err(|e| corrupt(format!("attempt {n:?}: {e}")))?,
-            started_at: millis(Some(&row.started_at))?.unwrap_or_default(),
-            ended_at: millis(row.ended_at.as_deref())?,
-            status: millis(row.status.as_deref())?,
-            result: row.result,
-            error: row.error,
-            duration_ms: millis(row.duration_ms.as_deref())?,
-            instance: row.instance,
-        });
+        let row: AttemptRow = serde_json::from_str(&json).map_err(corrupt)?;
+        out.push(row.into_attempt(&n)?);
     }
     out.sort_by_key(|a| a.attempt);
     Ok(out)

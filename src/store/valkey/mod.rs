@@ -76,7 +76,7 @@ mod scripts;
 mod shards;
 pub mod target;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -422,6 +422,29 @@ impl ValkeyStore {
         }
         Ok(out)
     }
+}
+
+/// What one bucket found: event IDs, each with its time.
+type BucketFound = (Bucket, Vec<(String, f64)>);
+
+/// The oldest `limit` of what each bucket found (per route, as
+/// [`ValkeyStore::every_bucket`] answers), ties by event ID, grouped again
+/// by slot: each group one script's work on its slot.
+fn oldest_by_slot(
+    found: &[(String, BucketFound)],
+    limit: i64,
+) -> BTreeMap<u16, (&Bucket, Vec<&str>)> {
+    let mut all: Vec<(f64, &Bucket, &str)> = found
+        .iter()
+        .flat_map(|(_, (b, found))| found.iter().map(move |(id, at)| (*at, b, id.as_str())))
+        .collect();
+    all.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.cmp(b.2)));
+    all.truncate(usize::try_from(limit).unwrap_or(0));
+    let mut by_slot: BTreeMap<u16, (&Bucket, Vec<&str>)> = BTreeMap::new();
+    for (_, b, id) in all {
+        by_slot.entry(b.slot).or_insert((b, Vec::new())).1.push(id);
+    }
+    by_slot
 }
 
 /// A script's source, for `SCRIPT LOAD`.

@@ -19,7 +19,7 @@ use super::link::Conn;
 use redis::{Script, Value};
 
 use super::keys::{self, Bucket};
-use super::{decode, driver, opt, scripts, ValkeyStore};
+use super::{decode, driver, oldest_by_slot, opt, scripts, ValkeyStore};
 use crate::claim::{Millis, State};
 use crate::store::{
     state_of, Attempt, BulkRelease, Resolution, ResolveOutcome, ResolveRequest, StoreError,
@@ -266,29 +266,15 @@ pub(super) async fn hold_ended_leases(
                 for pair in items.chunks(2) {
                     if let [id, at] = pair {
                         let at: f64 = at.parse().map_err(|e| corrupt("updated_at", e))?;
-                        ended.push((at, id.clone()));
+                        ended.push((id.clone(), at));
                     }
                 }
                 Ok((b, ended))
             }
         })
         .await?;
-    let mut all: Vec<(f64, &Bucket, &str)> = found
-        .iter()
-        .flat_map(|(_, (b, ended))| ended.iter().map(move |(at, id)| (*at, b, id.as_str())))
-        .collect();
-    all.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.cmp(b.2)));
-    all.truncate(usize::try_from(limit).unwrap_or(0));
-    let mut by_bucket: BTreeMap<u16, (&Bucket, Vec<&str>)> = BTreeMap::new();
-    for (_, b, id) in all {
-        by_bucket
-            .entry(b.slot)
-            .or_insert((b, Vec::new()))
-            .1
-            .push(id);
-    }
     let mut turned = 0;
-    for (b, ids) in by_bucket.values() {
+    for (b, ids) in oldest_by_slot(&found, limit).values() {
         let mut keys = vec![b.by_expiry(), b.processing(), b.ambiguous()];
         let mut args: Vec<Vec<u8>> = vec![now.to_string().into()];
         for id in ids {

@@ -7,10 +7,10 @@
 //! concurrently), then each one's mark taken by a script of its own on its
 //! slot.
 
+use super::decode::AttemptRow;
 use super::keys::Bucket;
 use super::operator::eval_read;
 use super::{driver, scripts, ValkeyStore};
-use crate::claim::Millis;
 use crate::store::{
     state_of, Attempt, Learned, QuestionBatch, Reconciliation, ResolveOutcome, StoreError,
 };
@@ -19,18 +19,13 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{what}: {e}"))
 }
 
-/// A question's row as the list keeps it (JSON, numbers as text, as the
-/// attempts' rows).
+/// A question's row as the list keeps it: an attempt's row with its
+/// number.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Row {
     attempt: String,
-    started_at: String,
-    ended_at: Option<String>,
-    status: Option<String>,
-    result: String,
-    error: Option<String>,
-    duration_ms: Option<String>,
-    instance: Option<String>,
+    #[serde(flatten)]
+    row: AttemptRow,
 }
 
 impl Row {
@@ -39,13 +34,15 @@ impl Row {
     fn of(req: &Reconciliation<'_>) -> Row {
         Row {
             attempt: req.attempts.to_string(),
-            started_at: req.started_at.to_string(),
-            ended_at: Some(req.now.to_string()),
-            status: req.status.map(|s| s.to_string()),
-            result: req.learned.result().into(),
-            error: Some(req.detail.into()),
-            duration_ms: Some((req.now - req.started_at).to_string()),
-            instance: Some(req.instance.into()),
+            row: AttemptRow {
+                started_at: req.started_at.to_string(),
+                ended_at: Some(req.now.to_string()),
+                status: req.status.map(|s| s.to_string()),
+                result: req.learned.result().into(),
+                error: Some(req.detail.into()),
+                duration_ms: Some((req.now - req.started_at).to_string()),
+                instance: Some(req.instance.into()),
+            },
         }
     }
 }
@@ -92,11 +89,6 @@ pub(super) async fn reconciled(
     }
 }
 
-fn millis(t: Option<&str>) -> Result<Option<Millis>, StoreError> {
-    t.map(|t| t.parse().map_err(|e| corrupt("a question's row", e)))
-        .transpose()
-}
-
 /// The questions asked about a record, oldest first.
 pub(super) async fn of(
     store: &ValkeyStore,
@@ -115,16 +107,7 @@ pub(super) async fn of(
     rows.iter()
         .map(|json| {
             let row: Row = serde_json::from_str(json).map_err(|e| corrupt("a question", e))?;
-            Ok(Attempt {
-                attempt: millis(Some(&row.attempt))?.unwrap_or_default(),
-                started_at: millis(Some(&row.started_at))?.unwrap_or_default(),
-                ended_at: millis(row.ended_at.as_deref())?,
-                status: millis(row.status.as_deref())?,
-                result: row.result,
-                error: row.error,
-                duration_ms: millis(row.duration_ms.as_deref())?,
-                instance: row.instance,
-            })
+            row.row.into_attempt(&row.attempt)
         })
         .collect()
 }

@@ -180,6 +180,33 @@ return changed
 "#
 );
 
+/// The start of an operator's change of one record (release, resolve):
+/// KEYS record, attempts; ARGV event_id, now; the record's state and
+/// retention span (`r`: state, expires_at, updated_at) read, and
+/// `{'not_found'}` without it.
+macro_rules! one_record_head {
+    () => {
+        r#"
+local rec, att, id, now = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local r = redis.call('HMGET', rec, 'state', 'expires_at', 'updated_at')
+if not r[1] then return {'not_found'} end
+"#
+    };
+}
+
+/// The end of that change, the record out of `processing` and `ambiguous`
+/// for good: its keys' expiry and the bucket's index of expiry follow its
+/// new `expires_at`. KEYS[3..5]: by_expiry, processing, ambiguous.
+macro_rules! one_record_indexes {
+    () => {
+        r#"expire(rec, att, expires_at, now)
+redis.call('ZADD', KEYS[3], expires_at, id)
+redis.call('ZREM', KEYS[4], id)
+redis.call('SREM', KEYS[5], id)
+"#
+    };
+}
+
 /// Operator release (`sql::RELEASE` with `MATERIALISE_FIRST`: a first
 /// attempt that delivered, kept as the record's own fields, gets its row
 /// first): to `failed` with no lease, keeping the record's retention span
@@ -189,11 +216,8 @@ return changed
 /// Returns `{'released', previous}`, `{'not_found'}` or `{'refused'}`.
 pub const RELEASE: &str = concat!(
     prelude!(),
-    r#"
-local rec, att, id, now = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-local r = redis.call('HMGET', rec, 'state', 'expires_at', 'updated_at')
-if not r[1] then return {'not_found'} end
-if r[1] == 'delivered' and ARGV[3] ~= '1' then return {'refused'} end
+    one_record_head!(),
+    r#"if r[1] == 'delivered' and ARGV[3] ~= '1' then return {'refused'} end
 local f = redis.call('HMGET', rec, 'attempts', 'first_seen_at', 'delivered_at', 'last_status', 'claimed_by')
 if r[1] == 'delivered' and f[1] == '1' then
   put_attempt(att, '1', {started_at = f[2], ended_at = f[3] or nil, status = f[4] or nil,
@@ -204,11 +228,9 @@ local expires_at = num(tonumber(now) + tonumber(r[2]) - tonumber(r[3]))
 redis.call('HSET', rec, 'state', 'failed', 'last_error', 'released by operator', 'updated_at', now,
   'expires_at', expires_at)
 redis.call('HDEL', rec, 'lease_until')
-expire(rec, att, expires_at, now)
-redis.call('ZADD', KEYS[3], expires_at, id)
-redis.call('ZREM', KEYS[4], id)
-redis.call('SREM', KEYS[5], id)
-return {'released', r[1]}
+"#,
+    one_record_indexes!(),
+    r#"return {'released', r[1]}
 "#
 );
 
@@ -295,11 +317,8 @@ return deleted
 /// Returns `{'resolved'}`, `{'not_found'}` or `{'not_ambiguous', state}`.
 pub const RESOLVE: &str = concat!(
     prelude!(),
-    r#"
-local rec, att, id, now = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-local r = redis.call('HMGET', rec, 'state', 'expires_at', 'updated_at')
-if not r[1] then return {'not_found'} end
-if r[1] ~= 'ambiguous' then return {'not_ambiguous', r[1]} end
+    one_record_head!(),
+    r#"if r[1] ~= 'ambiguous' then return {'not_ambiguous', r[1]} end
 local expires_at = num(tonumber(now) + tonumber(r[2]) - tonumber(r[3]))
 if ARGV[3] == 'delivered' then
   redis.call('HSET', rec, 'state', 'delivered', 'last_status', ARGV[4], 'delivered_at', now,
@@ -310,11 +329,9 @@ else
     'updated_at', now, 'expires_at', expires_at)
   redis.call('HDEL', rec, 'lease_until')
 end
-expire(rec, att, expires_at, now)
-redis.call('ZADD', KEYS[3], expires_at, id)
-redis.call('ZREM', KEYS[4], id)
-redis.call('SREM', KEYS[5], id)
-return {'resolved'}
+"#,
+    one_record_indexes!(),
+    r#"return {'resolved'}
 "#
 );
 
@@ -348,6 +365,33 @@ local function selects(h, state, now, after, before)
   if after and upd < tonumber(after) then return false end
   if before and upd >= tonumber(before) then return false end
   return upd < now
+end
+"#
+    };
+}
+
+/// Ends a record's lease for good, for the scripts that do it to many
+/// records of one bucket (bulk release, held leases' end). KEYS[1..3]:
+/// by_expiry, processing, ambiguous.
+macro_rules! end_lease {
+    () => {
+        r#"
+-- the record `id` (`rec`, `att`) leaves its lease as of `now`: `state`
+-- with `err`, its retention span (`updated_at` to `expires_at` before)
+-- kept from now; its keys' expiry and the bucket's indexes follow
+local function end_lease(rec, att, id, now, state, err, expires_at, updated_at)
+  local until_ = num(tonumber(now) + tonumber(expires_at) - tonumber(updated_at))
+  redis.call('HSET', rec, 'state', state, 'last_error', err, 'updated_at', now,
+    'expires_at', until_)
+  redis.call('HDEL', rec, 'lease_until')
+  expire(rec, att, until_, now)
+  redis.call('ZADD', KEYS[1], until_, id)
+  redis.call('ZREM', KEYS[2], id)
+  if state == 'ambiguous' then
+    redis.call('SADD', KEYS[3], id)
+  else
+    redis.call('SREM', KEYS[3], id)
+  end
 end
 "#
     };
@@ -390,6 +434,7 @@ return out
 pub const BULK_RELEASE: &str = concat!(
     prelude!(),
     bulk_selects!(),
+    end_lease!(),
     r#"
 local state, now = ARGV[1], ARGV[2]
 local after, before = opt(ARGV[3]), opt(ARGV[4])
@@ -398,14 +443,7 @@ for i = 5, #ARGV do
   local id, rec, att = ARGV[i], KEYS[2 * i - 6], KEYS[2 * i - 5]
   local h = redis.call('HMGET', rec, 'state', 'updated_at', 'lease_until', 'expires_at')
   if h[1] and selects(h, state, tonumber(now), after, before) then
-    local expires_at = num(tonumber(now) + tonumber(h[4]) - tonumber(h[2]))
-    redis.call('HSET', rec, 'state', 'failed', 'last_error', 'released by operator',
-      'updated_at', now, 'expires_at', expires_at)
-    redis.call('HDEL', rec, 'lease_until')
-    expire(rec, att, expires_at, now)
-    redis.call('ZADD', KEYS[1], expires_at, id)
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('SREM', KEYS[3], id)
+    end_lease(rec, att, id, now, 'failed', 'released by operator', h[4], h[2])
     released = released + 1
   end
 end
@@ -444,6 +482,7 @@ return out
 /// Returns how many turned.
 pub const HOLD_ENDED: &str = concat!(
     prelude!(),
+    end_lease!(),
     r#"
 local now = ARGV[1]
 local turned = 0
@@ -454,14 +493,7 @@ for i = 2, #ARGV do
   if r[1] == 'processing' and r[2] == '1' and (not r[3] or tonumber(r[3]) <= tonumber(now)) then
     put_attempt(att, r[4], {started_at = r[5], ended_at = r[3] or nil, error = LOST,
       instance = r[6] or nil, result = 'ambiguous'}, true)
-    local expires_at = num(tonumber(now) + tonumber(r[7]) - tonumber(r[5]))
-    redis.call('HSET', rec, 'state', 'ambiguous', 'last_error', LOST, 'updated_at', now,
-      'expires_at', expires_at)
-    redis.call('HDEL', rec, 'lease_until')
-    expire(rec, att, expires_at, now)
-    redis.call('ZADD', KEYS[1], expires_at, id)
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('SADD', KEYS[3], id)
+    end_lease(rec, att, id, now, 'ambiguous', LOST, r[7], r[5])
     turned = turned + 1
   end
 end

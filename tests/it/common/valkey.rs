@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{free_port, TempDir};
+use super::{free_port, route, Consumer, Proxy, TempDir};
 
 /// One server process and its ports.
 pub struct Node {
@@ -136,6 +136,15 @@ impl Valkey {
         );
         v.wait_formed(3);
         Some(v)
+    }
+
+    /// [`Valkey::cluster`] from an async test: formed on a blocking
+    /// thread, as it waits for the nodes.
+    pub async fn cluster_from_async(tag: &str) -> Option<Valkey> {
+        let tag = tag.to_owned();
+        tokio::task::spawn_blocking(move || Valkey::cluster(&tag))
+            .await
+            .unwrap()
     }
 
     /// One server not in cluster mode (`nodes[0]`, the primary) and
@@ -387,6 +396,31 @@ impl Valkey {
     pub fn pid(&self, port: u16) -> i32 {
         let node = self.nodes.iter().find(|n| n.port == port).expect("a node");
         node.child.as_ref().expect("running").id() as i32
+    }
+
+    /// Stops the replica on `replica` and cuts its link from `primary`
+    /// (SIGSTOP alone does not: the kernel buffers the bytes), so that no
+    /// write on `primary` reaches a replica until it runs again (SIGCONT
+    /// to the pid this answers).
+    pub fn cut_replica(&self, primary: u16, replica: u16) -> i32 {
+        let pid = self.pid(replica);
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        self.cli(primary, &["client", "kill", "type", "replica"]);
+        pid
+    }
+
+    /// Zeroes every primary's command counts (`INFO commandstats`).
+    pub fn reset_stats(&self) {
+        for p in self.primaries() {
+            self.cli(p, &["config", "resetstat"]);
+        }
+    }
+
+    /// A process on this store (`query`: its URL's, e.g. `replicas=1`)
+    /// serving route `r` at `/hooks/r`, unverified, to `up`.
+    pub fn proxy(&self, dir: &TempDir, query: &str, up: &Consumer) -> Proxy {
+        let routes = route("r", "/hooks/r", &up.url(), "    verify: none\n");
+        Proxy::start(dir, &self.url(query), &routes)
     }
 
     /// Clears every primary's keys (between cases sharing one cluster).
