@@ -10,7 +10,7 @@ use super::link::Conn;
 use redis::Value;
 
 use super::keys::{self, Bucket};
-use super::{decode, driver, oldest_by_slot, operator, opt, questions, scripts, ValkeyStore};
+use super::{decode, driver, oldest_by_bucket, operator, opt, questions, scripts, ValkeyStore};
 use crate::claim::{Millis, SettleResult};
 use crate::store::sql;
 use crate::store::{
@@ -296,7 +296,7 @@ impl Backend for ValkeyStore {
             })
             .await?;
         let mut deleted = 0u64;
-        for (b, ids) in oldest_by_slot(&candidates, limit).values() {
+        for (b, ids) in oldest_by_bucket(&candidates, limit).values() {
             let mut keys = vec![
                 b.by_first_seen(),
                 b.by_expiry(),

@@ -52,6 +52,12 @@ impl Bucket {
         Bucket::new(route, bucket(event_id))
     }
 
+    /// The hash tag, `{r:<route>:<bucket>}`: who the bucket is (two
+    /// buckets may share a slot).
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
     /// The record's hash.
     pub fn record(&self, event_id: &str) -> String {
         format!("{}:e:{event_id}", self.tag)

@@ -429,22 +429,28 @@ type BucketFound = (Bucket, Vec<(String, f64)>);
 
 /// The oldest `limit` of what each bucket found (per route, as
 /// [`ValkeyStore::every_bucket`] answers), ties by event ID, grouped again
-/// by slot: each group one script's work on its slot.
-fn oldest_by_slot(
+/// by bucket: each group one script's work on its bucket's slot. By
+/// bucket, not by slot: two buckets can share a slot (about two pairs among a
+/// route's 256 buckets), and a group's keys are its bucket's.
+fn oldest_by_bucket(
     found: &[(String, BucketFound)],
     limit: i64,
-) -> BTreeMap<u16, (&Bucket, Vec<&str>)> {
+) -> BTreeMap<&str, (&Bucket, Vec<&str>)> {
     let mut all: Vec<(f64, &Bucket, &str)> = found
         .iter()
         .flat_map(|(_, (b, found))| found.iter().map(move |(id, at)| (*at, b, id.as_str())))
         .collect();
     all.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.2.cmp(b.2)));
     all.truncate(usize::try_from(limit).unwrap_or(0));
-    let mut by_slot: BTreeMap<u16, (&Bucket, Vec<&str>)> = BTreeMap::new();
+    let mut by_bucket: BTreeMap<&str, (&Bucket, Vec<&str>)> = BTreeMap::new();
     for (_, b, id) in all {
-        by_slot.entry(b.slot).or_insert((b, Vec::new())).1.push(id);
+        by_bucket
+            .entry(b.tag())
+            .or_insert((b, Vec::new()))
+            .1
+            .push(id);
     }
-    by_slot
+    by_bucket
 }
 
 /// A script's source, for `SCRIPT LOAD`.
@@ -466,4 +472,32 @@ fn script_text(script: &Script, all: &Scripts) -> &'static str {
     .find(|(s, _)| s.get_hash() == hash)
     .map(|(_, text)| text)
     .unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_that_share_a_slot_keep_their_own_event_ids() {
+        let first = Bucket::new("r", 0);
+        let twin = (1..100_000)
+            .map(|n| Bucket::new("r", n))
+            .find(|b| b.slot == first.slot)
+            .expect("a bucket on the same slot");
+        let found = vec![
+            ("r".to_owned(), (first.clone(), vec![("a".to_owned(), 1.0)])),
+            (
+                "r".to_owned(),
+                (
+                    twin.clone(),
+                    vec![("b".to_owned(), 2.0), ("c".to_owned(), 9.0)],
+                ),
+            ),
+        ];
+        let groups = oldest_by_bucket(&found, 2);
+        assert_eq!(groups.len(), 2, "one group per bucket, not per slot");
+        assert_eq!(groups[first.tag()].1, ["a"]);
+        assert_eq!(groups[twin.tag()].1, ["b"], "the oldest two over both");
+    }
 }

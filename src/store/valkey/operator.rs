@@ -19,7 +19,7 @@ use super::link::Conn;
 use redis::{Script, Value};
 
 use super::keys::{self, Bucket};
-use super::{decode, driver, oldest_by_slot, opt, scripts, ValkeyStore};
+use super::{decode, driver, oldest_by_bucket, opt, scripts, ValkeyStore};
 use crate::claim::{Millis, State};
 use crate::store::{
     state_of, Attempt, BulkRelease, Resolution, ResolveOutcome, ResolveRequest, StoreError,
@@ -274,7 +274,7 @@ pub(super) async fn hold_ended_leases(
         })
         .await?;
     let mut turned = 0;
-    for (b, ids) in oldest_by_slot(&found, limit).values() {
+    for (b, ids) in oldest_by_bucket(&found, limit).values() {
         let mut keys = vec![b.by_expiry(), b.processing(), b.ambiguous()];
         let mut args: Vec<Vec<u8>> = vec![now.to_string().into()];
         for id in ids {
