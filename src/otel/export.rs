@@ -1,7 +1,6 @@
 //! Spans leave the request path here: [`Queue`] takes each finished
-//! request's spans ([`TraceRecord`]), written as OTLP protobuf on the
-//! request's thread, onto a queue that holds at most [`QUEUE`] spans and
-//! never waits; [`Exporter`] is a thread of its own
+//! request's spans ([`TraceRecord`]) onto a queue that holds at most
+//! [`QUEUE`] spans and never waits; [`Exporter`] is a thread of its own
 //! with a small runtime that takes them off in batches and sends each batch
 //! to the collector (OTLP/HTTP, protobuf) within [`EXPORT_WITHIN`]. At the
 //! stop, what is queued is sent at once, in one last export.
@@ -20,7 +19,7 @@ use prometheus::IntCounter;
 use tokio::sync::Notify;
 
 use super::client::Collector;
-use super::record::{self, TraceRecord};
+use super::record::{encode, TraceRecord};
 
 /// Spans waiting to be exported, at most (SPEC §19).
 const QUEUE: usize = 2048;
@@ -51,33 +50,12 @@ struct Shared {
     dropped: IntCounter,
 }
 
-/// The queued requests' spans as protobuf, oldest first, and where each
-/// request's end: written on the request's thread ([`record::spans`]), so
-/// that its records are freed where they were made (freed on the export
-/// thread, each of a request's twenty-odd allocations went back to its
-/// thread's heap the slow way) and the export thread only frames them.
 #[derive(Default)]
 struct Pending {
-    written: Vec<u8>,
-    /// Per request: its bytes in `written`, its spans.
-    requests: std::collections::VecDeque<(usize, usize)>,
-    /// All their spans: the bound is in spans, a request's spans travel
+    traces: Vec<TraceRecord>,
+    /// Their spans: the bound is in spans, a request's spans travel
     /// together.
     spans: usize,
-}
-
-/// Requests' spans taken for one export.
-#[derive(Debug, Default)]
-struct Batch {
-    /// Their protobuf, to be framed by [`record::request`].
-    written: Vec<u8>,
-    spans: usize,
-}
-
-thread_local! {
-    /// Where a request's spans are written before they are queued (no
-    /// allocation per request, and no lock held while writing).
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl Queue {
@@ -95,27 +73,16 @@ impl Queue {
     /// take the queue over [`QUEUE`] spans.
     pub fn push(&self, trace: TraceRecord) {
         let n = trace.spans.len();
-        if n == 0 {
-            return;
-        }
-        let queued = SCRATCH.with_borrow_mut(|scratch| {
-            scratch.clear();
-            record::spans(scratch, &trace);
-            drop(trace);
-            let mut p = self.0.lock();
-            if p.spans + n > QUEUE {
-                return None;
-            }
-            let was = p.spans;
-            p.spans += n;
-            p.written.extend_from_slice(scratch);
-            p.requests.push_back((scratch.len(), n));
-            Some(was)
-        });
-        let Some(was) = queued else {
+        let mut p = self.0.lock();
+        if p.spans + n > QUEUE {
+            drop(p);
             self.0.dropped.inc_by(n as u64);
             return;
-        };
+        }
+        let was = p.spans;
+        p.spans += n;
+        p.traces.push(trace);
+        drop(p);
         if was < BATCH && was + n >= BATCH {
             self.0.full.notify_one();
         }
@@ -127,32 +94,27 @@ impl Shared {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The oldest requests' spans, [`BATCH`] spans or a little over (a
-    /// request's spans are not split), or all of them when `all`.
-    fn take(&self, all: bool) -> Batch {
+    /// The oldest traces, [`BATCH`] spans or a little over (a request's
+    /// spans are not split), or all of them when `all`; with how many
+    /// spans they hold.
+    fn take(&self, all: bool) -> (Vec<TraceRecord>, usize) {
         let mut p = self.lock();
         if all || p.spans <= BATCH {
-            p.requests.clear();
-            let room = p.written.capacity();
-            return Batch {
-                written: std::mem::replace(&mut p.written, Vec::with_capacity(room)),
-                spans: std::mem::take(&mut p.spans),
-            };
+            let spans = std::mem::take(&mut p.spans);
+            return (std::mem::take(&mut p.traces), spans);
         }
-        let (mut bytes, mut spans) = (0, 0);
-        while spans < BATCH {
-            let Some((len, n)) = p.requests.pop_front() else {
-                break;
-            };
-            bytes += len;
-            spans += n;
-        }
+        let mut spans = 0;
+        let cut = p
+            .traces
+            .iter()
+            .position(|t| {
+                spans += t.spans.len();
+                spans >= BATCH
+            })
+            .map_or(p.traces.len(), |i| i + 1);
         p.spans -= spans;
-        let rest = p.written.split_off(bytes);
-        Batch {
-            written: std::mem::replace(&mut p.written, rest),
-            spans,
-        }
+        let rest = p.traces.split_off(cut);
+        (std::mem::replace(&mut p.traces, rest), spans)
     }
 }
 
@@ -237,28 +199,34 @@ async fn run(queue: &Shared, target: Target) {
             _ = queue.stop.notified() => stopping = true,
         }
         loop {
-            let batch = queue.take(false);
-            if batch.spans == 0 {
+            let (batch, spans) = queue.take(false);
+            if batch.is_empty() {
                 break;
             }
-            export(&target, &batch, &queue.dropped, &mut failing).await;
+            export(&target, &batch, spans, &queue.dropped, &mut failing).await;
             if !stopping && queue.lock().spans < BATCH {
                 // the rest waits to fill, or for its time
                 break;
             }
         }
     }
-    let rest = queue.take(true);
-    if rest.spans > 0 {
-        export(&target, &rest, &queue.dropped, &mut failing).await;
+    let (rest, spans) = queue.take(true);
+    if !rest.is_empty() {
+        export(&target, &rest, spans, &queue.dropped, &mut failing).await;
     }
 }
 
-/// One export of `batch`, within [`EXPORT_WITHIN`]; a failed or late one
-/// drops and counts its spans.
-async fn export(target: &Target, batch: &Batch, dropped: &IntCounter, failing: &mut FailureLog) {
-    let n = batch.spans as u64;
-    let body = record::request(&batch.written, &target.resource);
+/// One export of `batch` (`spans` spans), within [`EXPORT_WITHIN`]; a
+/// failed or late one drops and counts them.
+async fn export(
+    target: &Target,
+    batch: &[TraceRecord],
+    spans: usize,
+    dropped: &IntCounter,
+    failing: &mut FailureLog,
+) {
+    let n = spans as u64;
+    let body = encode(batch, &target.resource);
     let sent = target.collector.post(&target.path, &target.headers, body);
     match tokio::time::timeout(EXPORT_WITHIN, sent).await {
         Ok(Ok(())) => failing.recovered(),
@@ -358,24 +326,12 @@ mod tests {
         for _ in 0..300 {
             q.push(trace(5));
         }
-        let batch = q.0.take(false);
-        assert_eq!(batch.spans, 515, "103 requests: the first past 512");
+        let (batch, spans) = q.0.take(false);
+        assert_eq!((batch.len(), spans), (103, 515), "the first past 512");
         assert_eq!(q.0.lock().spans, 1500 - 515);
-        let rest = q.0.take(true);
-        assert_eq!(rest.spans, 985);
+        let (rest, spans) = q.0.take(true);
+        assert_eq!((rest.len(), spans), (197, 985));
         assert_eq!(q.0.lock().spans, 0);
-        assert_eq!(q.0.take(false).spans, 0);
-        for (b, n) in [(batch, 515), (rest, 985)] {
-            assert_eq!(decoded_spans(&b), n, "each batch frames whole requests");
-        }
-    }
-
-    /// How many spans a collector reads in `batch` once framed.
-    fn decoded_spans(batch: &Batch) -> usize {
-        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-        use prost::Message;
-        let body = record::request(&batch.written, &[]);
-        let req = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
-        req.resource_spans[0].scope_spans[0].spans.len()
+        assert_eq!(q.0.take(false).0.len(), 0);
     }
 }

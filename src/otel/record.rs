@@ -1,6 +1,6 @@
 //! What a request's spans are while it runs, and the OTLP protobuf they
-//! become (`ExportTraceServiceRequest`, written field by field: a trace's
-//! [`spans`] when it ends, framed by [`request`] on the export thread).
+//! become on the export thread (`ExportTraceServiceRequest`, written field
+//! by field: [`encode`]).
 //!
 //! Why not the SDK's spans: measured in the load harness (issue 53), the
 //! SDK's span objects (a builder, a sampler and `Context` lookups, a
@@ -278,22 +278,12 @@ fn span(buf: &mut Vec<u8>, trace: &TraceRecord, span: &SpanRecord) {
     });
 }
 
-/// Appends `trace`'s spans to `out`, each as the `spans` field of OTLP's
-/// `ScopeSpans`: what [`request`] frames. Written on the request's own
-/// thread when its trace ends, so that the records are freed where they
-/// were made and the queue holds bytes.
-pub fn spans(out: &mut Vec<u8>, trace: &TraceRecord) {
-    for s in &trace.spans {
-        span(out, trace, s);
-    }
-}
-
-/// The export request's body around `spans` (one or more traces'
-/// [`spans`], concatenated): one resource (`resource`'s attributes), one
-/// instrumentation scope (`idemgate`).
-pub fn request(spans: &[u8], resource: &[KeyValue]) -> Vec<u8> {
+/// The export request's body for `traces`: one resource (`resource`'s
+/// attributes), one instrumentation scope (`idemgate`), protobuf-encoded.
+pub fn encode(traces: &[TraceRecord], resource: &[KeyValue]) -> Vec<u8> {
     use field::*;
-    let mut buf = Vec::with_capacity(256 + spans.len());
+    let spans: usize = traces.iter().map(|t| t.spans.len()).sum();
+    let mut buf = Vec::with_capacity(128 + spans * 320);
     wire::message(&mut buf, REQUEST_RESOURCE_SPANS, |buf| {
         wire::message(buf, RESOURCE_SPANS_RESOURCE, |buf| {
             for kv in resource {
@@ -305,7 +295,11 @@ pub fn request(spans: &[u8], resource: &[KeyValue]) -> Vec<u8> {
                 wire::bytes(buf, SCOPE_NAME, b"idemgate");
                 wire::bytes(buf, SCOPE_VERSION, env!("CARGO_PKG_VERSION").as_bytes());
             });
-            buf.extend_from_slice(spans);
+            for t in traces {
+                for s in &t.spans {
+                    span(buf, t, s);
+                }
+            }
         });
     });
     buf
@@ -332,11 +326,7 @@ mod tests {
     }
 
     fn decode(traces: Vec<TraceRecord>) -> Vec<Span> {
-        let mut written = Vec::new();
-        for t in &traces {
-            spans(&mut written, t);
-        }
-        let body = request(&written, &[KeyValue::new("service.name", "svc")]);
+        let body = encode(&traces, &[KeyValue::new("service.name", "svc")]);
         let req = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
         let [rs] = <[ResourceSpans; 1]>::try_from(req.resource_spans).unwrap();
         let attrs = rs.resource.unwrap().attributes;
