@@ -390,7 +390,10 @@ mod tests {
             (br#"["failed"]"#, "a JSON object"),
         ] {
             let e = json_body::<ResolveBody>(bad, "SHAPE").err().unwrap();
-            assert_eq!((e.status(), e.kind.name()), (400, "invalid-body"));
+            assert_eq!(
+                (e.status(), e.kind),
+                (400, crate::problem::ProblemKind::InvalidBody)
+            );
             assert!(e.detail.contains(says), "{bad:?}: {}", e.detail);
             if !bad.trim_ascii().is_empty() {
                 assert!(e.detail.contains("SHAPE"), "{}", e.detail);

@@ -597,8 +597,11 @@ mod tests {
         ] {
             let e = decode_cursor(bad).unwrap_err();
             assert_eq!(
-                (e.status(), e.kind.name()),
-                (400, "invalid-cursor"),
+                (e.status(), e.kind),
+                (
+                    400,
+                    crate::problem::ProblemKind::Admin(AdminKind::InvalidCursor)
+                ),
                 "{bad}"
             );
         }
