@@ -42,10 +42,12 @@ local function trim(key, newest)
     if tonumber(f) <= newest - 20 then redis.call('HDEL', key, f) end
   end
 end
+-- (PEXPIRE of a key that does not exist does nothing and is not
+-- replicated: no EXISTS first)
 local function expire(rec, att, expires_at, now, lease)
   local t = ttl(expires_at, now, lease)
   redis.call('PEXPIRE', rec, t)
-  if redis.call('EXISTS', att) == 1 then redis.call('PEXPIRE', att, t) end
+  redis.call('PEXPIRE', att, t)
 end
 "#
     };
@@ -158,7 +160,9 @@ if changed == 1 then
   expire(rec, att, ARGV[5], now)
   redis.call('ZADD', KEYS[3], ARGV[5], id)
   redis.call('ZREM', KEYS[4], id)
-  if outcome == 'ambiguous' then redis.call('SADD', KEYS[5], id) else redis.call('SREM', KEYS[5], id) end
+  -- the set holds exactly the records in `ambiguous`
+  if outcome == 'ambiguous' then redis.call('SADD', KEYS[5], id)
+  elseif state == 'ambiguous' then redis.call('SREM', KEYS[5], id) end
 end
 -- the attempt's row; none for the first attempt of a record it delivered:
 -- that attempt is the record's own fields (as `store::memory` keeps it)
