@@ -100,9 +100,10 @@ impl Backend for ValkeyStore {
             req.token.to_string().into(),
             opt(req.trace.map(|t| t.stored())),
         ];
-        let lease = self.durable.lease(b.slot).await;
+        let cmd = super::evalsha(&self.scripts.claim, &keys, &args);
+        let (lease, sent) = self.durable.lease_to_send(b.slot, Some(&cmd)).await;
         let (value, wrote) = self
-            .eval(&lease, b.slot, &self.scripts.claim, &keys, &args)
+            .eval(&lease, b.slot, &self.scripts.claim, &cmd, sent)
             .await?;
         match decode::claim(value)? {
             decode::Claimed::Won {
@@ -310,9 +311,10 @@ impl Backend for ValkeyStore {
                 keys.push(b.questions(id));
                 args.push(id.as_bytes().to_vec());
             }
+            let cmd = super::evalsha(&self.scripts.sweep, &keys, &args);
             let lease = self.durable.lease(b.slot).await;
             let (value, _) = self
-                .eval(&lease, b.slot, &self.scripts.sweep, &keys, &args)
+                .eval(&lease, b.slot, &self.scripts.sweep, &cmd, None)
                 .await?;
             drop(lease);
             let n: i64 = redis::from_redis_value(value)

@@ -2,22 +2,25 @@
 //! when a lane's durability wait goes: the bookkeeping of `durable`, with
 //! no I/O, so that it can be tested alone.
 //!
-//! A lane alternates between two phases, so that a wait never has a write
-//! of its own connection right behind or right in front of it:
-//! - **open**: writes may take it; each holds it from before its request
-//!   is sent until its reply came (then it *joins* the lane's next wait)
-//!   or it needs no wait (it *leaves*);
-//! - once a writer joined, the lane is **closing**: no new write takes
-//!   it, and when the last write in flight on it has answered, its round
-//!   of waits starts with every writer that joined (group commit);
+//! A lane goes through these phases, so that a wait never has a write of
+//! its own connection right behind or right in front of it, and so that
+//! the writes that come together go out together:
+//! - **open**: nothing in flight on it; a write takes it and holds it from
+//!   before its request is sent until its reply came (then it *joins* the
+//!   lane's next wait) or it needs no wait (it *leaves*);
+//! - **writing**: that write, or the writes handed over together (below),
+//!   in flight; no new write takes it;
+//! - once a writer joined, the lane is **closing**, and when the last
+//!   write in flight on it has answered, its round of waits starts with
+//!   every writer that joined (group commit);
 //! - **waiting**: the round is in flight; no write takes it (a write sent
 //!   behind a blocked `WAITAOF` would queue on the server and reach it
 //!   together with the next wait: the 1 s case of `durable`).
 //!
 //! When the round is done the lane is open again. A write that finds no
 //! lane open queues, and the next lane that opens takes every write
-//! queued meanwhile: they are written together and share that lane's next
-//! round.
+//! queued meanwhile: `durable` sends them in one pipeline, and they share
+//! that lane's next round.
 
 use std::collections::VecDeque;
 
@@ -33,9 +36,23 @@ struct Lane<W> {
 }
 
 impl<W> Lane<W> {
+    /// Open: nothing in flight on it (no write, no round), so a write
+    /// taken now goes out alone, and writes that come meanwhile queue and
+    /// go out together when it opens again.
     fn open(&self) -> bool {
-        !self.waiting && self.joined.is_empty()
+        !self.waiting && self.joined.is_empty() && self.writing == 0
     }
+}
+
+/// What a lane does once a write on it answered or ended.
+#[derive(Debug, PartialEq)]
+pub(super) enum Next<W, Q> {
+    /// Nothing yet: a write is still in flight on it, or its round.
+    Nothing,
+    /// Its round of waits, with these writers.
+    Round(Vec<W>),
+    /// It opened without a round: these queued writes take it.
+    Hand(Vec<Q>),
 }
 
 /// The lanes' phases and the writes queued for one; `W` is a writer that
@@ -61,16 +78,14 @@ impl<W, Q> Lanes<W, Q> {
         }
     }
 
-    /// A lane for a write: the open lane with the fewest writes on it
-    /// (the first of them), held; else `queue` is queued for the next lane
-    /// that opens.
+    /// A lane for a write: the first open lane, held; else `queue` is
+    /// queued for the next lane that opens.
     pub(super) fn take(&mut self, queue: impl FnOnce() -> Q) -> Option<usize> {
         let lane = self
             .lanes
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.open())
-            .min_by_key(|(i, l)| (l.writing, *i))
+            .find(|(_, l)| l.open())
             .map(|(i, _)| i);
         match lane {
             Some(i) => {
@@ -86,38 +101,47 @@ impl<W, Q> Lanes<W, Q> {
 
     /// The write on `lane` answered and wants the next wait: the round to
     /// start now, if this was the last write in flight on it.
-    pub(super) fn join(&mut self, lane: usize, writer: W) -> Option<Vec<W>> {
+    pub(super) fn join(&mut self, lane: usize, writer: W) -> Next<W, Q> {
         let l = &mut self.lanes[lane];
         l.writing = l.writing.saturating_sub(1);
         l.joined.push(writer);
-        Self::start(l)
+        self.next(lane)
     }
 
     /// The write on `lane` ended without wanting a wait (nothing written,
     /// or it failed): the round to start now, if writers joined and this
-    /// was the last write in flight.
-    pub(super) fn leave(&mut self, lane: usize) -> Option<Vec<W>> {
+    /// was the last write in flight; the writes queued meanwhile, if none
+    /// joined (the lane opened without a round).
+    pub(super) fn leave(&mut self, lane: usize) -> Next<W, Q> {
         let l = &mut self.lanes[lane];
         l.writing = l.writing.saturating_sub(1);
-        Self::start(l)
+        self.next(lane)
     }
 
-    fn start(l: &mut Lane<W>) -> Option<Vec<W>> {
-        if l.writing == 0 && !l.waiting && !l.joined.is_empty() {
+    fn next(&mut self, lane: usize) -> Next<W, Q> {
+        let l = &mut self.lanes[lane];
+        if l.writing > 0 || l.waiting {
+            Next::Nothing
+        } else if !l.joined.is_empty() {
             l.waiting = true;
-            Some(std::mem::take(&mut l.joined))
+            Next::Round(std::mem::take(&mut l.joined))
+        } else if self.queued.is_empty() {
+            Next::Nothing
         } else {
-            None
+            Next::Hand(self.take_queue(lane))
         }
     }
 
     /// `lane`'s round is done: it is open again, and takes every queued
     /// writer (each now holds it; the caller hands it to them).
     pub(super) fn done(&mut self, lane: usize) -> Vec<Q> {
-        let l = &mut self.lanes[lane];
-        l.waiting = false;
+        self.lanes[lane].waiting = false;
+        self.take_queue(lane)
+    }
+
+    fn take_queue(&mut self, lane: usize) -> Vec<Q> {
         let queued: Vec<Q> = self.queued.drain(..).collect();
-        l.writing += queued.len();
+        self.lanes[lane].writing += queued.len();
         queued
     }
 }
@@ -125,14 +149,22 @@ impl<W, Q> Lanes<W, Q> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Next::{Hand, Nothing, Round};
 
     type L = Lanes<&'static str, u32>;
 
     #[test]
-    fn writes_spread_over_the_open_lanes() {
+    fn a_write_takes_an_idle_lane_and_queues_when_none_is() {
         let mut l = L::new(3);
-        let got: Vec<_> = (0..6).map(|_| l.take(|| 0).unwrap()).collect();
-        assert_eq!(got, [0, 1, 2, 0, 1, 2]);
+        let got: Vec<_> = (0..3).map(|_| l.take(|| 0).unwrap()).collect();
+        assert_eq!(got, [0, 1, 2]);
+        // each lane has a write in flight: the next ones queue
+        assert_eq!(l.take(|| 7), None);
+        assert_eq!(l.take(|| 8), None);
+        // lane 1's write needed no wait: it opens and takes both queued
+        // writes together, and no other
+        assert_eq!(l.leave(1), Hand(vec![7, 8]));
+        assert_eq!(l.take(|| 9), None);
     }
 
     #[test]
@@ -140,58 +172,60 @@ mod tests {
         let mut l = L::new(2);
         assert_eq!(l.take(|| 0), Some(0));
         assert_eq!(l.take(|| 0), Some(1));
-        assert_eq!(l.take(|| 0), Some(0));
-        // the first reply on lane 0: one more write is in flight there
-        assert_eq!(l.join(0, "a"), None);
-        // lane 0 is closing: a new write goes to lane 1
-        assert_eq!(l.take(|| 0), Some(1));
-        // the last write on lane 0 answered: the round has both
-        assert_eq!(l.join(0, "b"), Some(vec!["a", "b"]));
-        // while lane 0 waits, writes go to lane 1 only
-        assert_eq!(l.take(|| 0), Some(1));
+        assert_eq!(l.take(|| 5), None);
+        // lane 0's round ends: it takes the queued write
+        assert_eq!(l.join(0, "a"), Round(vec!["a"]));
+        assert_eq!(l.done(0), vec![5]);
+        // the handed write and lane 1's both answer
+        assert_eq!(l.join(1, "b"), Round(vec!["b"]));
+        assert_eq!(l.join(0, "c"), Round(vec!["c"]));
+        // while both wait, a write queues; the first round done takes it
+        assert_eq!(l.take(|| 6), None);
+        assert_eq!(l.done(1), vec![6]);
         assert!(l.done(0).is_empty());
         assert_eq!(l.take(|| 0), Some(0));
+    }
+
+    #[test]
+    fn writes_handed_over_together_share_one_round() {
+        let mut l = L::new(1);
+        assert_eq!(l.take(|| 0), Some(0));
+        assert_eq!(l.take(|| 1), None);
+        assert_eq!(l.take(|| 2), None);
+        assert_eq!(l.join(0, "a"), Round(vec!["a"]));
+        assert_eq!(l.done(0), vec![1, 2]);
+        // the first of the two answered: the round waits for the second
+        assert_eq!(l.join(0, "x"), Nothing);
+        assert_eq!(l.take(|| 3), None);
+        assert_eq!(l.join(0, "y"), Round(vec!["x", "y"]));
+        assert_eq!(l.done(0), vec![3]);
     }
 
     #[test]
     fn a_write_that_leaves_lets_the_round_start() {
         let mut l = L::new(1);
         assert_eq!(l.take(|| 0), Some(0));
-        assert_eq!(l.take(|| 0), Some(0));
-        assert_eq!(l.join(0, "a"), None);
-        assert_eq!(l.leave(0), Some(vec!["a"]));
-        // a lane nobody joined starts no round
+        assert_eq!(l.take(|| 1), None);
+        // a lane nobody joined starts no round; it opens to the queued
+        assert_eq!(l.leave(0), Hand(vec![1]));
+        assert_eq!(l.join(0, "a"), Round(vec!["a"]));
         assert!(l.done(0).is_empty());
         assert_eq!(l.take(|| 0), Some(0));
-        assert_eq!(l.leave(0), None);
-    }
-
-    #[test]
-    fn writes_that_find_every_lane_busy_queue_for_the_next_one_to_open() {
-        let mut l = L::new(2);
-        for _ in 0..2 {
-            let lane = l.take(|| 0).unwrap();
-            assert!(l.join(lane, "w").is_some());
-        }
-        assert_eq!(l.take(|| 7), None);
-        assert_eq!(l.take(|| 8), None);
-        // lane 1's round ends first: it takes both queued writes together
-        assert_eq!(l.done(1), vec![7, 8]);
-        assert_eq!(l.join(1, "x"), None);
-        assert_eq!(l.join(1, "y"), Some(vec!["x", "y"]));
-        // nothing left queued for lane 0
-        assert!(l.done(0).is_empty());
-        assert_eq!(l.take(|| 0), Some(0));
+        assert_eq!(l.leave(0), Nothing);
     }
 
     #[test]
     fn no_write_takes_a_lane_that_has_a_writer_waiting_for_its_round() {
         let mut l = L::new(1);
         assert_eq!(l.take(|| 0), Some(0));
-        assert_eq!(l.take(|| 0), Some(0));
-        assert_eq!(l.join(0, "a"), None);
         assert_eq!(l.take(|| 1), None);
-        assert_eq!(l.leave(0), Some(vec!["a"]));
-        assert_eq!(l.done(0), vec![1]);
+        assert_eq!(l.take(|| 2), None);
+        assert_eq!(l.join(0, "a"), Round(vec!["a"]));
+        assert_eq!(l.done(0), vec![1, 2]);
+        assert_eq!(l.join(0, "b"), Nothing);
+        // b waits for the round; the lane is closing: nothing takes it
+        assert_eq!(l.take(|| 3), None);
+        assert_eq!(l.leave(0), Round(vec!["b"]));
+        assert_eq!(l.done(0), vec![3]);
     }
 }

@@ -155,6 +155,16 @@ fn failed_on(lease: &Lease, e: redis::RedisError) -> StoreError {
     driver(e)
 }
 
+/// `script` with its keys and arguments, as `EVALSHA`.
+fn evalsha(script: &Script, keys: &[String], args: &[Vec<u8>]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys)
+        .arg(args);
+    cmd
+}
+
 /// The primary of `slot`.
 fn primary(slot: u16) -> SingleNodeRoutingInfo {
     SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
@@ -254,23 +264,31 @@ impl ValkeyStore {
     /// Runs `script` on `slot`'s primary on the lane `lease` holds, with
     /// the questions of who ran it in the same pipeline (for [`durable`]);
     /// loads the script there first if the server does not have it.
+    ///
+    /// `sent`: its answer from the bunch it was sent in when it queued
+    /// ([`durable::Durable::hand`]); one that is an error (a `NOSCRIPT`, a
+    /// slot that moved) is sent again here, as a write of its own.
     async fn eval(
         &self,
         lease: &Lease,
         slot: u16,
         script: &Script,
-        keys: &[String],
-        args: &[Vec<u8>],
+        cmd: &redis::Cmd,
+        mut sent: Option<durable::Sent>,
     ) -> Result<(Value, Wrote), StoreError> {
         let mut conn = lease.conn();
         for _ in 0..3 {
-            let mut pipe = redis::pipe();
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(keys.len())
-                .arg(keys)
-                .arg(args);
-            let (value, wrote) = self.run_on(lease, &mut conn, slot, pipe).await?;
+            let (value, wrote) = match sent.take() {
+                Some(Err(e)) => return Err(e),
+                Some(Ok((value, wrote))) if !matches!(value, Value::ServerError(_)) => {
+                    (value, wrote)
+                }
+                _ => {
+                    let mut pipe = redis::pipe();
+                    pipe.add_command(cmd.clone());
+                    self.run_on(lease, &mut conn, slot, pipe).await?
+                }
+            };
             match &value {
                 // a pipeline answers a command's error in its place
                 Value::ServerError(e) if e.code() == "NOSCRIPT" => {
@@ -337,8 +355,9 @@ impl ValkeyStore {
         keys: &[String],
         args: &[Vec<u8>],
     ) -> Result<Value, StoreError> {
-        let lease = self.durable.lease(slot).await;
-        let (value, wrote) = self.eval(&lease, slot, script, keys, args).await?;
+        let cmd = evalsha(script, keys, args);
+        let (lease, sent) = self.durable.lease_to_send(slot, Some(&cmd)).await;
+        let (value, wrote) = self.eval(&lease, slot, script, &cmd, sent).await?;
         lease.wait(slot, wrote).await?;
         Ok(value)
     }
