@@ -239,6 +239,25 @@ async fn a_write_does_not_queue_behind_a_blocked_wait() {
         (3..300).contains(&recorded),
         "{recorded} waits for 300 claims"
     );
+
+    // as many again, most in buckets whose node the store has now seen
+    // written: the writes that queue for a lane go out together, with one
+    // pair of who-questions per bunch (a write alone asks with itself)
+    v.reset_stats();
+    let again: Vec<String> = (0..300).map(|i| format!("again-{i}")).collect();
+    let claims: Vec<_> = again.iter().map(claim).collect();
+    for c in claims {
+        let out = c.await.unwrap().expect("a durable claim");
+        assert!(matches!(out, ClaimOutcome::Claimed { .. }), "{out:?}");
+    }
+    let sum = |command: &str| -> u64 { v.primaries().iter().map(|&p| calls(&v, p, command)).sum() };
+    let (scripts, asked, waits) = (sum("evalsha"), sum("client|id"), sum("waitaof"));
+    println!("300 more: {scripts} scripts, {asked} CLIENT ID, {waits} WAITAOF");
+    assert_eq!(scripts, 300, "one script per claim");
+    assert!(
+        asked < scripts,
+        "writes went out in bunches: {asked} CLIENT ID (writes alone, bunches and waits) for {scripts} writes"
+    );
 }
 
 /// The cluster stops answering (every node stopped): the real binary
