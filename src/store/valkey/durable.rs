@@ -71,8 +71,9 @@ use crate::store::StoreError;
 /// connection (one multiplexed connection per node) or, for a server not
 /// in cluster mode, one multiplexed connection. On one node a lane has
 /// one write (or one bunch) in flight, or its wait: two keep the node's
-/// writes flowing while one waits, and more let more waits overlap, which is what releases a wait
-/// the replica answered too early (each blocked wait asks the replicas
+/// writes flowing while one waits, and more let more waits overlap, which
+/// is what releases a wait the replica answered too early (each blocked
+/// wait asks the replicas
 /// again: a Python client on loopback, a write and its wait pipelined on
 /// each connection, saw every wait take 1 s with 2 connections, and 12 ms
 /// at p50 with 5). Eight: fewer lanes make larger rounds (more writes per
@@ -380,38 +381,40 @@ impl Durable {
     /// shares an fsync. A writer gone meanwhile is left out, and drops the
     /// lease it is handed, which lets go of the lane.
     async fn hand(self: &Arc<Self>, node: &str, lane: usize, queued: Vec<Queued>) {
+        // one write gains nothing from a bunch; writes to slots whose node
+        // is not known yet ("?") may be for several nodes: each sends
+        // itself, routed by the client's map
+        let together = node != "?"
+            && queued
+                .iter()
+                .filter(|q| q.cmd.is_some() && !q.tx.is_closed())
+                .count()
+                >= 2;
+        let (mut pipe, mut route_slot) = (redis::pipe(), None);
         let mut bunch = Vec::new();
         for q in queued {
             let lease = self.lease_on(node.to_string(), lane, true);
             match q.cmd {
-                Some(cmd) if !q.tx.is_closed() => bunch.push((cmd, q.slot, q.tx, lease)),
+                Some(cmd) if together && !q.tx.is_closed() => {
+                    pipe.add_command(cmd);
+                    route_slot.get_or_insert(q.slot);
+                    bunch.push((q.tx, lease));
+                }
                 _ => {
                     let _ = q.tx.send(Handed { lease, sent: None });
                 }
             }
         }
-        // one write gains nothing from a bunch; writes to slots whose node
-        // is not known yet ("?") may be for several nodes: each sends
-        // itself, routed by the client's map
-        if bunch.len() < 2 || node == "?" {
-            for (_, _, tx, lease) in bunch {
-                let _ = tx.send(Handed { lease, sent: None });
-            }
-            return;
-        }
+        let Some(slot) = route_slot else { return };
         let conn = self.links[lane].conn();
-        let mut pipe = redis::pipe();
-        for (cmd, ..) in &bunch {
-            pipe.add_command(cmd.clone());
-        }
         let asked = ask_who(&mut pipe, &conn);
         let n = bunch.len();
-        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(bunch[0].1, SlotAddr::Master));
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
         let answered = conn.clone().route_pipeline(pipe, 0, n + asked, route).await;
         match answered {
             Ok(values) if values.len() == n + asked => {
                 let who_ran: Vec<Value> = values[n..].to_vec();
-                for ((_, _, tx, lease), value) in bunch.into_iter().zip(values) {
+                for ((tx, lease), value) in bunch.into_iter().zip(values) {
                     let wrote =
                         who(who_ran.clone()).map_err(|e| StoreError::Corrupt(format!("who: {e}")));
                     let _ = tx.send(Handed {
@@ -421,7 +424,7 @@ impl Durable {
                 }
             }
             Ok(values) => {
-                for (_, _, tx, lease) in bunch {
+                for (tx, lease) in bunch {
                     let sent = Err(StoreError::Corrupt(format!(
                         "{} answers to a bunch of {n} writes",
                         values.len()
@@ -436,7 +439,7 @@ impl Durable {
             // (a slot that moved): the others may have run
             Err(e) => {
                 self.links[lane].after_error(&e);
-                for (_, _, tx, lease) in bunch {
+                for (tx, lease) in bunch {
                     let sent = Err(StoreError::OutcomeUnknown(format!("valkey: {e}")));
                     let _ = tx.send(Handed {
                         lease,

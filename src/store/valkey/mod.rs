@@ -266,8 +266,8 @@ impl ValkeyStore {
     /// loads the script there first if the server does not have it.
     ///
     /// `sent`: its answer from the bunch it was sent in when it queued
-    /// ([`durable::Durable::hand`]); one that is an error (a `NOSCRIPT`, a
-    /// slot that moved) is sent again here, as a write of its own.
+    /// ([`durable::Durable::hand`]), taken as if it had sent it itself (a
+    /// `NOSCRIPT` is loaded and sent again, alone).
     async fn eval(
         &self,
         lease: &Lease,
@@ -279,11 +279,8 @@ impl ValkeyStore {
         let mut conn = lease.conn();
         for _ in 0..3 {
             let (value, wrote) = match sent.take() {
-                Some(Err(e)) => return Err(e),
-                Some(Ok((value, wrote))) if !matches!(value, Value::ServerError(_)) => {
-                    (value, wrote)
-                }
-                _ => {
+                Some(answer) => answer?,
+                None => {
                     let mut pipe = redis::pipe();
                     pipe.add_command(cmd.clone());
                     self.run_on(lease, &mut conn, slot, pipe).await?
