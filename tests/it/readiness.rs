@@ -52,6 +52,7 @@ fn readyz_answers_within_500ms_when_the_store_stops_answering() {
     let back = wait_until(Duration::from_secs(10), || timed_readyz(px.admin).0 == 200);
     assert!(
         back,
-        "/readyz back to 200 within 10 s of the store answering again"
+        "/readyz back to 200 within 10 s of the store answering again; the proxy's log:\n{}",
+        log_tails([&px], 40)
     );
 }
