@@ -9,7 +9,7 @@ use crate::common::valkey::Valkey;
 use crate::common::{kit, wait_until, Consumer, TempDir};
 use idemgate::claim::{ClaimKind, Millis};
 use idemgate::store::valkey::keys::{self, Bucket};
-use idemgate::store::{self, ClaimOutcome, ClaimRequest, ClaimStore};
+use idemgate::store::{self, ClaimOutcome, ClaimRequest, ClaimStore, StoreError};
 
 const T0: Millis = 1_700_000_000_000;
 const D1: &str = "1111111111111111111111111111111111111111111111111111111111111111";
@@ -46,6 +46,14 @@ fn calls(v: &Valkey, port: u16, command: &str) -> u64 {
         .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
         .and_then(|rest| rest.split(',').next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// Waits for each of `claims`, every one a durable win.
+async fn all_claimed(claims: Vec<tokio::task::JoinHandle<Result<ClaimOutcome, StoreError>>>) {
+    for c in claims {
+        let out = c.await.unwrap().expect("a durable claim");
+        assert!(matches!(out, ClaimOutcome::Claimed { .. }), "{out:?}");
+    }
 }
 
 async fn open(url: &str) -> std::sync::Arc<dyn ClaimStore> {
@@ -222,11 +230,7 @@ async fn a_write_does_not_queue_behind_a_blocked_wait() {
     let _ = s.report();
     v.reset_stats();
     let many: Vec<String> = (0..300).map(|i| format!("many-{i}")).collect();
-    let claims: Vec<_> = many.iter().map(claim).collect();
-    for c in claims {
-        let out = c.await.unwrap().expect("a durable claim");
-        assert!(matches!(out, ClaimOutcome::Claimed { .. }), "{out:?}");
-    }
+    all_claimed(many.iter().map(claim).collect()).await;
     let sent: u64 = v.primaries().iter().map(|&p| calls(&v, p, "waitaof")).sum();
     let recorded = s.report().waits.len() as u64;
     println!("300 concurrent claims over 3 shards: {recorded} waits, {sent} WAITAOF");
@@ -242,21 +246,17 @@ async fn a_write_does_not_queue_behind_a_blocked_wait() {
 
     // as many again, most in buckets whose node the store has now seen
     // written: the writes that queue for a lane go out together, with one
-    // pair of who-questions per bunch (a write alone asks with itself)
+    // pair of who-questions per batch (a write alone asks with itself)
     v.reset_stats();
     let again: Vec<String> = (0..300).map(|i| format!("again-{i}")).collect();
-    let claims: Vec<_> = again.iter().map(claim).collect();
-    for c in claims {
-        let out = c.await.unwrap().expect("a durable claim");
-        assert!(matches!(out, ClaimOutcome::Claimed { .. }), "{out:?}");
-    }
+    all_claimed(again.iter().map(claim).collect()).await;
     let sum = |command: &str| -> u64 { v.primaries().iter().map(|&p| calls(&v, p, command)).sum() };
     let (scripts, asked, waits) = (sum("evalsha"), sum("client|id"), sum("waitaof"));
     println!("300 more: {scripts} scripts, {asked} CLIENT ID, {waits} WAITAOF");
     assert_eq!(scripts, 300, "one script per claim");
     assert!(
         asked < scripts,
-        "writes went out in bunches: {asked} CLIENT ID (writes alone, bunches and waits) for {scripts} writes"
+        "writes went out in batches: {asked} CLIENT ID (writes alone, batches and waits) for {scripts} writes"
     );
 }
 

@@ -70,7 +70,7 @@ use crate::store::StoreError;
 /// How many connections the store writes on (its lanes), each a cluster
 /// connection (one multiplexed connection per node) or, for a server not
 /// in cluster mode, one multiplexed connection. On one node a lane has
-/// one write (or one bunch) in flight, or its wait: two keep the node's
+/// one write (or one batch) in flight, or its wait: two keep the node's
 /// writes flowing while one waits, and more let more waits overlap, which
 /// is what releases a wait the replica answered too early (each blocked
 /// wait asks the replicas
@@ -79,7 +79,7 @@ use crate::store::StoreError;
 /// at p50 with 5). Eight: fewer lanes make larger rounds (more writes per
 /// wait), more make more waits overlap; in smoke runs of (v) 8 lanes had a
 /// p99 of 64 ms against about 950 ms with 4 (docs/performance.md); with
-/// writes bunched ([`Durable::hand`]), 8 lanes did better than 3 and 2
+/// writes batched ([`Durable::hand`]), 8 lanes did better than 3 and 2
 /// (3,748, 3,430 and 3,147 req/s, one 10 s run each at 64 connections). It
 /// costs 8 connections per node per proxy (plus one for reads), against
 /// Valkey's default `maxclients` of 10,000.
@@ -149,16 +149,16 @@ pub(super) fn who(answers: Vec<Value>) -> Result<Wrote, String> {
     }
 }
 
-/// A write's answer from the bunch it was sent in (see [`Durable::hand`]):
+/// A write's answer from the batch it was sent in (see [`Durable::hand`]):
 /// the command's answer (an error in its place) and who ran it, or the
 /// error of the whole pipeline.
 pub(super) type Sent = Result<(Value, Result<Wrote, StoreError>), StoreError>;
 
 /// A write that found no lane open on its node.
 pub(super) struct Queued {
-    /// Its command, for the bunch; `None`: the writer sends it itself.
+    /// Its command, for the batch; `None`: the writer sends it itself.
     cmd: Option<Cmd>,
-    /// A slot it writes to: where the bunch is routed.
+    /// A slot it writes to: where the batch is routed.
     slot: u16,
     tx: oneshot::Sender<Handed>,
 }
@@ -167,6 +167,17 @@ pub(super) struct Queued {
 struct Handed {
     lease: Lease,
     sent: Option<Sent>,
+}
+
+/// Answers every write of a batch with `error` (each its own: a store
+/// error is not `Clone`).
+fn answer_all(batch: Vec<(oneshot::Sender<Handed>, Lease)>, error: impl Fn() -> StoreError) {
+    for (tx, lease) in batch {
+        let _ = tx.send(Handed {
+            lease,
+            sent: Some(Err(error())),
+        });
+    }
 }
 
 /// A writer waiting for its lane's next round.
@@ -330,9 +341,9 @@ impl Durable {
     fn then(self: &Arc<Self>, node: &str, lane: usize, next: Next<Waiter, Queued>) {
         match next {
             Next::Nothing => {}
-            Next::Round(batch) => {
+            Next::Round(joined) => {
                 self.rt
-                    .spawn(Arc::clone(self).round(node.to_string(), lane, batch));
+                    .spawn(Arc::clone(self).round(node.to_string(), lane, joined));
             }
             Next::Hand(queued) => {
                 let durable = Arc::clone(self);
@@ -345,9 +356,9 @@ impl Durable {
 
     /// One round of waits on `lane`: one per node and connection that
     /// wrote, concurrently; then the lane opens to the writes queued.
-    async fn round(self: Arc<Self>, node: String, lane: usize, batch: Vec<Waiter>) {
+    async fn round(self: Arc<Self>, node: String, lane: usize, joined: Vec<Waiter>) {
         let mut groups: Vec<Group> = Vec::new();
-        for w in batch {
+        for w in joined {
             match groups.iter_mut().find(|g| g.wrote == w.wrote) {
                 Some(g) => g.txs.push(w.tx),
                 None => groups.push(Group {
@@ -381,7 +392,7 @@ impl Durable {
     /// shares an fsync. A writer gone meanwhile is left out, and drops the
     /// lease it is handed, which lets go of the lane.
     async fn hand(self: &Arc<Self>, node: &str, lane: usize, queued: Vec<Queued>) {
-        // one write gains nothing from a bunch; writes to slots whose node
+        // one write gains nothing from a batch; writes to slots whose node
         // is not known yet ("?") may be for several nodes: each sends
         // itself, routed by the client's map
         let together = node != "?"
@@ -391,14 +402,14 @@ impl Durable {
                 .count()
                 >= 2;
         let (mut pipe, mut route_slot) = (redis::pipe(), None);
-        let mut bunch = Vec::new();
+        let mut batch = Vec::new();
         for q in queued {
             let lease = self.lease_on(node.to_string(), lane, true);
             match q.cmd {
                 Some(cmd) if together && !q.tx.is_closed() => {
                     pipe.add_command(cmd);
                     route_slot.get_or_insert(q.slot);
-                    bunch.push((q.tx, lease));
+                    batch.push((q.tx, lease));
                 }
                 _ => {
                     let _ = q.tx.send(Handed { lease, sent: None });
@@ -408,45 +419,29 @@ impl Durable {
         let Some(slot) = route_slot else { return };
         let conn = self.links[lane].conn();
         let asked = ask_who(&mut pipe, &conn);
-        let n = bunch.len();
+        let n = batch.len();
         let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
         let answered = conn.clone().route_pipeline(pipe, 0, n + asked, route).await;
-        match answered {
-            Ok(values) if values.len() == n + asked => {
-                let who_ran: Vec<Value> = values[n..].to_vec();
-                for ((tx, lease), value) in bunch.into_iter().zip(values) {
-                    let wrote =
-                        who(who_ran.clone()).map_err(|e| StoreError::Corrupt(format!("who: {e}")));
-                    let _ = tx.send(Handed {
-                        lease,
-                        sent: Some(Ok((value, wrote))),
-                    });
-                }
-            }
+        let mut values = match answered {
+            Ok(values) if values.len() == n + asked => values,
             Ok(values) => {
-                for (tx, lease) in bunch {
-                    let sent = Err(StoreError::Corrupt(format!(
-                        "{} answers to a bunch of {n} writes",
-                        values.len()
-                    )));
-                    let _ = tx.send(Handed {
-                        lease,
-                        sent: Some(sent),
-                    });
-                }
+                let why = format!("{} answers to a batch of {n} writes", values.len());
+                return answer_all(batch, || StoreError::Corrupt(why.clone()));
             }
             // a pipeline is refused whole for one command's redirection
             // (a slot that moved): the others may have run
             Err(e) => {
                 self.links[lane].after_error(&e);
-                for (tx, lease) in bunch {
-                    let sent = Err(StoreError::OutcomeUnknown(format!("valkey: {e}")));
-                    let _ = tx.send(Handed {
-                        lease,
-                        sent: Some(sent),
-                    });
-                }
+                return answer_all(batch, || StoreError::OutcomeUnknown(format!("valkey: {e}")));
             }
+        };
+        let who_ran = values.split_off(n);
+        for ((tx, lease), value) in batch.into_iter().zip(values) {
+            let wrote = who(who_ran.clone()).map_err(|e| StoreError::Corrupt(format!("who: {e}")));
+            let _ = tx.send(Handed {
+                lease,
+                sent: Some(Ok((value, wrote))),
+            });
         }
     }
 

@@ -41,7 +41,8 @@
 //! See [`durable`]: the write's reply, then `WAITAOF 1 N` on the same
 //! connection, shared by the writes made on it meanwhile. Writes go on
 //! [`durable::LANES`] connections ([`lanes`]), so that a connection in its
-//! wait carries no new write. A claim is answered won only after its wait;
+//! wait carries no new write; those that queue for one go out together,
+//! in one pipeline (a batch). A claim is answered won only after its wait;
 //! a wait that falls short is an error whose write may stand
 //! (`OutcomeUnknown`), so the proxy forwards nothing and releases the
 //! claim by its token once the store answers again. At start and in
@@ -265,7 +266,7 @@ impl ValkeyStore {
     /// the questions of who ran it in the same pipeline (for [`durable`]);
     /// loads the script there first if the server does not have it.
     ///
-    /// `sent`: its answer from the bunch it was sent in when it queued
+    /// `sent`: its answer from the batch it was sent in when it queued
     /// ([`durable::Durable::hand`]), taken as if it had sent it itself (a
     /// `NOSCRIPT` is loaded and sent again, alone).
     async fn eval(
